@@ -1,0 +1,122 @@
+"""The production call: validate -> select -> plan -> execute, torch or cupy in and out."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from .plan import Plan, make_plan
+from .select import Decision, select
+from .validate import Case, check_tensors
+
+log = logging.getLogger("attn_lt")
+
+
+def _is_cupy(x) -> bool:
+    return type(x).__module__.split(".")[0] == "cupy"
+
+
+@contextlib.contextmanager
+def _cupy_stream():
+    """Run torch work on cupy's current stream, so cupy callers keep their stream semantics."""
+    import cupy
+
+    ptr = cupy.cuda.get_current_stream().ptr
+    dev = torch.device("cuda", cupy.cuda.Device().id)
+    stream = torch.cuda.ExternalStream(ptr, device=dev) if ptr else torch.cuda.default_stream(dev)
+    with torch.cuda.stream(stream):
+        yield
+
+
+def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | None = None,
+              backend: str = "auto", return_lse: bool = False, out=None, workspace_bytes: int | None = None,
+              threshold: int | None = None):
+    """Scaled dot-product attention, ``softmax(scale * q @ k^T + mask) @ v``.
+
+    Args:
+        q: (B, Hq, Sq, D) fp16 or bf16, on a CUDA device (torch.Tensor or cupy.ndarray). Views whose last
+            dimension has stride 1, e.g. a (B, S, H, D) tensor transposed to (B, H, S, D), are read in place.
+        k, v: (B, Hkv, Sk, D), same dtype and device; ``Hq % Hkv == 0`` (grouped-query attention when Hkv < Hq).
+        attn_mask: optional, broadcastable to (B, Hq, Sq, Sk): bool (True = may attend, as in SDPA) or float
+            (added to the scaled scores; fp32 or q's dtype).
+        causal: query i sees keys j <= i + (Sk - Sq) (bottom-right aligned, the KV-cache convention; equal to
+            SDPA's ``is_causal`` when Sq == Sk). Combines with ``attn_mask``.
+        scale: default ``D ** -0.5``.
+        backend: "auto" (the hybrid selector), "lt" (cuBLASLt long path) or "wmma" (fused short path); a forced
+            backend that cannot run the case raises ValueError naming every reason.
+        return_lse: also return the FP32 log-sum-exp of each row's scaled, masked scores.
+        out: optional preallocated output, contiguous (B, Hq, Sq, D) of q's dtype and device, written in full.
+        workspace_bytes: budget of the long path's workspace (default ``ATTN_LT_WORKSPACE_MB``, 1 GiB).
+        threshold: key length from which "auto" takes the long path (default ``ATTN_LT_THRESHOLD``, 4096).
+
+    Returns:
+        out: (B, Hq, Sq, D) in the input dtype, contiguous; with ``return_lse``, ``(out, lse)`` with lse FP32
+        (B, Hq, Sq). A row whose keys are all masked gives zeros in out and -inf in lse, never NaN.
+
+    Raises:
+        TypeError, ValueError: bad input (types, dtypes, shapes, head counts, mask, devices), before GPU work.
+    """
+    if _is_cupy(q):
+        import cupy
+
+        to_t = (lambda x: None if x is None else torch.from_dlpack(x))
+        with _cupy_stream():
+            res = attention(to_t(q), to_t(k), to_t(v), attn_mask=to_t(attn_mask), causal=causal, scale=scale,
+                            backend=backend, return_lse=return_lse, out=to_t(out),
+                            workspace_bytes=workspace_bytes, threshold=threshold)
+        return tuple(cupy.from_dlpack(r) for r in res) if return_lse else cupy.from_dlpack(res)
+    case = check_tensors(q, k, v, attn_mask, causal, scale)
+    shape = (case.B, case.Hq, case.Sq, case.D)
+    if out is None:
+        out = torch.empty(shape, dtype=q.dtype, device=q.device)
+    elif not (isinstance(out, torch.Tensor) and tuple(out.shape) == shape and out.dtype == q.dtype
+              and out.device == q.device and out.is_contiguous()):
+        desc = f"{tuple(out.shape)} {out.dtype} on {out.device}" if isinstance(out, torch.Tensor) else type(out)
+        raise ValueError(f"out must be a contiguous {shape} {q.dtype} tensor on {q.device}, got {desc}")
+    decision = select(case, backend, threshold)
+    plan = make_plan(case, workspace_bytes)  # budget errors surface here, before any GPU work
+    log.debug("attention %s -> %s", case, decision.backend)
+    lse = torch.empty((case.B, case.Hq, case.Sq), dtype=torch.float32, device=q.device)
+    mask = None if attn_mask is None else attn_mask.expand(case.B, case.Hq, case.Sq, case.Sk)
+    from .lt import path
+
+    with torch.cuda.device(q.device):
+        path.run(case, plan, q, k, v, mask, out, lse)
+    return (out, lse) if return_lse else out
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """What a call would do: the case, the selector's decision and reasons, and the long path's plan."""
+
+    case: Case
+    decision: Decision
+    plan: Plan | None
+
+    def __str__(self) -> str:
+        lines = [f"case: {self.case}", str(self.decision)]
+        if self.plan is not None:
+            lines.append(f"plan: {self.plan.summary(self.case)}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {"case": str(self.case), "backend": self.decision.backend, "reasons": list(self.decision.reasons),
+                "rejected": {n: list(r) for n, r in self.decision.rejected},
+                "plan": None if self.plan is None else self.plan.to_dict()}
+
+
+def explain_case(case: Case, backend: str = "auto", workspace_bytes: int | None = None,
+                 threshold: int | None = None) -> Explanation:
+    decision = select(case, backend, threshold)
+    plan = make_plan(case, workspace_bytes) if decision.backend == "lt" else None
+    return Explanation(case, decision, plan)
+
+
+def explain(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | None = None, backend: str = "auto",
+            workspace_bytes: int | None = None, threshold: int | None = None) -> Explanation:
+    """What ``attention`` would do with these arguments (tensors on any device, "meta" included); no GPU work."""
+    case = check_tensors(q, k, v, attn_mask, causal, scale, require_cuda=False)
+    return explain_case(case, backend, workspace_bytes, threshold)

@@ -1,0 +1,107 @@
+"""Loading ``libattn_lt.so`` (built by ``make native``) with ctypes, and typed launchers for its kernels.
+
+The library carries a hash of the CUDA sources it was built from; in a source checkout a library built from
+other sources is refused as stale, with the command that rebuilds it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+from pathlib import Path
+
+from . import config
+
+log = logging.getLogger("attn_lt")
+
+ABI_VERSION = 1
+_PKG = Path(__file__).resolve().parent
+_LIB_PATH = _PKG / "_native" / "libattn_lt.so"
+_SRC_DIR = _PKG.parent / "native"
+_BUILD_HINT = "build it with `make native` in the attn_lt checkout (needs nvcc), or set ATTN_LT_LIB"
+
+DTYPE_CODES = {"none": 0, "fp16": 1, "bf16": 2, "fp32": 3, "bool": 4}
+
+
+class NativeLibraryError(RuntimeError):
+    """The native library is missing, stale, or from another ABI version."""
+
+
+class CudaError(RuntimeError):
+    """A kernel launch of the native library failed; the message names the CUDA error."""
+
+
+class SoftmaxArgs(ctypes.Structure):
+    """Mirror of ``attn_lt_softmax_args`` in native/attn_lt.h."""
+
+    _fields_ = [("scores", ctypes.c_void_p), ("probs", ctypes.c_void_p), ("lse", ctypes.c_void_p),
+                ("mask", ctypes.c_void_p)] + [
+        (n, ctypes.c_int64) for n in ("rows", "cols", "batch", "ld_s", "bs_s", "ld_p", "bs_p", "row0", "gi0",
+                                      "e0", "Sq", "Sk", "g", "Hkv", "Hq", "m_sb", "m_sh", "m_sq", "m_sk")] + [
+        (n, ctypes.c_int32) for n in ("causal", "out_dtype", "mask_dtype", "reserved")]
+
+
+def source_hash(src_dir: Path | None = None) -> str | None:
+    """The hash the Makefile embeds: sha256 of native/*.cu, *.cuh, *.h concatenated in name order."""
+    src_dir = _SRC_DIR if src_dir is None else src_dir
+    files = sorted(p for p in src_dir.glob("*") if p.suffix in (".cu", ".cuh", ".h")) if src_dir.is_dir() else []
+    if not files:
+        return None
+    h = hashlib.sha256()
+    for f in sorted(files, key=lambda p: f"native/{p.name}"):
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def library_path() -> Path:
+    override = config.library_override()
+    return Path(override) if override else _LIB_PATH
+
+
+@functools.lru_cache(maxsize=1)
+def load() -> ctypes.CDLL:
+    """Load and check the native library; raises :class:`NativeLibraryError` saying how to fix it."""
+    path = library_path()
+    if not path.is_file():
+        raise NativeLibraryError(f"native library not found at {path}; {_BUILD_HINT}")
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as e:
+        raise NativeLibraryError(f"cannot load {path}: {e}; {_BUILD_HINT}") from e
+    lib.attn_lt_abi_version.restype = ctypes.c_int
+    lib.attn_lt_source_hash.restype = ctypes.c_char_p
+    lib.attn_lt_error_string.restype = ctypes.c_char_p
+    lib.attn_lt_error_string.argtypes = [ctypes.c_int]
+    lib.attn_lt_softmax_max_resident_cols.restype = ctypes.c_int64
+    lib.attn_lt_softmax.restype = ctypes.c_int
+    lib.attn_lt_softmax.argtypes = [ctypes.POINTER(SoftmaxArgs), ctypes.c_void_p]
+    abi = lib.attn_lt_abi_version()
+    if abi != ABI_VERSION:
+        raise NativeLibraryError(f"{path} has ABI version {abi}, this package expects {ABI_VERSION}; {_BUILD_HINT}")
+    built = lib.attn_lt_source_hash().decode()
+    expected = source_hash()
+    if config.library_override() is None and expected is not None and built != expected:
+        raise NativeLibraryError(f"{path} is stale: built from sources {built}, native/ is now {expected}; "
+                                 f"{_BUILD_HINT}")
+    log.debug("loaded %s (ABI %d, sources %s)", path, abi, built)
+    return lib
+
+
+def status() -> str:
+    """One line on the native library, for `attn-lt info`; never raises."""
+    try:
+        lib = load()
+    except NativeLibraryError as e:
+        return f"unavailable: {e}"
+    return f"ok ({library_path()}, ABI {ABI_VERSION}, sources {lib.attn_lt_source_hash().decode()})"
+
+
+def softmax(args: SoftmaxArgs, stream: int) -> None:
+    """Launch the row softmax on ``stream`` (a cudaStream_t as int); raises :class:`CudaError` on failure."""
+    lib = load()
+    err = lib.attn_lt_softmax(ctypes.byref(args), ctypes.c_void_p(stream))
+    if err:
+        raise CudaError(f"attn_lt_softmax failed: {lib.attn_lt_error_string(err).decode()} (cudaError {err}); "
+                        f"rows={args.rows} cols={args.cols} batch={args.batch} ld_s={args.ld_s}")

@@ -1,0 +1,116 @@
+"""References and error measures shared by the tests, ``attn-lt demo`` and the benchmarks in tools/.
+
+The reference computes in float32 (or float64) from the same bf16/fp16 inputs, one (batch, head) at a time so
+that its memory stays bounded; PyTorch SDPA at the input precision gives the error scale the tolerance is
+measured against (``ours <= 2 * torch's + floor``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+#: Rounding floor added to twice PyTorch's error (relative L2).
+ERROR_FLOOR = 1e-3
+
+
+def causal_mask(Sq: int, Sk: int, device=None) -> torch.Tensor:
+    """Bool (Sq, Sk), True where query i may see key j: j <= i + Sk - Sq (bottom-right aligned)."""
+    i = torch.arange(Sq, device=device)[:, None]
+    j = torch.arange(Sk, device=device)[None, :]
+    return j <= i + (Sk - Sq)
+
+
+def reference(q, k, v, attn_mask=None, causal=False, scale=None, dtype=torch.float32):
+    """(out, lse) of attention computed in ``dtype``; fully masked rows give 0 and -inf."""
+    B, Hq, Sq, D = q.shape
+    Hkv, Sk = k.shape[1], k.shape[2]
+    g = Hq // Hkv
+    scale = D**-0.5 if scale is None else scale
+    out = torch.empty(B, Hq, Sq, D, dtype=dtype, device=q.device)
+    lse = torch.empty(B, Hq, Sq, dtype=dtype, device=q.device)
+    cm = causal_mask(Sq, Sk, q.device) if causal else None
+    mask = None if attn_mask is None else attn_mask.expand(B, Hq, Sq, Sk)
+    for b in range(B):
+        for h in range(Hq):
+            s = (q[b, h].to(dtype) @ k[b, h // g].to(dtype).T) * scale
+            if mask is not None:
+                m = mask[b, h]
+                s = s.masked_fill(~m, -math.inf) if m.dtype == torch.bool else s + m.to(dtype)
+            if cm is not None:
+                s = s.masked_fill(~cm, -math.inf)
+            l = torch.logsumexp(s, dim=-1)
+            p = torch.exp(s - torch.where(torch.isinf(l), torch.zeros_like(l), l)[:, None])
+            out[b, h] = p @ v[b, h // g].to(dtype)
+            lse[b, h] = l
+    return out, lse
+
+
+def sdpa(q, k, v, attn_mask=None, causal=False, scale=None, backend=None):
+    """PyTorch SDPA with attn_lt's semantics (bottom-right causal, GQA); ``backend`` forces an SDPA backend."""
+    import torch.nn.functional as F
+
+    Sq, Sk = q.shape[2], k.shape[2]
+    is_causal = causal and Sq == Sk and attn_mask is None
+    mask = attn_mask
+    if causal and not is_causal:
+        cm = causal_mask(Sq, Sk, q.device)
+        if mask is None:
+            mask = cm
+        elif mask.dtype == torch.bool:
+            mask = mask & cm
+        else:
+            mask = mask.masked_fill(~cm, -math.inf)
+    gqa = q.shape[1] != k.shape[1]
+    ctx = torch.nn.attention.sdpa_kernel(backend) if backend is not None else _null()
+    with ctx:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
+                                             enable_gqa=gqa)
+    return torch.nan_to_num(out, nan=0.0) if mask is not None else out  # SDPA gives NaN for fully masked rows
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def rel_error(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """||x - ref|| / ||ref|| in float64; inf when x has a NaN or inf where ref is finite."""
+    x64, r64 = x.double(), ref.double()
+    if not torch.isfinite(x64[torch.isfinite(r64)]).all():
+        return math.inf
+    return ((x64 - r64).norm() / r64.norm().clamp_min(1e-30)).item()
+
+
+def tolerance(torch_error: float) -> float:
+    """The error attn_lt may have where PyTorch at the same precision has ``torch_error``."""
+    if not math.isfinite(torch_error):
+        raise ValueError(f"PyTorch's own error is {torch_error}: no meaningful tolerance")
+    return 2 * torch_error + ERROR_FLOOR
+
+
+def time_ms(fn, warmup_ms: float = 25, rep_ms: float = 200) -> float:
+    """Median milliseconds of ``fn()`` by CUDA events (triton's do_bench when installed)."""
+    try:
+        import triton.testing
+
+        return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+    except ImportError:
+        pass
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(max(3, int(rep_ms // 10))):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+        if sum(times) > rep_ms and len(times) >= 3:
+            break
+    return sorted(times)[len(times) // 2]

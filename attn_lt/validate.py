@@ -1,0 +1,150 @@
+"""Input checks at the Python boundary. Everything here runs before any GPU work and needs no GPU.
+
+The result is a :class:`Case`, a frozen description of one call (shapes, strides, dtype, mask, causal, scale)
+that the selector and the planner consume.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+_MASK_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@dataclass(frozen=True)
+class MaskInfo:
+    """A user mask after broadcasting to (B, Hq, Sq, Sk): ``kind`` is ``"bool"`` or ``"float"``."""
+
+    kind: str
+    dtype: str  # "bool", "fp16", "bf16", "fp32"
+    shape: tuple[int, ...]  # as given
+    strides: tuple[int, int, int, int]  # element strides over (B, Hq, Sq, Sk), 0 where broadcast
+
+
+@dataclass(frozen=True)
+class Case:
+    """One attention call. Shapes follow the contract: q (B, Hq, Sq, D), k and v (B, Hkv, Sk, D)."""
+
+    B: int
+    Hq: int
+    Hkv: int
+    Sq: int
+    Sk: int
+    D: int
+    dtype: str  # "fp16" | "bf16"
+    causal: bool = False
+    scale: float = 0.0
+    mask: MaskInfo | None = None
+    q_strides: tuple[int, int, int, int] = ()
+    k_strides: tuple[int, int, int, int] = ()
+    v_strides: tuple[int, int, int, int] = ()
+
+    @property
+    def group(self) -> int:
+        """Query heads per kv head (1 without grouped-query attention)."""
+        return self.Hq // self.Hkv
+
+    @classmethod
+    def contiguous(cls, B, Hq, Hkv, Sq, Sk, D, dtype="bf16", causal=False, scale=None, mask=None) -> Case:
+        """A case with contiguous (B, H, S, D) inputs; for planning and explaining without tensors."""
+        return cls(B, Hq, Hkv, Sq, Sk, D, dtype, causal, D**-0.5 if scale is None else float(scale), mask,
+                   (Hq * Sq * D, Sq * D, D, 1), (Hkv * Sk * D, Sk * D, D, 1), (Hkv * Sk * D, Sk * D, D, 1))
+
+    def __str__(self) -> str:
+        g = f" (GQA x{self.group})" if self.group > 1 else ""
+        extra = " causal" if self.causal else ""
+        if self.mask is not None:
+            extra += f" {self.mask.kind}-mask{list(self.mask.shape)}"
+        return f"B{self.B} Hq{self.Hq} Hkv{self.Hkv}{g} Sq{self.Sq} Sk{self.Sk} D{self.D} {self.dtype}{extra}"
+
+
+def _shape(t) -> str:
+    return f"({', '.join(str(s) for s in t.shape)})"
+
+
+def check_tensors(q, k, v, attn_mask=None, causal=False, scale=None, require_cuda=True) -> Case:
+    """Validate q, k, v (torch tensors) and the options; return the :class:`Case`.
+
+    Raises ``TypeError`` for wrong types or dtypes and ``ValueError`` for wrong shapes, head counts, masks,
+    strides or devices, each message naming the shapes involved. ``require_cuda=False`` skips the device checks
+    (for planning and explaining with tensors on any device, "meta" included).
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor or cupy.ndarray, got {type(t).__name__}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dtype not in _DTYPES:
+            raise TypeError(f"{name} has dtype {t.dtype}; attn_lt supports torch.float16 and torch.bfloat16")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    shapes = f"q {_shape(q)}, k {_shape(k)}, v {_shape(v)}"
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"q, k, v must be 4-D: q (B, Hq, Sq, D), k and v (B, Hkv, Sk, D); got {shapes}")
+    B, Hq, Sq, D = q.shape
+    _, Hkv, Sk, _ = k.shape
+    if tuple(k.shape) != tuple(v.shape):
+        raise ValueError(f"k and v must have the same shape (B, Hkv, Sk, D); got {shapes}")
+    if k.shape[0] != B:
+        raise ValueError(f"batch sizes differ between q and k/v; got {shapes}")
+    if k.shape[3] != D:
+        raise ValueError(f"head dims differ between q and k/v; got {shapes}")
+    if min(B, Hq, Sq, D, Hkv, Sk) < 1:
+        raise ValueError(f"every dimension must be at least 1; got {shapes}")
+    if Hq % Hkv != 0:
+        raise ValueError(f"query heads Hq={Hq} must be a multiple of kv heads Hkv={Hkv}; got {shapes}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.stride(3) != 1 and t.shape[3] > 1:
+            raise ValueError(f"{name} {_shape(t)} has strides {tuple(t.stride())}: its last dimension must have "
+                             "stride 1 (call .contiguous() on it)")
+        if min(t.stride()) < 0:
+            raise ValueError(f"{name} {_shape(t)} has negative strides {tuple(t.stride())}")
+        if t.shape[2] > 1 and t.stride(2) < D:
+            raise ValueError(f"{name} {_shape(t)} has strides {tuple(t.stride())}: its rows overlap (sequence "
+                             f"stride {t.stride(2)} < head dim {D}); pass a materialised tensor")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if scale is None:
+        scale = D**-0.5
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    mask = None
+    if attn_mask is not None:
+        mask = check_mask(attn_mask, (B, Hq, Sq, Sk), q.dtype)
+    case = Case(B, Hq, Hkv, Sq, Sk, D, _DTYPES[q.dtype], causal, float(scale), mask,
+                tuple(q.stride()), tuple(k.stride()), tuple(v.stride()))
+    if require_cuda:
+        devices = {t.device for t in (q, k, v)} | ({attn_mask.device} if attn_mask is not None else set())
+        if any(d.type != "cuda" for d in devices):
+            raise ValueError(f"q, k, v{' and attn_mask' if attn_mask is not None else ''} must be on a CUDA "
+                             f"device; got devices {sorted(str(d) for d in devices)} for {shapes}")
+        if len(devices) != 1:
+            raise ValueError(f"q, k, v and attn_mask must be on one CUDA device; got "
+                             f"{sorted(str(d) for d in devices)}")
+    return case
+
+
+_MASK_DTYPE_NAMES = {torch.bool: "bool", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+
+def check_mask(attn_mask, target: tuple[int, int, int, int], qdtype) -> MaskInfo:
+    """Check a bool (True = attend) or float (additive) mask broadcastable to ``target`` = (B, Hq, Sq, Sk)."""
+    if not isinstance(attn_mask, torch.Tensor):
+        raise TypeError(f"attn_mask must be a tensor, got {type(attn_mask).__name__}")
+    if attn_mask.dtype != torch.bool and attn_mask.dtype not in _MASK_FLOAT_DTYPES:
+        raise TypeError(f"attn_mask has dtype {attn_mask.dtype}; use torch.bool (True = attend) or a float dtype "
+                        "(float16, bfloat16, float32) that is added to the scores")
+    if attn_mask.dtype in (torch.float16, torch.bfloat16) and attn_mask.dtype != qdtype:
+        raise TypeError(f"a float attn_mask must have q's dtype {qdtype} or float32, got {attn_mask.dtype}")
+    tgt = "(" + ", ".join(map(str, target)) + ")"
+    if attn_mask.dim() > 4:
+        raise ValueError(f"attn_mask {_shape(attn_mask)} has more than 4 dimensions; it must broadcast to {tgt}")
+    try:
+        expanded = attn_mask.expand(target)
+    except RuntimeError:
+        raise ValueError(f"attn_mask {_shape(attn_mask)} does not broadcast to (B, Hq, Sq, Sk) = {tgt}") from None
+    strides = tuple(st if sz > 1 else 0 for st, sz in zip(expanded.stride(), target))
+    kind = "bool" if attn_mask.dtype == torch.bool else "float"
+    return MaskInfo(kind, _MASK_DTYPE_NAMES[attn_mask.dtype], tuple(attn_mask.shape), strides)

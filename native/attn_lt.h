@@ -1,0 +1,51 @@
+/* attn_lt native library: the C ABI that attn_lt/native.py loads with ctypes.
+ *
+ * Every launcher returns a cudaError_t as int (0 = success) after checking the launch; it never synchronizes.
+ * Bump ATTN_LT_ABI_VERSION whenever a struct or signature below changes (native.py checks it).
+ */
+#ifndef ATTN_LT_H
+#define ATTN_LT_H
+#include <stdint.h>
+
+#define ATTN_LT_ABI_VERSION 1
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum attn_lt_dtype { ATTN_LT_NONE = 0, ATTN_LT_F16 = 1, ATTN_LT_BF16 = 2, ATTN_LT_F32 = 3, ATTN_LT_BOOL = 4 };
+
+/* One chunk of the long path: `batch` score blocks of `rows` x `cols` FP32 scores (already scaled).
+ * Row r of block e is query position (row0 + r) % Sq of query head (hkv*g + gi0 + (row0 + r) / Sq), where
+ * E = e0 + e, b = E / Hkv, hkv = E % Hkv. Key column j is absolute key index j (chunks start at key 0).
+ * P (out_dtype) is written row by row; it may alias the scores (P row r at the byte address of score row r).
+ * lse is FP32 (B, Hq, Sq) contiguous. The mask (optional) is indexed with element strides over (B, Hq, Sq, Sk),
+ * 0 for broadcast dimensions. */
+typedef struct attn_lt_softmax_args {
+    const float* scores;
+    void* probs;
+    float* lse;
+    const void* mask;
+    int64_t rows, cols, batch;
+    int64_t ld_s, bs_s;   /* score row stride and block stride, in floats (ld_s % 4 == 0, 16-byte aligned) */
+    int64_t ld_p, bs_p;   /* P row stride and block stride, in elements (ld_p % 4 == 0) */
+    int64_t row0, gi0, e0;
+    int64_t Sq, Sk, g, Hkv, Hq;
+    int64_t m_sb, m_sh, m_sq, m_sk;
+    int32_t causal;       /* bottom-right aligned: key j visible to query i iff j <= i + Sk - Sq */
+    int32_t out_dtype;    /* ATTN_LT_F16 or ATTN_LT_BF16 */
+    int32_t mask_dtype;   /* ATTN_LT_NONE, ATTN_LT_BOOL (true = attend) or F16/BF16/F32 (added to scores) */
+    int32_t reserved;
+} attn_lt_softmax_args;
+
+int attn_lt_abi_version(void);
+const char* attn_lt_source_hash(void);
+const char* attn_lt_error_string(int err);
+/* Largest row length kept in registers (one read of each score); longer rows take two passes. */
+int64_t attn_lt_softmax_max_resident_cols(void);
+int attn_lt_softmax(const attn_lt_softmax_args* args, void* stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,236 @@
+// Row softmax of the long path: FP32 scores in, P (fp16/bf16, may overwrite the scores in place) and LSE out.
+//
+// One CTA per score row. Rows up to attn_lt_softmax_max_resident_cols() are held in registers, so each score
+// is read from memory once (4 B) and P written once (2 B). Longer rows take two passes (an online max/sum pass,
+// then a pass that re-reads and writes P), tile by tile so that in-place writes never overrun unread scores.
+#include "attn_lt.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#ifndef ATTN_LT_SOURCE_HASH
+#define ATTN_LT_SOURCE_HASH "unknown"
+#endif
+
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int64_t kMaxResidentCols = 32768;
+
+struct Row {
+    const float* s;
+    char* p;
+    float* lse;
+    const char* mask;  // mask at (b, h, q, key 0), or nullptr
+    int64_t limit;     // last visible key, inclusive (may be negative: all masked)
+};
+
+__device__ __forceinline__ Row row_info(const attn_lt_softmax_args& a, int64_t e, int64_t r) {
+    const int64_t R = a.row0 + r;
+    const int64_t q = R % a.Sq;
+    const int64_t h = (a.e0 + e) % a.Hkv * a.g + a.gi0 + R / a.Sq;
+    const int64_t b = (a.e0 + e) / a.Hkv;
+    Row w;
+    w.s = a.scores + e * a.bs_s + r * a.ld_s;
+    w.p = static_cast<char*>(a.probs) + (e * a.bs_p + r * a.ld_p) * 2;
+    w.lse = a.lse + (b * a.Hq + h) * a.Sq + q;
+    int64_t limit = a.cols - 1;
+    if (a.causal) limit = min(limit, q + a.Sk - a.Sq);
+    w.limit = limit;
+    w.mask = nullptr;
+    if (a.mask_dtype != ATTN_LT_NONE) {
+        const int esize = a.mask_dtype == ATTN_LT_BOOL ? 1 : (a.mask_dtype == ATTN_LT_F32 ? 4 : 2);
+        w.mask = static_cast<const char*>(a.mask) + (b * a.m_sb + h * a.m_sh + q * a.m_sq) * esize;
+    }
+    return w;
+}
+
+// Score j of the row after the causal limit and the user mask.
+__device__ __forceinline__ float masked(float x, int64_t j, const Row& w, const attn_lt_softmax_args& a) {
+    if (j > w.limit) return -INFINITY;
+    if (w.mask == nullptr) return x;
+    const int64_t o = j * a.m_sk;
+    switch (a.mask_dtype) {
+        case ATTN_LT_BOOL: return reinterpret_cast<const uint8_t*>(w.mask)[o] ? x : -INFINITY;
+        case ATTN_LT_F16: return x + __half2float(reinterpret_cast<const __half*>(w.mask)[o]);
+        case ATTN_LT_BF16: return x + __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(w.mask)[o]);
+        default: return x + reinterpret_cast<const float*>(w.mask)[o];
+    }
+}
+
+__device__ __forceinline__ float4 load_masked(int64_t j, const Row& w, const attn_lt_softmax_args& a) {
+    float4 v = make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+    if (j < a.cols) {
+        v = __ldcs(reinterpret_cast<const float4*>(w.s + j));
+        v.x = masked(v.x, j, w, a);
+        v.y = masked(v.y, j + 1, w, a);
+        v.z = masked(v.z, j + 2, w, a);
+        v.w = masked(v.w, j + 3, w, a);
+    }
+    return v;
+}
+
+template <typename T>
+__device__ __forceinline__ void store4(char* p, int64_t j, float a, float b, float c, float d);
+
+template <>
+__device__ __forceinline__ void store4<__nv_bfloat16>(char* p, int64_t j, float a, float b, float c, float d) {
+    __nv_bfloat162 lo = __floats2bfloat162_rn(a, b), hi = __floats2bfloat162_rn(c, d);
+    uint2 u;
+    u.x = *reinterpret_cast<uint32_t*>(&lo);
+    u.y = *reinterpret_cast<uint32_t*>(&hi);
+    *reinterpret_cast<uint2*>(p + j * 2) = u;
+}
+
+template <>
+__device__ __forceinline__ void store4<__half>(char* p, int64_t j, float a, float b, float c, float d) {
+    __half2 lo = __floats2half2_rn(a, b), hi = __floats2half2_rn(c, d);
+    uint2 u;
+    u.x = *reinterpret_cast<uint32_t*>(&lo);
+    u.y = *reinterpret_cast<uint32_t*>(&hi);
+    *reinterpret_cast<uint2*>(p + j * 2) = u;
+}
+
+template <int THREADS>
+__device__ __forceinline__ float block_max(float v, float* red) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = (threadIdx.x & 31) < THREADS / 32 ? red[threadIdx.x & 31] : -INFINITY;
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    __syncthreads();  // red is reused by the next reduction
+    return v;
+}
+
+template <int THREADS>
+__device__ __forceinline__ float block_sum(float v, float* red) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = (threadIdx.x & 31) < THREADS / 32 ? red[threadIdx.x & 31] : 0.f;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    return v;
+}
+
+__device__ __forceinline__ float max4(float4 v) { return fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w)); }
+
+// exp((x - m)) with the reference m of an all-masked row taken as 0 so that exp(-inf - m) is 0, never NaN.
+__device__ __forceinline__ float ex(float x, float mref) { return exp2f((x - mref) * kLog2e); }
+
+__device__ __forceinline__ void finish_row(const Row& w, float mx, float sum) {
+    if (threadIdx.x == 0) *w.lse = sum > 0.f ? mx + logf(sum) : -INFINITY;
+}
+
+template <int THREADS, int NV, typename OutT>
+__global__ void __launch_bounds__(THREADS) softmax_resident(const attn_lt_softmax_args a) {
+    __shared__ float red[32];
+    const Row w = row_info(a, blockIdx.x % a.batch, blockIdx.x / a.batch);
+    float4 v[NV];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+        v[i] = load_masked((int64_t(i) * THREADS + threadIdx.x) * 4, w, a);
+        mx = fmaxf(mx, max4(v[i]));
+    }
+    mx = block_max<THREADS>(mx, red);  // every read of the row happens before this barrier
+    const float mref = mx == -INFINITY ? 0.f : mx;
+    float sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+        v[i].x = ex(v[i].x, mref);
+        v[i].y = ex(v[i].y, mref);
+        v[i].z = ex(v[i].z, mref);
+        v[i].w = ex(v[i].w, mref);
+        sum += (v[i].x + v[i].y) + (v[i].z + v[i].w);
+    }
+    sum = block_sum<THREADS>(sum, red);
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+        const int64_t j = (int64_t(i) * THREADS + threadIdx.x) * 4;
+        if (j < a.cols) store4<OutT>(w.p, j, v[i].x * inv, v[i].y * inv, v[i].z * inv, v[i].w * inv);
+    }
+    finish_row(w, mref, sum);
+}
+
+template <int THREADS, int NV, typename OutT>
+__global__ void __launch_bounds__(THREADS) softmax_two_pass(const attn_lt_softmax_args a) {
+    __shared__ float red[32];
+    const Row w = row_info(a, blockIdx.x % a.batch, blockIdx.x / a.batch);
+    // Pass 1: online max and sum.
+    float m = -INFINITY, l = 0.f;
+    for (int64_t j = int64_t(threadIdx.x) * 4; j < a.cols; j += THREADS * 4) {
+        const float4 v = load_masked(j, w, a);
+        const float mn = fmaxf(m, max4(v));
+        if (mn == -INFINITY) continue;
+        l = l * ex(m, mn) + ex(v.x, mn) + ex(v.y, mn) + ex(v.z, mn) + ex(v.w, mn);
+        m = mn;
+    }
+    const float mx = block_max<THREADS>(m, red);
+    const float mref = mx == -INFINITY ? 0.f : mx;
+    const float sum = block_sum<THREADS>(m == -INFINITY ? 0.f : l * ex(m, mref), red);
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    // Pass 2, tile by tile: the writes of tile t cover floats [t*T/2, (t+1)*T/2), which every thread has read
+    // by the barrier of tile t; later tiles' reads lie beyond them.
+    constexpr int64_t T = int64_t(THREADS) * NV * 4;
+    for (int64_t base = 0; base < a.cols; base += T) {
+        float4 v[NV];
+#pragma unroll
+        for (int i = 0; i < NV; ++i) v[i] = load_masked(base + (int64_t(i) * THREADS + threadIdx.x) * 4, w, a);
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < NV; ++i) {
+            const int64_t j = base + (int64_t(i) * THREADS + threadIdx.x) * 4;
+            if (j < a.cols)
+                store4<OutT>(w.p, j, ex(v[i].x, mref) * inv, ex(v[i].y, mref) * inv, ex(v[i].z, mref) * inv,
+                             ex(v[i].w, mref) * inv);
+        }
+    }
+    finish_row(w, mref, sum);
+}
+
+template <typename OutT>
+cudaError_t launch(const attn_lt_softmax_args& a, cudaStream_t stream) {
+    const unsigned grid = static_cast<unsigned>(a.rows * a.batch);
+    const int64_t c = a.cols;
+    if (c <= 512) softmax_resident<128, 1, OutT><<<grid, 128, 0, stream>>>(a);
+    else if (c <= 2048) softmax_resident<256, 2, OutT><<<grid, 256, 0, stream>>>(a);
+    else if (c <= 4096) softmax_resident<256, 4, OutT><<<grid, 256, 0, stream>>>(a);
+    else if (c <= 8192) softmax_resident<256, 8, OutT><<<grid, 256, 0, stream>>>(a);
+    else if (c <= 16384) softmax_resident<512, 8, OutT><<<grid, 512, 0, stream>>>(a);
+    else if (c <= kMaxResidentCols) softmax_resident<1024, 8, OutT><<<grid, 1024, 0, stream>>>(a);
+    else softmax_two_pass<1024, 4, OutT><<<grid, 1024, 0, stream>>>(a);
+    return cudaGetLastError();
+}
+
+}  // namespace
+
+extern "C" {
+
+int attn_lt_abi_version(void) { return ATTN_LT_ABI_VERSION; }
+
+const char* attn_lt_source_hash(void) { return ATTN_LT_SOURCE_HASH; }
+
+const char* attn_lt_error_string(int err) { return cudaGetErrorString(static_cast<cudaError_t>(err)); }
+
+int64_t attn_lt_softmax_max_resident_cols(void) { return kMaxResidentCols; }
+
+int attn_lt_softmax(const attn_lt_softmax_args* a, void* stream) {
+    if (a == nullptr || a->rows <= 0 || a->cols <= 0 || a->batch <= 0 || a->Sq <= 0 || a->Hkv <= 0 || a->g <= 0 ||
+        a->ld_s % 4 != 0 || a->ld_p % 4 != 0 || a->ld_s < a->cols || a->ld_p < a->cols ||
+        reinterpret_cast<uintptr_t>(a->scores) % 16 != 0 || reinterpret_cast<uintptr_t>(a->probs) % 8 != 0 ||
+        a->rows * a->batch > 0x7fffffffLL || (a->mask_dtype != ATTN_LT_NONE && a->mask == nullptr))
+        return static_cast<int>(cudaErrorInvalidValue);
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    switch (a->out_dtype) {
+        case ATTN_LT_BF16: return static_cast<int>(launch<__nv_bfloat16>(*a, s));
+        case ATTN_LT_F16: return static_cast<int>(launch<__half>(*a, s));
+        default: return static_cast<int>(cudaErrorInvalidValue);
+    }
+}
+
+}  // extern "C"

@@ -1,0 +1,155 @@
+"""The long path on the GPU against an FP32 reference, bounded by twice PyTorch's own error at the same
+precision (plus a rounding floor). Fresh random inputs every case; the output is poisoned with NaN first."""
+
+import math
+
+import pytest
+import torch
+
+import attn_lt
+from attn_lt.testing import reference, rel_error, sdpa, tolerance
+
+pytestmark = pytest.mark.gpu
+DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def rand_qkv(B, Hq, Hkv, Sq, Sk, D, dtype, layout="bhsd"):
+    dt, dev = DT[dtype], "cuda"
+    if layout == "bshd":
+        return (torch.randn(B, Sq, Hq, D, dtype=dt, device=dev).transpose(1, 2),
+                torch.randn(B, Sk, Hkv, D, dtype=dt, device=dev).transpose(1, 2),
+                torch.randn(B, Sk, Hkv, D, dtype=dt, device=dev).transpose(1, 2))
+    return (torch.randn(B, Hq, Sq, D, dtype=dt, device=dev), torch.randn(B, Hkv, Sk, D, dtype=dt, device=dev),
+            torch.randn(B, Hkv, Sk, D, dtype=dt, device=dev))
+
+
+def check(q, k, v, attn_mask=None, causal=False, **kw):
+    B, Hq, Sq, D = q.shape
+    out = torch.full((B, Hq, Sq, D), math.nan, dtype=q.dtype, device=q.device)
+    o, lse = attn_lt.attention(q, k, v, attn_mask=attn_mask, causal=causal, backend="lt", return_lse=True,
+                               out=out, **kw)
+    assert o is out and lse.shape == (B, Hq, Sq) and lse.dtype == torch.float32
+    ref, ref_lse = reference(q, k, v, attn_mask, causal)
+    err, torch_err = rel_error(o, ref), rel_error(sdpa(q, k, v, attn_mask, causal), ref)
+    assert err <= tolerance(torch_err), f"attn_lt error {err:.3e}, PyTorch {torch_err:.3e}"
+    assert not torch.isnan(o).any() and not torch.isnan(lse).any()
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse))
+    fin = torch.isfinite(ref_lse)
+    assert (lse[fin] - ref_lse[fin]).abs().max().item() <= 1e-3 * (1 + ref_lse[fin].abs().max().item())
+    return o, lse
+
+
+@pytest.mark.parametrize("D", [64, 80, 128, 256, 512])
+@pytest.mark.parametrize("S", [1, 97, 4095, 4096, 4097, 16384])
+def test_sizes_bf16(S, D):
+    check(*rand_qkv(1, 2, 2, S, S, D, "bf16"))
+
+
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("S", [97, 4097])
+def test_sizes_fp16(S, D):
+    check(*rand_qkv(2, 2, 2, S, S, D, "fp16"))
+
+
+@pytest.mark.parametrize("Sq,Sk", [(1000, 1000), (97, 4097), (1, 8192), (16, 4096), (4097, 4097)])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("Hkv", [8, 2, 1], ids=["mha", "gqa4", "mqa8"])
+def test_gqa_and_causal(Hkv, causal, Sq, Sk):
+    check(*rand_qkv(2, 8, Hkv, Sq, Sk, 128, "bf16"), causal=causal)
+
+
+def test_causal_more_queries_than_keys_gives_zero_rows():
+    q, k, v = rand_qkv(1, 4, 2, 300, 97, 64, "bf16")
+    o, lse = check(q, k, v, causal=True)
+    assert (o[:, :, :203] == 0).all() and torch.isneginf(lse[:, :, :203]).all()
+
+
+@pytest.mark.parametrize("mshape", ["1,1,Sq,Sk", "B,1,1,Sk", "B,Hq,Sq,Sk", "Sq,Sk", "1,Hq,1,Sk"])
+@pytest.mark.parametrize("kind", ["bool", "bf16", "fp32"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_masks(kind, mshape, causal):
+    B, Hq, Sq, Sk = 2, 4, 333, 4133
+    dims = {"B": B, "Hq": Hq, "Sq": Sq, "Sk": Sk, "1": 1}
+    shape = [dims[x] for x in mshape.split(",")]
+    if kind == "bool":
+        m = torch.rand(shape, device="cuda") > 0.25
+    else:
+        m = torch.randn(shape, device="cuda", dtype=torch.float32 if kind == "fp32" else torch.bfloat16)
+    check(*rand_qkv(B, Hq, 2, Sq, Sk, 64, "bf16"), attn_mask=m, causal=causal)
+
+
+def test_fully_masked_rows_by_user_mask_give_zero_and_neg_inf():
+    q, k, v = rand_qkv(1, 2, 2, 64, 4096, 64, "bf16")
+    m = torch.rand(1, 1, 64, 4096, device="cuda") > 0.5
+    m[..., 5, :] = False
+    o, lse = check(q, k, v, attn_mask=m)
+    assert (o[:, :, 5] == 0).all() and torch.isneginf(lse[:, :, 5]).all()
+
+
+@pytest.mark.parametrize("Hkv,causal", [(8, False), (2, True), (1, False)])
+def test_bshd_transposed_views(Hkv, causal):
+    check(*rand_qkv(2, 8, Hkv, 1000, 4097, 128, "bf16", layout="bshd"), causal=causal)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_small_budget_many_chunks_same_result(causal):
+    q, k, v = rand_qkv(1, 4, 2, 4097, 4097, 64, "bf16")
+    plan = attn_lt.explain(q, k, v, causal=causal, workspace_bytes=8 << 20).plan
+    assert len(plan.chunks) > 8
+    o_small = check(q, k, v, causal=causal, workspace_bytes=8 << 20)[0]
+    o_big = attn_lt.attention(q, k, v, causal=causal, backend="lt")
+    assert rel_error(o_small, o_big.float()) < 5e-3
+
+
+def test_long_rows_two_pass_softmax():
+    """Sk beyond the register-resident limit exercises the two-pass kernel (in place, tile by tile)."""
+    check(*rand_qkv(1, 2, 1, 33, 40000, 64, "bf16"), causal=True)
+    check(*rand_qkv(1, 2, 2, 5, 70001, 128, "bf16"))
+
+
+def test_peak_memory_within_budget_plus_output():
+    q, k, v = rand_qkv(1, 8, 8, 16384, 16384, 128, "bf16")
+    budget = 256 << 20
+    attn_lt.attention(q, k, v, backend="lt", workspace_bytes=budget)  # warm: handles, descriptors
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    o = attn_lt.attention(q, k, v, backend="lt", workspace_bytes=budget)
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - base
+    assert extra <= budget + o.numel() * 2 + 8 * 16384 * 4 + (2 << 20)
+
+
+def test_repeatable_bit_for_bit():
+    q, k, v = rand_qkv(1, 4, 4, 2048, 8192, 128, "bf16")
+    a = attn_lt.attention(q, k, v, causal=True)
+    b = attn_lt.attention(q, k, v, causal=True)
+    assert torch.equal(a, b)
+
+
+def test_current_stream_is_used():
+    q, k, v = rand_qkv(1, 2, 2, 512, 4096, 64, "bf16")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        o = attn_lt.attention(q, k, v)
+    s.synchronize()
+    ref, _ = reference(q, k, v)
+    assert rel_error(o, ref) < tolerance(rel_error(sdpa(q, k, v), ref))
+
+
+def test_cupy_in_cupy_out():
+    cupy = pytest.importorskip("cupy")
+    q, k, v = rand_qkv(1, 2, 2, 97, 4097, 64, "fp16")
+    o = attn_lt.attention(cupy.from_dlpack(q), cupy.from_dlpack(k), cupy.from_dlpack(v))
+    assert isinstance(o, cupy.ndarray) and o.shape == (1, 2, 97, 64)
+    ref, _ = reference(q, k, v)
+    assert rel_error(torch.from_dlpack(o), ref) < tolerance(rel_error(sdpa(q, k, v), ref))
+
+
+def test_errors_before_gpu_work():
+    q, k, v = rand_qkv(1, 2, 2, 16, 100000, 64, "bf16")
+    with pytest.raises(ValueError, match="too small"):
+        attn_lt.attention(q, k, v, workspace_bytes=100_000)
+    with pytest.raises(ValueError, match="out must be"):
+        attn_lt.attention(q, k, v, out=torch.empty(1, 2, 16, 32, dtype=torch.bfloat16, device="cuda"))

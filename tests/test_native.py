@@ -1,0 +1,53 @@
+"""The native build (nvcc, sm_80 + sm_90) and its loader; needs nvcc and the built library, not a GPU."""
+
+import ctypes
+import shutil
+import subprocess
+
+import pytest
+
+from attn_lt import native
+
+
+def test_library_loads_with_matching_abi_and_sources():
+    lib = native.load()
+    assert lib.attn_lt_abi_version() == native.ABI_VERSION
+    assert lib.attn_lt_source_hash().decode() == native.source_hash()
+    assert lib.attn_lt_softmax_max_resident_cols() >= 16384
+    assert native.status().startswith("ok")
+
+
+def test_struct_matches_header():
+    # 4 pointers + 19 int64 + 4 int32, no padding: a mismatch would shift every field the kernel reads.
+    assert ctypes.sizeof(native.SoftmaxArgs) == 4 * 8 + 19 * 8 + 4 * 4
+    header = (native._SRC_DIR / "attn_lt.h").read_text()
+    assert f"#define ATTN_LT_ABI_VERSION {native.ABI_VERSION}" in header
+
+
+def test_invalid_arguments_refused_without_touching_the_gpu():
+    with pytest.raises(native.CudaError, match="rows=0"):
+        native.softmax(native.SoftmaxArgs(), 0)  # all-zero arguments: refused by the host-side checks
+
+
+@pytest.mark.skipif(shutil.which("cuobjdump") is None, reason="cuobjdump not on PATH")
+def test_built_for_sm80_and_sm90():
+    out = subprocess.run(["cuobjdump", "--list-elf", str(native.library_path())], capture_output=True,
+                         text=True, check=True).stdout
+    assert "sm_80" in out and "sm_90" in out
+
+
+def test_missing_and_stale_library_say_how_to_build(tmp_path, monkeypatch):
+    native.load.cache_clear()
+    monkeypatch.setattr(native, "_LIB_PATH", tmp_path / "nope.so")
+    with pytest.raises(native.NativeLibraryError, match="make native"):
+        native.load()
+    native.load.cache_clear()
+    monkeypatch.undo()
+    src = tmp_path / "native"
+    shutil.copytree(native._SRC_DIR, src)
+    (src / "softmax.cu").write_text((src / "softmax.cu").read_text() + "\n// edited\n")
+    monkeypatch.setattr(native, "_SRC_DIR", src)
+    native.load.cache_clear()
+    with pytest.raises(native.NativeLibraryError, match="stale.*make native"):
+        native.load()
+    native.load.cache_clear()

@@ -1,0 +1,175 @@
+"""The planner, on CPU: chunk bounds, budget, causal key skipping, GQA folding, batch combining, and the exact
+operand offsets/strides, which an emulator executes with torch.as_strided against a float64 reference."""
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from attn_lt import config
+from attn_lt.plan import KEY_BLOCK, chunk_layout, make_plan, out_strides, score_ld
+from attn_lt.testing import reference
+from attn_lt.validate import Case, check_tensors
+
+MiB = 1 << 20
+
+
+def covered_rows(case, plan):
+    """How often each (b, query head, s) row is computed, and the keys each chunk computes for it."""
+    count = torch.zeros(case.B, case.Hq, case.Sq, dtype=torch.int64)
+    for c in plan.chunks:
+        for e in range(c.e0, c.e0 + c.ne):
+            b, h = divmod(e, case.Hkv)
+            heads = range(h * case.group, (h + 1) * case.group) if c.gi is None else [h * case.group + c.gi]
+            for hq in heads:
+                count[b, hq, c.s0:c.s1] += 1
+    return count
+
+
+CASES = [
+    Case.contiguous(1, 16, 16, 16384, 16384, 128),
+    Case.contiguous(1, 32, 32, 32768, 32768, 128, causal=True),
+    Case.contiguous(1, 32, 32, 131072, 131072, 128, causal=True),
+    Case.contiguous(8, 32, 8, 1, 131072, 128),
+    Case.contiguous(8, 32, 8, 16, 65536, 128, causal=True),
+    Case.contiguous(2, 8, 2, 4097, 4095, 80, causal=True),
+    Case.contiguous(3, 4, 1, 97, 1, 64),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+@pytest.mark.parametrize("budget_mib", [64, 1024])
+def test_every_row_once_and_within_budget(case, budget_mib):
+    plan = make_plan(case, budget_mib * MiB)
+    assert plan.workspace_bytes <= budget_mib * MiB
+    assert (covered_rows(case, plan) == 1).all()
+    for c in plan.chunks:
+        assert 0 <= c.s0 < c.s1 <= case.Sq and 1 <= c.ne and c.e0 + c.ne <= case.B * case.Hkv
+        assert c.ne * plan.rows(case, c) * score_ld(c.kend) * 4 <= plan.score_bytes
+        last_visible = c.s1 - 1 + case.Sk - case.Sq if case.causal else case.Sk - 1
+        assert min(case.Sk, last_visible + 1) <= c.kend <= case.Sk  # every visible key of the chunk is computed
+        if case.causal and c.kend < case.Sk:
+            assert c.kend % KEY_BLOCK == 0 or c.kend == 0
+
+
+def test_causal_skips_about_half():
+    case = Case.contiguous(1, 32, 32, 32768, 32768, 128, causal=True)
+    plan = make_plan(case, 1024 * MiB)
+    done = sum(c.ne * plan.rows(case, c) * c.kend for c in plan.chunks)
+    assert done / (32 * 32768**2) < 0.54  # the ideal is 0.5 + 1/(2 S)
+
+
+def test_budget_bounds_memory_whatever_the_length():
+    for S in (16384, 65536, 262144):
+        plan = make_plan(Case.contiguous(1, 8, 8, S, S, 128), 256 * MiB)
+        assert plan.workspace_bytes <= 256 * MiB
+
+
+def test_budget_from_environment_and_too_small(monkeypatch):
+    case = Case.contiguous(1, 2, 2, 128, 65536, 64)
+    monkeypatch.setenv("ATTN_LT_WORKSPACE_MB", "3")
+    make_plan.cache_clear()
+    assert make_plan(case).budget == 3 * MiB
+    with pytest.raises(ValueError, match="too small.*Sk65536"):
+        make_plan(case, 200 * 1024)
+    monkeypatch.setenv("ATTN_LT_WORKSPACE_MB", "0")
+    with pytest.raises(ValueError, match="ATTN_LT_WORKSPACE_MB"):
+        config.workspace_bytes()
+    with pytest.raises(ValueError, match="positive"):
+        config.workspace_bytes(-1)
+
+
+def test_gqa_folds_only_when_layout_allows():
+    dec = Case.contiguous(8, 32, 8, 1, 65536, 128)
+    assert make_plan(dec).fold_group
+    q = torch.empty(2, 64, 32, 128, dtype=torch.bfloat16).transpose(1, 2)  # BSHD view, Sq = 64
+    k = torch.empty(2, 8192, 8, 128, dtype=torch.bfloat16).transpose(1, 2)
+    c = check_tensors(q, k, k, require_cuda=False)
+    plan = make_plan(c)
+    assert not plan.fold_group and not plan.combine_batch
+    assert {ch.gi for ch in plan.chunks} == set(range(4))
+
+
+# ---- the emulator: executes a plan's exact offsets and strides on CPU ---------------------------------------
+
+def view(t, mv, cols=None):
+    return torch.as_strided(t, (mv.batch, mv.rows, cols or mv.cols), (mv.batch_stride, mv.row_stride, 1),
+                            t.storage_offset() + mv.offset)
+
+
+def emulate(case, plan, q, k, v, mask):
+    """Run ``plan`` the way the GPU path does, in float64: QK^T per chunk into a score block, the softmax
+    kernel's row -> (b, head, position) mapping, P@V into a contiguous output."""
+    out = torch.full((case.B, case.Hq, case.Sq, case.D), math.nan, dtype=torch.float64)
+    lse = torch.full((case.B, case.Hq, case.Sq), math.nan, dtype=torch.float64)
+    assert out.stride() == out_strides(case)
+    mexp = None if mask is None else mask.expand(case.B, case.Hq, case.Sq, case.Sk)
+    for c in plan.chunks:
+        if c.kend == 0:
+            for e in range(c.e0, c.e0 + c.ne):
+                b, h = divmod(e, case.Hkv)
+                hs = slice(h * case.group, (h + 1) * case.group) if c.gi is None else h * case.group + c.gi
+                out[b, hs, c.s0:c.s1] = 0
+                lse[b, hs, c.s0:c.s1] = -math.inf
+            continue
+        lay = chunk_layout(case, plan, c)
+        Q, K, V = view(q, lay.q).double(), view(k, lay.k).double(), view(v, lay.v).double()
+        S = case.scale * Q @ K.transpose(1, 2)  # (ne, M, N)
+        for e, r in itertools.product(range(lay.s.batch), range(lay.s.rows)):
+            R = lay.row0 + r
+            pos, gi = R % case.Sq, lay.gi0 + R // case.Sq
+            b, hkv = divmod(c.e0 + e, case.Hkv)
+            h = hkv * case.group + gi
+            row = S[e, r].clone()
+            if case.causal:
+                row[max(0, pos + case.Sk - case.Sq + 1):] = -math.inf
+            if mexp is not None:
+                m = mexp[b, h, pos, : c.kend]
+                row = row.masked_fill(~m, -math.inf) if m.dtype == torch.bool else row + m.double()
+            l = torch.logsumexp(row, 0)
+            S[e, r] = torch.exp(row - (0 if math.isinf(l) else l))
+            lse[b, h, pos] = l
+        view(out, lay.o).copy_(S @ V)
+    return out, lse
+
+
+def make_inputs(B, Hq, Hkv, Sq, Sk, D, layout):
+    if layout == "bshd":
+        q = torch.randn(B, Sq, Hq, D, dtype=torch.bfloat16).transpose(1, 2)
+        k = torch.randn(B, Sk, Hkv, D, dtype=torch.bfloat16).transpose(1, 2)
+        v = torch.randn(B, Sk, Hkv, D, dtype=torch.bfloat16).transpose(1, 2)
+    else:
+        q = torch.randn(B, Hq, Sq, D, dtype=torch.bfloat16)
+        k = torch.randn(B, Hkv, Sk, D, dtype=torch.bfloat16)
+        v = torch.randn(B, Hkv, Sk, D, dtype=torch.bfloat16)
+        if layout == "padded":  # rows longer than D, heads not adjacent
+            q = torch.randn(B, Hq, Sq, D + 8, dtype=torch.bfloat16)[..., :D]
+    return q, k, v
+
+
+@pytest.mark.parametrize("B,Hq,Hkv,Sq,Sk,D,causal,mask,layout,budget", [
+    (2, 4, 4, 70, 300, 16, False, None, "bhsd", 64 * 1024),
+    (2, 4, 2, 70, 300, 16, True, None, "bhsd", 64 * 1024),
+    (2, 8, 2, 3, 600, 16, False, None, "bhsd", 64 * 1024),         # decode-like: GQA folded
+    (2, 8, 2, 5, 600, 16, True, "bool", "bhsd", 64 * 1024),
+    (2, 4, 2, 40, 200, 16, True, None, "bshd", 64 * 1024),       # no fold, no batch combining
+    (1, 4, 1, 300, 97, 16, True, "float", "bshd", 48 * 1024),     # Sq > Sk: fully masked leading rows
+    (2, 2, 2, 33, 65, 8, False, "float", "padded", 40 * 1024),
+])
+def test_emulated_plan_matches_reference(B, Hq, Hkv, Sq, Sk, D, causal, mask, layout, budget):
+    torch.manual_seed(0)
+    q, k, v = make_inputs(B, Hq, Hkv, Sq, Sk, D, layout)
+    m = None
+    if mask == "bool":
+        m = torch.rand(B, 1, Sq, Sk) > 0.3
+    elif mask == "float":
+        m = torch.randn(1, Hq, 1, Sk)
+    case = check_tensors(q, k, v, m, causal, require_cuda=False)
+    plan = make_plan(case, budget)
+    assert len(plan.chunks) > 1
+    out, lse = emulate(case, plan, q, k, v, m)
+    ref, ref_lse = reference(q, k, v, m, causal, dtype=torch.float64)
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(lse, ref_lse, rtol=1e-9, atol=1e-9)

@@ -1,0 +1,123 @@
+"""Input validation: wrong types, dtypes, shapes, heads, masks, strides, devices -> TypeError/ValueError that
+name the shapes, raised before any GPU work (these run on CPU tensors)."""
+
+import pytest
+import torch
+
+import attn_lt
+from attn_lt.validate import Case, check_tensors
+
+
+def qkv(B=1, Hq=4, Hkv=2, Sq=8, Sk=16, D=64, dtype=torch.bfloat16, device="cpu"):
+    return (torch.randn(B, Hq, Sq, D, dtype=dtype, device=device),
+            torch.randn(B, Hkv, Sk, D, dtype=dtype, device=device),
+            torch.randn(B, Hkv, Sk, D, dtype=dtype, device=device))
+
+
+def test_valid_case_on_cpu_without_device_check():
+    q, k, v = qkv()
+    c = check_tensors(q, k, v, require_cuda=False)
+    assert (c.B, c.Hq, c.Hkv, c.Sq, c.Sk, c.D, c.dtype, c.group) == (1, 4, 2, 8, 16, 64, "bf16", 2)
+    assert c.scale == pytest.approx(64**-0.5)
+    assert c.q_strides == (4 * 8 * 64, 8 * 64, 64, 1)
+
+
+def test_cpu_tensors_rejected_naming_devices_and_shapes():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match=r"CUDA device.*q \(1, 4, 8, 64\)"):
+        attn_lt.attention(q, k, v)
+
+
+@pytest.mark.parametrize("bad", ["float32", "mixed"])
+def test_dtype_errors_are_type_errors(bad):
+    q, k, v = qkv()
+    if bad == "float32":
+        q = q.float()
+        with pytest.raises(TypeError, match="float32"):
+            attn_lt.attention(q, k, v)
+    else:
+        with pytest.raises(TypeError, match="share one dtype"):
+            attn_lt.attention(q, k.half(), v)
+
+
+def test_non_tensor_rejected():
+    _, k, v = qkv()
+    with pytest.raises(TypeError, match="ndarray"):
+        attn_lt.attention([1, 2], k, v)
+
+
+@pytest.mark.parametrize("case,match", [
+    (dict(q=(1, 4, 8)), r"4-D.*q \(1, 4, 8\)"),
+    (dict(k=(1, 2, 16, 32), v=(1, 2, 16, 32)), "head dims differ"),
+    (dict(k=(2, 2, 16, 64), v=(2, 2, 16, 64)), "batch sizes differ"),
+    (dict(v=(1, 2, 15, 64)), "same shape"),
+    (dict(k=(1, 3, 16, 64), v=(1, 3, 16, 64)), r"Hq=4 must be a multiple of kv heads Hkv=3"),
+    (dict(q=(1, 4, 0, 64)), "at least 1"),
+])
+def test_shape_errors_name_the_shapes(case, match):
+    q, k, v = qkv()
+    shapes = {"q": q, "k": k, "v": v}
+    for name, shape in case.items():
+        shapes[name] = torch.randn(*shape, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=match):
+        attn_lt.attention(shapes["q"], shapes["k"], shapes["v"])
+
+
+def test_last_dim_stride_must_be_one():
+    q, k, v = qkv()
+    q2 = torch.randn(1, 4, 8, 128, dtype=torch.bfloat16)[..., ::2]
+    with pytest.raises(ValueError, match="stride 1"):
+        attn_lt.attention(q2, k, v)
+
+
+def test_overlapping_rows_rejected():
+    q, k, v = qkv()
+    k2 = torch.randn(1, 2, 1, 64, dtype=torch.bfloat16).expand(1, 2, 16, 64)
+    with pytest.raises(ValueError, match="rows overlap"):
+        attn_lt.attention(q, k2, v)
+
+
+def test_bshd_transposed_view_accepted():
+    q = torch.randn(2, 8, 4, 64, dtype=torch.bfloat16).transpose(1, 2)  # (B, H, S, D) view of (B, S, H, D)
+    k = torch.randn(2, 16, 2, 64, dtype=torch.bfloat16).transpose(1, 2)
+    c = check_tensors(q, k, k, require_cuda=False)
+    assert c.q_strides == (8 * 4 * 64, 64, 4 * 64, 1)
+
+
+@pytest.mark.parametrize("shape", [(8, 16), (1, 1, 8, 16), (4, 1, 16), (1, 4, 8, 1), (16,), (1, 1, 1, 16)])
+def test_mask_broadcast_shapes_accepted(shape):
+    q, k, v = qkv()
+    c = check_tensors(q, k, v, torch.ones(shape, dtype=torch.bool), require_cuda=False)
+    assert c.mask.kind == "bool" and c.mask.shape == shape
+    full = torch.ones(shape, dtype=torch.bool).expand(1, 4, 8, 16)
+    assert c.mask.strides == tuple(s if n > 1 else 0 for s, n in zip(full.stride(), full.shape))
+
+
+@pytest.mark.parametrize("shape", [(8, 15), (2, 4, 8, 16), (3, 8, 16), (1, 1, 1, 8, 16)])
+def test_mask_bad_shape(shape):
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match=r"attn_mask \(" + ", ".join(map(str, shape)) + r"\)"):
+        check_tensors(q, k, v, torch.zeros(shape, dtype=torch.bool), require_cuda=False)
+
+
+def test_mask_dtype_errors():
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match="torch.int64"):
+        check_tensors(q, k, v, torch.zeros(8, 16, dtype=torch.int64), require_cuda=False)
+    with pytest.raises(TypeError, match="float16"):
+        check_tensors(q, k, v, torch.zeros(8, 16, dtype=torch.float16), require_cuda=False)
+    check_tensors(q, k, v, torch.zeros(8, 16, dtype=torch.float32), require_cuda=False)  # fp32 is fine
+
+
+def test_option_types():
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match="causal"):
+        check_tensors(q, k, v, causal=1, require_cuda=False)
+    with pytest.raises(TypeError, match="scale"):
+        check_tensors(q, k, v, scale="0.1", require_cuda=False)
+
+
+def test_case_str_and_contiguous():
+    c = Case.contiguous(2, 32, 8, 1, 4096, 128, causal=True)
+    assert str(c) == "B2 Hq32 Hkv8 (GQA x4) Sq1 Sk4096 D128 bf16 causal"
+    assert c.k_strides == (8 * 4096 * 128, 4096 * 128, 128, 1)
