@@ -7,6 +7,7 @@ variable                       default      meaning
                                             workspace), MiB; the ``workspace_bytes`` argument overrides it
 ``ATTN_LT_THRESHOLD``          4096         key length from which ``backend="auto"`` takes the long path
 ``ATTN_LT_LIB``                (package)    path of ``libattn_lt.so`` to load instead of the packaged build
+``ATTN_LT_SOFTMAX``            auto         force a softmax kernel: ``row``, ``cluster`` or ``two_pass``
 =============================  ===========  =====================================================================
 """
 
@@ -53,3 +54,14 @@ def threshold(override: int | None = None) -> int:
 
 def library_override() -> str | None:
     return os.environ.get("ATTN_LT_LIB") or None
+
+
+SOFTMAX_VARIANTS = ("auto", "row", "cluster", "two_pass")
+
+
+def softmax_variant() -> str:
+    """The softmax kernel to use: ``ATTN_LT_SOFTMAX`` or "auto" (by row length and GPU)."""
+    v = os.environ.get("ATTN_LT_SOFTMAX", "auto").strip() or "auto"
+    if v not in SOFTMAX_VARIANTS:
+        raise ValueError(f"environment variable ATTN_LT_SOFTMAX={v!r} must be one of {SOFTMAX_VARIANTS}")
+    return v

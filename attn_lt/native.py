@@ -16,13 +16,15 @@ from . import config
 
 log = logging.getLogger("attn_lt")
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 _PKG = Path(__file__).resolve().parent
 _LIB_PATH = _PKG / "_native" / "libattn_lt.so"
 _SRC_DIR = _PKG.parent / "native"
 _BUILD_HINT = "build it with `make native` in the attn_lt checkout (needs nvcc), or set ATTN_LT_LIB"
 
 DTYPE_CODES = {"none": 0, "fp16": 1, "bf16": 2, "fp32": 3, "bool": 4}
+#: Softmax kernels (``SoftmaxArgs.variant``, names from config.SOFTMAX_VARIANTS); "auto" picks by row length and GPU.
+SOFTMAX_VARIANTS = dict(zip(config.SOFTMAX_VARIANTS, range(4)))
 
 
 class NativeLibraryError(RuntimeError):
@@ -40,7 +42,7 @@ class SoftmaxArgs(ctypes.Structure):
                 ("mask", ctypes.c_void_p)] + [
         (n, ctypes.c_int64) for n in ("rows", "cols", "batch", "ld_s", "bs_s", "ld_p", "bs_p", "row0", "gi0",
                                       "e0", "Sq", "Sk", "g", "Hkv", "Hq", "m_sb", "m_sh", "m_sq", "m_sk")] + [
-        (n, ctypes.c_int32) for n in ("causal", "out_dtype", "mask_dtype", "reserved")]
+        (n, ctypes.c_int32) for n in ("causal", "out_dtype", "mask_dtype", "variant")]
 
 
 def source_hash(src_dir: Path | None = None) -> str | None:

@@ -7,7 +7,7 @@
 #define ATTN_LT_H
 #include <stdint.h>
 
-#define ATTN_LT_ABI_VERSION 1
+#define ATTN_LT_ABI_VERSION 2
 
 #ifdef __cplusplus
 extern "C" {
@@ -35,13 +35,21 @@ typedef struct attn_lt_softmax_args {
     int32_t causal;       /* bottom-right aligned: key j visible to query i iff j <= i + Sk - Sq */
     int32_t out_dtype;    /* ATTN_LT_F16 or ATTN_LT_BF16 */
     int32_t mask_dtype;   /* ATTN_LT_NONE, ATTN_LT_BOOL (true = attend) or F16/BF16/F32 (added to scores) */
-    int32_t reserved;
+    int32_t variant;      /* ATTN_LT_SOFTMAX_AUTO, or a kernel forced for tests and benchmarks */
 } attn_lt_softmax_args;
+
+enum attn_lt_softmax_variant {
+    ATTN_LT_SOFTMAX_AUTO = 0,
+    ATTN_LT_SOFTMAX_ROW = 1,      /* one CTA a row, row in registers (rows up to max_resident_cols) */
+    ATTN_LT_SOFTMAX_CLUSTER = 2,  /* sm_90: a cluster of up to 8 CTAs a row, registers + distributed smem */
+    ATTN_LT_SOFTMAX_TWO_PASS = 3  /* any length: online max/sum pass, then a re-reading pass */
+};
 
 int attn_lt_abi_version(void);
 const char* attn_lt_source_hash(void);
 const char* attn_lt_error_string(int err);
-/* Largest row length kept in registers (one read of each score); longer rows take two passes. */
+/* Largest row length read once (registers of one CTA, or of a cluster on sm_90) on the current device;
+ * longer rows take two passes. */
 int64_t attn_lt_softmax_max_resident_cols(void);
 int attn_lt_softmax(const attn_lt_softmax_args* args, void* stream);
 

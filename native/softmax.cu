@@ -1,10 +1,15 @@
 // Row softmax of the long path: FP32 scores in, P (fp16/bf16, may overwrite the scores in place) and LSE out.
 //
-// One CTA per score row. Rows up to attn_lt_softmax_max_resident_cols() are held in registers, so each score
-// is read from memory once (4 B) and P written once (2 B). Longer rows take two passes (an online max/sum pass,
-// then a pass that re-reads and writes P), tile by tile so that in-place writes never overrun unread scores.
+// Each score is read from memory once (4 B) and P written once (2 B) while the row fits on chip:
+//  * ROW: one CTA a row, the row in registers (up to 32768 columns);
+//  * CLUSTER (sm_90): a thread-block cluster of up to 8 small CTAs a row, each holding a segment in registers and
+//    exchanging its max and sum through distributed shared memory (up to 131072 columns). Many small CTAs a
+//    multiprocessor overlap one row's loads with another's reductions and stores, which one big CTA cannot.
+// Longer rows take TWO_PASS (an online max/sum pass, then a pass that re-reads and writes P), tile by tile so
+// that in-place writes never overrun unread scores.
 #include "attn_lt.h"
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -17,8 +22,12 @@
 
 namespace {
 
+namespace cg = cooperative_groups;
+
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr int64_t kMaxResidentCols = 32768;
+constexpr int64_t kRowMaxCols = 32768;       // ROW: 1024 threads x 32 floats
+constexpr int64_t kClusterMaxCols = 131072;  // CLUSTER: 8 CTAs x 512 threads x 32 floats
+constexpr int kMaxCluster = 8;               // portable cluster size
 
 struct Row {
     const float* s;
@@ -26,6 +35,7 @@ struct Row {
     float* lse;
     const char* mask;  // mask at (b, h, q, key 0), or nullptr
     int64_t limit;     // last visible key, inclusive (may be negative: all masked)
+    bool mask_vec;     // mask keys contiguous and 4-key aligned: 4 keys in one load
 };
 
 __device__ __forceinline__ Row row_info(const attn_lt_softmax_args& a, int64_t e, int64_t r) {
@@ -41,35 +51,76 @@ __device__ __forceinline__ Row row_info(const attn_lt_softmax_args& a, int64_t e
     if (a.causal) limit = min(limit, q + a.Sk - a.Sq);
     w.limit = limit;
     w.mask = nullptr;
+    w.mask_vec = false;
     if (a.mask_dtype != ATTN_LT_NONE) {
         const int esize = a.mask_dtype == ATTN_LT_BOOL ? 1 : (a.mask_dtype == ATTN_LT_F32 ? 4 : 2);
         w.mask = static_cast<const char*>(a.mask) + (b * a.m_sb + h * a.m_sh + q * a.m_sq) * esize;
+        w.mask_vec = a.m_sk == 1 && reinterpret_cast<uintptr_t>(w.mask) % (4 * esize) == 0;
     }
     return w;
 }
 
-// Score j of the row after the causal limit and the user mask.
-__device__ __forceinline__ float masked(float x, int64_t j, const Row& w, const attn_lt_softmax_args& a) {
-    if (j > w.limit) return -INFINITY;
-    if (w.mask == nullptr) return x;
+// The user mask of key j as an additive term (a false bool is -inf).
+__device__ __forceinline__ float mask1(int64_t j, const Row& w, const attn_lt_softmax_args& a) {
     const int64_t o = j * a.m_sk;
     switch (a.mask_dtype) {
-        case ATTN_LT_BOOL: return reinterpret_cast<const uint8_t*>(w.mask)[o] ? x : -INFINITY;
-        case ATTN_LT_F16: return x + __half2float(reinterpret_cast<const __half*>(w.mask)[o]);
-        case ATTN_LT_BF16: return x + __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(w.mask)[o]);
-        default: return x + reinterpret_cast<const float*>(w.mask)[o];
+        case ATTN_LT_BOOL: return reinterpret_cast<const uint8_t*>(w.mask)[o] ? 0.f : -INFINITY;
+        case ATTN_LT_F16: return __half2float(reinterpret_cast<const __half*>(w.mask)[o]);
+        case ATTN_LT_BF16: return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(w.mask)[o]);
+        default: return reinterpret_cast<const float*>(w.mask)[o];
     }
 }
 
+// Keys j..j+3 (all visible) of a contiguous, aligned mask in one load.
+__device__ __forceinline__ float4 mask4(int64_t j, const Row& w, const attn_lt_softmax_args& a) {
+    switch (a.mask_dtype) {
+        case ATTN_LT_BOOL: {
+            const uchar4 m = *reinterpret_cast<const uchar4*>(w.mask + j);
+            return make_float4(m.x ? 0.f : -INFINITY, m.y ? 0.f : -INFINITY, m.z ? 0.f : -INFINITY,
+                               m.w ? 0.f : -INFINITY);
+        }
+        case ATTN_LT_F16: {
+            const uint2 u = *reinterpret_cast<const uint2*>(w.mask + j * 2);
+            const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
+            const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
+            return make_float4(lo.x, lo.y, hi.x, hi.y);
+        }
+        case ATTN_LT_BF16: {
+            const uint2 u = *reinterpret_cast<const uint2*>(w.mask + j * 2);
+            const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
+            const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+            return make_float4(lo.x, lo.y, hi.x, hi.y);
+        }
+        default: return *reinterpret_cast<const float4*>(w.mask + j * 4);
+    }
+}
+
+__device__ __forceinline__ float masked1(float x, int64_t j, const Row& w, const attn_lt_softmax_args& a) {
+    if (j > w.limit) return -INFINITY;
+    return w.mask ? x + mask1(j, w, a) : x;
+}
+
+// Scores j..j+3 after the causal limit and the user mask; keys past the row are -inf.
 __device__ __forceinline__ float4 load_masked(int64_t j, const Row& w, const attn_lt_softmax_args& a) {
     float4 v = make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
-    if (j < a.cols) {
-        v = __ldcs(reinterpret_cast<const float4*>(w.s + j));
-        v.x = masked(v.x, j, w, a);
-        v.y = masked(v.y, j + 1, w, a);
-        v.z = masked(v.z, j + 2, w, a);
-        v.w = masked(v.w, j + 3, w, a);
+    if (j >= a.cols) return v;
+    v = __ldcs(reinterpret_cast<const float4*>(w.s + j));
+    if (j + 3 <= w.limit) {  // every key visible: only the mask applies
+        if (w.mask) {
+            const float4 m = w.mask_vec ? mask4(j, w, a)
+                                        : make_float4(mask1(j, w, a), mask1(j + 1, w, a), mask1(j + 2, w, a),
+                                                      mask1(j + 3, w, a));
+            v.x += m.x;
+            v.y += m.y;
+            v.z += m.z;
+            v.w += m.w;
+        }
+        return v;
     }
+    v.x = masked1(v.x, j, w, a);
+    v.y = masked1(v.y, j + 1, w, a);
+    v.z = masked1(v.z, j + 2, w, a);
+    v.w = masked1(v.w, j + 3, w, a);
     return v;
 }
 
@@ -157,6 +208,56 @@ __global__ void __launch_bounds__(THREADS) softmax_resident(const attn_lt_softma
     finish_row(w, mref, sum);
 }
 
+// A cluster of C CTAs a row (blockIdx.x = row * C + rank); CTA `rank` holds keys [rank * T, (rank + 1) * T),
+// T = THREADS * NV * 4. Every CTA has read its segment before the first cluster barrier, and P is written only
+// after the second, so in-place writes that land in another CTA's segment are safe.
+template <int THREADS, int NV, typename OutT>
+__global__ void __launch_bounds__(THREADS) softmax_cluster(const attn_lt_softmax_args a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    __shared__ float red[32];
+    __shared__ float part[2];
+    cg::cluster_group cluster = cg::this_cluster();
+    const unsigned C = cluster.num_blocks(), rank = cluster.block_rank();
+    const int64_t row = blockIdx.x / C;
+    const Row w = row_info(a, row % a.batch, row / a.batch);
+    const int64_t base = int64_t(rank) * THREADS * NV * 4;
+    float4 v[NV];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+        v[i] = load_masked(base + (int64_t(i) * THREADS + threadIdx.x) * 4, w, a);
+        mx = fmaxf(mx, max4(v[i]));
+    }
+    mx = block_max<THREADS>(mx, red);
+    if (threadIdx.x == 0) part[0] = mx;
+    cluster.sync();
+    for (unsigned r = 0; r < C; ++r) mx = fmaxf(mx, *cluster.map_shared_rank(&part[0], r));
+    const float mref = mx == -INFINITY ? 0.f : mx;
+    float sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+        v[i].x = ex(v[i].x, mref);
+        v[i].y = ex(v[i].y, mref);
+        v[i].z = ex(v[i].z, mref);
+        v[i].w = ex(v[i].w, mref);
+        sum += (v[i].x + v[i].y) + (v[i].z + v[i].w);
+    }
+    sum = block_sum<THREADS>(sum, red);
+    if (threadIdx.x == 0) part[1] = sum;
+    cluster.sync();
+    sum = 0.f;
+    for (unsigned r = 0; r < C; ++r) sum += *cluster.map_shared_rank(&part[1], r);
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+        const int64_t j = base + (int64_t(i) * THREADS + threadIdx.x) * 4;
+        if (j < a.cols) store4<OutT>(w.p, j, v[i].x * inv, v[i].y * inv, v[i].z * inv, v[i].w * inv);
+    }
+    if (rank == 0) finish_row(w, mref, sum);
+    cluster.sync();  // no CTA leaves while another may still read its shared memory
+#endif
+}
+
 template <int THREADS, int NV, typename OutT>
 __global__ void __launch_bounds__(THREADS) softmax_two_pass(const attn_lt_softmax_args a) {
     __shared__ float red[32];
@@ -193,17 +294,64 @@ __global__ void __launch_bounds__(THREADS) softmax_two_pass(const attn_lt_softma
     finish_row(w, mref, sum);
 }
 
+bool has_clusters() {
+    static int major[64] = {0};
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+    if (major[dev] == 0 && cudaDeviceGetAttribute(&major[dev], cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
+        return false;
+    return major[dev] >= 9;
+}
+
+template <int THREADS, int NV, typename OutT>
+cudaError_t launch_cluster(const attn_lt_softmax_args& a, cudaStream_t stream) {
+    constexpr int64_t T = int64_t(THREADS) * NV * 4;
+    const unsigned C = static_cast<unsigned>((a.cols + T - 1) / T);
+    if (C > kMaxCluster || a.rows * a.batch * C > 0x7fffffffLL) return cudaErrorInvalidValue;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(static_cast<unsigned>(a.rows * a.batch * C));
+    cfg.blockDim = dim3(THREADS);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = C;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, softmax_cluster<THREADS, NV, OutT>, a);
+}
+
 template <typename OutT>
 cudaError_t launch(const attn_lt_softmax_args& a, cudaStream_t stream) {
-    const unsigned grid = static_cast<unsigned>(a.rows * a.batch);
     const int64_t c = a.cols;
-    if (c <= 512) softmax_resident<128, 1, OutT><<<grid, 128, 0, stream>>>(a);
-    else if (c <= 2048) softmax_resident<256, 2, OutT><<<grid, 256, 0, stream>>>(a);
-    else if (c <= 4096) softmax_resident<256, 4, OutT><<<grid, 256, 0, stream>>>(a);
-    else if (c <= 8192) softmax_resident<256, 8, OutT><<<grid, 256, 0, stream>>>(a);
-    else if (c <= 16384) softmax_resident<512, 8, OutT><<<grid, 512, 0, stream>>>(a);
-    else if (c <= kMaxResidentCols) softmax_resident<1024, 8, OutT><<<grid, 1024, 0, stream>>>(a);
-    else softmax_two_pass<1024, 4, OutT><<<grid, 1024, 0, stream>>>(a);
+    int variant = a.variant;
+    if (variant == ATTN_LT_SOFTMAX_AUTO)
+        variant = c <= 4096 ? ATTN_LT_SOFTMAX_ROW
+                  : (has_clusters() && c <= kClusterMaxCols) ? ATTN_LT_SOFTMAX_CLUSTER
+                  : c <= kRowMaxCols ? ATTN_LT_SOFTMAX_ROW : ATTN_LT_SOFTMAX_TWO_PASS;
+    if (variant == ATTN_LT_SOFTMAX_CLUSTER) {
+        if (!has_clusters() || c > kClusterMaxCols) return cudaErrorInvalidValue;
+        cudaError_t err = c <= 32768   ? launch_cluster<128, 8, OutT>(a, stream)
+                          : c <= 65536 ? launch_cluster<256, 8, OutT>(a, stream)
+                                       : launch_cluster<512, 8, OutT>(a, stream);
+        return err != cudaSuccess ? err : cudaGetLastError();
+    }
+    if (a.rows * a.batch > 0x7fffffffLL) return cudaErrorInvalidValue;
+    const unsigned grid = static_cast<unsigned>(a.rows * a.batch);
+    if (variant == ATTN_LT_SOFTMAX_ROW) {
+        if (c <= 512) softmax_resident<128, 1, OutT><<<grid, 128, 0, stream>>>(a);
+        else if (c <= 2048) softmax_resident<256, 2, OutT><<<grid, 256, 0, stream>>>(a);
+        else if (c <= 4096) softmax_resident<128, 8, OutT><<<grid, 128, 0, stream>>>(a);
+        else if (c <= 8192) softmax_resident<512, 4, OutT><<<grid, 512, 0, stream>>>(a);
+        else if (c <= 16384) softmax_resident<512, 8, OutT><<<grid, 512, 0, stream>>>(a);
+        else if (c <= kRowMaxCols) softmax_resident<1024, 8, OutT><<<grid, 1024, 0, stream>>>(a);
+        else return cudaErrorInvalidValue;
+    } else if (variant == ATTN_LT_SOFTMAX_TWO_PASS) {
+        softmax_two_pass<1024, 4, OutT><<<grid, 1024, 0, stream>>>(a);
+    } else {
+        return cudaErrorInvalidValue;
+    }
     return cudaGetLastError();
 }
 
@@ -217,13 +365,13 @@ const char* attn_lt_source_hash(void) { return ATTN_LT_SOURCE_HASH; }
 
 const char* attn_lt_error_string(int err) { return cudaGetErrorString(static_cast<cudaError_t>(err)); }
 
-int64_t attn_lt_softmax_max_resident_cols(void) { return kMaxResidentCols; }
+int64_t attn_lt_softmax_max_resident_cols(void) { return has_clusters() ? kClusterMaxCols : kRowMaxCols; }
 
 int attn_lt_softmax(const attn_lt_softmax_args* a, void* stream) {
     if (a == nullptr || a->rows <= 0 || a->cols <= 0 || a->batch <= 0 || a->Sq <= 0 || a->Hkv <= 0 || a->g <= 0 ||
         a->ld_s % 4 != 0 || a->ld_p % 4 != 0 || a->ld_s < a->cols || a->ld_p < a->cols ||
         reinterpret_cast<uintptr_t>(a->scores) % 16 != 0 || reinterpret_cast<uintptr_t>(a->probs) % 8 != 0 ||
-        a->rows * a->batch > 0x7fffffffLL || (a->mask_dtype != ATTN_LT_NONE && a->mask == nullptr))
+        (a->mask_dtype != ATTN_LT_NONE && a->mask == nullptr))
         return static_cast<int>(cudaErrorInvalidValue);
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     switch (a->out_dtype) {

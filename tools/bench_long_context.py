@@ -103,6 +103,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", default=",".join(ROWS), help="comma-separated rows: " + ", ".join(ROWS))
     ap.add_argument("--budgets-mib", default="", help="extra lt runs of row d128 at these workspace budgets")
     ap.add_argument("--breakdown", action="store_true", help="per-kernel GPU time of lt on each row")
+    ap.add_argument("--softmax-variants", default="", help="extra lt runs of each row with ATTN_LT_SOFTMAX=each")
     ap.add_argument("--out", default="results")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -113,15 +114,20 @@ def main(argv=None) -> int:
     results = []
     jobs = [(r, None) for r in a.rows.split(",") if r]
     jobs += [("d128", int(b) << 20) for b in a.budgets_mib.split(",") if b]
+    jobs += [(r, v) for v in a.softmax_variants.split(",") if v for r in a.rows.split(",") if r]
     for name, budget in jobs:
         B, H, S, D, causal, mask_kind, providers = ROWS[name]
-        if budget is not None:
+        variant = budget if isinstance(budget, str) else None
+        os.environ["ATTN_LT_SOFTMAX"] = variant or "auto"
+        budget = None if variant else budget
+        if budget is not None or variant:
             providers = ["lt"]
         dt = torch.bfloat16
         q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=dt) for _ in range(3))
         mask = torch.randn(1, 1, S, S, device="cuda", dtype=dt) if mask_kind == "float" else None
         flops = 4 * B * H * S * S * D * (0.5 if causal else 1.0)
-        row = {"row": name + (f"@{budget >> 20}MiB" if budget else ""), "B": B, "H": H, "S": S, "D": D,
+        tag = f"@{budget >> 20}MiB" if budget else (f"/{variant}" if variant else "")
+        row = {"row": name + tag, "B": B, "H": H, "S": S, "D": D,
                "causal": causal, "mask": mask_kind}
         for p in providers:
             t0 = time.time()
@@ -132,7 +138,7 @@ def main(argv=None) -> int:
                 row[p] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:100]}"}
             print(f"  {row['row']:<18} {p:<10} {row[p]} ({time.time() - t0:.1f}s)", flush=True)
             torch.cuda.empty_cache()
-        if a.breakdown and budget is None:
+        if a.breakdown and budget is None and not variant:
             row["lt_kernels_ms"] = kernel_breakdown(call("lt", q, k, v, mask, causal, None))
             print(f"  {row['row']:<18} kernels    {row['lt_kernels_ms']}", flush=True)
         results.append(row)

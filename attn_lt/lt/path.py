@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import native
+from .. import config, native
 from ..plan import Chunk, ChunkLayout, Plan, chunk_layout
 from ..validate import Case
 from . import cublaslt
@@ -52,6 +52,7 @@ def run(case: Case, plan: Plan, q, k, v, mask, out: torch.Tensor, lse: torch.Ten
     args.Sq, args.Sk, args.g, args.Hkv, args.Hq = case.Sq, case.Sk, case.group, case.Hkv, case.Hq
     args.causal = int(case.causal)
     args.out_dtype = native.DTYPE_CODES[case.dtype]
+    args.variant = native.SOFTMAX_VARIANTS[config.softmax_variant()]
     if mask is not None:
         args.mask = mask.data_ptr()
         args.mask_dtype = native.DTYPE_CODES[case.mask.dtype]

@@ -1,0 +1,111 @@
+"""The native softmax kernel alone, every variant, against torch in float64: P, LSE, causal limits, masks,
+fully masked rows, in place and out of place."""
+
+import math
+
+import pytest
+import torch
+
+from attn_lt import native
+
+pytestmark = pytest.mark.gpu
+
+
+def run_softmax(scores, *, variant, out_dtype=torch.bfloat16, in_place=True, causal=False, Sq=None, Sk=None,
+                mask=None):
+    """scores: (batch, rows, ld) FP32 with `cols` = Sk valid columns; one query head per entry (g = 1)."""
+    batch, rows, ld = scores.shape
+    Sk = Sk or ld
+    Sq = Sq or rows
+    probs = scores if in_place else torch.full((batch, rows, 2 * ld), math.nan, dtype=out_dtype, device="cuda")
+    lse = torch.full((1, batch, Sq), math.nan, device="cuda")
+    a = native.SoftmaxArgs()
+    a.scores, a.probs, a.lse = scores.data_ptr(), probs.data_ptr(), lse.data_ptr()
+    a.rows, a.cols, a.batch = rows, Sk, batch
+    a.ld_s, a.bs_s, a.ld_p, a.bs_p = ld, rows * ld, 2 * ld, 2 * rows * ld
+    a.row0, a.gi0, a.e0, a.Sq, a.Sk, a.g, a.Hkv, a.Hq = 0, 0, 0, Sq, Sk, 1, batch, batch
+    a.causal, a.out_dtype = int(causal), native.DTYPE_CODES["bf16" if out_dtype == torch.bfloat16 else "fp16"]
+    a.variant = native.SOFTMAX_VARIANTS[variant]
+    if mask is not None:  # (batch, rows, Sk)
+        m = mask
+        a.mask = m.data_ptr()
+        a.mask_dtype = native.DTYPE_CODES[{torch.bool: "bool", torch.float32: "fp32", torch.bfloat16: "bf16",
+                                           torch.float16: "fp16"}[m.dtype]]
+        a.m_sb, a.m_sh, a.m_sq, a.m_sk = 0, m.stride(0), m.stride(1), m.stride(2)
+    native.softmax(a, torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    p = probs.view(out_dtype) if in_place else probs
+    return p.view(batch, rows, 2 * ld)[..., :Sk], lse[0]
+
+
+def expected(scores, Sk, causal, mask, Sq):
+    s = scores[..., :Sk].double()
+    if mask is not None:
+        s = s.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else s + mask.double()
+    if causal:
+        i = torch.arange(s.shape[1], device="cuda")[:, None]
+        s = s.masked_fill(torch.arange(Sk, device="cuda")[None] > i + Sk - Sq, -math.inf)
+    lse = torch.logsumexp(s, -1)
+    return torch.exp(s - torch.where(torch.isinf(lse), 0, lse)[..., None]), lse
+
+
+def variants_for(cols):
+    v = ["auto", "two_pass"]
+    if cols <= 32768:
+        v.append("row")
+    if torch.cuda.get_device_capability()[0] >= 9 and cols <= 131072:
+        v.append("cluster")
+    return v
+
+
+@pytest.mark.parametrize("cols", [1, 3, 97, 4096, 4100, 16384, 40000, 70001, 131072])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_variants_agree_with_torch(cols, causal):
+    rows = 3 if cols > 16384 else 5
+    ld = -(-cols // 32) * 32
+    for variant in variants_for(cols):
+        for in_place in (True, False):
+            scores = torch.randn(2, rows, ld, device="cuda") * 4
+            want, want_lse = expected(scores, cols, causal, None, rows)
+            p, lse = run_softmax(scores, variant=variant, in_place=in_place, causal=causal, Sk=cols)
+            assert not torch.isnan(p).any(), (variant, in_place)
+            torch.testing.assert_close(p.double(), want, atol=2e-3, rtol=1e-2, msg=f"{variant} {in_place}")
+            torch.testing.assert_close(lse.double(), want_lse, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mdtype", [torch.bool, torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("cols", [97, 4100, 20000])
+def test_masks_and_fully_masked_rows(mdtype, cols):
+    ld = -(-cols // 32) * 32
+    for variant in variants_for(cols):
+        scores = torch.randn(2, 4, ld, device="cuda")
+        if mdtype == torch.bool:
+            mask = torch.rand(2, 4, cols, device="cuda") > 0.3
+            mask[1, 2] = False  # a fully masked row
+        else:
+            mask = torch.randn(2, 4, cols, device="cuda").to(mdtype)
+            mask[1, 2] = -math.inf
+        odt = torch.float16 if mdtype == torch.float16 else torch.bfloat16
+        want, want_lse = expected(scores, cols, False, mask, 4)
+        p, lse = run_softmax(scores, variant=variant, mask=mask, Sk=cols, out_dtype=odt)
+        assert (p[1, 2] == 0).all() and torch.isneginf(lse[1, 2]).all(), variant
+        torch.testing.assert_close(p.double(), want, atol=2e-3, rtol=1e-2, msg=variant)
+        fin = torch.isfinite(want_lse)
+        torch.testing.assert_close(lse[fin].double(), want_lse[fin], atol=1e-4, rtol=1e-5)
+
+
+def test_unaligned_mask_rows_take_the_scalar_path():
+    cols = 4133  # odd key count: mask rows start unaligned
+    ld = -(-cols // 32) * 32
+    scores = torch.randn(1, 6, ld, device="cuda")
+    mask = torch.randn(1, 6, cols, device="cuda").to(torch.bfloat16)
+    want, _ = expected(scores, cols, False, mask, 6)
+    for variant in variants_for(cols):
+        p, _ = run_softmax(scores, variant=variant, mask=mask, Sk=cols)
+        torch.testing.assert_close(p.double(), want, atol=2e-3, rtol=1e-2, msg=variant)
+
+
+def test_refused_variant_reports_cuda_error():
+    scores = torch.randn(1, 2, 40000, device="cuda")
+    with pytest.raises(native.CudaError, match="invalid argument"):
+        run_softmax(scores, variant="row", Sk=40000)  # rows this long do not fit one CTA's registers

@@ -1,0 +1,60 @@
+#!/usr/bin/env python3
+"""Softmax kernel alone: achieved HBM bandwidth of each variant on chunk-shaped FP32 scores (read 4 B, write
+P 2 B per score, plus the mask), out of place so every run sees the same random scores.
+
+    python tools/bench_softmax.py [--cols 4096,16384,...] [--mib 768]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from attn_lt import native  # noqa: E402
+from attn_lt.testing import time_ms  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--cols", default="4096,8192,16384,32768,65536,131072")
+    ap.add_argument("--mib", type=int, default=768, help="score block size")
+    ap.add_argument("--heads", type=int, default=6, help="batch entries sharing a (rows, cols) mask")
+    a = ap.parse_args(argv)
+    cc9 = torch.cuda.get_device_capability()[0] >= 9
+    print(f"{'cols':>7} {'mask':>5} " + "".join(f"{v:>10}" for v in ("row", "cluster", "two_pass")) + "   TB/s")
+    for cols in map(int, a.cols.split(",")):
+        rows = max(1, (a.mib << 20) // (4 * cols * a.heads))
+        s = torch.randn(a.heads, rows, cols, device="cuda") * 3
+        p = torch.empty(a.heads, rows, 2 * cols, dtype=torch.bfloat16, device="cuda")
+        lse = torch.empty(a.heads * rows, device="cuda")
+        for mask in (None, "bf16"):
+            m = torch.randn(rows, cols, device="cuda").to(torch.bfloat16) if mask else None
+            args = native.SoftmaxArgs()
+            args.scores, args.probs, args.lse = s.data_ptr(), p.data_ptr(), lse.data_ptr()
+            args.rows, args.cols, args.batch = rows, cols, a.heads
+            args.ld_s, args.bs_s, args.ld_p, args.bs_p = cols, rows * cols, 2 * cols, 2 * rows * cols
+            args.Sq, args.Sk, args.g, args.Hkv, args.Hq = rows, cols, 1, a.heads, a.heads
+            args.out_dtype = native.DTYPE_CODES["bf16"]
+            if m is not None:
+                args.mask, args.mask_dtype = m.data_ptr(), native.DTYPE_CODES["bf16"]
+                args.m_sb, args.m_sh, args.m_sq, args.m_sk = 0, 0, cols, 1
+            bytes_ = a.heads * rows * cols * 6 + (rows * cols * 2 if m is not None else 0)
+            cells = ""
+            stream = torch.cuda.current_stream().cuda_stream
+            for v in ("row", "cluster", "two_pass"):
+                if (v == "row" and cols > 32768) or (v == "cluster" and (not cc9 or cols > 131072)):
+                    cells += f"{'-':>10}"
+                    continue
+                args.variant = native.SOFTMAX_VARIANTS[v]
+                ms = time_ms(lambda: native.softmax(args, stream), warmup_ms=25, rep_ms=200)
+                cells += f"{bytes_ / ms / 1e9:>10.2f}"
+            print(f"{cols:>7} {mask or '-':>5} {cells}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
