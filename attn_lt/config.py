@@ -7,7 +7,7 @@ variable                       default      meaning
                                             workspace), MiB; the ``workspace_bytes`` argument overrides it
 ``ATTN_LT_THRESHOLD``          4096         key length from which ``backend="auto"`` takes the long path
 ``ATTN_LT_LIB``                (package)    path of ``libattn_lt.so`` to load instead of the packaged build
-``ATTN_LT_SOFTMAX``            auto         force a softmax kernel: ``row``, ``cluster`` or ``two_pass``
+``ATTN_LT_SOFTMAX``            auto         force a softmax kernel: ``pipe``, ``row``, ``cluster``, ``two_pass``
 =============================  ===========  =====================================================================
 """
 
@@ -56,7 +56,7 @@ def library_override() -> str | None:
     return os.environ.get("ATTN_LT_LIB") or None
 
 
-SOFTMAX_VARIANTS = ("auto", "row", "cluster", "two_pass")
+SOFTMAX_VARIANTS = ("auto", "row", "cluster", "two_pass", "pipe")
 
 
 def softmax_variant() -> str:

@@ -16,7 +16,7 @@ from . import config
 
 log = logging.getLogger("attn_lt")
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 _PKG = Path(__file__).resolve().parent
 _LIB_PATH = _PKG / "_native" / "libattn_lt.so"
 _SRC_DIR = _PKG.parent / "native"
@@ -24,7 +24,7 @@ _BUILD_HINT = "build it with `make native` in the attn_lt checkout (needs nvcc),
 
 DTYPE_CODES = {"none": 0, "fp16": 1, "bf16": 2, "fp32": 3, "bool": 4}
 #: Softmax kernels (``SoftmaxArgs.variant``, names from config.SOFTMAX_VARIANTS); "auto" picks by row length and GPU.
-SOFTMAX_VARIANTS = dict(zip(config.SOFTMAX_VARIANTS, range(4)))
+SOFTMAX_VARIANTS = dict(zip(config.SOFTMAX_VARIANTS, range(len(config.SOFTMAX_VARIANTS))))
 
 
 class NativeLibraryError(RuntimeError):

@@ -7,7 +7,7 @@
 #define ATTN_LT_H
 #include <stdint.h>
 
-#define ATTN_LT_ABI_VERSION 2
+#define ATTN_LT_ABI_VERSION 3
 
 #ifdef __cplusplus
 extern "C" {
@@ -42,7 +42,8 @@ enum attn_lt_softmax_variant {
     ATTN_LT_SOFTMAX_AUTO = 0,
     ATTN_LT_SOFTMAX_ROW = 1,      /* one CTA a row, row in registers (rows up to max_resident_cols) */
     ATTN_LT_SOFTMAX_CLUSTER = 2,  /* sm_90: a cluster of up to 8 CTAs a row, registers + distributed smem */
-    ATTN_LT_SOFTMAX_TWO_PASS = 3  /* any length: online max/sum pass, then a re-reading pass */
+    ATTN_LT_SOFTMAX_TWO_PASS = 3, /* any length: online max/sum pass, then a re-reading pass */
+    ATTN_LT_SOFTMAX_PIPE = 4      /* persistent CTAs, next rows cp.async'd into a shared-memory ring (<= 28160) */
 };
 
 int attn_lt_abi_version(void);

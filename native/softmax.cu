@@ -1,6 +1,9 @@
 // Row softmax of the long path: FP32 scores in, P (fp16/bf16, may overwrite the scores in place) and LSE out.
 //
 // Each score is read from memory once (4 B) and P written once (2 B) while the row fits on chip:
+//  * PIPE (the default up to 28160 columns): persistent CTAs; while a CTA reduces and writes one row, the next
+//    rows stream into a 2-3 slot shared-memory ring by cp.async, so loads are always in flight and the bytes
+//    that wait for their row's max and sum sit in shared memory rather than registers;
 //  * ROW: one CTA a row, the row in registers (up to 32768 columns);
 //  * CLUSTER (sm_90): a thread-block cluster of up to 8 small CTAs a row, each holding a segment in registers and
 //    exchanging its max and sum through distributed shared memory (up to 131072 columns). Many small CTAs a
@@ -14,6 +17,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #ifndef ATTN_LT_SOURCE_HASH
@@ -100,11 +104,8 @@ __device__ __forceinline__ float masked1(float x, int64_t j, const Row& w, const
     return w.mask ? x + mask1(j, w, a) : x;
 }
 
-// Scores j..j+3 after the causal limit and the user mask; keys past the row are -inf.
-__device__ __forceinline__ float4 load_masked(int64_t j, const Row& w, const attn_lt_softmax_args& a) {
-    float4 v = make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
-    if (j >= a.cols) return v;
-    v = __ldcs(reinterpret_cast<const float4*>(w.s + j));
+// Scores v = keys j..j+3 after the causal limit and the user mask; keys past the row are -inf.
+__device__ __forceinline__ float4 apply_mask(float4 v, int64_t j, const Row& w, const attn_lt_softmax_args& a) {
     if (j + 3 <= w.limit) {  // every key visible: only the mask applies
         if (w.mask) {
             const float4 m = w.mask_vec ? mask4(j, w, a)
@@ -122,6 +123,23 @@ __device__ __forceinline__ float4 load_masked(int64_t j, const Row& w, const att
     v.z = masked1(v.z, j + 2, w, a);
     v.w = masked1(v.w, j + 3, w, a);
     return v;
+}
+
+__device__ __forceinline__ float4 load_masked(int64_t j, const Row& w, const attn_lt_softmax_args& a) {
+    if (j >= a.cols) return make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+    return apply_mask(__ldcs(reinterpret_cast<const float4*>(w.s + j)), j, w, a);
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 template <typename T>
@@ -206,6 +224,58 @@ __global__ void __launch_bounds__(THREADS) softmax_resident(const attn_lt_softma
         if (j < a.cols) store4<OutT>(w.p, j, v[i].x * inv, v[i].y * inv, v[i].z * inv, v[i].w * inv);
     }
     finish_row(w, mref, sum);
+}
+
+// Persistent CTAs over rows lin = blockIdx.x + k * gridDim.x (lin = row * batch + entry). Slot k % STAGES of
+// the ring receives row k's scores STAGES - 1 rows ahead; the masked scores are written back to the slot, then
+// read twice more (sum, P). P lands in the row's own global region, which no other row's prefetch reads.
+template <int THREADS, int STAGES, typename OutT>
+__global__ void __launch_bounds__(THREADS) softmax_pipe(const attn_lt_softmax_args a) {
+    extern __shared__ float4 ring[];
+    __shared__ float red[32];
+    const int64_t n4 = (a.cols + 3) / 4, nrows = a.rows * a.batch;
+    auto issue = [&](int64_t lin, int slot) {
+        if (lin < nrows) {
+            const float* src = a.scores + (lin % a.batch) * a.bs_s + (lin / a.batch) * a.ld_s;
+            float4* dst = ring + slot * n4;
+            for (int64_t c = threadIdx.x; c < n4; c += THREADS) cp_async16(dst + c, src + 4 * c);
+        }
+        cp_async_commit();  // possibly empty: keeps one group per row for wait_group
+    };
+#pragma unroll
+    for (int k = 0; k < STAGES - 1; ++k) issue(blockIdx.x + int64_t(k) * gridDim.x, k);
+    int slot = 0;
+    for (int64_t lin = blockIdx.x; lin < nrows; lin += gridDim.x) {
+        issue(lin + int64_t(STAGES - 1) * gridDim.x, (slot + STAGES - 1) % STAGES);
+        cp_async_wait<STAGES - 1>();
+        __syncthreads();
+        const Row w = row_info(a, lin % a.batch, lin / a.batch);
+        float4* buf = ring + slot * n4;
+        float mx = -INFINITY;
+        for (int64_t c = threadIdx.x; c < n4; c += THREADS) {
+            const float4 v = apply_mask(buf[c], 4 * c, w, a);
+            buf[c] = v;
+            mx = fmaxf(mx, max4(v));
+        }
+        mx = block_max<THREADS>(mx, red);
+        const float mref = mx == -INFINITY ? 0.f : mx;
+        float sum = 0.f;
+        for (int64_t c = threadIdx.x; c < n4; c += THREADS) {
+            const float4 v = buf[c];
+            sum += (ex(v.x, mref) + ex(v.y, mref)) + (ex(v.z, mref) + ex(v.w, mref));
+        }
+        sum = block_sum<THREADS>(sum, red);
+        const float inv = sum > 0.f ? 1.f / sum : 0.f;
+        for (int64_t c = threadIdx.x; c < n4; c += THREADS) {
+            const float4 v = buf[c];
+            store4<OutT>(w.p, 4 * c, ex(v.x, mref) * inv, ex(v.y, mref) * inv, ex(v.z, mref) * inv,
+                         ex(v.w, mref) * inv);
+        }
+        finish_row(w, mref, sum);
+        __syncthreads();  // every read of this slot is done before the slot is refilled
+        slot = (slot + 1) % STAGES;
+    }
+    cp_async_wait<0>();
 }
 
 // A cluster of C CTAs a row (blockIdx.x = row * C + rank); CTA `rank` holds keys [rank * T, (rank + 1) * T),
@@ -322,14 +392,46 @@ cudaError_t launch_cluster(const attn_lt_softmax_args& a, cudaStream_t stream) {
     return cudaLaunchKernelEx(&cfg, softmax_cluster<THREADS, NV, OutT>, a);
 }
 
+int sm_count() {
+    static int count[64] = {0};
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 1;
+    if (count[dev] == 0) cudaDeviceGetAttribute(&count[dev], cudaDevAttrMultiProcessorCount, dev);
+    return count[dev] > 0 ? count[dev] : 1;
+}
+
+constexpr int64_t kPipeSmem = 220 * 1024;  // ring bytes a CTA may take (227 KB opt-in on sm_80 and sm_90)
+constexpr int64_t kPipeMaxCols = kPipeSmem / 2 / 16 * 4;
+
+template <int THREADS, int STAGES, typename OutT>
+cudaError_t launch_pipe(const attn_lt_softmax_args& a, cudaStream_t stream) {
+    const auto kernel = softmax_pipe<THREADS, STAGES, OutT>;
+    const size_t smem = size_t(STAGES) * size_t((a.cols + 3) / 4) * 16;
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    int per_sm = 0;
+    if (err == cudaSuccess) err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, THREADS, smem);
+    if (err != cudaSuccess) return err;
+    if (per_sm < 1) return cudaErrorInvalidConfiguration;
+    const int64_t grid = std::min<int64_t>(a.rows * a.batch, int64_t(per_sm) * sm_count());
+    kernel<<<static_cast<unsigned>(grid), THREADS, smem, stream>>>(a);
+    return cudaGetLastError();
+}
+
 template <typename OutT>
 cudaError_t launch(const attn_lt_softmax_args& a, cudaStream_t stream) {
     const int64_t c = a.cols;
     int variant = a.variant;
     if (variant == ATTN_LT_SOFTMAX_AUTO)
-        variant = c <= 4096 ? ATTN_LT_SOFTMAX_ROW
+        variant = c <= kPipeMaxCols ? ATTN_LT_SOFTMAX_PIPE
                   : (has_clusters() && c <= kClusterMaxCols) ? ATTN_LT_SOFTMAX_CLUSTER
                   : c <= kRowMaxCols ? ATTN_LT_SOFTMAX_ROW : ATTN_LT_SOFTMAX_TWO_PASS;
+    if (variant == ATTN_LT_SOFTMAX_PIPE) {
+        if (c > kPipeMaxCols) return cudaErrorInvalidValue;
+        const int64_t row_bytes = (c + 3) / 4 * 16;
+        if (3 * row_bytes <= kPipeSmem)
+            return c <= 4096 ? launch_pipe<256, 3, OutT>(a, stream) : launch_pipe<512, 3, OutT>(a, stream);
+        return launch_pipe<512, 2, OutT>(a, stream);
+    }
     if (variant == ATTN_LT_SOFTMAX_CLUSTER) {
         if (!has_clusters() || c > kClusterMaxCols) return cudaErrorInvalidValue;
         cudaError_t err = c <= 32768   ? launch_cluster<128, 8, OutT>(a, stream)

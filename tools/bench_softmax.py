@@ -20,12 +20,12 @@ from attn_lt.testing import time_ms  # noqa: E402
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--cols", default="4096,8192,16384,32768,65536,131072")
+    ap.add_argument("--cols", default="1024,4096,8192,16384,28160,32768,65536,131072")
     ap.add_argument("--mib", type=int, default=768, help="score block size")
     ap.add_argument("--heads", type=int, default=6, help="batch entries sharing a (rows, cols) mask")
     a = ap.parse_args(argv)
     cc9 = torch.cuda.get_device_capability()[0] >= 9
-    print(f"{'cols':>7} {'mask':>5} " + "".join(f"{v:>10}" for v in ("row", "cluster", "two_pass")) + "   TB/s")
+    print(f"{'cols':>7} {'mask':>5} " + "".join(f"{v:>10}" for v in ("pipe", "row", "cluster", "two_pass")) + "   TB/s")
     for cols in map(int, a.cols.split(",")):
         rows = max(1, (a.mib << 20) // (4 * cols * a.heads))
         s = torch.randn(a.heads, rows, cols, device="cuda") * 3
@@ -45,8 +45,8 @@ def main(argv=None) -> int:
             bytes_ = a.heads * rows * cols * 6 + (rows * cols * 2 if m is not None else 0)
             cells = ""
             stream = torch.cuda.current_stream().cuda_stream
-            for v in ("row", "cluster", "two_pass"):
-                if (v == "row" and cols > 32768) or (v == "cluster" and (not cc9 or cols > 131072)):
+            for v in ("pipe", "row", "cluster", "two_pass"):
+                if (v == "pipe" and cols > 28160) or (v == "row" and cols > 32768) or (v == "cluster" and (not cc9 or cols > 131072)):
                     cells += f"{'-':>10}"
                     continue
                 args.variant = native.SOFTMAX_VARIANTS[v]
