@@ -227,18 +227,46 @@ __global__ void __launch_bounds__(THREADS) softmax_resident(const attn_lt_softma
 }
 
 // Persistent CTAs over rows lin = blockIdx.x + k * gridDim.x (lin = row * batch + entry). Slot k % STAGES of
-// the ring receives row k's scores STAGES - 1 rows ahead; the masked scores are written back to the slot, then
-// read twice more (sum, P). P lands in the row's own global region, which no other row's prefetch reads.
+// the ring receives row k's scores (and, when its keys are contiguous and 16-byte aligned, its mask row) STAGES - 1
+// rows ahead. Pass 1 masks in the slot and takes the max, pass 2 turns the slot into exp(x - max) and sums,
+// pass 3 scales and stores P into the row's own global region, which no other row's prefetch reads.
+struct PipeLayout {
+    int64_t n4;          // float4 groups of scores a row
+    int64_t mask_bytes;  // bytes of mask a slot holds (0: the mask, if any, is read from global memory)
+    int64_t slot_bytes;
+};
+
+__host__ __device__ inline int mask_esize(int dtype) {
+    return dtype == ATTN_LT_BOOL ? 1 : (dtype == ATTN_LT_F32 ? 4 : 2);
+}
+
+__host__ __device__ inline PipeLayout pipe_layout(const attn_lt_softmax_args& a) {
+    PipeLayout L;
+    L.n4 = (a.cols + 3) / 4;
+    L.mask_bytes = 0;
+    if (a.mask_dtype != ATTN_LT_NONE && a.m_sk == 1) L.mask_bytes = a.cols * mask_esize(a.mask_dtype) / 16 * 16;
+    L.slot_bytes = L.n4 * 16 + L.mask_bytes;
+    return L;
+}
+
 template <int THREADS, int STAGES, typename OutT>
 __global__ void __launch_bounds__(THREADS) softmax_pipe(const attn_lt_softmax_args a) {
     extern __shared__ float4 ring[];
     __shared__ float red[32];
-    const int64_t n4 = (a.cols + 3) / 4, nrows = a.rows * a.batch;
+    const PipeLayout L = pipe_layout(a);
+    const int64_t nrows = a.rows * a.batch;
+    const int64_t ring_keys = L.mask_bytes / mask_esize(a.mask_dtype);
+    auto slot_ptr = [&](int slot) { return reinterpret_cast<char*>(ring) + slot * L.slot_bytes; };
     auto issue = [&](int64_t lin, int slot) {
         if (lin < nrows) {
-            const float* src = a.scores + (lin % a.batch) * a.bs_s + (lin / a.batch) * a.ld_s;
-            float4* dst = ring + slot * n4;
-            for (int64_t c = threadIdx.x; c < n4; c += THREADS) cp_async16(dst + c, src + 4 * c);
+            const Row w = row_info(a, lin % a.batch, lin / a.batch);
+            float4* dst = reinterpret_cast<float4*>(slot_ptr(slot));
+            for (int64_t c = threadIdx.x; c < L.n4; c += THREADS) cp_async16(dst + c, w.s + 4 * c);
+            if (L.mask_bytes && reinterpret_cast<uintptr_t>(w.mask) % 16 == 0) {
+                char* mdst = slot_ptr(slot) + L.n4 * 16;
+                for (int64_t c = threadIdx.x; c < L.mask_bytes / 16; c += THREADS)
+                    cp_async16(mdst + 16 * c, w.mask + 16 * c);
+            }
         }
         cp_async_commit();  // possibly empty: keeps one group per row for wait_group
     };
@@ -250,26 +278,41 @@ __global__ void __launch_bounds__(THREADS) softmax_pipe(const attn_lt_softmax_ar
         cp_async_wait<STAGES - 1>();
         __syncthreads();
         const Row w = row_info(a, lin % a.batch, lin / a.batch);
-        float4* buf = ring + slot * n4;
+        const bool from_slot = L.mask_bytes && reinterpret_cast<uintptr_t>(w.mask) % 16 == 0;
+        const char* slot_mask = slot_ptr(slot) + L.n4 * 16;
+        float4* buf = reinterpret_cast<float4*>(slot_ptr(slot));
         float mx = -INFINITY;
-        for (int64_t c = threadIdx.x; c < n4; c += THREADS) {
-            const float4 v = apply_mask(buf[c], 4 * c, w, a);
-            buf[c] = v;
+        for (int64_t c = threadIdx.x; c < L.n4; c += THREADS) {
+            const int64_t j = 4 * c;
+            float4 v = buf[c];
+            if (w.mask || j + 3 > w.limit) {
+                Row wm = w;  // keys held in the slot are read from there
+                if (from_slot && j + 3 < ring_keys) {
+                    wm.mask = slot_mask;
+                    wm.mask_vec = true;
+                }
+                v = apply_mask(v, j, wm, a);
+                buf[c] = v;
+            }
             mx = fmaxf(mx, max4(v));
         }
         mx = block_max<THREADS>(mx, red);
         const float mref = mx == -INFINITY ? 0.f : mx;
         float sum = 0.f;
-        for (int64_t c = threadIdx.x; c < n4; c += THREADS) {
-            const float4 v = buf[c];
-            sum += (ex(v.x, mref) + ex(v.y, mref)) + (ex(v.z, mref) + ex(v.w, mref));
+        for (int64_t c = threadIdx.x; c < L.n4; c += THREADS) {
+            float4 v = buf[c];
+            v.x = ex(v.x, mref);
+            v.y = ex(v.y, mref);
+            v.z = ex(v.z, mref);
+            v.w = ex(v.w, mref);
+            buf[c] = v;
+            sum += (v.x + v.y) + (v.z + v.w);
         }
         sum = block_sum<THREADS>(sum, red);
         const float inv = sum > 0.f ? 1.f / sum : 0.f;
-        for (int64_t c = threadIdx.x; c < n4; c += THREADS) {
+        for (int64_t c = threadIdx.x; c < L.n4; c += THREADS) {
             const float4 v = buf[c];
-            store4<OutT>(w.p, 4 * c, ex(v.x, mref) * inv, ex(v.y, mref) * inv, ex(v.z, mref) * inv,
-                         ex(v.w, mref) * inv);
+            store4<OutT>(w.p, 4 * c, v.x * inv, v.y * inv, v.z * inv, v.w * inv);
         }
         finish_row(w, mref, sum);
         __syncthreads();  // every read of this slot is done before the slot is refilled
@@ -401,12 +444,18 @@ int sm_count() {
 }
 
 constexpr int64_t kPipeSmem = 220 * 1024;  // ring bytes a CTA may take (227 KB opt-in on sm_80 and sm_90)
-constexpr int64_t kPipeMaxCols = kPipeSmem / 2 / 16 * 4;
+constexpr int64_t kPipeMinCols = 4096;       // shorter rows: ROW is faster (less per-row synchronisation)
+
+// Ring slots PIPE can use for this row length and mask (0: the ring does not fit).
+int pipe_stages(const attn_lt_softmax_args& a) {
+    const int64_t slot = pipe_layout(a).slot_bytes;
+    return 3 * slot <= kPipeSmem ? 3 : (2 * slot <= kPipeSmem ? 2 : 0);
+}
 
 template <int THREADS, int STAGES, typename OutT>
 cudaError_t launch_pipe(const attn_lt_softmax_args& a, cudaStream_t stream) {
     const auto kernel = softmax_pipe<THREADS, STAGES, OutT>;
-    const size_t smem = size_t(STAGES) * size_t((a.cols + 3) / 4) * 16;
+    const size_t smem = size_t(STAGES) * size_t(pipe_layout(a).slot_bytes);
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
     int per_sm = 0;
     if (err == cudaSuccess) err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, THREADS, smem);
@@ -421,16 +470,17 @@ template <typename OutT>
 cudaError_t launch(const attn_lt_softmax_args& a, cudaStream_t stream) {
     const int64_t c = a.cols;
     int variant = a.variant;
+    const int stages = pipe_stages(a);
     if (variant == ATTN_LT_SOFTMAX_AUTO)
-        variant = c <= kPipeMaxCols ? ATTN_LT_SOFTMAX_PIPE
+        variant = c < kPipeMinCols ? ATTN_LT_SOFTMAX_ROW
+                  : stages ? ATTN_LT_SOFTMAX_PIPE
                   : (has_clusters() && c <= kClusterMaxCols) ? ATTN_LT_SOFTMAX_CLUSTER
                   : c <= kRowMaxCols ? ATTN_LT_SOFTMAX_ROW : ATTN_LT_SOFTMAX_TWO_PASS;
     if (variant == ATTN_LT_SOFTMAX_PIPE) {
-        if (c > kPipeMaxCols) return cudaErrorInvalidValue;
-        const int64_t row_bytes = (c + 3) / 4 * 16;
-        if (3 * row_bytes <= kPipeSmem)
-            return c <= 4096 ? launch_pipe<256, 3, OutT>(a, stream) : launch_pipe<512, 3, OutT>(a, stream);
-        return launch_pipe<512, 2, OutT>(a, stream);
+        if (stages == 0) return cudaErrorInvalidValue;
+        if (stages == 3)
+            return c <= 8192 ? launch_pipe<512, 3, OutT>(a, stream) : launch_pipe<1024, 3, OutT>(a, stream);
+        return launch_pipe<1024, 2, OutT>(a, stream);
     }
     if (variant == ATTN_LT_SOFTMAX_CLUSTER) {
         if (!has_clusters() || c > kClusterMaxCols) return cudaErrorInvalidValue;
