@@ -49,9 +49,15 @@ def expected(scores, Sk, causal, mask, Sq):
     return torch.exp(s - torch.where(torch.isinf(lse), 0, lse)[..., None]), lse
 
 
-def variants_for(cols):
+def pipe_fits(cols, mask_esize=0):
+    """Mirror of pipe_stages() in native/softmax.cu: two ring slots of scores (+ mask) within 220 KiB."""
+    slot = -(-cols // 4) * 16 + (cols * mask_esize // 16 * 16)
+    return 2 * slot <= 220 * 1024
+
+
+def variants_for(cols, mask_esize=0):
     v = ["auto", "two_pass"]
-    if cols <= 28160:
+    if pipe_fits(cols, mask_esize):
         v.append("pipe")
     if cols <= 32768:
         v.append("row")
@@ -76,10 +82,10 @@ def test_variants_agree_with_torch(cols, causal):
 
 
 @pytest.mark.parametrize("mdtype", [torch.bool, torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("cols", [97, 4100, 20000])
+@pytest.mark.parametrize("cols", [97, 4100, 16384, 20000])
 def test_masks_and_fully_masked_rows(mdtype, cols):
     ld = -(-cols // 32) * 32
-    for variant in variants_for(cols):
+    for variant in variants_for(cols, torch.empty(0, dtype=mdtype).element_size()):
         scores = torch.randn(2, 4, ld, device="cuda")
         if mdtype == torch.bool:
             mask = torch.rand(2, 4, cols, device="cuda") > 0.3
@@ -100,7 +106,7 @@ def test_unaligned_mask_rows_take_the_scalar_path():
     cols = 4133  # odd key count: mask rows start unaligned
     ld = -(-cols // 32) * 32
     mask = torch.randn(1, 6, cols, device="cuda").to(torch.bfloat16)
-    for variant in variants_for(cols):
+    for variant in variants_for(cols, 2):
         scores = torch.randn(1, 6, ld, device="cuda")  # fresh: the previous run overwrote its scores with P
         want, _ = expected(scores, cols, False, mask, 6)
         p, _ = run_softmax(scores, variant=variant, mask=mask, Sk=cols)
