@@ -253,13 +253,21 @@ template <int THREADS, int STAGES, typename OutT>
 __global__ void __launch_bounds__(THREADS) softmax_pipe(const attn_lt_softmax_args a) {
     extern __shared__ float4 ring[];
     __shared__ float red[32];
+    __shared__ Row head[STAGES];  // the row each slot holds or will hold; computed once, by thread 0
     const PipeLayout L = pipe_layout(a);
     const int64_t nrows = a.rows * a.batch;
     const int64_t ring_keys = L.mask_bytes / mask_esize(a.mask_dtype);
     auto slot_ptr = [&](int slot) { return reinterpret_cast<char*>(ring) + slot * L.slot_bytes; };
-    auto issue = [&](int64_t lin, int slot) {
+    auto set_head = [&](int64_t lin, int slot) {  // thread 0 only
         if (lin < nrows) {
-            const Row w = row_info(a, lin % a.batch, lin / a.batch);
+            head[slot] = row_info(a, lin % a.batch, lin / a.batch);
+        } else {
+            head[slot].s = nullptr;
+        }
+    };
+    auto issue = [&](int slot) {
+        const Row& w = head[slot];
+        if (w.s != nullptr) {
             float4* dst = reinterpret_cast<float4*>(slot_ptr(slot));
             for (int64_t c = threadIdx.x; c < L.n4; c += THREADS) cp_async16(dst + c, w.s + 4 * c);
             if (L.mask_bytes && reinterpret_cast<uintptr_t>(w.mask) % 16 == 0) {
@@ -270,14 +278,17 @@ __global__ void __launch_bounds__(THREADS) softmax_pipe(const attn_lt_softmax_ar
         }
         cp_async_commit();  // possibly empty: keeps one group per row for wait_group
     };
+    if (threadIdx.x == 0)
+        for (int k = 0; k < STAGES; ++k) set_head(blockIdx.x + int64_t(k) * gridDim.x, k);
+    __syncthreads();
 #pragma unroll
-    for (int k = 0; k < STAGES - 1; ++k) issue(blockIdx.x + int64_t(k) * gridDim.x, k);
+    for (int k = 0; k < STAGES - 1; ++k) issue(k);
     int slot = 0;
     for (int64_t lin = blockIdx.x; lin < nrows; lin += gridDim.x) {
-        issue(lin + int64_t(STAGES - 1) * gridDim.x, (slot + STAGES - 1) % STAGES);
+        issue((slot + STAGES - 1) % STAGES);
         cp_async_wait<STAGES - 1>();
         __syncthreads();
-        const Row w = row_info(a, lin % a.batch, lin / a.batch);
+        const Row w = head[slot];
         const bool from_slot = L.mask_bytes && reinterpret_cast<uintptr_t>(w.mask) % 16 == 0;
         const char* slot_mask = slot_ptr(slot) + L.n4 * 16;
         float4* buf = reinterpret_cast<float4*>(slot_ptr(slot));
@@ -296,7 +307,7 @@ __global__ void __launch_bounds__(THREADS) softmax_pipe(const attn_lt_softmax_ar
             }
             mx = fmaxf(mx, max4(v));
         }
-        mx = block_max<THREADS>(mx, red);
+        mx = block_max<THREADS>(mx, red);  // its barrier also orders every read of head[slot] above
         const float mref = mx == -INFINITY ? 0.f : mx;
         float sum = 0.f;
         for (int64_t c = threadIdx.x; c < L.n4; c += THREADS) {
@@ -314,8 +325,11 @@ __global__ void __launch_bounds__(THREADS) softmax_pipe(const attn_lt_softmax_ar
             const float4 v = buf[c];
             store4<OutT>(w.p, 4 * c, v.x * inv, v.y * inv, v.z * inv, v.w * inv);
         }
-        finish_row(w, mref, sum);
-        __syncthreads();  // every read of this slot is done before the slot is refilled
+        if (threadIdx.x == 0) {
+            *w.lse = sum > 0.f ? mref + logf(sum) : -INFINITY;
+            set_head(lin + int64_t(STAGES) * gridDim.x, slot);  // the next row this slot receives
+        }
+        __syncthreads();  // the slot's data and header are free/ready before the slot is refilled
         slot = (slot + 1) % STAGES;
     }
     cp_async_wait<0>();
@@ -479,8 +493,8 @@ cudaError_t launch(const attn_lt_softmax_args& a, cudaStream_t stream) {
     if (variant == ATTN_LT_SOFTMAX_PIPE) {
         if (stages == 0) return cudaErrorInvalidValue;
         if (stages == 3)
-            return c <= 8192 ? launch_pipe<512, 3, OutT>(a, stream) : launch_pipe<1024, 3, OutT>(a, stream);
-        return launch_pipe<1024, 2, OutT>(a, stream);
+            return c <= 4096 ? launch_pipe<256, 3, OutT>(a, stream) : launch_pipe<512, 3, OutT>(a, stream);
+        return launch_pipe<512, 2, OutT>(a, stream);
     }
     if (variant == ATTN_LT_SOFTMAX_CLUSTER) {
         if (!has_clusters() || c > kClusterMaxCols) return cudaErrorInvalidValue;
