@@ -75,27 +75,27 @@ __device__ __forceinline__ float mask1(int64_t j, const Row& w, const attn_lt_so
     }
 }
 
-// Keys j..j+3 (all visible) of a contiguous, aligned mask in one load.
-__device__ __forceinline__ float4 mask4(int64_t j, const Row& w, const attn_lt_softmax_args& a) {
-    switch (a.mask_dtype) {
+// Keys j..j+3 (all visible) of a contiguous, aligned mask row at `base` in one load.
+__device__ __forceinline__ float4 mask4(const char* base, int64_t j, int dtype) {
+    switch (dtype) {
         case ATTN_LT_BOOL: {
-            const uchar4 m = *reinterpret_cast<const uchar4*>(w.mask + j);
+            const uchar4 m = *reinterpret_cast<const uchar4*>(base + j);
             return make_float4(m.x ? 0.f : -INFINITY, m.y ? 0.f : -INFINITY, m.z ? 0.f : -INFINITY,
                                m.w ? 0.f : -INFINITY);
         }
         case ATTN_LT_F16: {
-            const uint2 u = *reinterpret_cast<const uint2*>(w.mask + j * 2);
+            const uint2 u = *reinterpret_cast<const uint2*>(base + j * 2);
             const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
             const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
             return make_float4(lo.x, lo.y, hi.x, hi.y);
         }
         case ATTN_LT_BF16: {
-            const uint2 u = *reinterpret_cast<const uint2*>(w.mask + j * 2);
+            const uint2 u = *reinterpret_cast<const uint2*>(base + j * 2);
             const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
             const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
             return make_float4(lo.x, lo.y, hi.x, hi.y);
         }
-        default: return *reinterpret_cast<const float4*>(w.mask + j * 4);
+        default: return *reinterpret_cast<const float4*>(base + j * 4);
     }
 }
 
@@ -108,7 +108,7 @@ __device__ __forceinline__ float masked1(float x, int64_t j, const Row& w, const
 __device__ __forceinline__ float4 apply_mask(float4 v, int64_t j, const Row& w, const attn_lt_softmax_args& a) {
     if (j + 3 <= w.limit) {  // every key visible: only the mask applies
         if (w.mask) {
-            const float4 m = w.mask_vec ? mask4(j, w, a)
+            const float4 m = w.mask_vec ? mask4(w.mask, j, a.mask_dtype)
                                         : make_float4(mask1(j, w, a), mask1(j + 1, w, a), mask1(j + 2, w, a),
                                                       mask1(j + 3, w, a));
             v.x += m.x;
@@ -163,6 +163,8 @@ __device__ __forceinline__ void store4<__half>(char* p, int64_t j, float a, floa
     *reinterpret_cast<uint2*>(p + j * 2) = u;
 }
 
+// Block-wide max and sum. Each has one barrier; a kernel gives each reduction its own scratch (red[0], red[1]) and
+// has another barrier between two uses of the same scratch.
 template <int THREADS>
 __device__ __forceinline__ float block_max(float v, float* red) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -170,7 +172,6 @@ __device__ __forceinline__ float block_max(float v, float* red) {
     __syncthreads();
     v = (threadIdx.x & 31) < THREADS / 32 ? red[threadIdx.x & 31] : -INFINITY;
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    __syncthreads();  // red is reused by the next reduction
     return v;
 }
 
@@ -181,7 +182,6 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
     __syncthreads();
     v = (threadIdx.x & 31) < THREADS / 32 ? red[threadIdx.x & 31] : 0.f;
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    __syncthreads();
     return v;
 }
 
@@ -196,7 +196,7 @@ __device__ __forceinline__ void finish_row(const Row& w, float mx, float sum) {
 
 template <int THREADS, int NV, typename OutT>
 __global__ void __launch_bounds__(THREADS) softmax_resident(const attn_lt_softmax_args a) {
-    __shared__ float red[32];
+    __shared__ float red[2][32];
     const Row w = row_info(a, blockIdx.x % a.batch, blockIdx.x / a.batch);
     float4 v[NV];
     float mx = -INFINITY;
@@ -205,7 +205,7 @@ __global__ void __launch_bounds__(THREADS) softmax_resident(const attn_lt_softma
         v[i] = load_masked((int64_t(i) * THREADS + threadIdx.x) * 4, w, a);
         mx = fmaxf(mx, max4(v[i]));
     }
-    mx = block_max<THREADS>(mx, red);  // every read of the row happens before this barrier
+    mx = block_max<THREADS>(mx, red[0]);  // every read of the row happens before this barrier
     const float mref = mx == -INFINITY ? 0.f : mx;
     float sum = 0.f;
 #pragma unroll
@@ -216,7 +216,7 @@ __global__ void __launch_bounds__(THREADS) softmax_resident(const attn_lt_softma
         v[i].w = ex(v[i].w, mref);
         sum += (v[i].x + v[i].y) + (v[i].z + v[i].w);
     }
-    sum = block_sum<THREADS>(sum, red);
+    sum = block_sum<THREADS>(sum, red[1]);
     const float inv = sum > 0.f ? 1.f / sum : 0.f;
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
@@ -249,10 +249,10 @@ __host__ __device__ inline PipeLayout pipe_layout(const attn_lt_softmax_args& a)
     return L;
 }
 
-template <int THREADS, int STAGES, typename OutT>
-__global__ void __launch_bounds__(THREADS) softmax_pipe(const attn_lt_softmax_args a) {
+template <int THREADS, int STAGES, bool HAS_MASK, typename OutT>
+__global__ void __launch_bounds__(THREADS, 1) softmax_pipe(const attn_lt_softmax_args a) {
     extern __shared__ float4 ring[];
-    __shared__ float red[32];
+    __shared__ float red[2][32];
     __shared__ Row head[STAGES];  // the row each slot holds or will hold; computed once, by thread 0
     const PipeLayout L = pipe_layout(a);
     const int64_t nrows = a.rows * a.batch;
@@ -270,7 +270,7 @@ __global__ void __launch_bounds__(THREADS) softmax_pipe(const attn_lt_softmax_ar
         if (w.s != nullptr) {
             float4* dst = reinterpret_cast<float4*>(slot_ptr(slot));
             for (int64_t c = threadIdx.x; c < L.n4; c += THREADS) cp_async16(dst + c, w.s + 4 * c);
-            if (L.mask_bytes && reinterpret_cast<uintptr_t>(w.mask) % 16 == 0) {
+            if (HAS_MASK && L.mask_bytes && reinterpret_cast<uintptr_t>(w.mask) % 16 == 0) {
                 char* mdst = slot_ptr(slot) + L.n4 * 16;
                 for (int64_t c = threadIdx.x; c < L.mask_bytes / 16; c += THREADS)
                     cp_async16(mdst + 16 * c, w.mask + 16 * c);
@@ -289,25 +289,27 @@ __global__ void __launch_bounds__(THREADS) softmax_pipe(const attn_lt_softmax_ar
         cp_async_wait<STAGES - 1>();
         __syncthreads();
         const Row w = head[slot];
-        const bool from_slot = L.mask_bytes && reinterpret_cast<uintptr_t>(w.mask) % 16 == 0;
+        const bool from_slot = HAS_MASK && L.mask_bytes && reinterpret_cast<uintptr_t>(w.mask) % 16 == 0;
         const char* slot_mask = slot_ptr(slot) + L.n4 * 16;
         float4* buf = reinterpret_cast<float4*>(slot_ptr(slot));
         float mx = -INFINITY;
         for (int64_t c = threadIdx.x; c < L.n4; c += THREADS) {
             const int64_t j = 4 * c;
             float4 v = buf[c];
-            if (w.mask || j + 3 > w.limit) {
-                Row wm = w;  // keys held in the slot are read from there
-                if (from_slot && j + 3 < ring_keys) {
-                    wm.mask = slot_mask;
-                    wm.mask_vec = true;
-                }
-                v = apply_mask(v, j, wm, a);
+            if (HAS_MASK && from_slot && j + 3 < ring_keys && j + 3 <= w.limit) {
+                const float4 m = mask4(slot_mask, j, a.mask_dtype);  // shared memory
+                v.x += m.x;
+                v.y += m.y;
+                v.z += m.z;
+                v.w += m.w;
+                buf[c] = v;
+            } else if (HAS_MASK || j + 3 > w.limit) {
+                v = apply_mask(v, j, w, a);
                 buf[c] = v;
             }
             mx = fmaxf(mx, max4(v));
         }
-        mx = block_max<THREADS>(mx, red);  // its barrier also orders every read of head[slot] above
+        mx = block_max<THREADS>(mx, red[0]);  // its barrier also orders every read of head[slot] above
         const float mref = mx == -INFINITY ? 0.f : mx;
         float sum = 0.f;
         for (int64_t c = threadIdx.x; c < L.n4; c += THREADS) {
@@ -319,7 +321,7 @@ __global__ void __launch_bounds__(THREADS) softmax_pipe(const attn_lt_softmax_ar
             buf[c] = v;
             sum += (v.x + v.y) + (v.z + v.w);
         }
-        sum = block_sum<THREADS>(sum, red);
+        sum = block_sum<THREADS>(sum, red[1]);
         const float inv = sum > 0.f ? 1.f / sum : 0.f;
         for (int64_t c = threadIdx.x; c < L.n4; c += THREADS) {
             const float4 v = buf[c];
@@ -341,7 +343,7 @@ __global__ void __launch_bounds__(THREADS) softmax_pipe(const attn_lt_softmax_ar
 template <int THREADS, int NV, typename OutT>
 __global__ void __launch_bounds__(THREADS) softmax_cluster(const attn_lt_softmax_args a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    __shared__ float red[32];
+    __shared__ float red[2][32];
     __shared__ float part[2];
     cg::cluster_group cluster = cg::this_cluster();
     const unsigned C = cluster.num_blocks(), rank = cluster.block_rank();
@@ -355,7 +357,7 @@ __global__ void __launch_bounds__(THREADS) softmax_cluster(const attn_lt_softmax
         v[i] = load_masked(base + (int64_t(i) * THREADS + threadIdx.x) * 4, w, a);
         mx = fmaxf(mx, max4(v[i]));
     }
-    mx = block_max<THREADS>(mx, red);
+    mx = block_max<THREADS>(mx, red[0]);
     if (threadIdx.x == 0) part[0] = mx;
     cluster.sync();
     for (unsigned r = 0; r < C; ++r) mx = fmaxf(mx, *cluster.map_shared_rank(&part[0], r));
@@ -369,7 +371,7 @@ __global__ void __launch_bounds__(THREADS) softmax_cluster(const attn_lt_softmax
         v[i].w = ex(v[i].w, mref);
         sum += (v[i].x + v[i].y) + (v[i].z + v[i].w);
     }
-    sum = block_sum<THREADS>(sum, red);
+    sum = block_sum<THREADS>(sum, red[1]);
     if (threadIdx.x == 0) part[1] = sum;
     cluster.sync();
     sum = 0.f;
@@ -387,7 +389,7 @@ __global__ void __launch_bounds__(THREADS) softmax_cluster(const attn_lt_softmax
 
 template <int THREADS, int NV, typename OutT>
 __global__ void __launch_bounds__(THREADS) softmax_two_pass(const attn_lt_softmax_args a) {
-    __shared__ float red[32];
+    __shared__ float red[2][32];
     const Row w = row_info(a, blockIdx.x % a.batch, blockIdx.x / a.batch);
     // Pass 1: online max and sum.
     float m = -INFINITY, l = 0.f;
@@ -398,9 +400,9 @@ __global__ void __launch_bounds__(THREADS) softmax_two_pass(const attn_lt_softma
         l = l * ex(m, mn) + ex(v.x, mn) + ex(v.y, mn) + ex(v.z, mn) + ex(v.w, mn);
         m = mn;
     }
-    const float mx = block_max<THREADS>(m, red);
+    const float mx = block_max<THREADS>(m, red[0]);
     const float mref = mx == -INFINITY ? 0.f : mx;
-    const float sum = block_sum<THREADS>(m == -INFINITY ? 0.f : l * ex(m, mref), red);
+    const float sum = block_sum<THREADS>(m == -INFINITY ? 0.f : l * ex(m, mref), red[1]);
     const float inv = sum > 0.f ? 1.f / sum : 0.f;
     // Pass 2, tile by tile: the writes of tile t cover floats [t*T/2, (t+1)*T/2), which every thread has read
     // by the barrier of tile t; later tiles' reads lie beyond them.
@@ -468,7 +470,8 @@ int pipe_stages(const attn_lt_softmax_args& a) {
 
 template <int THREADS, int STAGES, typename OutT>
 cudaError_t launch_pipe(const attn_lt_softmax_args& a, cudaStream_t stream) {
-    const auto kernel = softmax_pipe<THREADS, STAGES, OutT>;
+    const auto kernel = a.mask_dtype != ATTN_LT_NONE ? softmax_pipe<THREADS, STAGES, true, OutT>
+                                                     : softmax_pipe<THREADS, STAGES, false, OutT>;
     const size_t smem = size_t(STAGES) * size_t(pipe_layout(a).slot_bytes);
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
     int per_sm = 0;
