@@ -1,9 +1,10 @@
 // Row softmax of the long path: FP32 scores in, P (fp16/bf16, may overwrite the scores in place) and LSE out.
 //
 // Each score is read from memory once (4 B) and P written once (2 B) while the row fits on chip:
-//  * PIPE (the default up to 28160 columns): persistent CTAs; while a CTA reduces and writes one row, the next
+//  * PIPE (the default from 4096 columns): persistent CTAs; while a CTA reduces and writes one row, the next
 //    rows stream into a 2-3 slot shared-memory ring by cp.async, so loads are always in flight and the bytes
-//    that wait for their row's max and sum sit in shared memory rather than registers;
+//    that wait for their row's max and sum sit in shared memory rather than registers. Rows whose ring does not
+//    fit one CTA (over 28160 columns) are split over a cluster of 2, 4 or 8 CTAs on sm_90 (up to 225280);
 //  * ROW: one CTA a row, the row in registers (up to 32768 columns);
 //  * CLUSTER (sm_90): a thread-block cluster of up to 8 small CTAs a row, each holding a segment in registers and
 //    exchanging its max and sum through distributed shared memory (up to 131072 columns). Many small CTAs a
@@ -226,13 +227,17 @@ __global__ void __launch_bounds__(THREADS) softmax_resident(const attn_lt_softma
     finish_row(w, mref, sum);
 }
 
-// Persistent CTAs over rows lin = blockIdx.x + k * gridDim.x (lin = row * batch + entry). Slot k % STAGES of
-// the ring receives row k's scores (and, when its keys are contiguous and 16-byte aligned, its mask row) STAGES - 1
-// rows ahead. Pass 1 masks in the slot and takes the max, pass 2 turns the slot into exp(x - max) and sums,
-// pass 3 scales and stores P into the row's own global region, which no other row's prefetch reads.
+// Persistent CTAs (or clusters of C CTAs on sm_90) over rows lin = cluster + k * clusters (lin = row * batch +
+// entry). CTA `rank` of a cluster owns float4 groups [rank * seg4, (rank + 1) * seg4) of every row. Slot k % STAGES
+// of its ring receives its segment of row k's scores (and, when the mask keys are contiguous and 16-byte aligned,
+// of the mask) STAGES - 1 rows ahead. Pass 1 masks in the slot and takes the max, pass 2 turns the slot into
+// exp(x - max) and sums, pass 3 scales and stores P into the row's own global region, which no other row's
+// prefetch reads. A cluster combines its max and sum through distributed shared memory (parity-double-buffered,
+// so one row's exchange never overwrites values another CTA may still read).
 struct PipeLayout {
     int64_t n4;          // float4 groups of scores a row
-    int64_t mask_bytes;  // bytes of mask a slot holds (0: the mask, if any, is read from global memory)
+    int64_t seg4;        // float4 groups a CTA owns (a multiple of 4: 16-byte aligned mask segments)
+    int64_t mask_bytes;  // mask bytes a slot holds (0: the mask, if any, is read from global memory)
     int64_t slot_bytes;
 };
 
@@ -240,23 +245,37 @@ __host__ __device__ inline int mask_esize(int dtype) {
     return dtype == ATTN_LT_BOOL ? 1 : (dtype == ATTN_LT_F32 ? 4 : 2);
 }
 
-__host__ __device__ inline PipeLayout pipe_layout(const attn_lt_softmax_args& a) {
+__host__ __device__ inline PipeLayout pipe_layout(const attn_lt_softmax_args& a, int C) {
     PipeLayout L;
     L.n4 = (a.cols + 3) / 4;
+    L.seg4 = C == 1 ? L.n4 : ((L.n4 + C - 1) / C + 3) / 4 * 4;
     L.mask_bytes = 0;
-    if (a.mask_dtype != ATTN_LT_NONE && a.m_sk == 1) L.mask_bytes = a.cols * mask_esize(a.mask_dtype) / 16 * 16;
-    L.slot_bytes = L.n4 * 16 + L.mask_bytes;
+    if (a.mask_dtype != ATTN_LT_NONE && a.m_sk == 1)
+        L.mask_bytes = (a.cols < 4 * L.seg4 ? a.cols : 4 * L.seg4) * mask_esize(a.mask_dtype) / 16 * 16;
+    L.slot_bytes = L.seg4 * 16 + L.mask_bytes;
     return L;
 }
 
-template <int THREADS, int STAGES, bool HAS_MASK, typename OutT>
+template <int THREADS, int STAGES, bool HAS_MASK, bool CLUSTERED, typename OutT>
 __global__ void __launch_bounds__(THREADS, 1) softmax_pipe(const attn_lt_softmax_args a) {
     extern __shared__ float4 ring[];
     __shared__ float red[2][32];
+    __shared__ float part[2][2];  // [max, sum][row parity], read by the other CTAs of the cluster
     __shared__ Row head[STAGES];  // the row each slot holds or will hold; computed once, by thread 0
-    const PipeLayout L = pipe_layout(a);
-    const int64_t nrows = a.rows * a.batch;
-    const int64_t ring_keys = L.mask_bytes / mask_esize(a.mask_dtype);
+    unsigned C = 1, rank = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    cg::cluster_group cluster = cg::this_cluster();
+    if constexpr (CLUSTERED) {
+        C = cluster.num_blocks();
+        rank = cluster.block_rank();
+    }
+#endif
+    const PipeLayout L = pipe_layout(a, C);
+    const int64_t c0 = int64_t(rank) * L.seg4, c1 = c0 + L.seg4 < L.n4 ? c0 + L.seg4 : L.n4;
+    const int64_t nrows = a.rows * a.batch, first = blockIdx.x / C, step = gridDim.x / C;
+    const int esize = mask_esize(a.mask_dtype);
+    const int64_t seg_mask_keys = HAS_MASK ? (a.cols < 4 * c1 ? a.cols : 4 * c1) - 4 * c0 : 0;
+    const int64_t ring_keys = L.mask_bytes && seg_mask_keys > 0 ? seg_mask_keys * esize / 16 * 16 / esize : 0;
     auto slot_ptr = [&](int slot) { return reinterpret_cast<char*>(ring) + slot * L.slot_bytes; };
     auto set_head = [&](int64_t lin, int slot) {  // thread 0 only
         if (lin < nrows) {
@@ -269,72 +288,91 @@ __global__ void __launch_bounds__(THREADS, 1) softmax_pipe(const attn_lt_softmax
         const Row& w = head[slot];
         if (w.s != nullptr) {
             float4* dst = reinterpret_cast<float4*>(slot_ptr(slot));
-            for (int64_t c = threadIdx.x; c < L.n4; c += THREADS) cp_async16(dst + c, w.s + 4 * c);
-            if (HAS_MASK && L.mask_bytes && reinterpret_cast<uintptr_t>(w.mask) % 16 == 0) {
-                char* mdst = slot_ptr(slot) + L.n4 * 16;
-                for (int64_t c = threadIdx.x; c < L.mask_bytes / 16; c += THREADS)
-                    cp_async16(mdst + 16 * c, w.mask + 16 * c);
+            for (int64_t c = c0 + threadIdx.x; c < c1; c += THREADS) cp_async16(dst + (c - c0), w.s + 4 * c);
+            if (HAS_MASK && ring_keys && reinterpret_cast<uintptr_t>(w.mask) % 16 == 0) {
+                char* mdst = slot_ptr(slot) + L.seg4 * 16;
+                const char* msrc = w.mask + 4 * c0 * esize;
+                for (int64_t u = threadIdx.x; u < ring_keys * esize / 16; u += THREADS)
+                    cp_async16(mdst + 16 * u, msrc + 16 * u);
             }
         }
         cp_async_commit();  // possibly empty: keeps one group per row for wait_group
     };
     if (threadIdx.x == 0)
-        for (int k = 0; k < STAGES; ++k) set_head(blockIdx.x + int64_t(k) * gridDim.x, k);
+        for (int k = 0; k < STAGES; ++k) set_head(first + int64_t(k) * step, k);
     __syncthreads();
 #pragma unroll
     for (int k = 0; k < STAGES - 1; ++k) issue(k);
-    int slot = 0;
-    for (int64_t lin = blockIdx.x; lin < nrows; lin += gridDim.x) {
-        issue((slot + STAGES - 1) % STAGES);
-        cp_async_wait<STAGES - 1>();
-        __syncthreads();
+    int slot = 0, parity = 0;
+    for (int64_t lin = first; lin < nrows; lin += step) {
+        cp_async_wait<STAGES - 2>();  // this row's group is complete (the STAGES - 2 after it may not be)
+        __syncthreads();  // ...for every thread's copies; and every thread is done with the previous row's slot
+        issue((slot + STAGES - 1) % STAGES);  // refill the previous row's slot, STAGES - 1 rows ahead
         const Row w = head[slot];
-        const bool from_slot = HAS_MASK && L.mask_bytes && reinterpret_cast<uintptr_t>(w.mask) % 16 == 0;
-        const char* slot_mask = slot_ptr(slot) + L.n4 * 16;
+        const bool from_slot = HAS_MASK && ring_keys && reinterpret_cast<uintptr_t>(w.mask) % 16 == 0;
+        const char* slot_mask = slot_ptr(slot) + L.seg4 * 16;
         float4* buf = reinterpret_cast<float4*>(slot_ptr(slot));
         float mx = -INFINITY;
-        for (int64_t c = threadIdx.x; c < L.n4; c += THREADS) {
+        for (int64_t c = c0 + threadIdx.x; c < c1; c += THREADS) {
             const int64_t j = 4 * c;
-            float4 v = buf[c];
-            if (HAS_MASK && from_slot && j + 3 < ring_keys && j + 3 <= w.limit) {
-                const float4 m = mask4(slot_mask, j, a.mask_dtype);  // shared memory
+            float4 v = buf[c - c0];
+            if (HAS_MASK && from_slot && j + 3 - 4 * c0 < ring_keys && j + 3 <= w.limit) {
+                const float4 m = mask4(slot_mask, j - 4 * c0, a.mask_dtype);  // shared memory
                 v.x += m.x;
                 v.y += m.y;
                 v.z += m.z;
                 v.w += m.w;
-                buf[c] = v;
+                buf[c - c0] = v;
             } else if (HAS_MASK || j + 3 > w.limit) {
                 v = apply_mask(v, j, w, a);
-                buf[c] = v;
+                buf[c - c0] = v;
             }
             mx = fmaxf(mx, max4(v));
         }
-        mx = block_max<THREADS>(mx, red[0]);  // its barrier also orders every read of head[slot] above
+        mx = block_max<THREADS>(mx, red[0]);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        if constexpr (CLUSTERED) {
+            if (threadIdx.x == 0) part[0][parity] = mx;
+            cluster.sync();
+            for (unsigned r = 0; r < C; ++r) mx = fmaxf(mx, *cluster.map_shared_rank(&part[0][parity], r));
+        }
+#endif
         const float mref = mx == -INFINITY ? 0.f : mx;
         float sum = 0.f;
-        for (int64_t c = threadIdx.x; c < L.n4; c += THREADS) {
-            float4 v = buf[c];
+        for (int64_t c = c0 + threadIdx.x; c < c1; c += THREADS) {
+            float4 v = buf[c - c0];
             v.x = ex(v.x, mref);
             v.y = ex(v.y, mref);
             v.z = ex(v.z, mref);
             v.w = ex(v.w, mref);
-            buf[c] = v;
+            buf[c - c0] = v;
             sum += (v.x + v.y) + (v.z + v.w);
         }
         sum = block_sum<THREADS>(sum, red[1]);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        if constexpr (CLUSTERED) {
+            if (threadIdx.x == 0) part[1][parity] = sum;
+            cluster.sync();
+            sum = 0.f;
+            for (unsigned r = 0; r < C; ++r) sum += *cluster.map_shared_rank(&part[1][parity], r);
+        }
+#endif
         const float inv = sum > 0.f ? 1.f / sum : 0.f;
-        for (int64_t c = threadIdx.x; c < L.n4; c += THREADS) {
-            const float4 v = buf[c];
+        for (int64_t c = c0 + threadIdx.x; c < c1; c += THREADS) {
+            const float4 v = buf[c - c0];
             store4<OutT>(w.p, 4 * c, v.x * inv, v.y * inv, v.z * inv, v.w * inv);
         }
         if (threadIdx.x == 0) {
-            *w.lse = sum > 0.f ? mref + logf(sum) : -INFINITY;
-            set_head(lin + int64_t(STAGES) * gridDim.x, slot);  // the next row this slot receives
+            if (rank == 0) *w.lse = sum > 0.f ? mref + logf(sum) : -INFINITY;
+            set_head(lin + int64_t(STAGES) * step, slot);  // read after the next iteration's barrier
         }
-        __syncthreads();  // the slot's data and header are free/ready before the slot is refilled
         slot = (slot + 1) % STAGES;
+        parity ^= 1;
     }
     cp_async_wait<0>();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if constexpr (CLUSTERED) cluster.sync();  // no CTA leaves while another may still read its shared memory
+#endif
 }
 
 // A cluster of C CTAs a row (blockIdx.x = row * C + rank); CTA `rank` holds keys [rank * T, (rank + 1) * T),
@@ -462,42 +500,76 @@ int sm_count() {
 constexpr int64_t kPipeSmem = 220 * 1024;  // ring bytes a CTA may take (227 KB opt-in on sm_80 and sm_90)
 constexpr int64_t kPipeMinCols = 4096;       // shorter rows: ROW is faster (less per-row synchronisation)
 
-// Ring slots PIPE can use for this row length and mask (0: the ring does not fit).
-int pipe_stages(const attn_lt_softmax_args& a) {
-    const int64_t slot = pipe_layout(a).slot_bytes;
+// Ring slots PIPE can use with C CTAs a row (0: the ring does not fit).
+int pipe_stages(const attn_lt_softmax_args& a, int C) {
+    const int64_t slot = pipe_layout(a, C).slot_bytes;
     return 3 * slot <= kPipeSmem ? 3 : (2 * slot <= kPipeSmem ? 2 : 0);
 }
 
-template <int THREADS, int STAGES, typename OutT>
-cudaError_t launch_pipe(const attn_lt_softmax_args& a, cudaStream_t stream) {
-    const auto kernel = a.mask_dtype != ATTN_LT_NONE ? softmax_pipe<THREADS, STAGES, true, OutT>
-                                                     : softmax_pipe<THREADS, STAGES, false, OutT>;
-    const size_t smem = size_t(STAGES) * size_t(pipe_layout(a).slot_bytes);
+// CTAs a row for PIPE: 1, or on sm_90 the smallest cluster whose segments fit a two-slot ring (0: none fits).
+int pipe_cluster(const attn_lt_softmax_args& a) {
+    if (pipe_stages(a, 1)) return 1;
+    if (!has_clusters()) return 0;
+    for (int C = 2; C <= kMaxCluster; C *= 2)
+        if (pipe_stages(a, C)) return C;
+    return 0;
+}
+
+template <int THREADS, int STAGES, bool CLUSTERED, typename OutT>
+cudaError_t launch_pipe(const attn_lt_softmax_args& a, int C, cudaStream_t stream) {
+    const auto kernel = a.mask_dtype != ATTN_LT_NONE ? softmax_pipe<THREADS, STAGES, true, CLUSTERED, OutT>
+                                                     : softmax_pipe<THREADS, STAGES, false, CLUSTERED, OutT>;
+    const size_t smem = size_t(STAGES) * size_t(pipe_layout(a, C).slot_bytes);
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-    int per_sm = 0;
-    if (err == cudaSuccess) err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, THREADS, smem);
     if (err != cudaSuccess) return err;
-    if (per_sm < 1) return cudaErrorInvalidConfiguration;
-    const int64_t grid = std::min<int64_t>(a.rows * a.batch, int64_t(per_sm) * sm_count());
-    kernel<<<static_cast<unsigned>(grid), THREADS, smem, stream>>>(a);
-    return cudaGetLastError();
+    cudaLaunchConfig_t cfg = {};
+    cfg.blockDim = dim3(THREADS);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = C;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    int64_t clusters = 0;
+    if (CLUSTERED) {
+        cfg.gridDim = dim3(C);  // occupancy is asked per cluster of this shape
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        int n = 0;
+        err = cudaOccupancyMaxActiveClusters(&n, kernel, &cfg);
+        clusters = n;
+    } else {
+        int per_sm = 0;
+        err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, THREADS, smem);
+        clusters = int64_t(per_sm) * sm_count();
+    }
+    if (err != cudaSuccess) return err;
+    if (clusters < 1) return cudaErrorInvalidConfiguration;
+    clusters = std::min<int64_t>(a.rows * a.batch, clusters);
+    cfg.gridDim = dim3(static_cast<unsigned>(clusters * C));
+    err = cudaLaunchKernelEx(&cfg, kernel, a);
+    return err != cudaSuccess ? err : cudaGetLastError();
 }
 
 template <typename OutT>
 cudaError_t launch(const attn_lt_softmax_args& a, cudaStream_t stream) {
     const int64_t c = a.cols;
     int variant = a.variant;
-    const int stages = pipe_stages(a);
+    const int pc = pipe_cluster(a);
     if (variant == ATTN_LT_SOFTMAX_AUTO)
         variant = c < kPipeMinCols ? ATTN_LT_SOFTMAX_ROW
-                  : stages ? ATTN_LT_SOFTMAX_PIPE
+                  : pc ? ATTN_LT_SOFTMAX_PIPE
                   : (has_clusters() && c <= kClusterMaxCols) ? ATTN_LT_SOFTMAX_CLUSTER
                   : c <= kRowMaxCols ? ATTN_LT_SOFTMAX_ROW : ATTN_LT_SOFTMAX_TWO_PASS;
     if (variant == ATTN_LT_SOFTMAX_PIPE) {
-        if (stages == 0) return cudaErrorInvalidValue;
-        if (stages == 3)
-            return c <= 4096 ? launch_pipe<256, 3, OutT>(a, stream) : launch_pipe<512, 3, OutT>(a, stream);
-        return launch_pipe<512, 2, OutT>(a, stream);
+        if (pc == 0) return cudaErrorInvalidValue;
+        if (pc > 1) return pipe_stages(a, pc) == 3 ? launch_pipe<512, 3, true, OutT>(a, pc, stream)
+                                                   : launch_pipe<512, 2, true, OutT>(a, pc, stream);
+        if (pipe_stages(a, 1) == 3)
+            return c <= 4096 ? launch_pipe<256, 3, false, OutT>(a, 1, stream)
+                             : launch_pipe<512, 3, false, OutT>(a, 1, stream);
+        return launch_pipe<512, 2, false, OutT>(a, 1, stream);
     }
     if (variant == ATTN_LT_SOFTMAX_CLUSTER) {
         if (!has_clusters() || c > kClusterMaxCols) return cudaErrorInvalidValue;
@@ -534,7 +606,10 @@ const char* attn_lt_source_hash(void) { return ATTN_LT_SOURCE_HASH; }
 
 const char* attn_lt_error_string(int err) { return cudaGetErrorString(static_cast<cudaError_t>(err)); }
 
-int64_t attn_lt_softmax_max_resident_cols(void) { return has_clusters() ? kClusterMaxCols : kRowMaxCols; }
+int64_t attn_lt_softmax_max_resident_cols(void) {
+    // PIPE with an 8-CTA cluster (sm_90): 8 segments, each two slots of scores within the ring budget.
+    return has_clusters() ? kMaxCluster * (kPipeSmem / 2 / 16 / 4 * 4 * 4) : kRowMaxCols;
+}
 
 int attn_lt_softmax(const attn_lt_softmax_args* a, void* stream) {
     if (a == nullptr || a->rows <= 0 || a->cols <= 0 || a->batch <= 0 || a->Sq <= 0 || a->Hkv <= 0 || a->g <= 0 ||

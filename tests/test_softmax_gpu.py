@@ -50,9 +50,14 @@ def expected(scores, Sk, causal, mask, Sq):
 
 
 def pipe_fits(cols, mask_esize=0):
-    """Mirror of pipe_stages() in native/softmax.cu: two ring slots of scores (+ mask) within 220 KiB."""
-    slot = -(-cols // 4) * 16 + (cols * mask_esize // 16 * 16)
-    return 2 * slot <= 220 * 1024
+    """Mirror of pipe_cluster() in native/softmax.cu: two ring slots of a row segment (+ its mask) within
+    220 KiB, the row split over 1 CTA or (sm_90) a cluster of 2, 4 or 8."""
+    n4 = -(-cols // 4)
+    for C in (1, 2, 4, 8) if torch.cuda.get_device_capability()[0] >= 9 else (1,):
+        seg4 = n4 if C == 1 else -(-(-(-n4 // C)) // 4) * 4
+        if 2 * (seg4 * 16 + min(cols, 4 * seg4) * mask_esize // 16 * 16) <= 220 * 1024:
+            return True
+    return False
 
 
 def variants_for(cols, mask_esize=0):
@@ -82,7 +87,7 @@ def test_variants_agree_with_torch(cols, causal):
 
 
 @pytest.mark.parametrize("mdtype", [torch.bool, torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("cols", [97, 4100, 16384, 20000])
+@pytest.mark.parametrize("cols", [97, 4100, 16384, 20000, 50001])
 def test_masks_and_fully_masked_rows(mdtype, cols):
     ld = -(-cols // 32) * 32
     for variant in variants_for(cols, torch.empty(0, dtype=mdtype).element_size()):

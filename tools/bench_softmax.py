@@ -23,20 +23,22 @@ def main(argv=None) -> int:
     ap.add_argument("--cols", default="1024,4096,8192,16384,28160,32768,65536,131072")
     ap.add_argument("--mib", type=int, default=768, help="score block size")
     ap.add_argument("--heads", type=int, default=6, help="batch entries sharing a (rows, cols) mask")
+    ap.add_argument("--pad", type=int, default=0, help="extra floats of row stride (ld = cols + pad)")
     a = ap.parse_args(argv)
     cc9 = torch.cuda.get_device_capability()[0] >= 9
     print(f"{'cols':>7} {'mask':>5} " + "".join(f"{v:>10}" for v in ("pipe", "row", "cluster", "two_pass")) + "   TB/s")
     for cols in map(int, a.cols.split(",")):
-        rows = max(1, (a.mib << 20) // (4 * cols * a.heads))
-        s = torch.randn(a.heads, rows, cols, device="cuda") * 3
-        p = torch.empty(a.heads, rows, 2 * cols, dtype=torch.bfloat16, device="cuda")
+        ld = cols + a.pad
+        rows = max(1, (a.mib << 20) // (4 * ld * a.heads))
+        s = torch.randn(a.heads, rows, ld, device="cuda") * 3
+        p = torch.empty(a.heads, rows, 2 * ld, dtype=torch.bfloat16, device="cuda")
         lse = torch.empty(a.heads * rows, device="cuda")
         for mask in (None, "bf16"):
             m = torch.randn(rows, cols, device="cuda").to(torch.bfloat16) if mask else None
             args = native.SoftmaxArgs()
             args.scores, args.probs, args.lse = s.data_ptr(), p.data_ptr(), lse.data_ptr()
             args.rows, args.cols, args.batch = rows, cols, a.heads
-            args.ld_s, args.bs_s, args.ld_p, args.bs_p = cols, rows * cols, 2 * cols, 2 * rows * cols
+            args.ld_s, args.bs_s, args.ld_p, args.bs_p = ld, rows * ld, 2 * ld, 2 * rows * ld
             args.Sq, args.Sk, args.g, args.Hkv, args.Hq = rows, cols, 1, a.heads, a.heads
             args.out_dtype = native.DTYPE_CODES["bf16"]
             if m is not None:
@@ -56,7 +58,7 @@ def main(argv=None) -> int:
                     cells += f"{'n/a':>10}"
                     continue
                 cells += f"{bytes_ / ms / 1e9:>10.2f}"
-            print(f"{cols:>7} {mask or '-':>5} {cells}", flush=True)
+            print(f"{cols:>7} {mask or '-':>5} {cells}   (ld {ld})", flush=True)
     return 0
 
 
