@@ -24,8 +24,6 @@ ROW_BLOCK = 2048
 CAUSAL_ROW_BLOCK = 1024
 #: A folded group with causal masking computes every key of every row; fold only when that waste is small.
 FOLD_CAUSAL_MAX_ROWS = 128
-#: Fewest query rows a chunk gets when it takes all heads to share a mask's rows.
-MIN_SHARED_MASK_ROWS = 256
 #: Key counts of causal chunks are rounded up to this block (fewer distinct GEMM shapes; the mask does the rest).
 KEY_BLOCK = 256
 #: Score rows are padded to this many floats (128 bytes) for aligned, vectorised access.
@@ -146,10 +144,6 @@ def make_plan(case: Case, budget: int | None = None) -> Plan:
         add_entries(g * case.Sq, kend_of(case.Sq), None, 0, case.Sq)
     else:
         m = min(case.Sq, CAUSAL_ROW_BLOCK if case.causal else ROW_BLOCK)
-        if case.mask is not None and case.mask.strides[1] == 0:
-            # A mask shared by the heads: fewer rows, all heads in one chunk, so each mask row is read from
-            # memory once and from L2 by the other heads.
-            m = min(m, max(MIN_SHARED_MASK_ROWS, scores // (span * one_row)))
         m = min(m, scores // one_row)
         if m >= 64:
             m -= m % 64

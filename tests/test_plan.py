@@ -174,14 +174,3 @@ def test_emulated_plan_matches_reference(B, Hq, Hkv, Sq, Sk, D, causal, mask, la
     torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-9)
     torch.testing.assert_close(lse, ref_lse, rtol=1e-9, atol=1e-9)
 
-
-def test_mask_shared_by_heads_puts_all_heads_in_one_chunk():
-    from attn_lt.validate import MaskInfo
-
-    S = 16384
-    shared = MaskInfo("float", "bf16", (1, 1, S, S), (0, 0, S, 1))
-    per_head = MaskInfo("float", "bf16", (1, 16, S, S), (0, S * S, S, 1))
-    p_shared = make_plan(Case.contiguous(1, 16, 16, S, S, 128, mask=shared), 1024 * MiB)
-    p_head = make_plan(Case.contiguous(1, 16, 16, S, S, 128, mask=per_head), 1024 * MiB)
-    assert {c.ne for c in p_shared.chunks} == {16}
-    assert max(c.ne for c in p_head.chunks) < 16

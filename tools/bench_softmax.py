@@ -48,7 +48,7 @@ def main(argv=None) -> int:
             cells = ""
             stream = torch.cuda.current_stream().cuda_stream
             for v in ("pipe", "row", "cluster", "two_pass"):
-                if (v == "pipe" and cols > 28160) or (v == "row" and cols > 32768) or (v == "cluster" and (not cc9 or cols > 131072)):
+                if (v == "row" and cols > 32768) or (v == "cluster" and (not cc9 or cols > 131072)):
                     cells += f"{'-':>10}"
                     continue
                 args.variant = native.SOFTMAX_VARIANTS[v]
