@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import config
 from .plan import Plan, make_plan
 from .select import Decision, select
 from .validate import Case, check_tensors
@@ -33,7 +34,7 @@ def _cupy_stream():
 
 def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | None = None,
               backend: str = "auto", return_lse: bool = False, out=None, workspace_bytes: int | None = None,
-              threshold: int | None = None):
+              threshold: int | None = None, algo_policy: str | None = None):
     """Scaled dot-product attention, ``softmax(scale * q @ k^T + mask) @ v``.
 
     Args:
@@ -51,6 +52,8 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
         out: optional preallocated output, contiguous (B, Hq, Sq, D) of q's dtype and device, written in full.
         workspace_bytes: budget of the long path's workspace (default ``ATTN_LT_WORKSPACE_MB``, 1 GiB).
         threshold: key length from which "auto" takes the long path (default ``ATTN_LT_THRESHOLD``, 4096).
+        algo_policy: cuBLASLt algorithm choice: "tune" (tune a GEMM shape on first use unless cached; default),
+            "cache" (cached algorithms, never tune) or "heuristic" (default ``ATTN_LT_ALGO_POLICY``).
 
     Returns:
         out: (B, Hq, Sq, D) in the input dtype, contiguous; with ``return_lse``, ``(out, lse)`` with lse FP32
@@ -66,7 +69,7 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
         with _cupy_stream():
             res = attention(to_t(q), to_t(k), to_t(v), attn_mask=to_t(attn_mask), causal=causal, scale=scale,
                             backend=backend, return_lse=return_lse, out=to_t(out),
-                            workspace_bytes=workspace_bytes, threshold=threshold)
+                            workspace_bytes=workspace_bytes, threshold=threshold, algo_policy=algo_policy)
         return tuple(cupy.from_dlpack(r) for r in res) if return_lse else cupy.from_dlpack(res)
     case = check_tensors(q, k, v, attn_mask, causal, scale)
     shape = (case.B, case.Hq, case.Sq, case.D)
@@ -78,13 +81,14 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
         raise ValueError(f"out must be a contiguous {shape} {q.dtype} tensor on {q.device}, got {desc}")
     decision = select(case, backend, threshold)
     plan = make_plan(case, workspace_bytes)  # budget errors surface here, before any GPU work
+    policy = config.algo_policy(algo_policy)
     log.debug("attention %s -> %s", case, decision.backend)
     lse = torch.empty((case.B, case.Hq, case.Sq), dtype=torch.float32, device=q.device)
     mask = None if attn_mask is None else attn_mask.expand(case.B, case.Hq, case.Sq, case.Sk)
     from .lt import path
 
     with torch.cuda.device(q.device):
-        path.run(case, plan, q, k, v, mask, out, lse)
+        path.run(case, plan, q, k, v, mask, out, lse, policy)
     return (out, lse) if return_lse else out
 
 

@@ -1,4 +1,5 @@
-"""``attn-lt`` (also ``python -m attn_lt``): info, explain, demo."""
+"""``attn-lt`` (also ``python -m attn_lt``): info, explain, demo, cache. Exit codes: 0 ok, 1 a check failed
+(demo error bound, cache verify, cache show of a missing key), 2 bad arguments or input."""
 
 from __future__ import annotations
 
@@ -51,8 +52,12 @@ def _budget(a):
 def cmd_info(a) -> int:
     from . import native
 
+    from .cache import default_cache
+
+    cache = default_cache()
     info = {"attn_lt": __version__, "native_library": native.status(),
-            "workspace_budget_mib": config.workspace_bytes() >> 20, "threshold": config.threshold()}
+            "workspace_budget_mib": config.workspace_bytes() >> 20, "threshold": config.threshold(),
+            "algo_policy": config.algo_policy(), "cache": f"{cache.path} ({len(cache.items())} entries)"}
     try:
         import torch
 
@@ -83,17 +88,68 @@ def cmd_info(a) -> int:
     return EXIT_OK
 
 
+def _plan_gemms(case, plan):
+    """The distinct (role, GEMM key) of a plan, for contiguous inputs at 256-byte aligned addresses."""
+    from .lt.path import gemm_keys
+    from .plan import chunk_layout
+
+    base, seen = 1 << 40, {}
+    for c in plan.chunks:
+        if c.kend:
+            lay = chunk_layout(case, plan, c)
+            ptrs = tuple(base + o * 2 for o in (lay.q.offset, lay.k.offset, lay.v.offset, lay.o.offset)) + (base,)
+            for key in gemm_keys(case, lay, ptrs):
+                seen.setdefault(key, None)
+    return list(seen)
+
+
+def _algo_lines(case, plan):
+    """What each GEMM of the plan would use: the cached winner (this GPU, or any other recorded), or not."""
+    from .cache import default_cache, key_string
+
+    cache = default_cache()
+    env = None
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            from .cache import Env
+
+            env = Env.current().key()
+    except Exception:  # no nvmath / cuBLASLt: entries of every environment are shown
+        env = None
+    by_key: dict[str, list] = {}
+    for e, k, entry in cache.items():
+        by_key.setdefault(k, []).append((e, entry))
+    lines = []
+    for key in _plan_gemms(case, plan):
+        ks = key_string(key)
+        hits = [(e, x) for e, x in by_key.get(ks, []) if env is None or e == env]
+        if hits:
+            e, x = hits[0]
+            src = f"cached{'' if env else ' for ' + e}: {x.config} {x.median_ms:.4f} ms (heuristic {x.heuristic_ms} ms)"
+        else:
+            src = f"not cached: {'tuned on first use' if config.algo_policy() == 'tune' else 'heuristic'}"
+        lines.append({"gemm": ks, "algorithm": src})
+    return lines
+
+
 def cmd_explain(a) -> int:
     from .api import explain_case
 
-    e = explain_case(_case(a), a.backend, _budget(a), a.threshold)
+    case = _case(a)
+    e = explain_case(case, a.backend, _budget(a), a.threshold)
+    algos = _algo_lines(case, e.plan) if e.plan is not None else []
     if a.json:
         d = e.to_dict()
         if d["plan"] is not None and not a.chunks:
             d["plan"]["chunks"] = len(d["plan"]["chunks"])
+        d["gemms"] = algos
         print(json.dumps(d, indent=2))
     else:
         print(e)
+        for x in algos:
+            print(f"  gemm {x['gemm']}\n       {x['algorithm']}")
         if a.chunks and e.plan is not None:
             for c in e.plan.chunks:
                 print(f"  {c}")
@@ -145,6 +201,186 @@ def cmd_demo(a) -> int:
     return EXIT_OK if ok else EXIT_FAIL
 
 
+def _progress(i: int, n: int, label: str) -> None:
+    width = 24
+    done = width * i // max(n, 1)
+    sys.stderr.write(f"\r[{'#' * done}{'.' * (width - done)}] {i}/{n} {label[:60]:<60}")
+    sys.stderr.flush()
+    if i == n:
+        sys.stderr.write("\n")
+
+
+_SPEC_KEYS = {"b": "batch", "h": "heads", "hkv": "kv_heads", "s": "seq", "sq": "sq", "sk": "sk", "d": "dim",
+              "dtype": "dtype", "causal": "causal"}
+
+
+def parse_spec(spec: str) -> argparse.Namespace:
+    """A shape like ``b=8,h=32,hkv=8,sq=1,sk=65536,d=128[,causal][,dtype=fp16]`` as explain's options."""
+    ns = argparse.Namespace(batch=1, heads=16, kv_heads=None, seq=4096, sq=None, sk=None, dim=128, dtype="bf16",
+                            causal=False, mask="none")
+    for part in filter(None, spec.split(",")):
+        name, _, val = part.partition("=")
+        if name not in _SPEC_KEYS:
+            raise ValueError(f"shape {spec!r}: unknown field {name!r} (fields: {', '.join(_SPEC_KEYS)})")
+        if name == "causal":
+            ns.causal = val in ("", "1", "true", "yes")
+        elif name == "dtype":
+            if val not in ("bf16", "fp16"):
+                raise ValueError(f"shape {spec!r}: dtype must be bf16 or fp16")
+            ns.dtype = val
+        else:
+            try:
+                setattr(ns, _SPEC_KEYS[name], int(val))
+            except ValueError:
+                raise ValueError(f"shape {spec!r}: {name} must be an integer, got {val!r}") from None
+    return ns
+
+
+def _entries_json(items):
+    return [{"env": env, "gemm": k, **e.to_dict()} for env, k, e in items]
+
+
+def cmd_cache(a) -> int:
+    from .cache import CacheError, default_cache
+
+    cache = default_cache()
+    if a.cache_cmd == "list":
+        items = cache.items()
+        if a.json:
+            print(json.dumps({"path": str(cache.path), "entries": _entries_json(items)}, indent=2))
+            return EXIT_OK
+        print(f"{cache.path}: {len(items)} entries")
+        if items:
+            print(f"{'gemm':<64} {'algo':>5} {'splitk':>6} {'tuned ms':>10} {'heur ms':>10} {'gain':>6}  env")
+        for env, k, e in items:
+            gain = f"{e.heuristic_ms / e.median_ms:.2f}x" if e.heuristic_ms and e.median_ms else "-"
+            print(f"{k:<64} {e.config.algo_id:>5} {e.config.splitk:>6} {e.median_ms:>10.4f} "
+                  f"{e.heuristic_ms if e.heuristic_ms is not None else float('nan'):>10.4f} {gain:>6}  {env}")
+        return EXIT_OK
+    if a.cache_cmd == "show":
+        hits = [(env, k, e) for env, k, e in cache.items() if k == a.key]
+        if not hits:
+            print(f"attn-lt cache show: no entry for {a.key!r} in {cache.path}", file=sys.stderr)
+            return EXIT_FAIL
+        if a.json:
+            print(json.dumps(_entries_json(hits), indent=2))
+        else:
+            for env, k, e in hits:
+                print(f"gemm {k}\nenv  {env}\nwinner {e.config}\n  median {e.median_ms} ms, heuristic "
+                      f"{e.heuristic_ms} ms, workspace {e.workspace} B, tuned {e.tuned_at}")
+                for c, t in e.runners_up:
+                    print(f"  runner-up {c}: {t} ms")
+        return EXIT_OK
+    if a.cache_cmd == "clear":
+        n = len(cache.items())
+        cache.clear()
+        print(f"removed {n} entries from {cache.path}")
+        return EXIT_OK
+    if a.cache_cmd == "export":
+        n = cache.export(a.file)
+        print(f"exported {n} entries to {a.file}")
+        return EXIT_OK
+    if a.cache_cmd == "import":
+        try:
+            n = cache.import_file(a.file)
+        except (CacheError, OSError) as e:
+            print(f"attn-lt cache import: {a.file}: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        print(f"imported {n} entries into {cache.path}")
+        return EXIT_OK
+    cases = [_case(parse_spec(s)) for s in a.shapes] if a.cache_cmd == "tune" else []  # checked before GPU work
+    import torch
+
+    if not torch.cuda.is_available():
+        print(f"attn-lt cache {a.cache_cmd}: needs a CUDA GPU (none visible)", file=sys.stderr)
+        return EXIT_USAGE
+    if a.cache_cmd == "tune":
+        return _cache_tune(cases, cache)
+    return _cache_verify(a, cache)
+
+
+def _cache_tune(cases, cache) -> int:
+    import torch
+
+    from . import attention
+
+    before = len(cache.items())
+    for i, case in enumerate(cases):
+        _progress(i, len(cases), str(case))
+        dt = torch.bfloat16 if case.dtype == "bf16" else torch.float16
+        q = torch.randn(case.B, case.Hq, case.Sq, case.D, device="cuda", dtype=dt)
+        k, v = (torch.randn(case.B, case.Hkv, case.Sk, case.D, device="cuda", dtype=dt) for _ in range(2))
+        attention(q, k, v, causal=case.causal, backend="lt", algo_policy="tune")
+        del q, k, v
+    torch.cuda.synchronize()
+    _progress(len(cases), len(cases), "done")
+    cache.reload()
+    print(f"{len(cache.items()) - before} new entries; {len(cache.items())} in {cache.path}")
+    return EXIT_OK
+
+
+def _verify_entry(key, entry, device: int):
+    """(cached ms, heuristic ms) re-timed on random operands shaped like ``key``; None when refused."""
+    import torch
+
+    from .lt import algos, cublaslt
+
+    ws_limit = max(entry.workspace, 32 << 20)
+    g = cublaslt.Gemm(device, key, ws_limit)
+    algo = algos.make_algo(g, entry.config)
+    if algos.check(g, algo) is None:
+        return None
+    dt = torch.bfloat16 if key.dtype == "bf16" else torch.float16
+    a_cols = key.m if key.trans_a else key.k
+    b_cols = key.k if key.trans_b else key.n
+
+    def buf(ld, cols, stride, dtype):
+        n = stride * (key.batch - 1) + ld * cols
+        return torch.randn(n, device="cuda").to(dtype)
+
+    A = buf(key.lda, a_cols, key.stride_a, dt)
+    B = buf(key.ldb, b_cols, key.stride_b, dt)
+    C = torch.empty(key.stride_c * (key.batch - 1) + key.ldc * key.n, device="cuda",
+                    dtype=torch.float32 if key.role == "qk" else dt)
+    ws = torch.empty(ws_limit, dtype=torch.uint8, device="cuda")
+    ops = (A.data_ptr(), B.data_ptr(), C.data_ptr(), 1.0, ws.data_ptr(), ws_limit,
+           torch.cuda.current_stream().cuda_stream)
+    return algos._time(g, algo, ops, 10), algos._time(g, g.algo, ops, 10)
+
+
+def _cache_verify(a, cache) -> int:
+    from .cache import Env, parse_key
+
+    env = Env.current().key()
+    items = [(k, e) for en, k, e in cache.items() if en == env]
+    rows, bad = [], 0
+    for i, (k, e) in enumerate(items):
+        _progress(i, len(items), k)
+        try:
+            r = _verify_entry(parse_key(k), e, 0)
+        except Exception as err:  # out of memory for a huge shape, a driver error: reported, not fatal
+            rows.append({"gemm": k, "status": f"error: {type(err).__name__}: {str(err)[:80]}"})
+            bad += 1
+            continue
+        if r is None:
+            rows.append({"gemm": k, "status": "refused by cuBLASLt"})
+            bad += 1
+            continue
+        cached, heur = r
+        ok = cached <= heur * (1 + a.tolerance)
+        bad += not ok
+        rows.append({"gemm": k, "cached_ms": round(cached, 5), "heuristic_ms": round(heur, 5),
+                     "status": "ok" if ok else "stale (no longer beats the heuristic)"})
+    _progress(len(items), len(items), "done")
+    if a.json:
+        print(json.dumps({"env": env, "entries": rows, "stale": bad}, indent=2))
+    else:
+        for r in rows:
+            print(f"{r['gemm']:<64} {r.get('cached_ms', ''):>10} {r.get('heuristic_ms', ''):>10}  {r['status']}")
+        print(f"{len(rows)} entries for {env}; {bad} stale or failing")
+    return EXIT_OK if bad == 0 else EXIT_FAIL
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="attn-lt", description="attn_lt: hybrid attention for NVIDIA GPUs")
     p.add_argument("--version", action="version", version=f"attn_lt {__version__}")
@@ -160,6 +396,25 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("demo", help="run one attention call, check it against PyTorch and time both")
     _add_shape_args(s)
     s.set_defaults(fn=cmd_demo)
+    c = sub.add_parser("cache", help="the per-shape cuBLASLt algorithm cache")
+    csub = c.add_subparsers(dest="cache_cmd", required=True)
+    x = csub.add_parser("list", help="every entry")
+    x.add_argument("--json", action="store_true")
+    x = csub.add_parser("show", help="one entry, by its GEMM key")
+    x.add_argument("key")
+    x.add_argument("--json", action="store_true")
+    x = csub.add_parser("tune", help="tune every GEMM of these shapes (needs a GPU)",
+                        description="SHAPE: b=1,h=16,hkv=16,s=16384,d=128[,sq=..,sk=..][,causal][,dtype=fp16]")
+    x.add_argument("shapes", nargs="+", metavar="SHAPE")
+    csub.add_parser("clear", help="remove every entry")
+    x = csub.add_parser("export", help="write the entries to FILE")
+    x.add_argument("file")
+    x = csub.add_parser("import", help="merge the entries of FILE (validated; nothing is written if it is bad)")
+    x.add_argument("file")
+    x = csub.add_parser("verify", help="re-time this GPU's entries; exit 1 if any no longer beats the heuristic")
+    x.add_argument("--tolerance", type=float, default=0.02, help="allowed slowdown against the heuristic")
+    x.add_argument("--json", action="store_true")
+    c.set_defaults(fn=cmd_cache)
     return p
 
 

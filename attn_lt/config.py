@@ -8,6 +8,14 @@ variable                       default      meaning
 ``ATTN_LT_THRESHOLD``          4096         key length from which ``backend="auto"`` takes the long path
 ``ATTN_LT_LIB``                (package)    path of ``libattn_lt.so`` to load instead of the packaged build
 ``ATTN_LT_SOFTMAX``            auto         force a softmax kernel: ``pipe``, ``row``, ``cluster``, ``two_pass``
+``ATTN_LT_CACHE_DIR``          (user cache) directory of the algorithm cache ``algos.json``
+                                            (default ``$XDG_CACHE_HOME/attn_lt`` or ``~/.cache/attn_lt``)
+``ATTN_LT_ALGO_POLICY``        tune         ``tune`` (tune a GEMM shape on its first use when not cached),
+                                            ``cache`` (use cached algorithms, never tune), ``heuristic``
+                                            (cuBLASLt's heuristic only, no cache); argument ``algo_policy``
+``ATTN_LT_TUNE_MS``            200          time budget of tuning one GEMM shape, milliseconds
+``ATTN_LT_TUNE_CALL_MS``       1000         tuning budget of one attention call; GEMM shapes it does not reach
+                                            keep the heuristic's algorithm and are tuned by later calls
 =============================  ===========  =====================================================================
 """
 
@@ -65,3 +73,35 @@ def softmax_variant() -> str:
     if v not in SOFTMAX_VARIANTS:
         raise ValueError(f"environment variable ATTN_LT_SOFTMAX={v!r} must be one of {SOFTMAX_VARIANTS}")
     return v
+
+
+ALGO_POLICIES = ("tune", "cache", "heuristic")
+
+
+def algo_policy(override: str | None = None) -> str:
+    """How the long path picks cuBLASLt algorithms: argument, else ``ATTN_LT_ALGO_POLICY``, else "tune"."""
+    v = override if override is not None else (os.environ.get("ATTN_LT_ALGO_POLICY", "").strip() or "tune")
+    if v not in ALGO_POLICIES:
+        raise ValueError(f"algo_policy must be one of {ALGO_POLICIES}, got {v!r}")
+    return v
+
+
+def tune_ms() -> int:
+    """Time budget of tuning one GEMM shape (``ATTN_LT_TUNE_MS``, default 200)."""
+    return _env_int("ATTN_LT_TUNE_MS", 200, 1)
+
+
+def tune_call_ms() -> int:
+    """Tuning budget of one attention call (``ATTN_LT_TUNE_CALL_MS``, default 1000)."""
+    return _env_int("ATTN_LT_TUNE_CALL_MS", 1000, 0)
+
+
+def cache_dir():
+    """Directory of the algorithm cache: ``ATTN_LT_CACHE_DIR``, else the user's cache directory."""
+    from pathlib import Path
+
+    d = os.environ.get("ATTN_LT_CACHE_DIR")
+    if d:
+        return Path(d).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "attn_lt"

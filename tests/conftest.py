@@ -32,3 +32,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_algo_cache(tmp_path_factory):
+    """Tests never touch the user's algorithm cache, and use cuBLASLt's heuristic unless a test asks to tune."""
+    import os
+
+    saved = {k: os.environ.get(k) for k in ("ATTN_LT_CACHE_DIR", "ATTN_LT_ALGO_POLICY")}
+    os.environ["ATTN_LT_CACHE_DIR"] = str(tmp_path_factory.mktemp("algo_cache"))
+    os.environ["ATTN_LT_ALGO_POLICY"] = "heuristic"
+    yield
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v

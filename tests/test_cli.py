@@ -20,6 +20,7 @@ def test_info(capsys):
     code, out, _ = run(capsys, "info", "--json")
     info = json.loads(out)
     assert code == 0 and info["threshold"] == 4096 and info["workspace_budget_mib"] == 1024
+    assert info["cache"].endswith("entries)")
     assert info["native_library"].startswith("ok")
 
 
@@ -53,3 +54,68 @@ def test_demo_without_gpu_explains_and_prints_plan():
     r = subprocess.run([sys.executable, "-m", "attn_lt", "demo"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0
     assert "No CUDA GPU" in r.stdout and "plan:" in r.stdout and "B1 Hq16 Hkv16 Sq16384" in r.stdout
+
+
+# ---- attn-lt cache, on a fixture cache ---------------------------------------------------------------------------
+
+@pytest.fixture
+def fixture_cache(tmp_path, monkeypatch):
+    from attn_lt.cache import AlgoCache, AlgoConfig, Entry, Env
+    from attn_lt.lt.cublaslt import GemmKey
+
+    monkeypatch.setenv("ATTN_LT_CACHE_DIR", str(tmp_path))
+    c = AlgoCache(tmp_path / "algos.json")
+    env = Env("NVIDIA H200", "9.0", 132, 130100)
+    for n in (4, 8):
+        key = GemmKey("pv", "bf16", 128, n, 65536, 64, False, False, 128, 131072, 128, 8388608, 524288, 512, 256,
+                      256, 256)
+        c.put(env, key, Entry(AlgoConfig(21, splitk=n), 0.2, 0.3, 4096, (), "2026-11-20T23:00:00+00:00"))
+    return tmp_path
+
+
+def test_cache_list_and_show(capsys, fixture_cache):
+    code, out, _ = run(capsys, "cache", "list", "--json")
+    d = json.loads(out)
+    assert code == 0 and len(d["entries"]) == 2 and d["entries"][0]["config"]["splitk"] in (4, 8)
+    code, out, _ = run(capsys, "cache", "list")
+    assert code == 0 and "2 entries" in out and "1.50x" in out
+    key = d["entries"][0]["gemm"]
+    code, out, _ = run(capsys, "cache", "show", key)
+    assert code == 0 and "winner algo 21" in out
+    code, out, _ = run(capsys, "cache", "show", key, "--json")
+    assert json.loads(out)[0]["gemm"] == key
+    code, _, err = run(capsys, "cache", "show", "qk|nope")
+    assert code == 1 and "no entry" in err
+
+
+def test_cache_export_import_clear(capsys, fixture_cache):
+    dest = fixture_cache / "exported.json"
+    assert run(capsys, "cache", "export", str(dest))[0] == 0
+    assert run(capsys, "cache", "clear")[0] == 0
+    assert "0 entries" in run(capsys, "cache", "list")[1]
+    code, out, _ = run(capsys, "cache", "import", str(dest))
+    assert code == 0 and "imported 2" in out
+    bad = fixture_cache / "bad.json"
+    bad.write_text('{"schema": "attn_lt.algo_cache", "version": 99, "entries": {}}')
+    code, _, err = run(capsys, "cache", "import", str(bad))
+    assert code == 2 and "version 99" in err
+
+
+def test_cache_tune_checks_shapes_before_needing_a_gpu(capsys, fixture_cache):
+    code, _, err = run(capsys, "cache", "tune", "b=1,h=x")
+    assert code == 2 and "must be an integer" in err
+    code, _, err = run(capsys, "cache", "tune", "b=1,bogus=3")
+    assert code == 2 and "unknown field" in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
+@pytest.mark.parametrize("cmd", [["tune", "b=1,h=2,s=4096,d=64"], ["verify"]])
+def test_cache_gpu_commands_without_gpu_exit_2(capsys, fixture_cache, cmd):
+    code, _, err = run(capsys, "cache", *cmd)
+    assert code == 2 and "needs a CUDA GPU" in err
+
+
+def test_explain_shows_each_gemm(capsys, fixture_cache):
+    code, out, _ = run(capsys, "explain", "--json", "-s", "8192")
+    d = json.loads(out)
+    assert code == 0 and {g["gemm"].split("|")[0] for g in d["gemms"]} == {"qk", "pv"}

@@ -14,7 +14,6 @@ import argparse
 import csv
 import datetime
 import json
-import math
 import os
 import sys
 import time

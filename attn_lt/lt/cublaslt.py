@@ -132,9 +132,10 @@ class Gemm:
         self.algo = np.zeros(1, dtype=L.matmul_algo_dtype)
         self.workspace_size = 0
         self.algo_source = "none"
-        from . import algos  # the seam where the algorithm is chosen (heuristic, tuned, cached)
+        self.resolved = False  # set by algos.resolve once the policy (cache, tuning) has been applied
+        from . import algos
 
-        algos.choose(self, workspace_limit)
+        algos.heuristic_choice(self, workspace_limit)
         self._beta = np.zeros(1, dtype=np.float32)
 
     def _layout(self, dtype: str, rows: int, cols: int, ld: int, stride: int) -> int:
@@ -166,12 +167,14 @@ class Gemm:
             L.matmul_preference_destroy(pref)
         return results[: int(returned[0])]
 
-    def run(self, a: int, b: int, c: int, alpha: float, workspace: int, workspace_size: int, stream: int) -> None:
-        """D = C = alpha * op(A) @ op(B) on ``stream``; pointers are device addresses."""
+    def run(self, a: int, b: int, c: int, alpha: float, workspace: int, workspace_size: int, stream: int,
+            algo: np.ndarray | None = None) -> None:
+        """D = C = alpha * op(A) @ op(B) on ``stream`` (pointers are device addresses), with the chosen
+        algorithm or ``algo``."""
         al = np.array([alpha], dtype=np.float32)
         _call(f"cublasLtMatmul ({self.key})", _lt().matmul, self.handle, self.desc, al.ctypes.data, a, self.a, b,
-              self.b, self._beta.ctypes.data, c, self.c, c, self.c, self.algo.ctypes.data, workspace,
-              workspace_size, stream)
+              self.b, self._beta.ctypes.data, c, self.c, c, self.c, (self.algo if algo is None else algo).ctypes.data,
+              workspace, workspace_size, stream)
 
 
 def _destroy_all(items) -> None:
@@ -183,8 +186,9 @@ def _destroy_all(items) -> None:
 
 
 @functools.lru_cache(maxsize=1024)
-def gemm(device: int, key: GemmKey, workspace_limit: int) -> Gemm:
-    """The :class:`Gemm` for ``key`` on ``device``, built once and reused (plan once, execute many)."""
+def gemm(device: int, key: GemmKey, workspace_limit: int, policy: str = "heuristic") -> Gemm:
+    """The :class:`Gemm` for ``key`` on ``device`` under an algorithm ``policy``, built once and reused (plan
+    once, execute many); its algorithm is the heuristic's until ``algos.resolve`` applies the policy."""
     g = Gemm(device, key, workspace_limit)
     log.debug("new GEMM %s: algorithm from %s, workspace %d B", key, g.algo_source, g.workspace_size)
     return g

@@ -3,12 +3,14 @@ softmax (P in place, LSE), and P@V into the output, all on the caller's current 
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from .. import config, native
 from ..plan import Chunk, ChunkLayout, Plan, chunk_layout
 from ..validate import Case
-from . import cublaslt
+from . import algos, cublaslt
 from .cublaslt import GemmKey, alignment
 
 _ESIZE = 2  # bytes per fp16/bf16 element
@@ -38,11 +40,15 @@ def _zero_masked_chunk(case: Case, c: Chunk, out: torch.Tensor, lse: torch.Tenso
         lse[b, heads, c.s0:c.s1] = float("-inf")
 
 
-def run(case: Case, plan: Plan, q, k, v, mask, out: torch.Tensor, lse: torch.Tensor) -> None:
+def run(case: Case, plan: Plan, q, k, v, mask, out: torch.Tensor, lse: torch.Tensor,
+        policy: str = "heuristic") -> None:
     """Run ``plan`` for tensors q, k, v (and the user mask, already expanded to (B, Hq, Sq, Sk) or None),
-    writing ``out`` (contiguous (B, Hq, Sq, D)) and ``lse`` (contiguous FP32 (B, Hq, Sq))."""
+    writing ``out`` (contiguous (B, Hq, Sq, D)) and ``lse`` (contiguous FP32 (B, Hq, Sq)); ``policy`` is the
+    algorithm policy (see lt/algos.py). A GEMM met for the first time is resolved (cache, tuning) on its own
+    operands before it runs."""
     device = q.device.index
     stream = torch.cuda.current_stream(q.device).cuda_stream
+    deadline = time.perf_counter() + config.tune_call_ms() / 1e3
     ws = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=q.device)
     gemm_ws, scores = ws.data_ptr(), ws.data_ptr() + plan.gemm_workspace
     qp, kp, vp, op = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
@@ -65,12 +71,18 @@ def run(case: Case, plan: Plan, q, k, v, mask, out: torch.Tensor, lse: torch.Ten
         ptrs = (qp + lay.q.offset * _ESIZE, kp + lay.k.offset * _ESIZE, vp + lay.v.offset * _ESIZE,
                 op + lay.o.offset * _ESIZE, scores)
         qk_key, pv_key = gemm_keys(case, lay, ptrs)
-        qk = cublaslt.gemm(device, qk_key, plan.gemm_workspace)
-        pv = cublaslt.gemm(device, pv_key, plan.gemm_workspace)
-        qk.run(ptrs[1], ptrs[0], scores, case.scale, gemm_ws, plan.gemm_workspace, stream)
+        qk = cublaslt.gemm(device, qk_key, plan.gemm_workspace, policy)
+        qk_ops = (ptrs[1], ptrs[0], scores, case.scale, gemm_ws, plan.gemm_workspace, stream)
+        if not qk.resolved:
+            algos.resolve(qk, policy, plan.gemm_workspace, qk_ops, deadline)
+        qk.run(*qk_ops)
         args.rows, args.cols, args.batch = lay.s.rows, lay.s.cols, lay.s.batch
         args.ld_s, args.bs_s = lay.s.row_stride, lay.s.batch_stride
         args.ld_p, args.bs_p = 2 * lay.s.row_stride, 2 * lay.s.batch_stride
         args.row0, args.gi0, args.e0 = lay.row0, lay.gi0, c.e0
         native.softmax(args, stream)
-        pv.run(ptrs[2], scores, ptrs[3], 1.0, gemm_ws, plan.gemm_workspace, stream)
+        pv = cublaslt.gemm(device, pv_key, plan.gemm_workspace, policy)
+        pv_ops = (ptrs[2], scores, ptrs[3], 1.0, gemm_ws, plan.gemm_workspace, stream)
+        if not pv.resolved:  # tuned on the real P, which the next line overwrites with the same result
+            algos.resolve(pv, policy, plan.gemm_workspace, pv_ops, deadline)
+        pv.run(*pv_ops)

@@ -1,0 +1,103 @@
+"""Algorithm selection on the GPU: candidates, tuning, the cache policies, refused cached algorithms."""
+
+import logging
+
+import pytest
+import torch
+
+import attn_lt
+from attn_lt.cache import AlgoConfig, Entry, Env, default_cache
+from attn_lt.lt import algos, cublaslt
+from attn_lt.testing import reference, rel_error, sdpa, tolerance
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture
+def fresh(tmp_path, monkeypatch):
+    """An empty cache directory and no GEMM objects resolved in this process."""
+    monkeypatch.setenv("ATTN_LT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("ATTN_LT_TUNE_MS", "60")
+    monkeypatch.setenv("ATTN_LT_TUNE_CALL_MS", "100000")
+    cublaslt.gemm.cache_clear()
+    yield default_cache()
+    cublaslt.gemm.cache_clear()
+
+
+def decode_qkv(Sk=65536, Hkv=8):
+    q = torch.randn(2, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(2, Hkv, Sk, 128, device="cuda", dtype=torch.bfloat16)
+    return q, k, torch.randn_like(k)
+
+
+def check_correct(q, k, v, o):
+    ref, _ = reference(q, k, v)
+    assert rel_error(o, ref) <= tolerance(rel_error(sdpa(q, k, v), ref))
+
+
+def pv_gemm(q, k, v):
+    """The P@V GEMM of the first chunk of attention(q, k, v), as the long path builds it."""
+    from attn_lt.lt.path import gemm_keys
+    from attn_lt.plan import chunk_layout
+
+    e = attn_lt.explain(q, k, v)
+    c = e.plan.chunks[0]
+    lay = chunk_layout(e.case, e.plan, c)
+    out = torch.empty(q.shape, dtype=q.dtype, device="cuda")
+    ptrs = (q.data_ptr() + 2 * lay.q.offset, k.data_ptr() + 2 * lay.k.offset, v.data_ptr() + 2 * lay.v.offset,
+            out.data_ptr() + 2 * lay.o.offset, 1 << 40)
+    return cublaslt.gemm(q.device.index, gemm_keys(e.case, lay, ptrs)[1], e.plan.gemm_workspace)
+
+
+def test_candidates_include_split_k_and_heuristic_first(fresh):
+    q, k, v = decode_qkv()
+    pv = pv_gemm(q, k, v)
+    cands = algos.candidates(pv, 32 << 20)
+    assert len(cands) >= 2
+    assert cands[0][0] == algos.read_config(pv.algo)  # the heuristic's top-1 first
+    assert any(c.splitk > 1 for c, _, _ in cands), "a K=65536, n=4 GEMM must be offered split-K"
+    assert all(ws <= 32 << 20 for _, _, ws in cands)
+
+
+@pytest.mark.parametrize("shape", ["decode", "prefill"])
+def test_tuning_stores_valid_winners_that_compute_correctly(fresh, shape):
+    if shape == "decode":
+        q, k, v = decode_qkv()
+    else:
+        q, k, v = (torch.randn(1, 4, 4097, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    o = attn_lt.attention(q, k, v, algo_policy="tune")
+    check_correct(q, k, v, o)
+    items = fresh.items()
+    assert {key.split("|")[0] for _, key, _ in items} == {"qk", "pv"}
+    env = Env.current().key()
+    for e, _, entry in items:
+        assert e == env and entry.median_ms <= entry.heuristic_ms * 1.0001
+    # a new process (simulated: GEMM objects dropped) uses the cache without tuning
+    cublaslt.gemm.cache_clear()
+    before = dict(algos.stats)
+    o2 = attn_lt.attention(q, k, v, algo_policy="cache")
+    assert algos.stats["tuned"] == before["tuned"] and algos.stats["cache"] >= before["cache"] + 2
+    check_correct(q, k, v, o2)
+
+
+def test_refused_cached_algorithm_is_reported_and_replaced(fresh, caplog):
+    q, k, v = decode_qkv(Sk=8192)
+    attn_lt.attention(q, k, v, algo_policy="tune")
+    for env, key, _ in fresh.items():  # poison every entry with an algorithm id cuBLASLt does not have
+        from attn_lt.cache import parse_key
+
+        fresh.put(Env.parse(env), parse_key(key), Entry(AlgoConfig(99999, splitk=3), 0.001, 0.002, 0, (), ""))
+    cublaslt.gemm.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="attn_lt"):
+        o = attn_lt.attention(q, k, v, algo_policy="cache")
+    assert any("refuses the cached algorithm" in r.getMessage() for r in caplog.records)
+    check_correct(q, k, v, o)
+
+
+def test_call_budget_defers_tuning(fresh, monkeypatch):
+    monkeypatch.setenv("ATTN_LT_TUNE_CALL_MS", "0")
+    q, k, v = decode_qkv(Sk=8192)
+    before = algos.stats["deferred"]
+    o = attn_lt.attention(q, k, v, algo_policy="tune")
+    assert algos.stats["deferred"] > before and fresh.items() == []
+    check_correct(q, k, v, o)
