@@ -28,16 +28,19 @@ from attn_lt.testing import sdpa, time_ms  # noqa: E402
 SDPA = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
         "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
 
-# name: (B, H, S, D, causal, mask, providers)
+# name: (B, Hq, Hkv, Sq, Sk, D, causal, mask, providers)
 ROWS = {
-    "d128": (1, 16, 16384, 128, False, None, ["lt", "naive", "cudnn", "efficient"]),
-    "d64": (1, 32, 16384, 64, False, None, ["lt", "naive", "cudnn", "efficient"]),
-    "s32k": (1, 32, 32768, 128, False, None, ["lt", "cudnn"]),
-    "s32k-causal": (1, 32, 32768, 128, True, None, ["lt", "cudnn"]),
-    "d512": (1, 4, 16384, 512, False, None, ["lt", "efficient", "math"]),
-    "mask": (1, 16, 16384, 128, False, "float", ["lt", "efficient", "cudnn"]),
-    "s128k-causal": (1, 32, 131072, 128, True, None, ["lt", "cudnn"]),
+    "d128": (1, 16, 16, 16384, 16384, 128, False, None, ["lt", "naive", "cudnn", "efficient"]),
+    "d64": (1, 32, 32, 16384, 16384, 64, False, None, ["lt", "naive", "cudnn", "efficient"]),
+    "s32k": (1, 32, 32, 32768, 32768, 128, False, None, ["lt", "cudnn"]),
+    "s32k-causal": (1, 32, 32, 32768, 32768, 128, True, None, ["lt", "cudnn"]),
+    "d512": (1, 4, 4, 16384, 16384, 512, False, None, ["lt", "efficient", "math"]),
+    "mask": (1, 16, 16, 16384, 16384, 128, False, "float", ["lt", "efficient", "cudnn"]),
+    "s128k-causal": (1, 32, 32, 131072, 131072, 128, True, None, ["lt", "cudnn"]),
 }
+for _sk in (8192, 65536, 131072):
+    for _hkv, _tag in ((32, "mha"), (8, "gqa")):
+        ROWS[f"dec-{_tag}-{_sk // 1024}k"] = (8, 32, _hkv, 1, _sk, 128, False, None, ["lt", "lt-heur", "cudnn"])
 
 
 def naive(q, k, v, mask=None, causal=False):
@@ -57,9 +60,10 @@ def naive(q, k, v, mask=None, causal=False):
 
 
 def call(provider, q, k, v, mask, causal, budget):
-    if provider == "lt":
+    if provider in ("lt", "lt-heur"):
+        policy = "heuristic" if provider == "lt-heur" else None
         return lambda: attn_lt.attention(q, k, v, attn_mask=mask, causal=causal, backend="lt",
-                                         workspace_bytes=budget)
+                                         workspace_bytes=budget, algo_policy=policy)
     if provider == "naive":
         return lambda: naive(q, k, v, mask, causal)
     return lambda: sdpa(q, k, v, mask, causal, backend=SDPA[provider])
@@ -97,6 +101,52 @@ def kernel_breakdown(fn) -> dict:
     return {k: round(v, 3) for k, v in sorted(fam.items(), key=lambda x: -x[1])}
 
 
+def chosen_algorithms(q, k, v, mask, causal) -> list:
+    """For the GEMMs of this case: cached winner's split-K, tuned and heuristic ms (from the cache)."""
+    from attn_lt.cache import Env, default_cache, key_string
+    from attn_lt.cli import _plan_gemms
+
+    e = attn_lt.explain(q, k, v, attn_mask=mask, causal=causal, backend="lt")
+    env = Env.current()
+    out = []
+    for key in _plan_gemms(e.case, e.plan)[:4]:
+        hit = default_cache().get(env, key)
+        out.append({"gemm": key_string(key), "splitk": hit.config.splitk if hit else None,
+                    "tuned_ms": hit.median_ms if hit else None, "heuristic_ms": hit.heuristic_ms if hit else None})
+    return out
+
+
+def host_cost() -> dict:
+    """Host microseconds of (a) the per-call lookup of a resolved GEMM and (b) a GEMM's first use in a process
+    when the cache has it (descriptors, heuristic fallback, cache lookup, algorithm check)."""
+    from attn_lt.cache import Env, default_cache, parse_key
+    from attn_lt.lt import algos, cublaslt
+
+    env = Env.current().key()
+    keys = [parse_key(k) for e, k, _ in default_cache().items() if e == env]
+    if not keys:
+        return {}
+    key, ws = keys[0], 32 << 20
+    g = cublaslt.gemm(0, key, ws, "cache")
+    algos.resolve(g, "cache", ws, None)
+    n = 20000
+    t0 = time.perf_counter()
+    for _ in range(n):
+        g = cublaslt.gemm(0, key, ws, "cache")
+        if not g.resolved:
+            raise RuntimeError("unresolved")
+    hit_us = (time.perf_counter() - t0) / n * 1e6
+    firsts = []
+    for _ in range(20):
+        cublaslt.gemm.cache_clear()
+        t0 = time.perf_counter()
+        g = cublaslt.gemm(0, key, ws, "cache")
+        algos.resolve(g, "cache", ws, None)
+        firsts.append((time.perf_counter() - t0) * 1e6)
+    return {"resolved_lookup_us": round(hit_us, 2), "first_use_with_cache_hit_us": round(sorted(firsts)[10], 1),
+            "source": g.algo_source}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default=",".join(ROWS), help="comma-separated rows: " + ", ".join(ROWS))
@@ -115,24 +165,32 @@ def main(argv=None) -> int:
     jobs += [("d128", int(b) << 20) for b in a.budgets_mib.split(",") if b]
     jobs += [(r, v) for v in a.softmax_variants.split(",") if v for r in a.rows.split(",") if r]
     for name, budget in jobs:
-        B, H, S, D, causal, mask_kind, providers = ROWS[name]
+        B, H, Hkv, Sq, Sk, D, causal, mask_kind, providers = ROWS[name]
         variant = budget if isinstance(budget, str) else None
         os.environ["ATTN_LT_SOFTMAX"] = variant or "auto"
         budget = None if variant else budget
         if budget is not None or variant:
             providers = ["lt"]
         dt = torch.bfloat16
-        q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=dt) for _ in range(3))
-        mask = torch.randn(1, 1, S, S, device="cuda", dtype=dt) if mask_kind == "float" else None
-        flops = 4 * B * H * S * S * D * (0.5 if causal else 1.0)
+        q = torch.randn(B, H, Sq, D, device="cuda", dtype=dt)
+        k, v = (torch.randn(B, Hkv, Sk, D, device="cuda", dtype=dt) for _ in range(2))
+        mask = torch.randn(1, 1, Sq, Sk, device="cuda", dtype=dt) if mask_kind == "float" else None
+        flops = 4 * B * H * Sq * Sk * D * (0.5 if causal else 1.0)
+        kv_bytes = 2 * B * Hkv * Sk * D * 2
         tag = f"@{budget >> 20}MiB" if budget else (f"/{variant}" if variant else "")
-        row = {"row": name + tag, "B": B, "H": H, "S": S, "D": D,
+        row = {"row": name + tag, "B": B, "H": H, "Hkv": Hkv, "Sq": Sq, "S": Sk, "D": D,
                "causal": causal, "mask": mask_kind}
         for p in providers:
             t0 = time.time()
             try:
-                ms, peak = measure(call(p, q, k, v, mask, causal, budget), slow=S >= 131072)
-                row[p] = {"ms": round(ms, 4), "tflops": round(flops / ms / 1e9, 1), "peak_mib": round(peak)}
+                fn = call(p, q, k, v, mask, causal, budget)
+                if p == "lt":  # tune every GEMM shape of the case before timing (the cache keeps them)
+                    os.environ["ATTN_LT_TUNE_CALL_MS"] = "60000"
+                    fn()
+                    os.environ.pop("ATTN_LT_TUNE_CALL_MS")
+                ms, peak = measure(fn, slow=Sk >= 131072 and Sq > 1)
+                row[p] = {"ms": round(ms, 4), "tflops": round(flops / ms / 1e9, 1), "peak_mib": round(peak),
+                          "kv_tbs": round(kv_bytes / ms / 1e9, 2)}
             except Exception as e:  # a provider that cannot run the case is reported, not dropped
                 row[p] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:100]}"}
             print(f"  {row['row']:<18} {p:<10} {row[p]} ({time.time() - t0:.1f}s)", flush=True)
@@ -140,15 +198,18 @@ def main(argv=None) -> int:
         if a.breakdown and budget is None and not variant:
             row["lt_kernels_ms"] = kernel_breakdown(call("lt", q, k, v, mask, causal, None))
             print(f"  {row['row']:<18} kernels    {row['lt_kernels_ms']}", flush=True)
+        if "lt" in providers and budget is None and not variant:
+            row["lt_gemms"] = chosen_algorithms(q, k, v, mask, causal)
         results.append(row)
         del q, k, v, mask
         torch.cuda.empty_cache()
-    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    hc = host_cost()
+    meta = {"host_cost": hc, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
             "cudnn": torch.backends.cudnn.version(), "attn_lt": attn_lt.__version__}
     with open(os.path.join(a.out, "long_context.json"), "w") as f:
         json.dump({"meta": meta, "rows": results}, f, indent=1)
-    provs = ["lt", "naive", "cudnn", "efficient", "math"]
+    provs = ["lt", "lt-heur", "naive", "cudnn", "efficient", "math"]
     with open(os.path.join(a.out, "long_context.csv"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["row", "B", "H", "S", "D", "causal", "mask"] + [f"{p}_{m}" for p in provs
@@ -169,6 +230,19 @@ def main(argv=None) -> int:
     lt = {r["row"]: r["lt"] for r in results if "ms" in r.get("lt", {})}
     if "s32k" in lt and "s32k-causal" in lt:
         print(f"causal speed-up at S=32k: {lt['s32k']['ms'] / lt['s32k-causal']['ms']:.2f}x")
+    dec = [r for r in results if r["row"].startswith("dec-")]
+    if dec:
+        print("\ndecode (B8 Hq32 Sq1 D128): K/V read TB/s and ratio to SDPA cuDNN; split-K (qk, pv) chosen")
+        for r in dec:
+            lt, hr, cd = r.get("lt", {}), r.get("lt-heur", {}), r.get("cudnn", {})
+            sk = [g["splitk"] for g in r.get("lt_gemms", [])]
+            ratio = f"{cd['ms'] / lt['ms']:.2f}x" if "ms" in lt and "ms" in cd else "n/a"
+            print(f"{r['row']:<14} lt {lt.get('ms', 'n/a')} ms {lt.get('kv_tbs', 'n/a')} TB/s | heuristic "
+                  f"{hr.get('ms', 'n/a')} ms | cudnn {cd.get('ms', 'n/a')} ms {cd.get('kv_tbs', 'n/a')} TB/s | "
+                  f"lt/cudnn {ratio} | split-K {sk}")
+    if hc:
+        print(f"host cost: resolved GEMM lookup {hc['resolved_lookup_us']} us a GEMM; first use with a cache hit "
+              f"{hc['first_use_with_cache_hit_us']} us")
     for r in results:
         if r["row"] == "s128k-causal":
             print("S=128k causal peak MiB: " + ", ".join(f"{p} {r[p].get('peak_mib', 'n/a')}" for p in r
