@@ -102,16 +102,15 @@ def candidates(gemm, workspace_limit: int) -> list[tuple[AlgoConfig, np.ndarray,
         a[0] = h["algo"]
         bases.append(read_config(a))
     k = gemm.key
-    ids = np.zeros(MAX_ALGO_IDS, dtype=np.int32)
-    count = np.zeros(1, dtype=np.int32)
-    try:
-        L.matmul_algo_get_ids(gemm.handle, int(cublas.ComputeType.COMPUTE_32F), _CUDA_R_32F, _DTYPE[k.dtype],
-                              _DTYPE[k.dtype], _DTYPE[k.out_dtype], _DTYPE[k.out_dtype], MAX_ALGO_IDS,
-                              ids.ctypes.data, count.ctypes.data)
+    ids: tuple = ()
+    try:  # nvmath returns the ids as a tuple
+        ids = L.matmul_algo_get_ids(gemm.handle, int(cublas.ComputeType.COMPUTE_32F), _CUDA_R_32F,
+                                    _DTYPE[k.dtype], _DTYPE[k.dtype], _DTYPE[k.out_dtype], _DTYPE[k.out_dtype],
+                                    MAX_ALGO_IDS)
     except L.cuBLASLtError as e:
         log.debug("cublasLtMatmulAlgoGetIds failed for %s: %s", k, e)
     known = {b.algo_id for b in bases}
-    for i in ids[: int(count[0])]:
+    for i in ids:
         if int(i) not in known:
             try:
                 bases.append(read_config(make_algo(gemm, AlgoConfig(int(i)))))
