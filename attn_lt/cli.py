@@ -294,6 +294,11 @@ def cmd_cache(a) -> int:
     if not torch.cuda.is_available():
         print(f"attn-lt cache {a.cache_cmd}: needs a CUDA GPU (none visible)", file=sys.stderr)
         return EXIT_USAGE
+    try:
+        from nvmath.bindings import cublasLt  # noqa: F401
+    except ImportError as e:
+        print(f"attn-lt cache {a.cache_cmd}: needs nvmath-python ({e})", file=sys.stderr)
+        return EXIT_USAGE
     if a.cache_cmd == "tune":
         return _cache_tune(cases, cache)
     return _cache_verify(a, cache)
