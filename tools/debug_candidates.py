@@ -2,7 +2,7 @@
 """Diagnostics: what cuBLASLt offers for one GEMM of a case (heuristic configs, capabilities, split-K checks)."""
 import sys
 
-import numpy as np
+
 import torch
 
 sys.path.insert(0, ".")
@@ -21,23 +21,10 @@ for key in gemm_keys(e.case, lay, ptrs):
     print("==", key)
     L = cublaslt._lt()
     C = L.MatmulAlgoCapAttribute
-    for h in g.heuristic(32 << 20, 8):
-        a = np.zeros(1, dtype=L.matmul_algo_dtype)
-        a[0] = h["algo"]
-        cfg = algos.read_config(a)
-        print("  heur", cfg, "ws", int(h["workspace_size"]), "splitk_cap", algos._cap(a, C.SPLITK_SUPPORT),
-              "red_mask", algos._cap(a, C.REDUCTION_SCHEME_MASK))
-        for s in (2, 8):
-            for r in (1, 2, 4):
-                import dataclasses
-                c2 = dataclasses.replace(cfg, splitk=s, reduction=r)
-                try:
-                    al = algos.make_algo(g, c2)
-                    L.matmul_algo_check(g.handle, g.desc, g.a, g.b, g.c, g.c, al.ctypes.data,
-                                        np.zeros(1, dtype=L.matmul_heuristic_result_dtype).ctypes.data)
-                    print("     ok", s, r)
-                except Exception as ex:
-                    print("     no", s, r, str(ex)[:80])
+    cands = algos.candidates(g, 32 << 20)
     print("  ids", L.matmul_algo_get_ids(g.handle, 68, 0, 14, 14, 0 if key.role == "qk" else 14,
-                                        0 if key.role == "qk" else 14, 16))
-    print("  candidates", [(c.algo_id, c.splitk, c.reduction) for c, _, _ in algos.candidates(g, 32 << 20)])
+                                        0 if key.role == "qk" else 14, 24))
+    print("  explicit configs of id 21:", algos._explicit_configs(g, 21) if 21 in L.matmul_algo_get_ids(
+        g.handle, 68, 0, 14, 14, 0 if key.role == "qk" else 14, 0 if key.role == "qk" else 14, 24) else "-")
+    print("  %d candidates:" % len(cands), [(c.algo_id, c.tile, c.stages, c.splitk, c.reduction) for c, _, _ in cands])
+    print("  with split-K:", sum(c.splitk > 1 for c, _, _ in cands))

@@ -3,10 +3,13 @@
 Policy (``config.algo_policy``): ``tune`` looks the GEMM up in the cache and, on a miss, searches and stores the
 winner; ``cache`` uses cached winners and never tunes; ``heuristic`` uses cuBLASLt's top-1 only.
 
-The search: candidate configurations are cuBLASLt's heuristic top results plus one default configuration of each
-algorithm id from ``matmul_algo_get_ids``; each is varied over split-K in {1, 2, 4, ..., 64} (where its
-capabilities allow) times every reduction scheme in its mask; every configuration is validated by
-``matmul_algo_check`` within the workspace budget (at most ``MAX_CANDIDATES``). Candidates are timed with CUDA events
+The search: candidate configurations are cuBLASLt's heuristic top results plus, for each algorithm id from
+``matmul_algo_get_ids``, explicit configurations from its capabilities (the ``TILES_PER_ALGO`` tiles of ``TILE_IDS``
+that pad the GEMM's m x n least, times the last ``STAGES_PER_ALGO`` of ``STAGES_IDS``); each is varied over split-K
+in {1, 2, 4, ..., 64} (where ``SPLITK_SUPPORT`` allows) times every scheme of ``REDUCTION_SCHEME_MASK``; every
+configuration is validated by ``matmul_algo_check`` within the workspace budget (at most ``MAX_CANDIDATES``: the
+heuristic's first, then the split-K variants, then the rest). On Hopper the heuristic's algorithm (id 66) takes no
+split-K configuration at all, so split-K comes from the older algorithm ids. Candidates are timed with CUDA events
 on the call's own operands (real data) in random order, the heuristic's choice first, until the time budget
 (``ATTN_LT_TUNE_MS``) runs out; the winner must beat the heuristic, else the heuristic's choice is kept.
 """
@@ -27,9 +30,11 @@ from .cublaslt import _CUDA_R_32F, _DTYPE, CublasLtError, _call, _lt
 log = logging.getLogger("attn_lt")
 
 SPLITS = (1, 2, 4, 8, 16, 32, 64)
-MAX_CANDIDATES = 48
+MAX_CANDIDATES = 64
 HEURISTIC_TOP = 8
-MAX_ALGO_IDS = 16
+MAX_ALGO_IDS = 24
+TILES_PER_ALGO = 2
+STAGES_PER_ALGO = 2
 _CONFIG_FIELDS = ("algo_id", "tile", "stages", "splitk", "reduction", "swizzle", "custom", "cluster", "inner")
 
 
@@ -91,6 +96,44 @@ def _cap(algo: np.ndarray, attr) -> int:
     return int(buf[0])
 
 
+def _cap_list(algo: np.ndarray, attr) -> list[int]:
+    """A variable-length capability (TILE_IDS, STAGES_IDS): size first, then the values."""
+    L = _lt()
+    written = np.zeros(1, dtype=np.uint64)
+    L.matmul_algo_cap_get_attribute(algo.ctypes.data, int(attr), 0, 0, written.ctypes.data)
+    n = int(written[0]) // 4
+    if n == 0:
+        return []
+    buf = np.zeros(n, dtype=np.uint32)
+    L.matmul_algo_cap_get_attribute(algo.ctypes.data, int(attr), buf.ctypes.data, buf.nbytes, written.ctypes.data)
+    return [int(x) for x in buf]
+
+
+def _tile_waste(tile: int, m: int, n: int) -> tuple[float, int]:
+    """(padding factor, -area) of covering m x n with this tile; unknown tiles last."""
+    import re
+
+    try:
+        name = _lt().MatmulTile(tile).name
+    except ValueError:
+        return (float("inf"), 0)
+    mt = re.search(r"(\d+)x(\d+)", name)
+    if not mt:
+        return (float("inf"), 0)
+    tm, tn = int(mt.group(1)), int(mt.group(2))
+    return (-(-m // tm) * tm * -(-n // tn) * tn / (m * n), -tm * tn)
+
+
+def _explicit_configs(gemm, algo_id: int) -> list[AlgoConfig]:
+    """Configurations of one algorithm id built from its tile and stage capabilities."""
+    C = _lt().MatmulAlgoCapAttribute
+    probe = make_algo(gemm, AlgoConfig(algo_id))
+    tiles = sorted((t for t in _cap_list(probe, C.TILE_IDS) if t), key=lambda t: _tile_waste(t, gemm.key.m,
+                                                                                             gemm.key.n))
+    stages = [s for s in _cap_list(probe, C.STAGES_IDS) if s][-STAGES_PER_ALGO:] or [0]
+    return [AlgoConfig(algo_id, tile=t, stages=st) for t in (tiles[:TILES_PER_ALGO] or [0]) for st in stages]
+
+
 def candidates(gemm, workspace_limit: int) -> list[tuple[AlgoConfig, np.ndarray, int]]:
     """Valid (config, algo, workspace) candidates, the heuristic's top-1 first."""
     L = _lt()
@@ -109,36 +152,39 @@ def candidates(gemm, workspace_limit: int) -> list[tuple[AlgoConfig, np.ndarray,
                                     MAX_ALGO_IDS)
     except L.cuBLASLtError as e:
         log.debug("cublasLtMatmulAlgoGetIds failed for %s: %s", k, e)
+    n_heuristic = len(bases)
     known = {b.algo_id for b in bases}
     for i in ids:
         if int(i) not in known:
             try:
-                bases.append(read_config(make_algo(gemm, AlgoConfig(int(i)))))
+                bases += _explicit_configs(gemm, int(i))
             except CublasLtError:
                 pass
     C = L.MatmulAlgoCapAttribute
-    out: list[tuple[AlgoConfig, np.ndarray, int]] = []
-    seen: set[AlgoConfig] = set()
+    split_variants: list[AlgoConfig] = []
     for base in bases:
         try:
             probe = make_algo(gemm, dataclasses.replace(base, splitk=1, reduction=0))
         except CublasLtError:
             continue
-        splitk_ok = _cap(probe, C.SPLITK_SUPPORT)
-        schemes = [r for r in (1, 2, 4) if _cap(probe, C.REDUCTION_SCHEME_MASK) & r] or [0]
-        variants = [base] + ([dataclasses.replace(base, splitk=s, reduction=r) for s in SPLITS if s > 1
-                              for r in schemes] if splitk_ok else [])
-        for cfg in variants:
-            if cfg in seen or len(out) >= MAX_CANDIDATES:
-                continue
-            seen.add(cfg)
-            try:
-                algo = make_algo(gemm, cfg)
-            except CublasLtError:
-                continue
-            ws = check(gemm, algo)
-            if ws is not None and ws <= workspace_limit:
-                out.append((cfg, algo, ws))
+        if _cap(probe, C.SPLITK_SUPPORT) and gemm.key.k >= 1024:
+            schemes = [r for r in (1, 2, 4) if _cap(probe, C.REDUCTION_SCHEME_MASK) & r] or [0]
+            split_variants += [dataclasses.replace(base, splitk=s, reduction=r) for s in SPLITS if s > 1
+                               for r in schemes if gemm.key.k // s >= 256]
+    ordered = bases[:n_heuristic] + split_variants + bases[n_heuristic:]
+    out: list[tuple[AlgoConfig, np.ndarray, int]] = []
+    seen: set[AlgoConfig] = set()
+    for cfg in ordered:
+        if cfg in seen or len(out) >= MAX_CANDIDATES:
+            continue
+        seen.add(cfg)
+        try:
+            algo = make_algo(gemm, cfg)
+        except CublasLtError:
+            continue
+        ws = check(gemm, algo)
+        if ws is not None and ws <= workspace_limit:
+            out.append((cfg, algo, ws))
     return out
 
 
