@@ -7,7 +7,7 @@ variable                       default      meaning
                                             workspace), MiB; the ``workspace_bytes`` argument overrides it
 ``ATTN_LT_THRESHOLD``          4096         key length from which ``backend="auto"`` takes the long path
 ``ATTN_LT_LIB``                (package)    path of ``libattn_lt.so`` to load instead of the packaged build
-``ATTN_LT_SOFTMAX``            auto         force a softmax kernel: ``pipe``, ``row``, ``cluster``, ``two_pass``
+``ATTN_LT_SOFTMAX``            auto         force a softmax kernel: ``pipe``, ``row``, ``two_pass``
 ``ATTN_LT_CACHE_DIR``          (user cache) directory of the algorithm cache ``algos.json``
                                             (default ``$XDG_CACHE_HOME/attn_lt`` or ``~/.cache/attn_lt``)
 ``ATTN_LT_ALGO_POLICY``        tune         ``tune`` (tune a GEMM shape on its first use when not cached),
@@ -64,7 +64,7 @@ def library_override() -> str | None:
     return os.environ.get("ATTN_LT_LIB") or None
 
 
-SOFTMAX_VARIANTS = ("auto", "row", "cluster", "two_pass", "pipe")
+SOFTMAX_VARIANTS = ("auto", "row", "two_pass", "pipe")  # codes 0.. of attn_lt_softmax_variant
 
 
 def softmax_variant() -> str:

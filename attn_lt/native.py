@@ -16,7 +16,7 @@ from . import config
 
 log = logging.getLogger("attn_lt")
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 _PKG = Path(__file__).resolve().parent
 _LIB_PATH = _PKG / "_native" / "libattn_lt.so"
 _SRC_DIR = _PKG.parent / "native"

@@ -7,7 +7,7 @@
 #define ATTN_LT_H
 #include <stdint.h>
 
-#define ATTN_LT_ABI_VERSION 3
+#define ATTN_LT_ABI_VERSION 4
 
 #ifdef __cplusplus
 extern "C" {
@@ -40,16 +40,16 @@ typedef struct attn_lt_softmax_args {
 
 enum attn_lt_softmax_variant {
     ATTN_LT_SOFTMAX_AUTO = 0,
-    ATTN_LT_SOFTMAX_ROW = 1,      /* one CTA a row, row in registers (rows up to max_resident_cols) */
-    ATTN_LT_SOFTMAX_CLUSTER = 2,  /* sm_90: a cluster of up to 8 CTAs a row, registers + distributed smem */
-    ATTN_LT_SOFTMAX_TWO_PASS = 3, /* any length: online max/sum pass, then a re-reading pass */
-    ATTN_LT_SOFTMAX_PIPE = 4      /* persistent CTAs, next rows cp.async'd into a shared-memory ring (<= 28160) */
+    ATTN_LT_SOFTMAX_ROW = 1,      /* one CTA a row, the row in registers (up to 32768 columns) */
+    ATTN_LT_SOFTMAX_TWO_PASS = 2, /* any length: online max/sum pass, then a re-reading pass */
+    ATTN_LT_SOFTMAX_PIPE = 3      /* persistent CTAs (clusters of 2-8 on sm_90) fed by a cp.async shared-memory
+                                     ring: up to 28160 columns a CTA, 225280 a cluster */
 };
 
 int attn_lt_abi_version(void);
 const char* attn_lt_source_hash(void);
 const char* attn_lt_error_string(int err);
-/* Largest row length read once (registers of one CTA, or of a cluster on sm_90) on the current device;
+/* Largest row length read once (PIPE with an 8-CTA cluster on sm_90, ROW elsewhere) on the current device;
  * longer rows take two passes. */
 int64_t attn_lt_softmax_max_resident_cols(void);
 int attn_lt_softmax(const attn_lt_softmax_args* args, void* stream);

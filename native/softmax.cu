@@ -5,10 +5,7 @@
 //    rows stream into a 2-3 slot shared-memory ring by cp.async, so loads are always in flight and the bytes
 //    that wait for their row's max and sum sit in shared memory rather than registers. Rows whose ring does not
 //    fit one CTA (over 28160 columns) are split over a cluster of 2, 4 or 8 CTAs on sm_90 (up to 225280);
-//  * ROW: one CTA a row, the row in registers (up to 32768 columns);
-//  * CLUSTER (sm_90): a thread-block cluster of up to 8 small CTAs a row, each holding a segment in registers and
-//    exchanging its max and sum through distributed shared memory (up to 131072 columns). Many small CTAs a
-//    multiprocessor overlap one row's loads with another's reductions and stores, which one big CTA cannot.
+//  * ROW: one CTA a row, the row in registers (up to 32768 columns; the default below 4096 columns);
 // Longer rows take TWO_PASS (an online max/sum pass, then a pass that re-reads and writes P), tile by tile so
 // that in-place writes never overrun unread scores.
 #include "attn_lt.h"
@@ -31,7 +28,6 @@ namespace cg = cooperative_groups;
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int64_t kRowMaxCols = 32768;       // ROW: 1024 threads x 32 floats
-constexpr int64_t kClusterMaxCols = 131072;  // CLUSTER: 8 CTAs x 512 threads x 32 floats
 constexpr int kMaxCluster = 8;               // portable cluster size
 
 struct Row {
@@ -375,56 +371,6 @@ __global__ void __launch_bounds__(THREADS, 1) softmax_pipe(const attn_lt_softmax
 #endif
 }
 
-// A cluster of C CTAs a row (blockIdx.x = row * C + rank); CTA `rank` holds keys [rank * T, (rank + 1) * T),
-// T = THREADS * NV * 4. Every CTA has read its segment before the first cluster barrier, and P is written only
-// after the second, so in-place writes that land in another CTA's segment are safe.
-template <int THREADS, int NV, typename OutT>
-__global__ void __launch_bounds__(THREADS) softmax_cluster(const attn_lt_softmax_args a) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    __shared__ float red[2][32];
-    __shared__ float part[2];
-    cg::cluster_group cluster = cg::this_cluster();
-    const unsigned C = cluster.num_blocks(), rank = cluster.block_rank();
-    const int64_t row = blockIdx.x / C;
-    const Row w = row_info(a, row % a.batch, row / a.batch);
-    const int64_t base = int64_t(rank) * THREADS * NV * 4;
-    float4 v[NV];
-    float mx = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < NV; ++i) {
-        v[i] = load_masked(base + (int64_t(i) * THREADS + threadIdx.x) * 4, w, a);
-        mx = fmaxf(mx, max4(v[i]));
-    }
-    mx = block_max<THREADS>(mx, red[0]);
-    if (threadIdx.x == 0) part[0] = mx;
-    cluster.sync();
-    for (unsigned r = 0; r < C; ++r) mx = fmaxf(mx, *cluster.map_shared_rank(&part[0], r));
-    const float mref = mx == -INFINITY ? 0.f : mx;
-    float sum = 0.f;
-#pragma unroll
-    for (int i = 0; i < NV; ++i) {
-        v[i].x = ex(v[i].x, mref);
-        v[i].y = ex(v[i].y, mref);
-        v[i].z = ex(v[i].z, mref);
-        v[i].w = ex(v[i].w, mref);
-        sum += (v[i].x + v[i].y) + (v[i].z + v[i].w);
-    }
-    sum = block_sum<THREADS>(sum, red[1]);
-    if (threadIdx.x == 0) part[1] = sum;
-    cluster.sync();
-    sum = 0.f;
-    for (unsigned r = 0; r < C; ++r) sum += *cluster.map_shared_rank(&part[1], r);
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
-#pragma unroll
-    for (int i = 0; i < NV; ++i) {
-        const int64_t j = base + (int64_t(i) * THREADS + threadIdx.x) * 4;
-        if (j < a.cols) store4<OutT>(w.p, j, v[i].x * inv, v[i].y * inv, v[i].z * inv, v[i].w * inv);
-    }
-    if (rank == 0) finish_row(w, mref, sum);
-    cluster.sync();  // no CTA leaves while another may still read its shared memory
-#endif
-}
-
 template <int THREADS, int NV, typename OutT>
 __global__ void __launch_bounds__(THREADS) softmax_two_pass(const attn_lt_softmax_args a) {
     __shared__ float red[2][32];
@@ -468,25 +414,6 @@ bool has_clusters() {
     if (major[dev] == 0 && cudaDeviceGetAttribute(&major[dev], cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
         return false;
     return major[dev] >= 9;
-}
-
-template <int THREADS, int NV, typename OutT>
-cudaError_t launch_cluster(const attn_lt_softmax_args& a, cudaStream_t stream) {
-    constexpr int64_t T = int64_t(THREADS) * NV * 4;
-    const unsigned C = static_cast<unsigned>((a.cols + T - 1) / T);
-    if (C > kMaxCluster || a.rows * a.batch * C > 0x7fffffffLL) return cudaErrorInvalidValue;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(static_cast<unsigned>(a.rows * a.batch * C));
-    cfg.blockDim = dim3(THREADS);
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = C;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, softmax_cluster<THREADS, NV, OutT>, a);
 }
 
 int sm_count() {
@@ -560,7 +487,6 @@ cudaError_t launch(const attn_lt_softmax_args& a, cudaStream_t stream) {
     if (variant == ATTN_LT_SOFTMAX_AUTO)
         variant = c < kPipeMinCols ? ATTN_LT_SOFTMAX_ROW
                   : pc ? ATTN_LT_SOFTMAX_PIPE
-                  : (has_clusters() && c <= kClusterMaxCols) ? ATTN_LT_SOFTMAX_CLUSTER
                   : c <= kRowMaxCols ? ATTN_LT_SOFTMAX_ROW : ATTN_LT_SOFTMAX_TWO_PASS;
     if (variant == ATTN_LT_SOFTMAX_PIPE) {
         if (pc == 0) return cudaErrorInvalidValue;
@@ -570,13 +496,6 @@ cudaError_t launch(const attn_lt_softmax_args& a, cudaStream_t stream) {
             return c <= 4096 ? launch_pipe<256, 3, false, OutT>(a, 1, stream)
                              : launch_pipe<512, 3, false, OutT>(a, 1, stream);
         return launch_pipe<512, 2, false, OutT>(a, 1, stream);
-    }
-    if (variant == ATTN_LT_SOFTMAX_CLUSTER) {
-        if (!has_clusters() || c > kClusterMaxCols) return cudaErrorInvalidValue;
-        cudaError_t err = c <= 32768   ? launch_cluster<128, 8, OutT>(a, stream)
-                          : c <= 65536 ? launch_cluster<256, 8, OutT>(a, stream)
-                                       : launch_cluster<512, 8, OutT>(a, stream);
-        return err != cudaSuccess ? err : cudaGetLastError();
     }
     if (a.rows * a.batch > 0x7fffffffLL) return cudaErrorInvalidValue;
     const unsigned grid = static_cast<unsigned>(a.rows * a.batch);

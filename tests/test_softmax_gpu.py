@@ -66,8 +66,6 @@ def variants_for(cols, mask_esize=0):
         v.append("pipe")
     if cols <= 32768:
         v.append("row")
-    if torch.cuda.get_device_capability()[0] >= 9 and cols <= 131072:
-        v.append("cluster")
     return v
 
 

@@ -25,8 +25,7 @@ def main(argv=None) -> int:
     ap.add_argument("--heads", type=int, default=6, help="batch entries sharing a (rows, cols) mask")
     ap.add_argument("--pad", type=int, default=0, help="extra floats of row stride (ld = cols + pad)")
     a = ap.parse_args(argv)
-    cc9 = torch.cuda.get_device_capability()[0] >= 9
-    print(f"{'cols':>7} {'mask':>5} " + "".join(f"{v:>10}" for v in ("pipe", "row", "cluster", "two_pass")) + "   TB/s")
+    print(f"{'cols':>7} {'mask':>5} " + "".join(f"{v:>10}" for v in ("pipe", "row", "two_pass")) + "   TB/s")
     for cols in map(int, a.cols.split(",")):
         ld = cols + a.pad
         rows = max(1, (a.mib << 20) // (4 * ld * a.heads))
@@ -47,8 +46,8 @@ def main(argv=None) -> int:
             bytes_ = a.heads * rows * cols * 6 + (rows * cols * 2 if m is not None else 0)
             cells = ""
             stream = torch.cuda.current_stream().cuda_stream
-            for v in ("pipe", "row", "cluster", "two_pass"):
-                if (v == "row" and cols > 32768) or (v == "cluster" and (not cc9 or cols > 131072)):
+            for v in ("pipe", "row", "two_pass"):
+                if v == "row" and cols > 32768:
                     cells += f"{'-':>10}"
                     continue
                 args.variant = native.SOFTMAX_VARIANTS[v]
