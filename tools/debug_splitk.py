@@ -1,5 +1,6 @@
+"""Diagnostics: which algorithm ids take split-K configurations, batched and unbatched (see tools/NOTES.md)."""
 import dataclasses, sys
-import numpy as np, torch
+import numpy as np
 sys.path.insert(0, ".")
 from attn_lt.lt import algos, cublaslt
 from attn_lt.lt.cublaslt import GemmKey
