@@ -80,16 +80,34 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
         desc = f"{tuple(out.shape)} {out.dtype} on {out.device}" if isinstance(out, torch.Tensor) else type(out)
         raise ValueError(f"out must be a contiguous {shape} {q.dtype} tensor on {q.device}, got {desc}")
     decision = select(case, backend, threshold)
-    plan = make_plan(case, workspace_bytes)  # budget errors surface here, before any GPU work
+    # budget errors surface here, before any GPU work
+    plan = make_plan(case, workspace_bytes) if decision.backend == "lt" else None
     policy = config.algo_policy(algo_policy)
     log.debug("attention %s -> %s", case, decision.backend)
     lse = torch.empty((case.B, case.Hq, case.Sq), dtype=torch.float32, device=q.device)
-    mask = None if attn_mask is None else attn_mask.expand(case.B, case.Hq, case.Sq, case.Sk)
-    from .lt import path
-
     with torch.cuda.device(q.device):
-        path.run(case, plan, q, k, v, mask, out, lse, policy)
+        if decision.backend == "wmma":
+            _run_wmma(case, q, k, v, out, lse)
+        else:
+            from .lt import path
+
+            mask = None if attn_mask is None else attn_mask.expand(case.B, case.Hq, case.Sq, case.Sk)
+            path.run(case, plan, q, k, v, mask, out, lse, policy)
     return (out, lse) if return_lse else out
+
+
+def _run_wmma(case: Case, q, k, v, out, lse) -> None:
+    from . import native
+
+    a = native.FlashArgs()
+    a.q, a.k, a.v, a.o, a.lse = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr()
+    a.B, a.Hq, a.Hkv, a.Sq, a.Sk, a.D = case.B, case.Hq, case.Hkv, case.Sq, case.Sk, case.D
+    a.q_sb, a.q_sh, a.q_ss = case.q_strides[:3]
+    a.k_sb, a.k_sh, a.k_ss = case.k_strides[:3]
+    a.v_sb, a.v_sh, a.v_ss = case.v_strides[:3]
+    a.o_sb, a.o_sh, a.o_ss = out.stride()[:3]
+    a.scale, a.causal, a.dtype = case.scale, int(case.causal), native.DTYPE_CODES[case.dtype]
+    native.flash(a, torch.cuda.current_stream(q.device).cuda_stream)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from . import config
 
 log = logging.getLogger("attn_lt")
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 _PKG = Path(__file__).resolve().parent
 _LIB_PATH = _PKG / "_native" / "libattn_lt.so"
 _SRC_DIR = _PKG.parent / "native"
@@ -43,6 +43,15 @@ class SoftmaxArgs(ctypes.Structure):
         (n, ctypes.c_int64) for n in ("rows", "cols", "batch", "ld_s", "bs_s", "ld_p", "bs_p", "row0", "gi0",
                                       "e0", "Sq", "Sk", "g", "Hkv", "Hq", "m_sb", "m_sh", "m_sq", "m_sk")] + [
         (n, ctypes.c_int32) for n in ("causal", "out_dtype", "mask_dtype", "variant")]
+
+
+class FlashArgs(ctypes.Structure):
+    """Mirror of ``attn_lt_flash_args`` in native/attn_lt.h."""
+
+    _fields_ = [(n, ctypes.c_void_p) for n in ("q", "k", "v", "o", "lse")] + [
+        (n, ctypes.c_int64) for n in ("B", "Hq", "Hkv", "Sq", "Sk", "D", "q_sb", "q_sh", "q_ss", "k_sb", "k_sh",
+                                      "k_ss", "v_sb", "v_sh", "v_ss", "o_sb", "o_sh", "o_ss")] + [
+        ("scale", ctypes.c_float), ("causal", ctypes.c_int32), ("dtype", ctypes.c_int32), ("reserved", ctypes.c_int32)]
 
 
 def source_hash(src_dir: Path | None = None) -> str | None:
@@ -79,6 +88,8 @@ def load() -> ctypes.CDLL:
     lib.attn_lt_softmax_max_resident_cols.restype = ctypes.c_int64
     lib.attn_lt_softmax.restype = ctypes.c_int
     lib.attn_lt_softmax.argtypes = [ctypes.POINTER(SoftmaxArgs), ctypes.c_void_p]
+    lib.attn_lt_flash_fwd.restype = ctypes.c_int
+    lib.attn_lt_flash_fwd.argtypes = [ctypes.POINTER(FlashArgs), ctypes.c_void_p]
     abi = lib.attn_lt_abi_version()
     if abi != ABI_VERSION:
         raise NativeLibraryError(f"{path} has ABI version {abi}, this package expects {ABI_VERSION}; {_BUILD_HINT}")
@@ -107,3 +118,12 @@ def softmax(args: SoftmaxArgs, stream: int) -> None:
     if err:
         raise CudaError(f"attn_lt_softmax failed: {lib.attn_lt_error_string(err).decode()} (cudaError {err}); "
                         f"rows={args.rows} cols={args.cols} batch={args.batch} ld_s={args.ld_s}")
+
+
+def flash(args: FlashArgs, stream: int) -> None:
+    """Launch the fused short-path kernel on ``stream``; raises :class:`CudaError` on failure."""
+    lib = load()
+    err = lib.attn_lt_flash_fwd(ctypes.byref(args), ctypes.c_void_p(stream))
+    if err:
+        raise CudaError(f"attn_lt_flash_fwd failed: {lib.attn_lt_error_string(err).decode()} (cudaError {err}); "
+                        f"B={args.B} Hq={args.Hq} Hkv={args.Hkv} Sq={args.Sq} Sk={args.Sk} D={args.D}")

@@ -26,9 +26,23 @@ class Backend:
     built: bool
     supports_mask: bool = True
     supports_gqa: bool = True
+    needs_aligned_rows: bool = False  # 16-byte aligned bases and strides (cp.async tiles)
+
+    @staticmethod
+    def layout_reasons(case: Case) -> list[str]:
+        reasons = []
+        if case.ptr_align < 16:
+            reasons.append(f"inputs are not 16-byte aligned (address alignment {case.ptr_align})")
+        strides = case.q_strides[:3] + case.k_strides[:3] + case.v_strides[:3]
+        if any(st % 8 for st in strides):
+            reasons.append(f"strides {case.q_strides}, {case.k_strides}, {case.v_strides} are not multiples of 8 "
+                           "elements")
+        if case.B * case.Hq > 65535:
+            reasons.append(f"B * Hq = {case.B * case.Hq} > 65535")
+        return reasons
 
     def not_supported_reasons(self, case: Case) -> list[str]:
-        reasons = []
+        reasons = self.layout_reasons(case) if self.needs_aligned_rows else []
         if not self.built:
             reasons.append(f"the {self.name} kernel is not part of this build")
         if case.dtype not in self.dtypes:
@@ -46,8 +60,8 @@ class Backend:
 
 #: The long path runs any head dim cuBLASLt accepts; the softmax does not depend on it.
 LT = Backend("lt", ("fp16", "bf16"), None, 4096, built=True)
-#: The fused short path arrives with its own issue; until then it refuses every case with that reason.
-WMMA = Backend("wmma", ("fp16", "bf16"), (64, 128), 128, built=False, supports_mask=False)
+#: The fused short path (native/flash.cu): head dims 64 and 128, causal, GQA, any lengths; no user mask.
+WMMA = Backend("wmma", ("fp16", "bf16"), (64, 128), 128, built=True, supports_mask=False, needs_aligned_rows=True)
 _BY_NAME = {"lt": LT, "wmma": WMMA}
 
 

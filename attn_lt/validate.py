@@ -41,6 +41,7 @@ class Case:
     q_strides: tuple[int, int, int, int] = ()
     k_strides: tuple[int, int, int, int] = ()
     v_strides: tuple[int, int, int, int] = ()
+    ptr_align: int = 256  # largest power of two (<= 256) dividing every input's address
 
     @property
     def group(self) -> int:
@@ -113,8 +114,9 @@ def check_tensors(q, k, v, attn_mask=None, causal=False, scale=None, require_cud
     mask = None
     if attn_mask is not None:
         mask = check_mask(attn_mask, (B, Hq, Sq, Sk), q.dtype)
+    addr = q.data_ptr() | k.data_ptr() | v.data_ptr()
     case = Case(B, Hq, Hkv, Sq, Sk, D, _DTYPES[q.dtype], causal, float(scale), mask,
-                tuple(q.stride()), tuple(k.stride()), tuple(v.stride()))
+                tuple(q.stride()), tuple(k.stride()), tuple(v.stride()), min(256, addr & -addr) if addr else 256)
     if require_cuda:
         devices = {t.device for t in (q, k, v)} | ({attn_mask.device} if attn_mask is not None else set())
         if any(d.type != "cuda" for d in devices):

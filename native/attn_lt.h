@@ -7,7 +7,7 @@
 #define ATTN_LT_H
 #include <stdint.h>
 
-#define ATTN_LT_ABI_VERSION 4
+#define ATTN_LT_ABI_VERSION 5
 
 #ifdef __cplusplus
 extern "C" {
@@ -46,7 +46,25 @@ enum attn_lt_softmax_variant {
                                      ring: up to 28160 columns a CTA, 225280 a cluster */
 };
 
+/* The fused short path (FlashAttention-2 style, mma.sync m16n8k16): q (B, Hq, Sq, D), k and v (B, Hkv, Sk, D) with
+ * element strides (batch, head, row; the last dimension contiguous), o (B, Hq, Sq, D) and lse FP32 (B, Hq, Sq).
+ * D is 64 or 128; rows and bases 16-byte aligned. Causal is bottom-right aligned. */
+typedef struct attn_lt_flash_args {
+    const void* q;
+    const void* k;
+    const void* v;
+    void* o;
+    float* lse;
+    int64_t B, Hq, Hkv, Sq, Sk, D;
+    int64_t q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, o_sb, o_sh, o_ss;
+    float scale;
+    int32_t causal;
+    int32_t dtype; /* ATTN_LT_F16 or ATTN_LT_BF16 */
+    int32_t reserved;
+} attn_lt_flash_args;
+
 int attn_lt_abi_version(void);
+int attn_lt_flash_fwd(const attn_lt_flash_args* args, void* stream);
 const char* attn_lt_source_hash(void);
 const char* attn_lt_error_string(int err);
 /* Largest row length read once (PIPE with an 8-CTA cluster on sm_90, ROW elsewhere) on the current device;

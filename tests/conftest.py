@@ -1,7 +1,11 @@
 import functools
+import math
 
 import pytest
 import torch
+
+import attn_lt
+from attn_lt.testing import reference, rel_error, sdpa, tolerance
 
 
 @functools.lru_cache(maxsize=1)
@@ -48,3 +52,36 @@ def _private_algo_cache(tmp_path_factory):
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+# ---- helpers shared by the GPU tests of both paths -------------------------------------------------------------
+
+DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def rand_qkv(B, Hq, Hkv, Sq, Sk, D, dtype, layout="bhsd"):
+    dt, dev = DT[dtype], "cuda"
+    if layout == "bshd":
+        return (torch.randn(B, Sq, Hq, D, dtype=dt, device=dev).transpose(1, 2),
+                torch.randn(B, Sk, Hkv, D, dtype=dt, device=dev).transpose(1, 2),
+                torch.randn(B, Sk, Hkv, D, dtype=dt, device=dev).transpose(1, 2))
+    return (torch.randn(B, Hq, Sq, D, dtype=dt, device=dev), torch.randn(B, Hkv, Sk, D, dtype=dt, device=dev),
+            torch.randn(B, Hkv, Sk, D, dtype=dt, device=dev))
+
+
+def check(q, k, v, attn_mask=None, causal=False, backend="lt", **kw):
+    """Run attn_lt (output poisoned with NaN first) and compare out and LSE with the FP32 reference; the output
+    error must stay within twice PyTorch's own error at the same precision plus a rounding floor."""
+    B, Hq, Sq, D = q.shape
+    out = torch.full((B, Hq, Sq, D), math.nan, dtype=q.dtype, device=q.device)
+    o, lse = attn_lt.attention(q, k, v, attn_mask=attn_mask, causal=causal, backend=backend, return_lse=True,
+                               out=out, **kw)
+    assert o is out and lse.shape == (B, Hq, Sq) and lse.dtype == torch.float32
+    ref, ref_lse = reference(q, k, v, attn_mask, causal)
+    err, torch_err = rel_error(o, ref), rel_error(sdpa(q, k, v, attn_mask, causal), ref)
+    assert err <= tolerance(torch_err), f"attn_lt error {err:.3e}, PyTorch {torch_err:.3e}"
+    assert not torch.isnan(o).any() and not torch.isnan(lse).any()
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse))
+    fin = torch.isfinite(ref_lse)
+    assert (lse[fin] - ref_lse[fin]).abs().max().item() <= 1e-3 * (1 + ref_lse[fin].abs().max().item())
+    return o, lse

@@ -40,7 +40,7 @@ def test_explain_lists_chunks(capsys):
 
 @pytest.mark.parametrize("argv,match", [
     (["explain", "--heads", "6", "--kv-heads", "4"], "multiple"),
-    (["explain", "--backend", "wmma"], "not part of this build"),
+    (["explain", "--backend", "wmma", "-d", "96"], "head dim 96 not in"),
     (["explain", "--seq", "0"], ">= 1"),
     (["explain", "--workspace-mb", "1", "--seq", "1000000"], "too small"),
 ])

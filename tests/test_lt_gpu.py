@@ -1,44 +1,14 @@
 """The long path on the GPU against an FP32 reference, bounded by twice PyTorch's own error at the same
 precision (plus a rounding floor). Fresh random inputs every case; the output is poisoned with NaN first."""
 
-import math
-
 import pytest
 import torch
+from conftest import check, rand_qkv
 
 import attn_lt
 from attn_lt.testing import reference, rel_error, sdpa, tolerance
 
 pytestmark = pytest.mark.gpu
-DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def rand_qkv(B, Hq, Hkv, Sq, Sk, D, dtype, layout="bhsd"):
-    dt, dev = DT[dtype], "cuda"
-    if layout == "bshd":
-        return (torch.randn(B, Sq, Hq, D, dtype=dt, device=dev).transpose(1, 2),
-                torch.randn(B, Sk, Hkv, D, dtype=dt, device=dev).transpose(1, 2),
-                torch.randn(B, Sk, Hkv, D, dtype=dt, device=dev).transpose(1, 2))
-    return (torch.randn(B, Hq, Sq, D, dtype=dt, device=dev), torch.randn(B, Hkv, Sk, D, dtype=dt, device=dev),
-            torch.randn(B, Hkv, Sk, D, dtype=dt, device=dev))
-
-
-def check(q, k, v, attn_mask=None, causal=False, **kw):
-    B, Hq, Sq, D = q.shape
-    out = torch.full((B, Hq, Sq, D), math.nan, dtype=q.dtype, device=q.device)
-    o, lse = attn_lt.attention(q, k, v, attn_mask=attn_mask, causal=causal, backend="lt", return_lse=True,
-                               out=out, **kw)
-    assert o is out and lse.shape == (B, Hq, Sq) and lse.dtype == torch.float32
-    ref, ref_lse = reference(q, k, v, attn_mask, causal)
-    err, torch_err = rel_error(o, ref), rel_error(sdpa(q, k, v, attn_mask, causal), ref)
-    assert err <= tolerance(torch_err), f"attn_lt error {err:.3e}, PyTorch {torch_err:.3e}"
-    assert not torch.isnan(o).any() and not torch.isnan(lse).any()
-    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse))
-    fin = torch.isfinite(ref_lse)
-    assert (lse[fin] - ref_lse[fin]).abs().max().item() <= 1e-3 * (1 + ref_lse[fin].abs().max().item())
-    return o, lse
-
-
 @pytest.mark.parametrize("D", [64, 80, 128, 256, 512])
 @pytest.mark.parametrize("S", [1, 97, 4095, 4096, 4097, 16384])
 def test_sizes_bf16(S, D):

@@ -16,12 +16,30 @@ def test_long_keys_take_lt(Sk):
     assert d.backend == "lt" and "threshold 4096" in d.reasons[0]
 
 
-def test_short_keys_fall_back_to_lt_while_wmma_is_not_built():
-    assert not WMMA.built
+def test_short_keys_take_wmma_when_it_can_run_them():
     d = select(case(4095))
-    assert d.backend == "lt"
-    assert "wmma cannot run it" in d.reasons[0]
-    assert dict(d.rejected)["wmma"] == ("the wmma kernel is not part of this build",)
+    assert d.backend == "wmma" and "Sk=4095 < threshold 4096" in d.reasons[0]
+
+
+@pytest.mark.parametrize("kw,why", [(dict(D=80), "head dim 80 not in (64, 128)"),
+                                    (dict(D=256), "head dim 256"),
+                                    (dict(mask="m"), "attn_mask is not supported")])
+def test_short_keys_fall_back_to_lt_with_wmma_reasons(kw, why):
+    from attn_lt.validate import MaskInfo
+
+    if kw.get("mask"):
+        kw["mask"] = MaskInfo("bool", "bool", (1, 1, 128, 100), (0, 0, 100, 1))
+    d = select(case(100, **kw))
+    assert d.backend == "lt" and "wmma cannot run it" in d.reasons[0]
+    assert any(why in r for r in dict(d.rejected)["wmma"])
+
+
+def test_wmma_needs_aligned_layouts():
+    import dataclasses
+
+    c = dataclasses.replace(case(100), ptr_align=2, q_strides=(8 * 128 * 130, 128 * 130, 130, 1))
+    reasons = WMMA.not_supported_reasons(c)
+    assert any("16-byte aligned" in r for r in reasons) and any("multiples of 8" in r for r in reasons)
 
 
 def test_threshold_by_argument_and_environment(monkeypatch):
@@ -34,8 +52,10 @@ def test_threshold_by_argument_and_environment(monkeypatch):
 
 
 def test_forced_backend_that_cannot_run_names_every_reason():
-    with pytest.raises(ValueError, match=r"backend='wmma'.*not part of this build.*head dim 256"):
-        select(case(D=256), backend="wmma")
+    import dataclasses
+
+    with pytest.raises(ValueError, match=r"backend='wmma'.*16-byte aligned.*head dim 256 not in"):
+        select(dataclasses.replace(case(D=256), ptr_align=4), backend="wmma")
 
 
 def test_forced_lt_and_unknown_backend():

@@ -38,6 +38,11 @@ ROWS = {
     "mask": (1, 16, 16, 16384, 16384, 128, False, "float", ["lt", "efficient", "cudnn"]),
     "s128k-causal": (1, 32, 32, 131072, 131072, 128, True, None, ["lt", "cudnn"]),
 }
+for _d in (64, 128):
+    for _s in (512, 1024, 2048, 4096):
+        for _c in (False, True):
+            ROWS[f"fa-d{_d}-s{_s}{'-causal' if _c else ''}"] = (16384 // _s, 2048 // _d, 2048 // _d, _s, _s, _d, _c,
+                                                                 None, ["wmma", "flash", "cudnn"])
 for _sk in (8192, 65536, 131072):
     for _hkv, _tag in ((32, "mha"), (8, "gqa")):
         ROWS[f"dec-{_tag}-{_sk // 1024}k"] = (8, 32, _hkv, 1, _sk, 128, False, None, ["lt", "lt-heur", "cudnn"])
@@ -64,6 +69,8 @@ def call(provider, q, k, v, mask, causal, budget):
         policy = "heuristic" if provider == "lt-heur" else None
         return lambda: attn_lt.attention(q, k, v, attn_mask=mask, causal=causal, backend="lt",
                                          workspace_bytes=budget, algo_policy=policy)
+    if provider == "wmma":
+        return lambda: attn_lt.attention(q, k, v, attn_mask=mask, causal=causal, backend="wmma")
     if provider == "naive":
         return lambda: naive(q, k, v, mask, causal)
     return lambda: sdpa(q, k, v, mask, causal, backend=SDPA[provider])
@@ -195,7 +202,7 @@ def main(argv=None) -> int:
                 row[p] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:100]}"}
             print(f"  {row['row']:<18} {p:<10} {row[p]} ({time.time() - t0:.1f}s)", flush=True)
             torch.cuda.empty_cache()
-        if a.breakdown and budget is None and not variant:
+        if a.breakdown and "lt" in providers and budget is None and not variant:
             row["lt_kernels_ms"] = kernel_breakdown(call("lt", q, k, v, mask, causal, None))
             print(f"  {row['row']:<18} kernels    {row['lt_kernels_ms']}", flush=True)
         if "lt" in providers and budget is None and not variant:
@@ -209,7 +216,7 @@ def main(argv=None) -> int:
             "cudnn": torch.backends.cudnn.version(), "attn_lt": attn_lt.__version__}
     with open(os.path.join(a.out, "long_context.json"), "w") as f:
         json.dump({"meta": meta, "rows": results}, f, indent=1)
-    provs = ["lt", "lt-heur", "naive", "cudnn", "efficient", "math"]
+    provs = ["lt", "lt-heur", "wmma", "naive", "flash", "cudnn", "efficient", "math"]
     with open(os.path.join(a.out, "long_context.csv"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["row", "B", "H", "S", "D", "causal", "mask"] + [f"{p}_{m}" for p in provs
@@ -224,8 +231,9 @@ def main(argv=None) -> int:
         for p in provs:
             x = r.get(p)
             cells += f"{'':>11}" if x is None else (f"{'n/a':>11}" if "error" in x else f"{x['tflops']:>11.1f}")
-            if p != "lt" and x and "tflops" in x and "tflops" in r.get("lt", {}):
-                ratios.append(f"{p} {r['lt']['tflops'] / x['tflops']:.2f}x")
+            own = "wmma" if "wmma" in r else "lt"
+            if p != own and x and "tflops" in x and "tflops" in r.get(own, {}):
+                ratios.append(f"{p} {r[own]['tflops'] / x['tflops']:.2f}x")
         print(f"{r['row']:<18}{cells}   {', '.join(ratios)}")
     lt = {r["row"]: r["lt"] for r in results if "ms" in r.get("lt", {})}
     if "s32k" in lt and "s32k-causal" in lt:

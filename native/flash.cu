@@ -1,0 +1,288 @@
+// The fused short path: FlashAttention-2 style forward with warp-level tensor-core MMA (mma.sync m16n8k16).
+//
+// A CTA of 8 warps owns 128 query rows (16 a warp) of one (batch, query head); Q lives in registers as A fragments.
+// K and V tiles of 64 keys stream through a double-buffered, XOR-swizzled shared-memory ring by cp.async
+// (zero-filled past Sk). Per tile: S = Q K^T (fp32), scale and mask, online softmax in the exp2 domain, P converted
+// in registers to the A operand of O += P V (V read with ldmatrix.trans). GQA reads the kv head h / (Hq / Hkv)
+// without copying; causal is bottom-right aligned and stops at the last key tile a block needs.
+#include "attn_lt.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kBlockM = kWarps * 16;
+constexpr int kBlockN = 64;
+constexpr float kLog2e = 1.4426950408889634f;
+
+__device__ __forceinline__ int64_t lmin(int64_t x, int64_t y) { return x < y ? x : y; }
+__device__ __forceinline__ int64_t lmax(int64_t x, int64_t y) { return x > y ? x : y; }
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte copy global -> shared, zero-filled when !valid.
+__device__ __forceinline__ void cp16(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+                 "r"(valid ? 16 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+__device__ __forceinline__ void ldsm_x4(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void ldsm_x4_t(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(smem_u32(p)));
+}
+
+template <typename T>
+__device__ __forceinline__ void mma(float* c, const unsigned* a, unsigned b0, unsigned b1);
+
+template <>
+__device__ __forceinline__ void mma<__nv_bfloat16>(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma<__half>(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <typename T>
+__device__ __forceinline__ unsigned pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ unsigned pack2<__nv_bfloat16>(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<unsigned*>(&v);
+}
+template <>
+__device__ __forceinline__ unsigned pack2<__half>(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<unsigned*>(&v);
+}
+
+// Element offset of (row, col) in a tile of rows of D elements whose 16-byte chunks are XOR-swizzled by row % 8,
+// so that ldmatrix's 8 rows of one chunk land in 8 different bank groups.
+template <int D>
+__device__ __forceinline__ int swz(int row, int col) {
+    return row * D + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
+}
+
+// Copy `rows` rows of D elements (row r at src + r * stride) into a swizzled tile; rows >= valid are zero-filled.
+template <int D, typename T>
+__device__ __forceinline__ void load_tile(T* dst, const T* src, int64_t stride, int rows, int valid) {
+    constexpr int kChunks = D / 8;
+    for (int i = threadIdx.x; i < rows * kChunks; i += kThreads) {
+        const int r = i / kChunks, c = (i % kChunks) * 8;
+        const bool ok = r < valid;
+        cp16(dst + swz<D>(r, c), src + (ok ? r * stride : 0) + c, ok);
+    }
+}
+
+template <int D, typename T>
+__global__ void __launch_bounds__(kThreads, 1) flash_fwd(const attn_lt_flash_args a) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    T* sQ = reinterpret_cast<T*>(smem);
+    T* sK = sQ + kBlockM * D;      // [2][kBlockN * D]
+    T* sV = sK + 2 * kBlockN * D;  // [2][kBlockN * D]
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int m_block = gridDim.x - 1 - blockIdx.x;  // heaviest (causal) blocks first
+    const int64_t bh = blockIdx.y, b = bh / a.Hq, h = bh % a.Hq, hk = h / (a.Hq / a.Hkv);
+    const int64_t m0 = int64_t(m_block) * kBlockM;
+    const T* q = static_cast<const T*>(a.q) + b * a.q_sb + h * a.q_sh + m0 * a.q_ss;
+    const T* k = static_cast<const T*>(a.k) + b * a.k_sb + hk * a.k_sh;
+    const T* v = static_cast<const T*>(a.v) + b * a.v_sb + hk * a.v_sh;
+    const int m_valid = static_cast<int>(lmin(kBlockM, a.Sq - m0));
+    const int64_t shift = a.Sk - a.Sq;  // causal: key j visible to query i iff j <= i + shift
+    int64_t n_tiles = (a.Sk + kBlockN - 1) / kBlockN;
+    if (a.causal) n_tiles = lmin(n_tiles, lmax(0, (m0 + m_valid - 1 + shift) / kBlockN + 1));
+    if (m0 + m_valid - 1 + shift < 0 && a.causal) n_tiles = 0;
+
+    // Rows of this thread: r0 = warp row lane/4 and r0 + 8.
+    const int r_lo = warp * 16 + lane / 4;
+    const int64_t i_lo = m0 + r_lo, i_hi = i_lo + 8;
+
+    load_tile<D>(sQ, q, a.q_ss, kBlockM, m_valid);
+    if (n_tiles > 0) {
+        load_tile<D>(sK, k, a.k_ss, kBlockN, static_cast<int>(lmin(kBlockN, a.Sk)));
+        load_tile<D>(sV, v, a.v_ss, kBlockN, static_cast<int>(lmin(kBlockN, a.Sk)));
+    }
+    cp_commit();
+    cp_wait_all();
+    __syncthreads();
+
+    unsigned qf[D / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+        ldsm_x4(qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3],
+                sQ + swz<D>(warp * 16 + (lane % 16), kk * 16 + (lane / 16) * 8));
+
+    float o[D / 8][4];
+#pragma unroll
+    for (int d = 0; d < D / 8; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+    float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
+    const float sl2 = a.scale * kLog2e;
+
+    for (int64_t t = 0; t < n_tiles; ++t) {
+        const int buf = static_cast<int>(t & 1);
+        if (t > 0) {
+            cp_wait_all();
+            __syncthreads();  // tile t is in; every warp is done with tile t - 1's buffer
+        }
+        if (t + 1 < n_tiles) {  // prefetch tile t + 1 into the other buffer
+            const int64_t n1 = (t + 1) * kBlockN;
+            const int valid = static_cast<int>(lmin(kBlockN, a.Sk - n1));
+            load_tile<D>(sK + (buf ^ 1) * kBlockN * D, k + n1 * a.k_ss, a.k_ss, kBlockN, valid);
+            load_tile<D>(sV + (buf ^ 1) * kBlockN * D, v + n1 * a.v_ss, a.v_ss, kBlockN, valid);
+            cp_commit();
+        }
+        const T* tK = sK + buf * kBlockN * D;
+        const T* tV = sV + buf * kBlockN * D;
+        const int64_t n0 = t * kBlockN;
+
+        // S = Q K^T for this warp's 16 rows x 64 keys: 8 n8 tiles.
+        float s[kBlockN / 8][4];
+#pragma unroll
+        for (int j = 0; j < kBlockN / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+            for (int j = 0; j < kBlockN / 8; j += 2) {
+                unsigned b0, b1, b2, b3;
+                ldsm_x4(b0, b1, b2, b3, tK + swz<D>(j * 8 + (lane % 8) + (lane / 16) * 8,
+                                                   kk * 16 + ((lane / 8) % 2) * 8));
+                mma<T>(s[j], qf[kk], b0, b1);
+                mma<T>(s[j + 1], qf[kk], b2, b3);
+            }
+        }
+        // Scale to the exp2 domain, mask the key tail and the causal triangle, take the row max.
+        const bool need_mask = n0 + kBlockN > a.Sk || (a.causal && n0 + kBlockN - 1 > m0 + shift);
+        float mx_lo = m_lo, mx_hi = m_hi;
+#pragma unroll
+        for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                float x = s[j][e] * sl2;
+                if (need_mask) {
+                    const int64_t key = n0 + j * 8 + (lane % 4) * 2 + (e & 1);
+                    const int64_t qi = e < 2 ? i_lo : i_hi;
+                    if (key >= a.Sk || (a.causal && key > qi + shift)) x = -INFINITY;
+                }
+                s[j][e] = x;
+            }
+            mx_lo = fmaxf(mx_lo, fmaxf(s[j][0], s[j][1]));
+            mx_hi = fmaxf(mx_hi, fmaxf(s[j][2], s[j][3]));
+        }
+#pragma unroll
+        for (int off = 1; off < 4; off <<= 1) {
+            mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
+            mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
+        }
+        // Rescale the running output and sum; an all-masked row keeps reference 0 so nothing becomes NaN.
+        const float ref_lo = mx_lo == -INFINITY ? 0.f : mx_lo, ref_hi = mx_hi == -INFINITY ? 0.f : mx_hi;
+        const float c_lo = exp2f((m_lo == -INFINITY ? ref_lo : m_lo) - ref_lo);
+        const float c_hi = exp2f((m_hi == -INFINITY ? ref_hi : m_hi) - ref_hi);
+        m_lo = mx_lo;
+        m_hi = mx_hi;
+        l_lo *= c_lo;
+        l_hi *= c_hi;
+#pragma unroll
+        for (int d = 0; d < D / 8; ++d) {
+            o[d][0] *= c_lo;
+            o[d][1] *= c_lo;
+            o[d][2] *= c_hi;
+            o[d][3] *= c_hi;
+        }
+        // P = exp2(S - m), straight into A fragments (two n8 tiles = one k16 step of P V).
+        unsigned pf[kBlockN / 16][4];
+#pragma unroll
+        for (int j = 0; j < kBlockN / 8; ++j) {
+            const float p0 = exp2f(s[j][0] - ref_lo), p1 = exp2f(s[j][1] - ref_lo);
+            const float p2 = exp2f(s[j][2] - ref_hi), p3 = exp2f(s[j][3] - ref_hi);
+            l_lo += p0 + p1;
+            l_hi += p2 + p3;
+            pf[j / 2][(j % 2) * 2 + 0] = pack2<T>(p0, p1);
+            pf[j / 2][(j % 2) * 2 + 1] = pack2<T>(p2, p3);
+        }
+        // O += P V: V as the B operand, transposed by ldmatrix.
+#pragma unroll
+        for (int kk = 0; kk < kBlockN / 16; ++kk) {
+#pragma unroll
+            for (int d = 0; d < D / 8; d += 2) {
+                unsigned b0, b1, b2, b3;
+                ldsm_x4_t(b0, b1, b2, b3, tV + swz<D>(kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8,
+                                                     d * 8 + (lane / 16) * 8));
+                mma<T>(o[d], pf[kk], b0, b1);
+                mma<T>(o[d + 1], pf[kk], b2, b3);
+            }
+        }
+    }
+    // Row sums across the quad, normalise, store O and LSE.
+#pragma unroll
+    for (int off = 1; off < 4; off <<= 1) {
+        l_lo += __shfl_xor_sync(0xffffffffu, l_lo, off);
+        l_hi += __shfl_xor_sync(0xffffffffu, l_hi, off);
+    }
+    const float inv_lo = l_lo > 0.f ? 1.f / l_lo : 0.f, inv_hi = l_hi > 0.f ? 1.f / l_hi : 0.f;
+    T* out = static_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh;
+    const int col = (lane % 4) * 2;
+#pragma unroll
+    for (int d = 0; d < D / 8; ++d) {
+        if (i_lo < a.Sq)
+            *reinterpret_cast<unsigned*>(out + i_lo * a.o_ss + d * 8 + col) = pack2<T>(o[d][0] * inv_lo, o[d][1] * inv_lo);
+        if (i_hi < a.Sq)
+            *reinterpret_cast<unsigned*>(out + i_hi * a.o_ss + d * 8 + col) = pack2<T>(o[d][2] * inv_hi, o[d][3] * inv_hi);
+    }
+    if (lane % 4 == 0) {
+        float* lse = a.lse + (b * a.Hq + h) * a.Sq;
+        const float ln2 = 0.6931471805599453f;
+        if (i_lo < a.Sq) lse[i_lo] = l_lo > 0.f ? (m_lo + log2f(l_lo)) * ln2 : -INFINITY;
+        if (i_hi < a.Sq) lse[i_hi] = l_hi > 0.f ? (m_hi + log2f(l_hi)) * ln2 : -INFINITY;
+    }
+}
+
+template <int D, typename T>
+cudaError_t launch(const attn_lt_flash_args& a, cudaStream_t stream) {
+    const size_t smem = size_t(kBlockM + 4 * kBlockN) * D * sizeof(T);
+    cudaError_t err = cudaFuncSetAttribute(flash_fwd<D, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    if (err != cudaSuccess) return err;
+    const dim3 grid(static_cast<unsigned>((a.Sq + kBlockM - 1) / kBlockM), static_cast<unsigned>(a.B * a.Hq));
+    flash_fwd<D, T><<<grid, kThreads, smem, stream>>>(a);
+    return cudaGetLastError();
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+extern "C" int attn_lt_flash_fwd(const attn_lt_flash_args* a, void* stream) {
+    if (a == nullptr || a->B <= 0 || a->Hq <= 0 || a->Hkv <= 0 || a->Hq % a->Hkv || a->Sq <= 0 || a->Sk <= 0 ||
+        (a->D != 64 && a->D != 128) || a->B * a->Hq > 65535 || !aligned16(a->q) || !aligned16(a->k) ||
+        !aligned16(a->v) || !aligned16(a->o) || (a->q_ss | a->k_ss | a->v_ss | a->o_ss) % 8 != 0 ||
+        (a->q_sb | a->q_sh | a->k_sb | a->k_sh | a->v_sb | a->v_sh | a->o_sb | a->o_sh) % 8 != 0)
+        return static_cast<int>(cudaErrorInvalidValue);
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    if (a->dtype == ATTN_LT_BF16)
+        return static_cast<int>(a->D == 64 ? launch<64, __nv_bfloat16>(*a, s) : launch<128, __nv_bfloat16>(*a, s));
+    if (a->dtype == ATTN_LT_F16)
+        return static_cast<int>(a->D == 64 ? launch<64, __half>(*a, s) : launch<128, __half>(*a, s));
+    return static_cast<int>(cudaErrorInvalidValue);
+}

@@ -1,0 +1,59 @@
+"""The fused short path (native/flash.cu) against the FP32 reference with the long path's tolerances, and the
+hybrid selector agreeing with both forced paths around the threshold."""
+
+import pytest
+import torch
+from conftest import check, rand_qkv
+
+import attn_lt
+from attn_lt.testing import rel_error
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("S", [1, 17, 97, 1000, 4095])
+def test_sizes(S, D, dtype):
+    check(*rand_qkv(2, 4, 4, S, S, D, dtype), backend="wmma")
+
+
+@pytest.mark.parametrize("Sq,Sk", [(1000, 1000), (97, 4000), (1, 2048), (16, 333), (300, 97), (128, 128)])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("Hkv", [8, 2, 1], ids=["mha", "gqa4", "mqa8"])
+def test_gqa_and_causal(Hkv, causal, Sq, Sk):
+    check(*rand_qkv(2, 8, Hkv, Sq, Sk, 128, "bf16"), causal=causal, backend="wmma")
+
+
+def test_causal_more_queries_than_keys_gives_zero_rows():
+    o, lse = check(*rand_qkv(1, 4, 2, 300, 97, 64, "bf16"), causal=True, backend="wmma")
+    assert (o[:, :, :203] == 0).all() and torch.isneginf(lse[:, :, :203]).all()
+
+
+@pytest.mark.parametrize("Hkv,causal", [(8, False), (2, True)])
+def test_bshd_transposed_views(Hkv, causal):
+    check(*rand_qkv(2, 8, Hkv, 1000, 2000, 64, "fp16", layout="bshd"), causal=causal, backend="wmma")
+
+
+@pytest.mark.parametrize("Sk", [4095, 4096, 4097])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_auto_agrees_with_both_paths_around_the_threshold(Sk, causal):
+    q, k, v = rand_qkv(1, 4, 2, 512, Sk, 128, "bf16")
+    auto = attn_lt.attention(q, k, v, causal=causal)
+    assert attn_lt.explain(q, k, v, causal=causal).decision.backend == ("lt" if Sk >= 4096 else "wmma")
+    for backend in ("lt", "wmma"):
+        other = attn_lt.attention(q, k, v, causal=causal, backend=backend)
+        assert rel_error(auto, other.float()) < 1e-2
+
+
+def test_mask_routes_to_lt_with_the_reason():
+    q, k, v = rand_qkv(1, 2, 2, 64, 256, 64, "bf16")
+    m = torch.rand(64, 256, device="cuda") > 0.2
+    e = attn_lt.explain(q, k, v, attn_mask=m)
+    assert e.decision.backend == "lt" and "attn_mask is not supported" in dict(e.decision.rejected)["wmma"]
+    check(q, k, v, attn_mask=m, backend="auto")
+
+
+def test_repeatable_bit_for_bit():
+    q, k, v = rand_qkv(2, 8, 2, 1000, 1500, 128, "bf16")
+    assert torch.equal(attn_lt.attention(q, k, v, causal=True), attn_lt.attention(q, k, v, causal=True))
