@@ -1,6 +1,7 @@
 // The fused short path: FlashAttention-2 style forward with warp-level tensor-core MMA (mma.sync m16n8k16).
 //
-// A CTA of 8 warps owns 128 query rows (16 a warp) of one (batch, query head); Q lives in registers as A fragments.
+// A CTA of 4 warps owns 128 query rows (two m16 tiles a warp, so every K and V fragment feeds two MMAs) of one
+// (batch, query head); Q fragments are re-read from shared memory at each k step.
 // K and V tiles of 64 keys stream through a double-buffered, XOR-swizzled shared-memory ring by cp.async
 // (zero-filled past Sk). Per tile: S = Q K^T (fp32), scale and mask, online softmax in the exp2 domain, P converted
 // in registers to the A operand of O += P V (V read with ldmatrix.trans). GQA reads the kv head h / (Hq / Hkv)
@@ -15,14 +16,19 @@
 
 namespace {
 
-constexpr int kWarps = 8;
+constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
-constexpr int kBlockM = kWarps * 16;
+constexpr int kMT = 2;                      // m16 row tiles a warp owns: each K/V fragment feeds kMT MMAs
+constexpr int kBlockM = kWarps * 16 * kMT;  // 128 query rows a CTA
 constexpr int kBlockN = 64;
 constexpr float kLog2e = 1.4426950408889634f;
 
-__device__ __forceinline__ int64_t lmin(int64_t x, int64_t y) { return x < y ? x : y; }
-__device__ __forceinline__ int64_t lmax(int64_t x, int64_t y) { return x > y ? x : y; }
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
 
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
     return static_cast<unsigned>(__cvta_generic_to_shared(p));
@@ -98,7 +104,7 @@ __device__ __forceinline__ void load_tile(T* dst, const T* src, int64_t stride, 
 }
 
 template <int D, typename T>
-__global__ void __launch_bounds__(kThreads, 1) flash_fwd(const attn_lt_flash_args a) {
+__global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) flash_fwd(const attn_lt_flash_args a) {
     extern __shared__ __align__(128) unsigned char smem[];
     T* sQ = reinterpret_cast<T*>(smem);
     T* sK = sQ + kBlockM * D;      // [2][kBlockN * D]
@@ -106,123 +112,135 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd(const attn_lt_flash_arg
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int m_block = gridDim.x - 1 - blockIdx.x;  // heaviest (causal) blocks first
     const int64_t bh = blockIdx.y, b = bh / a.Hq, h = bh % a.Hq, hk = h / (a.Hq / a.Hkv);
-    const int64_t m0 = int64_t(m_block) * kBlockM;
-    const T* q = static_cast<const T*>(a.q) + b * a.q_sb + h * a.q_sh + m0 * a.q_ss;
+    const int m0 = m_block * kBlockM;  // lengths are below 2^31 (checked on the host)
+    const T* q = static_cast<const T*>(a.q) + b * a.q_sb + h * a.q_sh + int64_t(m0) * a.q_ss;
     const T* k = static_cast<const T*>(a.k) + b * a.k_sb + hk * a.k_sh;
     const T* v = static_cast<const T*>(a.v) + b * a.v_sb + hk * a.v_sh;
-    const int m_valid = static_cast<int>(lmin(kBlockM, a.Sq - m0));
-    const int64_t shift = a.Sk - a.Sq;  // causal: key j visible to query i iff j <= i + shift
-    int64_t n_tiles = (a.Sk + kBlockN - 1) / kBlockN;
-    if (a.causal) n_tiles = lmin(n_tiles, lmax(0, (m0 + m_valid - 1 + shift) / kBlockN + 1));
-    if (m0 + m_valid - 1 + shift < 0 && a.causal) n_tiles = 0;
+    const int Sq = static_cast<int>(a.Sq), Sk = static_cast<int>(a.Sk);
+    const int m_valid = min(kBlockM, Sq - m0);
+    const int shift = Sk - Sq;  // causal: key j visible to query i iff j <= i + shift
+    int n_tiles = (Sk + kBlockN - 1) / kBlockN;
+    if (a.causal) n_tiles = m0 + m_valid - 1 + shift < 0 ? 0 : min(n_tiles, (m0 + m_valid - 1 + shift) / kBlockN + 1);
 
-    // Rows of this thread: r0 = warp row lane/4 and r0 + 8.
-    const int r_lo = warp * 16 + lane / 4;
-    const int64_t i_lo = m0 + r_lo, i_hi = i_lo + 8;
+    // Rows of this thread: for m tile t, row (warp * kMT + t) * 16 + lane / 4 and that + 8.
+    int row[kMT][2];
+#pragma unroll
+    for (int t = 0; t < kMT; ++t) {
+        row[t][0] = m0 + (warp * kMT + t) * 16 + lane / 4;
+        row[t][1] = row[t][0] + 8;
+    }
 
     load_tile<D>(sQ, q, a.q_ss, kBlockM, m_valid);
     if (n_tiles > 0) {
-        load_tile<D>(sK, k, a.k_ss, kBlockN, static_cast<int>(lmin(kBlockN, a.Sk)));
-        load_tile<D>(sV, v, a.v_ss, kBlockN, static_cast<int>(lmin(kBlockN, a.Sk)));
+        load_tile<D>(sK, k, a.k_ss, kBlockN, min(kBlockN, Sk));
+        load_tile<D>(sV, v, a.v_ss, kBlockN, min(kBlockN, Sk));
     }
     cp_commit();
-    cp_wait_all();
-    __syncthreads();
 
-    unsigned qf[D / 16][4];
+    float o[kMT][D / 8][4];
+    float m[kMT][2], l[kMT][2];
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-        ldsm_x4(qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3],
-                sQ + swz<D>(warp * 16 + (lane % 16), kk * 16 + (lane / 16) * 8));
-
-    float o[D / 8][4];
+    for (int t = 0; t < kMT; ++t) {
 #pragma unroll
-    for (int d = 0; d < D / 8; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
-    float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
+        for (int d = 0; d < D / 8; ++d) o[t][d][0] = o[t][d][1] = o[t][d][2] = o[t][d][3] = 0.f;
+        m[t][0] = m[t][1] = -INFINITY;
+        l[t][0] = l[t][1] = 0.f;
+    }
     const float sl2 = a.scale * kLog2e;
 
-    for (int64_t t = 0; t < n_tiles; ++t) {
-        const int buf = static_cast<int>(t & 1);
-        if (t > 0) {
-            cp_wait_all();
-            __syncthreads();  // tile t is in; every warp is done with tile t - 1's buffer
-        }
-        if (t + 1 < n_tiles) {  // prefetch tile t + 1 into the other buffer
-            const int64_t n1 = (t + 1) * kBlockN;
-            const int valid = static_cast<int>(lmin(kBlockN, a.Sk - n1));
-            load_tile<D>(sK + (buf ^ 1) * kBlockN * D, k + n1 * a.k_ss, a.k_ss, kBlockN, valid);
-            load_tile<D>(sV + (buf ^ 1) * kBlockN * D, v + n1 * a.v_ss, a.v_ss, kBlockN, valid);
+    for (int it = 0; it < n_tiles; ++it) {
+        const int buf = it & 1;
+        cp_wait_all();
+        __syncthreads();  // tile it (and Q) is in; every warp is done with tile it - 1's buffer
+        if (it + 1 < n_tiles) {  // prefetch tile it + 1 into the other buffer
+            const int n1 = (it + 1) * kBlockN;
+            const int valid = min(kBlockN, Sk - n1);
+            load_tile<D>(sK + (buf ^ 1) * kBlockN * D, k + int64_t(n1) * a.k_ss, a.k_ss, kBlockN, valid);
+            load_tile<D>(sV + (buf ^ 1) * kBlockN * D, v + int64_t(n1) * a.v_ss, a.v_ss, kBlockN, valid);
             cp_commit();
         }
         const T* tK = sK + buf * kBlockN * D;
         const T* tV = sV + buf * kBlockN * D;
-        const int64_t n0 = t * kBlockN;
+        const int n0 = it * kBlockN;
 
-        // S = Q K^T for this warp's 16 rows x 64 keys: 8 n8 tiles.
-        float s[kBlockN / 8][4];
+        // S = Q K^T: kMT x (16 rows x 64 keys) a warp; Q fragments re-read from shared memory every k step.
+        float s[kMT][kBlockN / 8][4];
 #pragma unroll
-        for (int j = 0; j < kBlockN / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+        for (int t = 0; t < kMT; ++t)
+#pragma unroll
+            for (int j = 0; j < kBlockN / 8; ++j) s[t][j][0] = s[t][j][1] = s[t][j][2] = s[t][j][3] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
+            unsigned qf[kMT][4];
+#pragma unroll
+            for (int t = 0; t < kMT; ++t)
+                ldsm_x4(qf[t][0], qf[t][1], qf[t][2], qf[t][3],
+                        sQ + swz<D>((warp * kMT + t) * 16 + (lane % 16), kk * 16 + (lane / 16) * 8));
 #pragma unroll
             for (int j = 0; j < kBlockN / 8; j += 2) {
                 unsigned b0, b1, b2, b3;
                 ldsm_x4(b0, b1, b2, b3, tK + swz<D>(j * 8 + (lane % 8) + (lane / 16) * 8,
                                                    kk * 16 + ((lane / 8) % 2) * 8));
-                mma<T>(s[j], qf[kk], b0, b1);
-                mma<T>(s[j + 1], qf[kk], b2, b3);
-            }
-        }
-        // Scale to the exp2 domain, mask the key tail and the causal triangle, take the row max.
-        const bool need_mask = n0 + kBlockN > a.Sk || (a.causal && n0 + kBlockN - 1 > m0 + shift);
-        float mx_lo = m_lo, mx_hi = m_hi;
 #pragma unroll
-        for (int j = 0; j < kBlockN / 8; ++j) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                float x = s[j][e] * sl2;
-                if (need_mask) {
-                    const int64_t key = n0 + j * 8 + (lane % 4) * 2 + (e & 1);
-                    const int64_t qi = e < 2 ? i_lo : i_hi;
-                    if (key >= a.Sk || (a.causal && key > qi + shift)) x = -INFINITY;
+                for (int t = 0; t < kMT; ++t) {
+                    mma<T>(s[t][j], qf[t], b0, b1);
+                    mma<T>(s[t][j + 1], qf[t], b2, b3);
                 }
-                s[j][e] = x;
             }
-            mx_lo = fmaxf(mx_lo, fmaxf(s[j][0], s[j][1]));
-            mx_hi = fmaxf(mx_hi, fmaxf(s[j][2], s[j][3]));
         }
+        // Scale to the exp2 domain, mask the key tail and the causal triangle, online softmax.
+        const bool need_mask = n0 + kBlockN > Sk || (a.causal && n0 + kBlockN - 1 > m0 + shift);
+        unsigned pf[kMT][kBlockN / 16][4];
 #pragma unroll
-        for (int off = 1; off < 4; off <<= 1) {
-            mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
-            mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
-        }
-        // Rescale the running output and sum; an all-masked row keeps reference 0 so nothing becomes NaN.
-        const float ref_lo = mx_lo == -INFINITY ? 0.f : mx_lo, ref_hi = mx_hi == -INFINITY ? 0.f : mx_hi;
-        const float c_lo = exp2f((m_lo == -INFINITY ? ref_lo : m_lo) - ref_lo);
-        const float c_hi = exp2f((m_hi == -INFINITY ? ref_hi : m_hi) - ref_hi);
-        m_lo = mx_lo;
-        m_hi = mx_hi;
-        l_lo *= c_lo;
-        l_hi *= c_hi;
+        for (int t = 0; t < kMT; ++t) {
+            float mx[2] = {m[t][0], m[t][1]};
 #pragma unroll
-        for (int d = 0; d < D / 8; ++d) {
-            o[d][0] *= c_lo;
-            o[d][1] *= c_lo;
-            o[d][2] *= c_hi;
-            o[d][3] *= c_hi;
-        }
-        // P = exp2(S - m), straight into A fragments (two n8 tiles = one k16 step of P V).
-        unsigned pf[kBlockN / 16][4];
+            for (int j = 0; j < kBlockN / 8; ++j) {
 #pragma unroll
-        for (int j = 0; j < kBlockN / 8; ++j) {
-            const float p0 = exp2f(s[j][0] - ref_lo), p1 = exp2f(s[j][1] - ref_lo);
-            const float p2 = exp2f(s[j][2] - ref_hi), p3 = exp2f(s[j][3] - ref_hi);
-            l_lo += p0 + p1;
-            l_hi += p2 + p3;
-            pf[j / 2][(j % 2) * 2 + 0] = pack2<T>(p0, p1);
-            pf[j / 2][(j % 2) * 2 + 1] = pack2<T>(p2, p3);
+                for (int e = 0; e < 4; ++e) {
+                    float x = s[t][j][e] * sl2;
+                    if (need_mask) {
+                        const int key = n0 + j * 8 + (lane % 4) * 2 + (e & 1);
+                        if (key >= Sk || (a.causal && key > row[t][e >> 1] + shift)) x = -INFINITY;
+                    }
+                    s[t][j][e] = x;
+                }
+                mx[0] = fmaxf(mx[0], fmaxf(s[t][j][0], s[t][j][1]));
+                mx[1] = fmaxf(mx[1], fmaxf(s[t][j][2], s[t][j][3]));
+            }
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            }
+            // An all-masked row keeps reference 0, so nothing becomes NaN.
+            float ref[2], c[2];
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                ref[r] = mx[r] == -INFINITY ? 0.f : mx[r];
+                c[r] = ex2((m[t][r] == -INFINITY ? ref[r] : m[t][r]) - ref[r]);
+                m[t][r] = mx[r];
+                l[t][r] *= c[r];
+            }
+#pragma unroll
+            for (int d = 0; d < D / 8; ++d) {
+                o[t][d][0] *= c[0];
+                o[t][d][1] *= c[0];
+                o[t][d][2] *= c[1];
+                o[t][d][3] *= c[1];
+            }
+            // P = exp2(S - m), straight into A fragments (two n8 tiles = one k16 step of P V).
+#pragma unroll
+            for (int j = 0; j < kBlockN / 8; ++j) {
+                const float p0 = ex2(s[t][j][0] - ref[0]), p1 = ex2(s[t][j][1] - ref[0]);
+                const float p2 = ex2(s[t][j][2] - ref[1]), p3 = ex2(s[t][j][3] - ref[1]);
+                l[t][0] += p0 + p1;
+                l[t][1] += p2 + p3;
+                pf[t][j / 2][(j % 2) * 2 + 0] = pack2<T>(p0, p1);
+                pf[t][j / 2][(j % 2) * 2 + 1] = pack2<T>(p2, p3);
+            }
         }
-        // O += P V: V as the B operand, transposed by ldmatrix.
+        // O += P V: V as the B operand, transposed by ldmatrix; each fragment feeds kMT row tiles.
 #pragma unroll
         for (int kk = 0; kk < kBlockN / 16; ++kk) {
 #pragma unroll
@@ -230,32 +248,41 @@ __global__ void __launch_bounds__(kThreads, 1) flash_fwd(const attn_lt_flash_arg
                 unsigned b0, b1, b2, b3;
                 ldsm_x4_t(b0, b1, b2, b3, tV + swz<D>(kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8,
                                                      d * 8 + (lane / 16) * 8));
-                mma<T>(o[d], pf[kk], b0, b1);
-                mma<T>(o[d + 1], pf[kk], b2, b3);
+#pragma unroll
+                for (int t = 0; t < kMT; ++t) {
+                    mma<T>(o[t][d], pf[t][kk], b0, b1);
+                    mma<T>(o[t][d + 1], pf[t][kk], b2, b3);
+                }
             }
         }
     }
     // Row sums across the quad, normalise, store O and LSE.
-#pragma unroll
-    for (int off = 1; off < 4; off <<= 1) {
-        l_lo += __shfl_xor_sync(0xffffffffu, l_lo, off);
-        l_hi += __shfl_xor_sync(0xffffffffu, l_hi, off);
-    }
-    const float inv_lo = l_lo > 0.f ? 1.f / l_lo : 0.f, inv_hi = l_hi > 0.f ? 1.f / l_hi : 0.f;
     T* out = static_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh;
+    float* lse = a.lse + (b * a.Hq + h) * a.Sq;
     const int col = (lane % 4) * 2;
+    const float ln2 = 0.6931471805599453f;
 #pragma unroll
-    for (int d = 0; d < D / 8; ++d) {
-        if (i_lo < a.Sq)
-            *reinterpret_cast<unsigned*>(out + i_lo * a.o_ss + d * 8 + col) = pack2<T>(o[d][0] * inv_lo, o[d][1] * inv_lo);
-        if (i_hi < a.Sq)
-            *reinterpret_cast<unsigned*>(out + i_hi * a.o_ss + d * 8 + col) = pack2<T>(o[d][2] * inv_hi, o[d][3] * inv_hi);
-    }
-    if (lane % 4 == 0) {
-        float* lse = a.lse + (b * a.Hq + h) * a.Sq;
-        const float ln2 = 0.6931471805599453f;
-        if (i_lo < a.Sq) lse[i_lo] = l_lo > 0.f ? (m_lo + log2f(l_lo)) * ln2 : -INFINITY;
-        if (i_hi < a.Sq) lse[i_hi] = l_hi > 0.f ? (m_hi + log2f(l_hi)) * ln2 : -INFINITY;
+    for (int t = 0; t < kMT; ++t) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            l[t][r] += __shfl_xor_sync(0xffffffffu, l[t][r], 1);
+            l[t][r] += __shfl_xor_sync(0xffffffffu, l[t][r], 2);
+        }
+        const float inv0 = l[t][0] > 0.f ? 1.f / l[t][0] : 0.f, inv1 = l[t][1] > 0.f ? 1.f / l[t][1] : 0.f;
+#pragma unroll
+        for (int d = 0; d < D / 8; ++d) {
+            if (row[t][0] < Sq)
+                *reinterpret_cast<unsigned*>(out + int64_t(row[t][0]) * a.o_ss + d * 8 + col) =
+                    pack2<T>(o[t][d][0] * inv0, o[t][d][1] * inv0);
+            if (row[t][1] < Sq)
+                *reinterpret_cast<unsigned*>(out + int64_t(row[t][1]) * a.o_ss + d * 8 + col) =
+                    pack2<T>(o[t][d][2] * inv1, o[t][d][3] * inv1);
+        }
+        if (lane % 4 == 0) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+                if (row[t][r] < Sq) lse[row[t][r]] = l[t][r] > 0.f ? (m[t][r] + log2f(l[t][r])) * ln2 : -INFINITY;
+        }
     }
 }
 
@@ -275,7 +302,7 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 extern "C" int attn_lt_flash_fwd(const attn_lt_flash_args* a, void* stream) {
     if (a == nullptr || a->B <= 0 || a->Hq <= 0 || a->Hkv <= 0 || a->Hq % a->Hkv || a->Sq <= 0 || a->Sk <= 0 ||
-        (a->D != 64 && a->D != 128) || a->B * a->Hq > 65535 || !aligned16(a->q) || !aligned16(a->k) ||
+        (a->D != 64 && a->D != 128) || a->B * a->Hq > 65535 || a->Sq >= (1LL << 30) || a->Sk >= (1LL << 30) || !aligned16(a->q) || !aligned16(a->k) ||
         !aligned16(a->v) || !aligned16(a->o) || (a->q_ss | a->k_ss | a->v_ss | a->o_ss) % 8 != 0 ||
         (a->q_sb | a->q_sh | a->k_sb | a->k_sh | a->v_sb | a->v_sh | a->o_sb | a->o_sh) % 8 != 0)
         return static_cast<int>(cudaErrorInvalidValue);
