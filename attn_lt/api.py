@@ -62,6 +62,12 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
     Raises:
         TypeError, ValueError: bad input (types, dtypes, shapes, head counts, mask, devices), before GPU work.
     """
+    if isinstance(q, torch.Tensor) and torch.compiler.is_compiling():
+        if out is not None:
+            raise ValueError("out= is not supported inside torch.compile")
+        res = torch.ops.attn_lt.attention(q, k, v, attn_mask, causal, scale, backend, workspace_bytes, threshold,
+                                          algo_policy)
+        return res if return_lse else res[0]
     if _is_cupy(q):
         import cupy
 
@@ -142,3 +148,20 @@ def explain(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | Non
     """What ``attention`` would do with these arguments (tensors on any device, "meta" included); no GPU work."""
     case = check_tensors(q, k, v, attn_mask, causal, scale, require_cuda=False)
     return explain_case(case, backend, workspace_bytes, threshold)
+
+
+# torch.compile: attention() dispatches to this custom op while compiling; the fake implementation gives shapes
+# (and the same validation errors) without GPU work.
+@torch.library.custom_op("attn_lt::attention", mutates_args=())
+def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None, causal: bool,
+                  scale: float | None, backend: str, workspace_bytes: int | None, threshold: int | None,
+                  algo_policy: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+    return attention(q, k, v, attn_mask=attn_mask, causal=causal, scale=scale, backend=backend, return_lse=True,
+                     workspace_bytes=workspace_bytes, threshold=threshold, algo_policy=algo_policy)
+
+
+@_attention_op.register_fake
+def _attention_fake(q, k, v, attn_mask, causal, scale, backend, workspace_bytes, threshold, algo_policy):
+    case = check_tensors(q, k, v, attn_mask, causal, scale, require_cuda=False)
+    return (q.new_empty(case.B, case.Hq, case.Sq, case.D),
+            q.new_empty(case.B, case.Hq, case.Sq, dtype=torch.float32))

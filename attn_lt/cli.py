@@ -386,6 +386,46 @@ def _cache_verify(a, cache) -> int:
     return EXIT_OK if bad == 0 else EXIT_FAIL
 
 
+def cmd_calibrate(a) -> int:
+    import torch
+
+    from . import calibrate
+
+    dims = [int(x) for x in a.dims.split(",")]
+    lengths = sorted(int(x) for x in a.lengths.split(","))
+    if any(d not in (64, 128) for d in dims) or any(s < 1 for s in lengths):
+        raise ValueError("--dims takes 64 and/or 128 (the fused path's head dims); --lengths positive integers")
+    if not torch.cuda.is_available():
+        print("attn-lt calibrate: needs a CUDA GPU (none visible)", file=sys.stderr)
+        return EXIT_USAGE
+    from . import attention
+    from .cache import Env
+    from .testing import time_ms
+
+    points = []
+    jobs = [(d, s) for d in dims for s in lengths]
+    for i, (d, s) in enumerate(jobs):
+        _progress(i, len(jobs), f"D{d} S{s}")
+        h = max(1, 2048 // d)
+        q, k, v = (torch.randn(1, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        t = {}
+        for backend in ("wmma", "lt"):
+            attention(q, k, v, backend=backend)  # warm-up (and, for lt, algorithm tuning)
+            t[backend] = time_ms(lambda: attention(q, k, v, backend=backend), warmup_ms=10, rep_ms=100)
+        points.append({"D": d, "Sk": s, "H": h, "wmma_ms": round(t["wmma"], 4), "lt_ms": round(t["lt"], 4)})
+    _progress(len(jobs), len(jobs), "done")
+    threshold = calibrate.crossover(points)
+    where = calibrate.store(Env.current().key(), threshold, points)
+    if a.json:
+        print(json.dumps({"threshold": threshold, "points": points, "file": str(where)}, indent=2))
+    else:
+        for p in points:
+            print(f"D{p['D']:<4} Sk {p['Sk']:>7}  wmma {p['wmma_ms']:>9.4f} ms  lt {p['lt_ms']:>9.4f} ms")
+        shown = "never (the fused path wins at every length measured)" if threshold == calibrate.NEVER else threshold
+        print(f"threshold: {shown}; stored in {where}")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="attn-lt", description="attn_lt: hybrid attention for NVIDIA GPUs")
     p.add_argument("--version", action="version", version=f"attn_lt {__version__}")
@@ -401,6 +441,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("demo", help="run one attention call, check it against PyTorch and time both")
     _add_shape_args(s)
     s.set_defaults(fn=cmd_demo)
+    s = sub.add_parser("calibrate", help="measure the wmma/lt crossover on this GPU and store it as the threshold")
+    s.add_argument("--dims", default="64,128")
+    s.add_argument("--lengths", default="2048,4096,8192,16384,32768")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_calibrate)
     c = sub.add_parser("cache", help="the per-shape cuBLASLt algorithm cache")
     csub = c.add_subparsers(dest="cache_cmd", required=True)
     x = csub.add_parser("list", help="every entry")

@@ -6,6 +6,7 @@ variable                       default      meaning
 ``ATTN_LT_WORKSPACE_MB``       1024         workspace budget of the long path (FP32 score chunks + cuBLASLt
                                             workspace), MiB; the ``workspace_bytes`` argument overrides it
 ``ATTN_LT_THRESHOLD``          4096         key length from which ``backend="auto"`` takes the long path
+                                            (default: the value ``attn-lt calibrate`` stored for this GPU, else 4096)
 ``ATTN_LT_LIB``                (package)    path of ``libattn_lt.so`` to load instead of the packaged build
 ``ATTN_LT_SOFTMAX``            auto         force a softmax kernel: ``pipe``, ``row``, ``two_pass``
 ``ATTN_LT_CACHE_DIR``          (user cache) directory of the algorithm cache ``algos.json``
@@ -52,12 +53,17 @@ def workspace_bytes(override: int | None = None) -> int:
 
 
 def threshold(override: int | None = None) -> int:
-    """Key length from which the selector prefers the long path: argument, else ``ATTN_LT_THRESHOLD``, else 4096."""
+    """Key length from which the selector prefers the long path: the argument, else ``ATTN_LT_THRESHOLD``, else
+    the value ``attn-lt calibrate`` measured on this GPU, else 4096."""
     if override is not None:
         if isinstance(override, bool) or not isinstance(override, int) or override < 1:
             raise ValueError(f"threshold must be a positive int, got {override!r}")
         return override
-    return _env_int("ATTN_LT_THRESHOLD", DEFAULT_THRESHOLD, 1)
+    if os.environ.get("ATTN_LT_THRESHOLD", "").strip():
+        return _env_int("ATTN_LT_THRESHOLD", DEFAULT_THRESHOLD, 1)
+    from .calibrate import stored_threshold
+
+    return stored_threshold() or DEFAULT_THRESHOLD
 
 
 def library_override() -> str | None:

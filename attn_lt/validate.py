@@ -114,7 +114,10 @@ def check_tensors(q, k, v, attn_mask=None, causal=False, scale=None, require_cud
     mask = None
     if attn_mask is not None:
         mask = check_mask(attn_mask, (B, Hq, Sq, Sk), q.dtype)
-    addr = q.data_ptr() | k.data_ptr() | v.data_ptr()
+    try:
+        addr = q.data_ptr() | k.data_ptr() | v.data_ptr()
+    except RuntimeError:  # fake/meta tensors while tracing (torch.compile): no addresses yet
+        addr = 0
     case = Case(B, Hq, Hkv, Sq, Sk, D, _DTYPES[q.dtype], causal, float(scale), mask,
                 tuple(q.stride()), tuple(k.stride()), tuple(v.stride()), min(256, addr & -addr) if addr else 256)
     if require_cuda:

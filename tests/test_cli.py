@@ -119,3 +119,11 @@ def test_explain_shows_each_gemm(capsys, fixture_cache):
     code, out, _ = run(capsys, "explain", "--json", "-s", "8192")
     d = json.loads(out)
     assert code == 0 and {g["gemm"].split("|")[0] for g in d["gemms"]} == {"qk", "pv"}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
+def test_calibrate_without_gpu_exits_2(capsys):
+    code, _, err = run(capsys, "calibrate", "--dims", "64", "--lengths", "1024")
+    assert code == 2 and "needs a CUDA GPU" in err
+    code, _, err = run(capsys, "calibrate", "--dims", "80")
+    assert code == 2 and "--dims" in err

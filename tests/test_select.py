@@ -67,3 +67,30 @@ def test_forced_lt_and_unknown_backend():
 def test_declared_capabilities():
     assert LT.not_supported_reasons(case(D=512)) == []
     assert "head dim 80 not in (64, 128)" in WMMA.not_supported_reasons(case(D=80))
+
+
+def test_calibrated_threshold_is_used_for_this_gpu_only(tmp_path, monkeypatch):
+    from attn_lt import calibrate
+
+    monkeypatch.setenv("ATTN_LT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(calibrate, "_current_env_key", lambda: "NVIDIA H200|sm9.0|132sm|cublasLt130100")
+    calibrate.stored_threshold.cache_clear()
+    assert "threshold 4096" in select(case(100)).reasons[0]
+    calibrate.store("NVIDIA H100|sm9.0|132sm|cublasLt130100", 777, [])
+    assert "threshold 4096" in select(case(100)).reasons[0]  # another GPU's calibration does not apply
+    calibrate.store("NVIDIA H200|sm9.0|132sm|cublasLt130100", 12345, [])
+    assert "threshold 12345" in select(case(100)).reasons[0]
+    monkeypatch.setenv("ATTN_LT_THRESHOLD", "50")  # the environment variable still wins
+    assert "threshold 50" in select(case(100)).reasons[0]
+    calibrate.stored_threshold.cache_clear()
+
+
+def test_crossover_rule():
+    from attn_lt.calibrate import NEVER, crossover
+
+    pts = [{"D": 64, "Sk": s, "wmma_ms": w, "lt_ms": l} for s, w, l in
+           [(1024, 1, 2), (4096, 3, 2.5), (8192, 9, 4), (16384, 30, 10)]]
+    assert crossover(pts) == 4096
+    assert crossover([{"D": 128, "Sk": 4096, "wmma_ms": 1, "lt_ms": 2}]) == NEVER
+    pts.append({"D": 128, "Sk": 16384, "wmma_ms": 5, "lt_ms": 4})
+    assert crossover(pts) == 4096

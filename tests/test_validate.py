@@ -121,3 +121,15 @@ def test_case_str_and_contiguous():
     c = Case.contiguous(2, 32, 8, 1, 4096, 128, causal=True)
     assert str(c) == "B2 Hq32 Hkv8 (GQA x4) Sq1 Sk4096 D128 bf16 causal"
     assert c.k_strides == (8 * 4096 * 128, 4096 * 128, 128, 1)
+
+
+def test_custom_op_fake_gives_shapes_and_errors_on_meta_tensors():
+    """The torch.library op behind torch.compile: shapes (and validation) without any device work."""
+    q = torch.empty(2, 8, 33, 64, dtype=torch.bfloat16, device="meta")
+    k = torch.empty(2, 2, 97, 64, dtype=torch.bfloat16, device="meta")
+    out, lse = torch.ops.attn_lt.attention(q, k, k, None, True, None, "auto", None, None, None)
+    assert out.shape == (2, 8, 33, 64) and out.dtype == torch.bfloat16 and lse.shape == (2, 8, 33)
+    assert lse.dtype == torch.float32
+    with pytest.raises(ValueError, match="multiple of kv heads"):
+        torch.ops.attn_lt.attention(q, k[:, :1].expand(2, 3, 97, 64), k[:, :1].expand(2, 3, 97, 64), None, False,
+                                    None, "auto", None, None, None)

@@ -57,3 +57,40 @@ def test_mask_routes_to_lt_with_the_reason():
 def test_repeatable_bit_for_bit():
     q, k, v = rand_qkv(2, 8, 2, 1000, 1500, 128, "bf16")
     assert torch.equal(attn_lt.attention(q, k, v, causal=True), attn_lt.attention(q, k, v, causal=True))
+
+
+def test_torch_compile_matches_eager():
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = torch.nn.Linear(256, 3 * 256, dtype=torch.bfloat16)
+            self.proj = torch.nn.Linear(256, 256, dtype=torch.bfloat16)
+
+        def forward(self, x):
+            B, S, _ = x.shape
+            q, k, v = self.qkv(x).view(B, S, 3, 4, 64).permute(2, 0, 3, 1, 4)
+            return self.proj(attn_lt.attention(q, k, v, causal=True).transpose(1, 2).reshape(B, S, 256))
+
+    m = Block().cuda()
+    x = torch.randn(2, 1000, 256, device="cuda", dtype=torch.bfloat16)
+    eager = m(x)
+    compiled = torch.compile(m, fullgraph=True)(x)
+    assert torch.equal(compiled, eager) or rel_error(compiled, eager.float()) < 1e-2
+
+
+def test_calibrate_stores_a_threshold_that_select_uses(tmp_path, monkeypatch, capsys):
+    import json
+
+    from attn_lt import calibrate
+    from attn_lt.cli import main
+
+    monkeypatch.setenv("ATTN_LT_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("ATTN_LT_THRESHOLD", raising=False)
+    assert main(["calibrate", "--dims", "64", "--lengths", "1024,8192", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert len(d["points"]) == 2 and (tmp_path / "calibration.json").exists()
+    calibrate.stored_threshold.cache_clear()
+    from attn_lt import config
+
+    assert config.threshold() == d["threshold"]
+    calibrate.stored_threshold.cache_clear()

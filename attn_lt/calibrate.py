@@ -1,0 +1,101 @@
+"""The hybrid threshold measured on the user's GPU: ``attn-lt calibrate`` times the fused path against the long
+path over key lengths and stores the crossover in ``calibration.json`` beside the algorithm cache, per environment
+(the same GPU / cuBLASLt key as the cache). ``config.threshold()`` uses it when neither an argument nor
+``ATTN_LT_THRESHOLD`` says otherwise."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+from . import config
+
+log = logging.getLogger("attn_lt")
+
+SCHEMA = "attn_lt.calibration"
+NEVER = 2**31 - 1  # the long path never wins: auto keeps the fused path whenever it can run the case
+
+
+def path() -> Path:
+    return config.cache_dir() / "calibration.json"
+
+
+def _read(p: Path) -> dict:
+    try:
+        doc = json.loads(p.read_text())
+        if doc.get("schema") == SCHEMA and isinstance(doc.get("thresholds"), dict):
+            return doc
+        log.warning("attn_lt: %s is not a calibration file; ignoring it", p)
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError) as e:
+        log.warning("attn_lt: cannot read %s (%s); ignoring it", p, e)
+    return {"schema": SCHEMA, "thresholds": {}}
+
+
+def store(env_key: str, threshold: int, points: list) -> Path:
+    """Record ``threshold`` (and the measurements behind it) for ``env_key``; atomic replace."""
+    p = path()
+    doc = _read(p)
+    doc["thresholds"][env_key] = {"threshold": int(threshold), "points": points}
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=p.name + ".", dir=p.parent)
+    with os.fdopen(fd, "w") as f:
+        json.dump(doc, f, indent=1)
+    os.replace(tmp, p)
+    stored_threshold.cache_clear()
+    return p
+
+
+@functools.lru_cache(maxsize=8)
+def _stored(p: str, env_key: str) -> int | None:
+    entry = _read(Path(p))["thresholds"].get(env_key)
+    t = entry.get("threshold") if isinstance(entry, dict) else None
+    return t if isinstance(t, int) and not isinstance(t, bool) and t >= 1 else None
+
+
+def _env_key() -> str | None:
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        from .cache import Env
+
+        return Env.current(torch.cuda.current_device()).key()
+    except Exception:  # no nvmath / cuBLASLt: no environment, no calibration
+        return None
+
+
+@functools.lru_cache(maxsize=1)
+def _current_env_key() -> str | None:
+    return _env_key()
+
+
+def stored_threshold() -> int | None:
+    """The calibrated threshold of the current GPU, or None."""
+    key = _current_env_key()
+    return None if key is None else _stored(str(path()), key)
+
+
+stored_threshold.cache_clear = _stored.cache_clear  # type: ignore[attr-defined]
+
+
+def crossover(points: list[dict]) -> int:
+    """Smallest measured Sk from which the long path is faster at every longer measured Sk (per head dim, the
+    smallest over head dims); NEVER when the fused path wins at the longest length of every head dim."""
+    best = NEVER
+    for d in sorted({p["D"] for p in points}):
+        rows = sorted((p for p in points if p["D"] == d), key=lambda p: p["Sk"])
+        t = NEVER
+        for p in reversed(rows):
+            if p["lt_ms"] < p["wmma_ms"]:
+                t = p["Sk"]
+            else:
+                break
+        best = min(best, t)
+    return best
