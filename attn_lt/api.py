@@ -15,6 +15,9 @@ from .validate import Case, check_tensors
 
 log = logging.getLogger("attn_lt")
 
+_NO_BACKWARD = ("attn_lt.attention has no backward pass (forward and inference only): call it under "
+                "torch.no_grad() / torch.inference_mode(), or on tensors that do not require grad")
+
 
 def _is_cupy(x) -> bool:
     return type(x).__module__.split(".")[0] == "cupy"
@@ -61,6 +64,7 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
 
     Raises:
         TypeError, ValueError: bad input (types, dtypes, shapes, head counts, mask, devices), before GPU work.
+        NotImplementedError: inputs that require grad with grad mode on (attn_lt is forward only).
     """
     if isinstance(q, torch.Tensor) and torch.compiler.is_compiling():
         if out is not None:
@@ -78,6 +82,8 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
                             workspace_bytes=workspace_bytes, threshold=threshold, algo_policy=algo_policy)
         return tuple(cupy.from_dlpack(r) for r in res) if return_lse else cupy.from_dlpack(res)
     case = check_tensors(q, k, v, attn_mask, causal, scale)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        raise NotImplementedError(_NO_BACKWARD)
     shape = (case.B, case.Hq, case.Sq, case.D)
     if out is None:
         out = torch.empty(shape, dtype=q.dtype, device=q.device)
@@ -158,6 +164,13 @@ def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: 
                   algo_policy: str | None) -> tuple[torch.Tensor, torch.Tensor]:
     return attention(q, k, v, attn_mask=attn_mask, causal=causal, scale=scale, backend=backend, return_lse=True,
                      workspace_bytes=workspace_bytes, threshold=threshold, algo_policy=algo_policy)
+
+
+def _no_backward(ctx, grad_out, grad_lse):
+    raise NotImplementedError(_NO_BACKWARD)
+
+
+_attention_op.register_autograd(_no_backward)
 
 
 @_attention_op.register_fake
