@@ -111,19 +111,22 @@ def status() -> str:
     return f"ok ({library_path()}, ABI {ABI_VERSION}, sources {lib.attn_lt_source_hash().decode()})"
 
 
-def softmax(args: SoftmaxArgs, stream: int) -> None:
-    """Launch the row softmax on ``stream`` (a cudaStream_t as int); raises :class:`CudaError` on failure."""
+def _launch(name: str, args: ctypes.Structure, stream: int, describe: str) -> None:
+    """Call launcher ``name`` of the library on ``stream`` (a cudaStream_t as int); a nonzero cudaError_t becomes
+    :class:`CudaError` naming the error and the launch (``describe``)."""
     lib = load()
-    err = lib.attn_lt_softmax(ctypes.byref(args), ctypes.c_void_p(stream))
+    err = getattr(lib, name)(ctypes.byref(args), ctypes.c_void_p(stream))
     if err:
-        raise CudaError(f"attn_lt_softmax failed: {lib.attn_lt_error_string(err).decode()} (cudaError {err}); "
-                        f"rows={args.rows} cols={args.cols} batch={args.batch} ld_s={args.ld_s}")
+        raise CudaError(f"{name} failed: {lib.attn_lt_error_string(err).decode()} (cudaError {err}); {describe}")
+
+
+def softmax(args: SoftmaxArgs, stream: int) -> None:
+    """Launch the row softmax of the long path; raises :class:`CudaError` on failure."""
+    _launch("attn_lt_softmax", args, stream,
+            f"rows={args.rows} cols={args.cols} batch={args.batch} ld_s={args.ld_s}")
 
 
 def flash(args: FlashArgs, stream: int) -> None:
-    """Launch the fused short-path kernel on ``stream``; raises :class:`CudaError` on failure."""
-    lib = load()
-    err = lib.attn_lt_flash_fwd(ctypes.byref(args), ctypes.c_void_p(stream))
-    if err:
-        raise CudaError(f"attn_lt_flash_fwd failed: {lib.attn_lt_error_string(err).decode()} (cudaError {err}); "
-                        f"B={args.B} Hq={args.Hq} Hkv={args.Hkv} Sq={args.Sq} Sk={args.Sk} D={args.D}")
+    """Launch the fused short-path kernel; raises :class:`CudaError` on failure."""
+    _launch("attn_lt_flash_fwd", args, stream,
+            f"B={args.B} Hq={args.Hq} Hkv={args.Hkv} Sq={args.Sq} Sk={args.Sk} D={args.D}")
