@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import json
 import logging
 import math
@@ -70,6 +71,12 @@ class Env:
 
         p = torch.cuda.get_device_properties(device)
         return cls(p.name, f"{p.major}.{p.minor}", p.multi_processor_count, int(cublasLt.get_version()))
+
+
+@functools.lru_cache(maxsize=16)
+def current_env(device: int = 0) -> Env:
+    """The :class:`Env` of ``device`` (GPU properties and cuBLASLt version), looked up once per process."""
+    return Env.current(device)
 
 
 @dataclass(frozen=True)

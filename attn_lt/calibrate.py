@@ -58,22 +58,17 @@ def _stored(p: str, env_key: str) -> int | None:
     return t if isinstance(t, int) and not isinstance(t, bool) and t >= 1 else None
 
 
-def _env_key() -> str | None:
+def _current_env_key() -> str | None:
     try:
         import torch
 
         if not torch.cuda.is_available():
             return None
-        from .cache import Env
+        from .cache import current_env
 
-        return Env.current(torch.cuda.current_device()).key()
+        return current_env(torch.cuda.current_device()).key()
     except Exception:  # no nvmath / cuBLASLt: no environment, no calibration
         return None
-
-
-@functools.lru_cache(maxsize=1)
-def _current_env_key() -> str | None:
-    return _env_key()
 
 
 def stored_threshold() -> int | None:

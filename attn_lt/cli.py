@@ -90,15 +90,12 @@ def cmd_info(a) -> int:
 
 def _plan_gemms(case, plan):
     """The distinct (role, GEMM key) of a plan, for contiguous inputs at 256-byte aligned addresses."""
-    from .lt.path import gemm_keys
-    from .plan import chunk_layout
+    from .lt.path import chunk_gemms
 
-    base, seen = 1 << 40, {}
+    seen = {}
     for c in plan.chunks:
         if c.kend:
-            lay = chunk_layout(case, plan, c)
-            ptrs = tuple(base + o * 2 for o in (lay.q.offset, lay.k.offset, lay.v.offset, lay.o.offset)) + (base,)
-            for key in gemm_keys(case, lay, ptrs):
+            for key in chunk_gemms(case, plan, c, (1 << 40,) * 5)[2]:
                 seen.setdefault(key, None)
     return list(seen)
 
@@ -113,9 +110,9 @@ def _algo_lines(case, plan):
         import torch
 
         if torch.cuda.is_available():
-            from .cache import Env
+            from .cache import current_env
 
-            env = Env.current().key()
+            env = current_env().key()
     except Exception:  # no nvmath / cuBLASLt: entries of every environment are shown
         env = None
     by_key: dict[str, list] = {}
@@ -354,9 +351,9 @@ def _verify_entry(key, entry, device: int):
 
 
 def _cache_verify(a, cache) -> int:
-    from .cache import Env, parse_key
+    from .cache import current_env, parse_key
 
-    env = Env.current().key()
+    env = current_env().key()
     items = [(k, e) for en, k, e in cache.items() if en == env]
     rows, bad = [], 0
     for i, (k, e) in enumerate(items):
@@ -399,7 +396,7 @@ def cmd_calibrate(a) -> int:
         print("attn-lt calibrate: needs a CUDA GPU (none visible)", file=sys.stderr)
         return EXIT_USAGE
     from . import attention
-    from .cache import Env
+    from .cache import current_env
     from .testing import time_ms
 
     points = []
@@ -415,7 +412,7 @@ def cmd_calibrate(a) -> int:
         points.append({"D": d, "Sk": s, "H": h, "wmma_ms": round(t["wmma"], 4), "lt_ms": round(t["lt"], 4)})
     _progress(len(jobs), len(jobs), "done")
     threshold = calibrate.crossover(points)
-    where = calibrate.store(Env.current().key(), threshold, points)
+    where = calibrate.store(current_env().key(), threshold, points)
     if a.json:
         print(json.dumps({"threshold": threshold, "points": points, "file": str(where)}, indent=2))
     else:

@@ -27,6 +27,7 @@ class Backend:
     supports_mask: bool = True
     supports_gqa: bool = True
     needs_aligned_rows: bool = False  # 16-byte aligned bases and strides (cp.async tiles)
+    max_batch_heads: int | None = None  # B * Hq (one grid dimension of the kernel)
 
     @staticmethod
     def layout_reasons(case: Case) -> list[str]:
@@ -37,12 +38,12 @@ class Backend:
         if any(st % 8 for st in strides):
             reasons.append(f"strides {case.q_strides}, {case.k_strides}, {case.v_strides} are not multiples of 8 "
                            "elements")
-        if case.B * case.Hq > 65535:
-            reasons.append(f"B * Hq = {case.B * case.Hq} > 65535")
         return reasons
 
     def not_supported_reasons(self, case: Case) -> list[str]:
         reasons = self.layout_reasons(case) if self.needs_aligned_rows else []
+        if self.max_batch_heads is not None and case.B * case.Hq > self.max_batch_heads:
+            reasons.append(f"B * Hq = {case.B * case.Hq} > {self.max_batch_heads}")
         if not self.built:
             reasons.append(f"the {self.name} kernel is not part of this build")
         if case.dtype not in self.dtypes:
@@ -61,7 +62,8 @@ class Backend:
 #: The long path runs any head dim cuBLASLt accepts; the softmax does not depend on it.
 LT = Backend("lt", ("fp16", "bf16"), None, 4096, built=True)
 #: The fused short path (native/flash.cu): head dims 64 and 128, causal, GQA, any lengths; no user mask.
-WMMA = Backend("wmma", ("fp16", "bf16"), (64, 128), 128, built=True, supports_mask=False, needs_aligned_rows=True)
+WMMA = Backend("wmma", ("fp16", "bf16"), (64, 128), 128, built=True, supports_mask=False, needs_aligned_rows=True,
+               max_batch_heads=65535)
 _BY_NAME = {"lt": LT, "wmma": WMMA}
 
 

@@ -62,6 +62,11 @@ class Case:
         return f"B{self.B} Hq{self.Hq} Hkv{self.Hkv}{g} Sq{self.Sq} Sk{self.Sk} D{self.D} {self.dtype}{extra}"
 
 
+def address_alignment(ptr: int) -> int:
+    """Largest power of two (at most 256) dividing a device address (256 for 0: no address yet)."""
+    return min(256, ptr & -ptr) if ptr else 256
+
+
 def _shape(t) -> str:
     return f"({', '.join(str(s) for s in t.shape)})"
 
@@ -119,7 +124,7 @@ def check_tensors(q, k, v, attn_mask=None, causal=False, scale=None, require_cud
     except RuntimeError:  # fake/meta tensors while tracing (torch.compile): no addresses yet
         addr = 0
     case = Case(B, Hq, Hkv, Sq, Sk, D, _DTYPES[q.dtype], causal, float(scale), mask,
-                tuple(q.stride()), tuple(k.stride()), tuple(v.stride()), min(256, addr & -addr) if addr else 256)
+                tuple(q.stride()), tuple(k.stride()), tuple(v.stride()), address_alignment(addr))
     if require_cuda:
         devices = {t.device for t in (q, k, v)} | ({attn_mask.device} if attn_mask is not None else set())
         if any(d.type != "cuda" for d in devices):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import attn_lt
-from attn_lt.cache import AlgoConfig, Entry, Env, default_cache
+from attn_lt.cache import AlgoConfig, Entry, Env, current_env, default_cache
 from attn_lt.lt import algos, cublaslt
 from attn_lt.testing import reference, rel_error, sdpa, tolerance
 
@@ -37,16 +37,13 @@ def check_correct(q, k, v, o):
 
 def pv_gemm(q, k, v):
     """The P@V GEMM of the first chunk of attention(q, k, v), as the long path builds it."""
-    from attn_lt.lt.path import gemm_keys
-    from attn_lt.plan import chunk_layout
+    from attn_lt.lt.path import chunk_gemms
 
     e = attn_lt.explain(q, k, v)
-    c = e.plan.chunks[0]
-    lay = chunk_layout(e.case, e.plan, c)
     out = torch.empty(q.shape, dtype=q.dtype, device="cuda")
-    ptrs = (q.data_ptr() + 2 * lay.q.offset, k.data_ptr() + 2 * lay.k.offset, v.data_ptr() + 2 * lay.v.offset,
-            out.data_ptr() + 2 * lay.o.offset, 1 << 40)
-    return cublaslt.gemm(q.device.index, gemm_keys(e.case, lay, ptrs)[1], e.plan.gemm_workspace)
+    bases = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), 1 << 40)
+    return cublaslt.gemm(q.device.index, chunk_gemms(e.case, e.plan, e.plan.chunks[0], bases)[2][1],
+                         e.plan.gemm_workspace)
 
 
 def test_candidates_heuristic_first_within_workspace(fresh):
@@ -81,7 +78,7 @@ def test_tuning_stores_valid_winners_that_compute_correctly(fresh, shape):
     check_correct(q, k, v, o)
     items = fresh.items()
     assert {key.split("|")[0] for _, key, _ in items} == {"qk", "pv"}
-    env = Env.current().key()
+    env = current_env().key()
     for e, _, entry in items:
         assert e == env and entry.median_ms <= entry.heuristic_ms * 1.0001
     # a new process (simulated: GEMM objects dropped) uses the cache without tuning, under both policies

@@ -110,11 +110,11 @@ def kernel_breakdown(fn) -> dict:
 
 def chosen_algorithms(q, k, v, mask, causal) -> list:
     """For the GEMMs of this case: cached winner's split-K, tuned and heuristic ms (from the cache)."""
-    from attn_lt.cache import Env, default_cache, key_string
+    from attn_lt.cache import current_env, default_cache, key_string
     from attn_lt.cli import _plan_gemms
 
     e = attn_lt.explain(q, k, v, attn_mask=mask, causal=causal, backend="lt")
-    env = Env.current()
+    env = current_env()
     out = []
     for key in _plan_gemms(e.case, e.plan)[:4]:
         hit = default_cache().get(env, key)
@@ -126,10 +126,10 @@ def chosen_algorithms(q, k, v, mask, causal) -> list:
 def host_cost() -> dict:
     """Host microseconds of (a) the per-call lookup of a resolved GEMM and (b) a GEMM's first use in a process
     when the cache has it (descriptors, heuristic fallback, cache lookup, algorithm check)."""
-    from attn_lt.cache import Env, default_cache, parse_key
+    from attn_lt.cache import current_env, default_cache, parse_key
     from attn_lt.lt import algos, cublaslt
 
-    env = Env.current().key()
+    env = current_env().key()
     keys = [parse_key(k) for e, k, _ in default_cache().items() if e == env]
     if not keys:
         return {}
@@ -193,8 +193,10 @@ def main(argv=None) -> int:
                 fn = call(p, q, k, v, mask, causal, budget)
                 if p == "lt":  # tune every GEMM shape of the case before timing (the cache keeps them)
                     os.environ["ATTN_LT_TUNE_CALL_MS"] = "60000"
-                    fn()
-                    os.environ.pop("ATTN_LT_TUNE_CALL_MS")
+                    try:
+                        fn()
+                    finally:
+                        os.environ.pop("ATTN_LT_TUNE_CALL_MS")
                 ms, peak = measure(fn, slow=Sk >= 131072 and Sq > 1)
                 row[p] = {"ms": round(ms, 4), "tflops": round(flops / ms / 1e9, 1), "peak_mib": round(peak),
                           "kv_tbs": round(kv_bytes / ms / 1e9, 2)}

@@ -24,7 +24,7 @@ for key in gemm_keys(e.case, lay, ptrs):
     cands = algos.candidates(g, 32 << 20)
     print("  ids", L.matmul_algo_get_ids(g.handle, 68, 0, 14, 14, 0 if key.role == "qk" else 14,
                                         0 if key.role == "qk" else 14, 24))
-    print("  explicit configs of id 21:", algos._explicit_configs(g, 21) if 21 in L.matmul_algo_get_ids(
+    print("  explicit configs of id 21:", algos._explicit_configs(g, algos._Caps(g, 21), 21) if 21 in L.matmul_algo_get_ids(
         g.handle, 68, 0, 14, 14, 0 if key.role == "qk" else 14, 0 if key.role == "qk" else 14, 24) else "-")
     print("  %d candidates:" % len(cands), [(c.algo_id, c.tile, c.stages, c.splitk, c.reduction) for c, _, _ in cands])
     print("  with split-K:", sum(c.splitk > 1 for c, _, _ in cands))

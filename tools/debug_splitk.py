@@ -4,7 +4,7 @@ import numpy as np
 sys.path.insert(0, ".")
 from attn_lt.lt import algos, cublaslt
 from attn_lt.lt.cublaslt import GemmKey
-L = cublaslt._lt(); C = L.MatmulAlgoCapAttribute
+L = cublaslt._lt()
 for batch in (16, 1):
     key = GemmKey("pv", "bf16", 128, 4, 65536, batch, False, False, 128, 131072, 128, 8388608, 524288, 512, 256, 256, 256)
     g = cublaslt.gemm(0, key, 32 << 20)
@@ -12,11 +12,11 @@ for batch in (16, 1):
     ids = L.matmul_algo_get_ids(g.handle, 68, 0, 14, 14, 14, 14, 24)
     for i in ids:
         try:
-            cfgs = algos._explicit_configs(g, int(i))
+            caps = algos._Caps(g, int(i))
+            cfgs = algos._explicit_configs(g, caps, int(i))
         except Exception as e:
             print(" id", i, "explicit failed", str(e)[:60]); continue
-        probe = algos.make_algo(g, algos.AlgoConfig(int(i)))
-        cap, mask = algos._cap(probe, C.SPLITK_SUPPORT), algos._cap(probe, C.REDUCTION_SCHEME_MASK)
+        cap, mask = caps.splitk, caps.schemes
         res = []
         for base in cfgs[:1]:
             for s, r in ((1, 0), (4, 1), (4, 2), (4, 4)):

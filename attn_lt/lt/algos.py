@@ -17,14 +17,13 @@ on the call's own operands (real data) in random order, the heuristic's choice f
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import random
 import time
 
 import numpy as np
 
-from ..cache import AlgoConfig, Entry, Env, default_cache, now
+from ..cache import AlgoConfig, Entry, current_env, default_cache, now
 from .cublaslt import _CUDA_R_32F, _DTYPE, CublasLtError, _call, _lt
 
 log = logging.getLogger("attn_lt")
@@ -124,14 +123,23 @@ def _tile_waste(tile: int, m: int, n: int) -> tuple[float, int]:
     return (-(-m // tm) * tm * -(-n // tn) * tn / (m * n), -tm * tn)
 
 
-def _explicit_configs(gemm, algo_id: int) -> list[AlgoConfig]:
+class _Caps:
+    """Capabilities of one algorithm id for one GEMM (they do not depend on the configuration)."""
+
+    def __init__(self, gemm, algo_id: int):
+        C = _lt().MatmulAlgoCapAttribute
+        probe = make_algo(gemm, AlgoConfig(algo_id))
+        self.splitk = bool(_cap(probe, C.SPLITK_SUPPORT))
+        self.schemes = [r for r in (1, 2, 4) if _cap(probe, C.REDUCTION_SCHEME_MASK) & r] or [0]
+        self.tiles = [t for t in _cap_list(probe, C.TILE_IDS) if t]
+        self.stages = [s for s in _cap_list(probe, C.STAGES_IDS) if s]
+
+
+def _explicit_configs(gemm, caps: _Caps, algo_id: int) -> list[AlgoConfig]:
     """Configurations of one algorithm id built from its tile and stage capabilities."""
-    C = _lt().MatmulAlgoCapAttribute
-    probe = make_algo(gemm, AlgoConfig(algo_id))
-    tiles = sorted((t for t in _cap_list(probe, C.TILE_IDS) if t), key=lambda t: _tile_waste(t, gemm.key.m,
-                                                                                             gemm.key.n))
-    stages = [s for s in _cap_list(probe, C.STAGES_IDS) if s][-STAGES_PER_ALGO:] or [0]
-    return [AlgoConfig(algo_id, tile=t, stages=st) for t in (tiles[:TILES_PER_ALGO] or [0]) for st in stages]
+    tiles = sorted(caps.tiles, key=lambda t: _tile_waste(t, gemm.key.m, gemm.key.n))[:TILES_PER_ALGO] or [0]
+    stages = caps.stages[-STAGES_PER_ALGO:] or [0]
+    return [AlgoConfig(algo_id, tile=t, stages=st) for t in tiles for st in stages]
 
 
 def candidates(gemm, workspace_limit: int) -> list[tuple[AlgoConfig, np.ndarray, int]]:
@@ -152,25 +160,27 @@ def candidates(gemm, workspace_limit: int) -> list[tuple[AlgoConfig, np.ndarray,
                                     MAX_ALGO_IDS)
     except L.cuBLASLtError as e:
         log.debug("cublasLtMatmulAlgoGetIds failed for %s: %s", k, e)
+    caps: dict[int, _Caps | None] = {}
+
+    def caps_of(algo_id: int) -> _Caps | None:  # once per id
+        if algo_id not in caps:
+            try:
+                caps[algo_id] = _Caps(gemm, algo_id)
+            except CublasLtError:
+                caps[algo_id] = None
+        return caps[algo_id]
+
     n_heuristic = len(bases)
     known = {b.algo_id for b in bases}
-    for i in ids:
-        if int(i) not in known:
-            try:
-                bases += _explicit_configs(gemm, int(i))
-            except CublasLtError:
-                pass
-    C = L.MatmulAlgoCapAttribute
+    for i in map(int, ids):
+        if i not in known and caps_of(i) is not None:
+            bases += _explicit_configs(gemm, caps_of(i), i)
     split_variants: list[AlgoConfig] = []
     for base in bases:
-        try:
-            probe = make_algo(gemm, dataclasses.replace(base, splitk=1, reduction=0))
-        except CublasLtError:
-            continue
-        if _cap(probe, C.SPLITK_SUPPORT) and gemm.key.k >= 1024:
-            schemes = [r for r in (1, 2, 4) if _cap(probe, C.REDUCTION_SCHEME_MASK) & r] or [0]
+        c = caps_of(base.algo_id)
+        if c is not None and c.splitk and gemm.key.k >= 1024:
             split_variants += [dataclasses.replace(base, splitk=s, reduction=r) for s in SPLITS if s > 1
-                               for r in schemes if gemm.key.k // s >= 256]
+                               for r in c.schemes if gemm.key.k // s >= 256]
     ordered = bases[:n_heuristic] + split_variants + bases[n_heuristic:]
     out: list[tuple[AlgoConfig, np.ndarray, int]] = []
     seen: set[AlgoConfig] = set()
@@ -229,11 +239,6 @@ def tune(gemm, workspace_limit: int, operands, budget_ms: float) -> Entry:
     return Entry(cands[best][0], round(best_ms, 5), round(heuristic_ms, 5), cands[best][2], runners, now())
 
 
-@functools.lru_cache(maxsize=16)
-def _env(device: int) -> Env:
-    return Env.current(device)
-
-
 def heuristic_choice(gemm, workspace_limit: int) -> None:
     """Set ``gemm.algo`` (and its workspace need) to the heuristic's best algorithm."""
     results = gemm.heuristic(workspace_limit, count=1)
@@ -255,7 +260,7 @@ def resolve(gemm, policy: str, workspace_limit: int, operands, deadline: float =
     if policy == "heuristic":
         gemm.resolved = True
         return
-    env = _env(gemm.device)
+    env = current_env(gemm.device)
     cache = default_cache()
     entry = cache.get(env, gemm.key)
     if entry is not None:

@@ -75,11 +75,6 @@ class GemmKey:
                 f"ld({self.lda},{self.ldb},{self.ldc})")
 
 
-def alignment(ptr: int) -> int:
-    """Largest power of two (at most 256) dividing a device address."""
-    return min(256, ptr & -ptr) if ptr else 256
-
-
 def _set(setter, obj, attr, dtype_of, value) -> None:
     buf = np.array([value], dtype=dtype_of(attr))
     setter(obj, int(attr), buf.ctypes.data, buf.nbytes)

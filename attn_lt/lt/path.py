@@ -11,7 +11,8 @@ from .. import config, native
 from ..plan import Chunk, ChunkLayout, Plan, chunk_layout
 from ..validate import Case
 from . import algos, cublaslt
-from .cublaslt import GemmKey, alignment
+from ..validate import address_alignment as alignment
+from .cublaslt import GemmKey
 
 _ESIZE = 2  # bytes per fp16/bf16 element
 
@@ -28,6 +29,16 @@ def gemm_keys(case: Case, lay: ChunkLayout, ptrs: tuple[int, int, int, int, int]
                  ldc=lay.o.row_stride, stride_a=lay.v.batch_stride, stride_b=2 * lay.s.batch_stride,
                  stride_c=lay.o.batch_stride, align_a=alignment(v), align_b=alignment(s), align_c=alignment(o))
     return qk, pv
+
+
+def chunk_gemms(case: Case, plan: Plan, c: Chunk, bases: tuple[int, int, int, int, int]):
+    """(layout, operand addresses of q, k, v, o and the scores, (qk, pv) keys) of chunk ``c``, given the base
+    addresses of q, k, v, out and the score region."""
+    lay = chunk_layout(case, plan, c)
+    qb, kb, vb, ob, sb = bases
+    ptrs = (qb + lay.q.offset * _ESIZE, kb + lay.k.offset * _ESIZE, vb + lay.v.offset * _ESIZE,
+            ob + lay.o.offset * _ESIZE, sb)
+    return lay, ptrs, gemm_keys(case, lay, ptrs)
 
 
 def _zero_masked_chunk(case: Case, c: Chunk, out: torch.Tensor, lse: torch.Tensor) -> None:
@@ -51,7 +62,7 @@ def run(case: Case, plan: Plan, q, k, v, mask, out: torch.Tensor, lse: torch.Ten
     deadline = time.perf_counter() + config.tune_call_ms() / 1e3
     ws = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=q.device)
     gemm_ws, scores = ws.data_ptr(), ws.data_ptr() + plan.gemm_workspace
-    qp, kp, vp, op = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
+    bases = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), scores)
     args = native.SoftmaxArgs()
     args.scores = args.probs = scores
     args.lse = lse.data_ptr()
@@ -67,10 +78,7 @@ def run(case: Case, plan: Plan, q, k, v, mask, out: torch.Tensor, lse: torch.Ten
         if c.kend == 0:
             _zero_masked_chunk(case, c, out, lse)
             continue
-        lay = chunk_layout(case, plan, c)
-        ptrs = (qp + lay.q.offset * _ESIZE, kp + lay.k.offset * _ESIZE, vp + lay.v.offset * _ESIZE,
-                op + lay.o.offset * _ESIZE, scores)
-        qk_key, pv_key = gemm_keys(case, lay, ptrs)
+        lay, ptrs, (qk_key, pv_key) = chunk_gemms(case, plan, c, bases)
         qk = cublaslt.gemm(device, qk_key, plan.gemm_workspace, policy)
         qk_ops = (ptrs[1], ptrs[0], scores, case.scale, gemm_ws, plan.gemm_workspace, stream)
         if not qk.resolved:
