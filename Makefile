@@ -37,7 +37,7 @@ test-gpu: native
 	$(PYTHON) -m pytest -q -m gpu tests
 
 bench: native
-	$(PYTHON) tools/bench_long_context.py
+	$(PYTHON) tools/bench.py run $(BENCH_ARGS)
 
 clean:
 	rm -rf attn_lt/_native build *.egg-info

@@ -80,6 +80,11 @@ def test_calibrated_threshold_is_used_for_this_gpu_only(tmp_path, monkeypatch):
     assert "threshold 4096" in select(case(100)).reasons[0]  # another GPU's calibration does not apply
     calibrate.store("NVIDIA H200|sm9.0|132sm|cublasLt130100", 12345, [])
     assert "threshold 12345" in select(case(100)).reasons[0]
+    other = tmp_path / "other"
+    monkeypatch.setenv("ATTN_LT_CACHE_DIR", str(other))  # the lookup is cached, but per cache directory
+    assert "threshold 4096" in select(case(100)).reasons[0]
+    monkeypatch.setenv("ATTN_LT_CACHE_DIR", str(tmp_path))
+    assert "threshold 12345" in select(case(100)).reasons[0]
     monkeypatch.setenv("ATTN_LT_THRESHOLD", "50")  # the environment variable still wins
     assert "threshold 50" in select(case(100)).reasons[0]
     calibrate.stored_threshold.cache_clear()

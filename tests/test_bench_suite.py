@@ -1,0 +1,304 @@
+"""The benchmark suite's pure parts (tools/bench_suite.py): formulas, the case generator, ratios, the writers on
+synthetic rows, the comparison of two runs; and tools/bench.py's commands that need no GPU."""
+
+import csv
+import json
+import math
+import os
+import sys
+
+import pytest
+
+TOOLS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools")
+sys.path.insert(0, TOOLS)
+import bench  # noqa: E402
+import bench_suite as suite  # noqa: E402
+
+CEIL = {"gemm_tflops": 800.0, "hbm_tbs": 4.0}
+
+
+# ---- formulas --------------------------------------------------------------------------------------------------
+
+def test_flops_follow_the_flashattention_convention():
+    c = suite.Case("long", 1, 32, 32, 32768, 32768, 128)
+    assert suite.flops(c) == 4 * 32 * 32768 * 32768 * 128
+    causal = suite.Case("long", 1, 32, 32, 32768, 32768, 128, causal=True)
+    assert suite.flops(causal) == suite.flops(c) / 2
+    gqa = suite.Case("decode", 8, 32, 8, 1, 8192, 128)  # FLOPs count query heads
+    assert suite.flops(gqa) == 4 * 8 * 32 * 1 * 8192 * 128
+
+
+def test_io_bytes_count_q_k_v_o_and_the_mask_once():
+    c = suite.Case("decode", 8, 32, 8, 16, 8192, 128)
+    q_and_o = 2 * 8 * 32 * 16 * 128 * 2
+    k_and_v = 2 * 8 * 8 * 8192 * 128 * 2
+    assert suite.io_bytes(c) == q_and_o + k_and_v
+    masked = suite.Case("decode", 8, 32, 8, 16, 8192, 128, mask=True)
+    assert suite.io_bytes(masked) == q_and_o + k_and_v + 8 * 16 * 8192 * 2
+
+
+def test_unfused_path_adds_twelve_bytes_a_score():
+    c = suite.Case("fa3", 1, 16, 16, 16384, 16384, 128)
+    assert suite.path_bytes(c, "unfused") - suite.path_bytes(c, "fused") == 12 * 16 * 16384**2
+    causal = suite.Case("fa3", 1, 16, 16, 16384, 16384, 128, causal=True)
+    assert suite.path_bytes(causal, "unfused") - suite.path_bytes(causal, "fused") == 6 * 16 * 16384**2
+    with pytest.raises(ValueError, match="path"):
+        suite.path_bytes(c, "hybrid")
+
+
+def test_roofline_of_the_unfused_path_is_181_tflops_at_d128():
+    """BENCHMARKS.md: 12 B a score for 4 D FLOPs gives ~181 TFLOP/s at D=128 from 4.24 TB/s of HBM."""
+    c = suite.Case("long", 1, 32, 32, 65536, 65536, 128)
+    ms = suite.roofline_ms(c, "unfused", peak_tflops=1e9, peak_tbs=4.24)  # memory-bound only
+    assert suite.flops(c) / ms / 1e9 == pytest.approx(4 * 128 / 12 * 4.24, rel=2e-3)  # + Q, K, V, O
+    assert suite.flops(c) / ms / 1e9 == pytest.approx(181, rel=0.01)
+    # the fused path is compute-bound here: its roofline is the GEMM rate
+    assert suite.roofline_ms(c, "fused", 800, 4.24) == pytest.approx(suite.flops(c) / 800e9)
+
+
+def test_metrics_at_the_roofline_are_100_percent():
+    c = suite.Case("decode", 8, 32, 32, 1, 65536, 128)
+    ms = suite.roofline_ms(c, "fused", CEIL["gemm_tflops"], CEIL["hbm_tbs"])
+    m = suite.metrics(c, "fused", ms, CEIL)
+    assert m["roofline_pct"] == pytest.approx(100, abs=0.1)
+    assert m["tbs"] == pytest.approx(4.0, rel=1e-3)
+    assert m["io_tbs"] == m["tbs"]  # the fused path's bytes are the inputs and output
+    assert m["tflops"] == pytest.approx(suite.flops(c) / ms / 1e9, rel=1e-3)
+    assert suite.metrics(c, "fused", 2 * ms, CEIL)["roofline_pct"] == pytest.approx(50, abs=0.1)
+
+
+def test_provider_paths():
+    assert suite.provider_path("lt") == "unfused"
+    assert suite.provider_path("cudnn") == "fused"
+    assert suite.provider_path("math") == "unfused"
+    assert suite.provider_path("auto", "wmma") == "fused"
+    assert suite.provider_path("auto", "lt") == "unfused"
+    with pytest.raises(ValueError, match="route"):
+        suite.provider_path("auto")
+
+
+# ---- the case generator ----------------------------------------------------------------------------------------
+
+def test_full_sweep_covers_the_protocol():
+    cases = suite.sweep()
+    names = [c.name for c in cases]
+    assert len(names) == len(set(names)), "case names are unique"
+    fa3 = [c for c in cases if c.group == "fa3"]
+    assert all(c.B * c.Sq == 16384 and c.Hq * c.D == 2048 and c.Sq == c.Sk for c in fa3)
+    assert {(c.D, c.Sk, c.causal) for c in fa3 if not c.mask} == {
+        (d, s, cz) for d in (64, 128) for s in (512, 1024, 2048, 4096, 8192, 16384) for cz in (False, True)}
+    long = [c for c in cases if c.group == "long" and not c.mask]
+    assert {(c.B, c.Hq, c.D) for c in long} == {(1, 32, 128)}
+    assert {(c.Sk, c.causal) for c in long} == {(s, cz) for s in (32768, 65536, 131072) for cz in (False, True)}
+    dec = [c for c in cases if c.group == "decode" and not c.mask]
+    assert {(c.Sq, c.Sk, c.Hkv) for c in dec} == {
+        (sq, sk, h) for sq in (1, 16) for sk in (8192, 16384, 32768, 65536, 131072) for h in (32, 8)}
+    assert not any(c.causal for c in dec)
+    # the masked variants: every non-causal case once more with a dense additive mask
+    plain = {(c.group, c.B, c.Hq, c.Hkv, c.Sq, c.Sk, c.D) for c in cases if not c.mask and not c.causal}
+    masked = {(c.group, c.B, c.Hq, c.Hkv, c.Sq, c.Sk, c.D) for c in cases if c.mask}
+    assert masked == plain
+    assert not any(c.mask and c.causal for c in cases)
+
+
+def test_quick_is_a_small_subset_of_every_group_and_filters_work():
+    full, quick = suite.sweep(), suite.sweep(quick=True)
+    assert set(quick) <= set(full)
+    assert 5 <= len(quick) <= 12
+    assert {c.group for c in quick} == set(suite.GROUPS)
+    assert any(c.mask for c in quick) and any(c.causal for c in quick)
+    assert all(c.group == "decode" for c in suite.sweep(groups=["decode"]))
+    assert not any(c.mask for c in suite.sweep(with_masks=False))
+    with pytest.raises(ValueError, match="unknown groups"):
+        suite.sweep(groups=["prefill"])
+
+
+def test_case_names_and_panels():
+    assert suite.fa3_case(64, 512, causal=True).name == "fa3-d64-s512-causal"
+    assert suite.long_case(131072, mask=True).name == "long-s128k-mask"
+    assert suite.decode_case(16, 8192, gqa=True).name == "decode-sq16-sk8k-gqa"
+    assert suite.decode_case(1, 8192, gqa=False).shape == "B8 H32 Sq1 Sk8192 D128"
+    a, b = suite.fa3_case(128, 512), suite.fa3_case(128, 16384)
+    assert a.panel == b.panel != suite.fa3_case(128, 512, causal=True).panel
+
+
+# ---- rows, ratios, writers -------------------------------------------------------------------------------------
+
+def synthetic_rows():
+    """Two cases: auto at 2 ms, cudnn 1 ms, unfused 4 ms; flash cannot run the masked one."""
+    rows = []
+    for c in (suite.fa3_case(128, 4096), suite.fa3_case(128, 4096, mask=True)):
+        for p, ms, route in (("auto", 2.0, "lt"), ("cudnn", 1.0, None), ("unfused", 4.0, None)):
+            path = suite.provider_path(p, route)
+            rows.append(suite.row(c, p, "ok", route=route, ms=ms, peak_mib=100.0 * ms, rel_err=4e-3, reps=50,
+                                  **suite.metrics(c, path, ms, CEIL)))
+        if c.mask:
+            rows.append(suite.row(c, "flash", "n/a", "Flash attention does not support non-null attn_mask"))
+        else:
+            rows.append(suite.row(c, "flash", "ok", ms=1.5, peak_mib=64.0, rel_err=4e-3, reps=60,
+                                  **suite.metrics(c, "fused", 1.5, CEIL)))
+    rows.append(suite.row(suite.long_case(131072), "unfused", "skipped", "needs about 1536 GiB at once"))
+    return suite.add_ratios(rows)
+
+
+def test_rows_validate_their_fields():
+    c = suite.fa3_case(64, 512)
+    with pytest.raises(ValueError, match="provider"):
+        suite.row(c, "xformers", "ok")
+    with pytest.raises(ValueError, match="status"):
+        suite.row(c, "auto", "fine")
+    with pytest.raises(ValueError, match="fields"):
+        suite.row(c, "auto", "ok", speed=1)
+
+
+def test_ratios_are_peer_time_over_attn_lt_time():
+    rows = synthetic_rows()
+    r = suite.ratios(rows)["fa3-d128-s4k"]
+    assert r == {"auto/cudnn": 0.5, "auto/unfused": 2.0, "auto/flash": 0.75}
+    assert "auto/flash" not in suite.ratios(rows)["fa3-d128-s4k-mask"]
+    vs = {(x["case"], x["provider"]): x.get("vs_auto") for x in rows}
+    assert vs[("fa3-d128-s4k", "unfused")] == 2.0 and vs[("fa3-d128-s4k", "auto")] == 1.0
+    assert vs[("fa3-d128-s4k-mask", "flash")] is None
+
+
+def test_json_and_csv_writers_round_trip(tmp_path):
+    rows = synthetic_rows()
+    meta = {"date": "2026-11-20 12:00 UTC", "gpu": "test GPU"}
+    suite.write_json(tmp_path / "r.json", meta, rows)
+    meta2, rows2 = suite.read_json(tmp_path / "r.json")
+    assert meta2 == meta and rows2 == rows
+    assert json.loads((tmp_path / "r.json").read_text())["ratios"]["fa3-d128-s4k"]["auto/unfused"] == 2.0
+    suite.write_csv(tmp_path / "r.csv", rows)
+    with open(tmp_path / "r.csv") as f:
+        got = list(csv.DictReader(f))
+    assert list(got[0]) == list(suite.CSV_FIELDS) == list(suite.ROW_FIELDS[:-1])
+    assert len(got) == len(rows)
+    assert got[0]["provider"] == "auto" and float(got[0]["ms"]) == 2.0 and got[0]["route"] == "lt"
+    na = next(g for g in got if g["status"] == "n/a")
+    assert na["ms"] == "" and "attn_mask" in na["reason"]
+    (tmp_path / "bad.json").write_text('{"rows": 3}')
+    with pytest.raises(ValueError, match="schema"):
+        suite.read_json(tmp_path / "bad.json")
+
+
+def test_tables_show_rates_ratios_and_why_a_provider_did_not_run():
+    rows = synthetic_rows()
+    text = suite.render_text(rows)
+    assert "fa3: TFLOP/s" in text and "long: TFLOP/s" in text
+    line = next(ln for ln in text.splitlines() if ln.startswith("fa3-d128-s4k "))
+    tflops = suite.flops(suite.fa3_case(128, 4096)) / 2.0 / 1e9
+    assert f"{tflops:.1f}" in line and "0.50x (cudnn)" in line and "2.00x" in line
+    assert "flash n/a: Flash attention does not support non-null attn_mask [fa3-d128-s4k-mask]" in text
+    assert "unfused skipped: needs about 1536 GiB at once [long-s128k]" in text
+    md = suite.render_markdown({"date": "2026-11-20 12:00 UTC", "gpu": "test GPU", "command": "x"}, rows)
+    assert md.startswith("2026-11-20 12:00 UTC, test GPU")
+    assert "| case | shape | auto | cudnn | flash | unfused | auto via | auto/best SDPA | auto/unfused |" in md
+    assert "| fa3-d128-s4k-mask | B4 H16 S4096 D128 |" in md and "| n/a |" in md
+
+
+def test_decode_tables_show_bandwidth():
+    c = suite.decode_case(1, 65536, gqa=False)
+    rows = suite.add_ratios([suite.row(c, "auto", "ok", route="lt", ms=2.0, peak_mib=1.0, rel_err=1e-3, reps=9,
+                                       **suite.metrics(c, "unfused", 2.0, CEIL))])
+    text = suite.render_text(rows)
+    assert "decode: effective TB/s" in text
+    assert rows[0]["io_tbs"] == pytest.approx(suite.io_bytes(c) / 2.0 / 1e9, abs=1e-3)
+    assert f"{rows[0]['io_tbs']:.2f}" in text  # not the path's bytes: comparable across paths
+    assert rows[0]["tbs"] > rows[0]["io_tbs"]
+
+
+def test_plots_are_written(tmp_path):
+    pytest.importorskip("matplotlib")
+    made = suite.plot(synthetic_rows(), tmp_path)
+    assert [os.path.basename(p) for p in made] == ["rate.png", "memory.png"]
+    for p in made:
+        with open(p, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+        assert os.path.getsize(p) < 400_000
+
+
+def test_compare_reports_the_largest_ratio_difference():
+    a = synthetic_rows()
+    b = [dict(r) for r in a]
+    for r in b:
+        if r["provider"] == "cudnn" and r["case"] == "fa3-d128-s4k":
+            r["ms"] = 1.04  # 4% slower in run b
+    d = suite.compare(a, b)
+    assert d["n"] == 5
+    assert d["max_pct"] == pytest.approx(100 * (1 - 0.5 / 0.52), abs=0.01)
+    assert d["worst"][0]["case"] == "fa3-d128-s4k" and d["worst"][0]["ratio"] == "auto/cudnn"
+    assert d["within_3pct"] == 4 and d["within_5pct"] == 5
+    assert suite.compare(a, a)["max_pct"] == 0
+    assert suite.compare(a, [])["n"] == 0
+
+
+def test_progress_bar_counts_and_estimates(capsys):
+    import io
+
+    buf = io.StringIO()
+    bar = suite.Progress(4, stream=buf)
+    assert "0/4" in bar.line("x") and "~? left" in bar.line("x")
+    bar.step("first")
+    bar.step("second")
+    assert "2/4" in bar.line("third") and "~? left" not in bar.line("third")
+    bar.close()
+    assert buf.getvalue().endswith("\n") and "4/4" in buf.getvalue()
+
+
+# ---- tools/bench.py without a GPU ------------------------------------------------------------------------------
+
+def test_bench_list_and_compare_commands(tmp_path, capsys):
+    assert bench.main(["list", "--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "fa3-d128-s4k" in out and f"{len(suite.sweep(quick=True))} cases x 9 providers" in out
+    assert bench.main(["list", "--groups", "decode", "--cases", "sk128k", "--providers", "auto,cudnn"]) == 0
+    out = capsys.readouterr().out
+    assert "decode-sq1-sk128k-mha" in out and "fa3" not in out and "x 2 providers" in out
+    assert bench.main(["list", "--providers", "xformers"]) == 2
+    assert "unknown providers" in capsys.readouterr().err
+    a = synthetic_rows()
+    suite.write_json(tmp_path / "a.json", {}, a)
+    b = [dict(r, ms=r["ms"] * (1.2 if r["provider"] == "cudnn" else 1)) if r["status"] == "ok" else r for r in a]
+    suite.write_json(tmp_path / "b.json", {}, b)
+    assert bench.main(["compare", str(tmp_path / "a.json"), str(tmp_path / "a.json")]) == 0
+    assert bench.main(["compare", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 1
+    assert "max 16.67%" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the answer on a machine without a GPU")
+def test_bench_run_without_a_gpu_says_so(tmp_path, capsys):
+    assert bench.main(["run", "--quick", "--out", str(tmp_path)]) == 2
+    assert "no CUDA GPU" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_bench_run_measures_a_case_end_to_end(tmp_path):
+    """One small case through every provider: rows for all, attn_lt checked and timed, files written."""
+    rc = bench.main(["run", "--cases", "fa3-d128-s512", "--groups", "fa3", "--no-masks", "--rep-ms", "10",
+                     "--out", str(tmp_path)])
+    assert rc == 0
+    meta, rows = suite.read_json(tmp_path / "results.json")
+    assert {r["case"] for r in rows} == {"fa3-d128-s512", "fa3-d128-s512-causal"}
+    assert len(rows) == 2 * len(suite.PROVIDERS)
+    for r in rows:
+        if r["provider"] in ("auto", "lt", "wmma", "cudnn", "unfused"):
+            assert r["status"] == "ok", r
+            assert r["rel_err"] < bench.CHECK_TOL and r["ms"] > 0 and math.isfinite(r["tflops"])
+    assert {r["route"] for r in rows if r["provider"] == "auto"} == {"wmma"}
+    assert meta["ceilings"]["gemm_tflops"] > 0 and meta["versions"]["torch"]
+    assert (tmp_path / "summary.md").exists() and (tmp_path / "results.csv").exists()
+
+
+def test_sdpa_refusals_keep_the_reasons_not_the_noise():
+    class W:
+        def __init__(self, m):
+            self.message = UserWarning(m)
+
+    caught = [W("Memory efficient kernel not used because: (Triggered internally at /pytorch/sdp_utils.cpp:1)"),
+              W("Memory Efficient attention has been runtime disabled. (Triggered internally at /x.cpp:2)"),
+              W("Flash attention kernel not used because: (Triggered internally at /x.cpp:3)"),
+              W("Flash attention does not support non-null attn_mask. (Triggered internally at /x.cpp:4)"),
+              W("Flash attention does not support non-null attn_mask. (Triggered internally at /x.cpp:4)")]
+    assert bench._sdpa_reasons(caught, RuntimeError("No available kernel")) == \
+        "Flash attention does not support non-null attn_mask."
+    assert bench._sdpa_reasons([], RuntimeError("cuDNN error:\n  bad shape")) == "cuDNN error: bad shape"

@@ -1,0 +1,589 @@
+#!/usr/bin/env python3
+"""attn_lt's benchmark suite: attn_lt (auto, lt, wmma) side by side with PyTorch SDPA (each backend forced, and
+its default) and the plain-PyTorch unfused chain, on one GPU in one run. Protocol: ../shared/BENCHMARKS.md; cases,
+formulas and writers: tools/bench_suite.py.
+
+    python tools/bench.py run [--quick] [--groups fa3,long,decode] [--no-masks] [--providers auto,lt,...]
+                              [--cases SUBSTR,...] [--out DIR] [--rep-ms 150] [--rounds 7] [--time-limit-s N]
+                              [--lt-details]
+    python tools/bench.py list [--quick] [--groups ...]        the cases of a run, with FLOPs and bytes (no GPU)
+    python tools/bench.py plot DIR/results.json                the PNG plots of a results file (no GPU)
+    python tools/bench.py compare A/results.json B/results.json [--tolerance-pct 5]
+
+``run`` writes DIR/results.json, results.csv and summary.md after every case (a run stopped early keeps what it
+measured), rate.png and memory.png at the end, and prints the table last. Every provider's output is checked
+against an FP32 reference on sampled rows; a wrong result is reported as an error, never timed as a result.
+Exit codes: 0 ok; 1 a provider failed or gave a wrong result (run), or the runs disagree (compare); 2 no GPU or
+bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import math
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+import zlib
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_suite as suite  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: Relative L2 error on the sampled rows above which a provider's output counts as wrong (bf16 is ~4e-3).
+CHECK_TOL = 2e-2
+#: A case whose first timed round (every provider once) takes longer than this gets three rounds, not --rounds.
+SLOW_ROUND_MS = 1000.0
+#: Free GPU memory the unfused chains may plan to use.
+MEMORY_FRACTION = 0.9
+
+
+# ---- the providers' calls --------------------------------------------------------------------------------------
+
+def unfused(q, k, v, mask, causal):
+    """The plain-PyTorch unfused chain: bmm to FP32 scores, softmax, P in the input dtype, bmm. GQA folds the
+    query heads of a kv head into the rows (no K/V copies); ``mask`` is (B or 1, 1, Sq, Sk)."""
+    import torch
+
+    B, Hq, Sq, D = q.shape
+    Hkv, Sk = k.shape[1], k.shape[2]
+    g = Hq // Hkv
+    qg, kg, vg = q.reshape(B * Hkv, g * Sq, D), k.reshape(B * Hkv, Sk, D), v.reshape(B * Hkv, Sk, D)
+    try:
+        s = torch.bmm(qg, kg.transpose(1, 2), out_dtype=torch.float32)
+    except (TypeError, RuntimeError):  # torch without out_dtype for bmm
+        s = torch.bmm(qg, kg.transpose(1, 2)).float()
+    s5 = s.view(B, Hkv, g, Sq, Sk).mul_(D**-0.5)
+    if mask is not None:
+        s5.add_(mask.unsqueeze(2))
+    if causal:
+        from attn_lt.testing import causal_mask
+
+        s5.masked_fill_(~causal_mask(Sq, Sk, q.device), -math.inf)
+    p = torch.softmax(s, dim=-1).to(q.dtype)
+    del s, s5
+    return torch.bmm(p, vg).view(B, Hq, Sq, D)
+
+
+def sdpa_backends():
+    from torch.nn.attention import SDPBackend
+
+    return {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+            "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+
+
+def make_call(provider, c, q, k, v, mask):
+    """A no-argument function running ``provider`` on the case, or ValueError with why it cannot."""
+    import torch
+    import torch.nn.functional as F
+
+    import attn_lt
+
+    if provider in suite.ATTN_LT:
+        attn_lt.explain(q, k, v, attn_mask=mask, causal=c.causal, backend=provider)  # raises with the reasons
+        return lambda: attn_lt.attention(q, k, v, attn_mask=mask, causal=c.causal, backend=provider)
+    if provider == "unfused":
+        return lambda: unfused(q, k, v, mask, c.causal)
+    if c.causal and c.Sq != c.Sk:
+        raise ValueError("SDPA's is_causal is top-left aligned when Sq != Sk; the sweep has no such case")
+    ctx = (lambda: torch.nn.attention.sdpa_kernel(sdpa_backends()[provider])) if provider != "default" \
+        else contextlib.nullcontext
+
+    def call():
+        with ctx():
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=c.causal,
+                                                  enable_gqa=c.Hkv != c.Hq)
+    return call
+
+
+# ---- measuring -------------------------------------------------------------------------------------------------
+
+class Timer:
+    """CUDA-event timings with the L2 flushed before each call (as triton's do_bench does), taken in rounds."""
+
+    def __init__(self, rep_ms: float, rounds: int):
+        import torch
+
+        if rounds < 1 or rep_ms <= 0:
+            raise ValueError(f"--rounds must be >= 1 and --rep-ms > 0, got {rounds} and {rep_ms}")
+        self.rep_ms, self.rounds = rep_ms, rounds
+        self.flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+
+    def once(self, fn) -> float:
+        import torch
+
+        self.flush.zero_()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        return s.elapsed_time(e)
+
+    def samples(self, fn) -> list[float]:
+        """One round: at least one call, as many as fit in rep_ms / rounds, at most 100 / rounds."""
+        times = [self.once(fn)]
+        more = min(100 // self.rounds, int(self.rep_ms / self.rounds / max(times[0], 1e-3))) - 1
+        return times + [self.once(fn) for _ in range(max(0, more))]
+
+
+def host_us(fn, ms: float, calls: int = 10) -> float | None:
+    """Median host microseconds to issue one call (the GPU keeps the queue busy meanwhile), for calls of at most
+    2 ms of GPU time: where a call's host time passes its GPU time, the host sets the pace."""
+    import torch
+
+    if ms > 2.0:
+        return None
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    return round(statistics.median(times), 1)
+
+
+def peak_mib(fn):
+    """(output, extra MiB allocated at the peak of one call, output included)."""
+    import torch
+
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = fn()
+    torch.cuda.synchronize()
+    return out, (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def reference_rows(c, q, k, v, mask, n=16):
+    """(batch index, row indices, FP32 reference (Hq, rows, D)) on ``n`` query rows of the last batch entry."""
+    import torch
+
+    b, g = c.B - 1, c.Hq // c.Hkv
+    rows = torch.unique(torch.linspace(0, c.Sq - 1, min(c.Sq, n), device=q.device).round().long())
+    cols = torch.arange(c.Sk, device=q.device)
+    ref = []
+    for h in range(c.Hkv):
+        s = q[b, h * g:(h + 1) * g][:, rows].float() @ k[b, h].float().T * c.D**-0.5  # (g, rows, Sk)
+        if mask is not None:
+            s += mask[b, 0][rows].float()
+        if c.causal:
+            s.masked_fill_(cols[None, :] > rows[:, None] + (c.Sk - c.Sq), -math.inf)
+        ref.append(torch.softmax(s, dim=-1) @ v[b, h].float())
+    return b, rows, torch.cat(ref)
+
+
+def sampled_error(out, b, rows, ref) -> float:
+    x = out[b][:, rows].double()
+    r = ref.double()
+    if not x.isfinite().all():
+        return math.inf
+    return ((x - r).norm() / r.norm()).item()
+
+
+def ceilings() -> dict:
+    """This GPU's bf16 GEMM rate (8192^3 through torch) and HBM bandwidth, the better of a device-to-device copy
+    (bytes read + written) and a read-only reduction, measured now."""
+    import torch
+
+    from attn_lt.testing import time_ms
+
+    a, b = (torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    gemm = 2 * 8192**3 / time_ms(lambda: a @ b) / 1e9
+    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    copy = 2 * x.numel() / time_ms(lambda: y.copy_(x)) / 1e9
+    read = x.numel() / time_ms(lambda: x.view(torch.float32).sum()) / 1e9
+    return {"gemm_tflops": round(gemm, 1), "copy_tbs": round(copy, 3), "read_tbs": round(read, 3),
+            "hbm_tbs": round(max(copy, read), 3)}
+
+
+def _first_line(text: str, limit: int = 160) -> str:
+    return " ".join(str(text).split())[:limit]
+
+
+def _sdpa_reasons(caught, exc) -> str:
+    """SDPA says why a backend refused in warnings before it raises "No available kernel": keep those reasons,
+    without the headers, the source locations and the notes on backends that the forcing context disabled."""
+    said: list[str] = []
+    for w in caught:
+        m = _first_line(str(w.message).split("(Triggered internally")[0], 140)
+        if m and not m.endswith(":") and "runtime disabled" not in m and m not in said:
+            said.append(m)
+    return "; ".join(said[:3]) or _first_line(exc)
+
+
+@contextlib.contextmanager
+def _env(name, value):
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
+def first_call(p, c, tensors, ref):
+    """A provider's first call on a case (warm-up, peak memory, for lt and auto the tuning of every GEMM shape of
+    the case, and the check against the reference): (fn, peak MiB, error) when it ran right, else its final row."""
+    import torch
+
+    q, k, v, mask = tensors
+    try:
+        fn = make_call(p, c, q, k, v, mask)
+    except ValueError as e:  # attn_lt's declared limits, with every reason
+        return suite.row(c, p, "n/a", _first_line(e, 240))
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                with _env("ATTN_LT_TUNE_CALL_MS", "60000"):
+                    out, peak = peak_mib(fn)
+            except torch.cuda.OutOfMemoryError:
+                raise
+            except RuntimeError as e:
+                if suite.PROVIDERS[p].family != "sdpa":
+                    raise
+                return suite.row(c, p, "n/a", _sdpa_reasons(caught, e))
+        err = sampled_error(out, *ref)
+    except torch.cuda.OutOfMemoryError as e:
+        return suite.row(c, p, "skipped", f"out of memory: {_first_line(e, 100)}")
+    except Exception as e:  # a provider that fails unexpectedly is reported, not dropped
+        return suite.row(c, p, "error", f"{type(e).__name__}: {_first_line(e)}")
+    if not err <= CHECK_TOL:
+        return suite.row(c, p, "error", f"wrong result: relative error {err:.3g} on sampled rows (bound {CHECK_TOL})",
+                         rel_err=err if math.isfinite(err) else None)
+    return fn, peak, err
+
+
+def run_case(c, providers, tensors, ref, timer, ceil, bar) -> list[dict]:
+    """Every provider on one case, a row each: first calls, then ``timer.rounds`` timed rounds in which each
+    provider that ran takes its turn (so a drifting clock touches all of them alike). ``ms`` is the median of all
+    timed calls, ``spread_pct`` the range of the rounds' medians over it."""
+    import torch
+
+    import attn_lt
+
+    rows, ready = {}, {}
+    free = torch.cuda.mem_get_info()[0]
+    for p in providers:
+        bar.step(f"{c.name} {p}")
+        need = suite.unfused_peak_bytes(c)
+        if suite.PROVIDERS[p].path == "unfused" and p != "lt" and need > MEMORY_FRACTION * free:
+            rows[p] = suite.row(c, p, "skipped", f"needs about {need / 2**30:.0f} GiB at once for its score "
+                                                 f"matrices; {free / 2**30:.0f} GiB free")
+            continue
+        got = first_call(p, c, tensors, ref)
+        if isinstance(got, dict):
+            rows[p] = got
+        else:
+            ready[p] = got
+        torch.cuda.empty_cache()
+    rounds: dict = {p: [] for p in ready}
+    n_rounds = timer.rounds
+    for i in range(timer.rounds):
+        if i == n_rounds:
+            break
+        for p in list(ready):
+            try:
+                rounds[p].append(timer.samples(ready[p][0]))
+            except torch.cuda.OutOfMemoryError as e:
+                rows[p] = suite.row(c, p, "skipped", f"out of memory: {_first_line(e, 100)}")
+                del ready[p]
+            except Exception as e:
+                rows[p] = suite.row(c, p, "error", f"{type(e).__name__}: {_first_line(e)}")
+                del ready[p]
+        if i == 0 and sum(statistics.median(r[0]) for r in rounds.values() if r) > SLOW_ROUND_MS:
+            n_rounds = min(timer.rounds, 3)  # long calls: three rounds are enough to see a drift
+    q, k, v, mask = tensors
+    for p, (fn, peak, err) in ready.items():
+        times = [t for r in rounds[p] for t in r]
+        ms = statistics.median(times)
+        meds = [statistics.median(r) for r in rounds[p]]
+        route = attn_lt.explain(q, k, v, attn_mask=mask, causal=c.causal, backend=p).decision.backend \
+            if p in suite.ATTN_LT else None
+        rows[p] = suite.row(c, p, "ok", route=route, ms=round(ms, 5), peak_mib=round(peak, 1),
+                            rel_err=float(f"{err:.3g}"), reps=len(times), host_us=host_us(fn, ms),
+                            spread_pct=round(100 * (max(meds) - min(meds)) / ms, 2),
+                            **suite.metrics(c, suite.provider_path(p, route), ms, ceil))
+    return [rows[p] for p in providers]
+
+
+def lt_details(c, q, k, v, mask) -> dict:
+    """For ``--lt-details``: GPU time per kernel family over one lt call (CUPTI sees cuBLASLt's kernels and ours),
+    and each GEMM's cached algorithm (split-K, tuned and heuristic ms)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    import attn_lt
+    from attn_lt.cache import current_env, default_cache, key_string
+    from attn_lt.cli import _plan_gemms
+
+    def call():
+        return attn_lt.attention(q, k, v, attn_mask=mask, causal=c.causal, backend="lt")
+
+    call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    fam: dict = {}
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if t > 0 and not e.key.startswith("cuda"):
+            name = "softmax" if "softmax" in e.key else "gemm" if any(
+                x in e.key.lower() for x in ("gemm", "sm90", "cutlass")) else e.key[:40]
+            fam[name] = round(fam.get(name, 0) + t / 1000, 3)
+    e = attn_lt.explain(q, k, v, attn_mask=mask, causal=c.causal, backend="lt")
+    gemms = []
+    for key in _plan_gemms(e.case, e.plan)[:4]:
+        hit = default_cache().get(current_env(), key)
+        gemms.append({"gemm": key_string(key), "splitk": hit.config.splitk if hit else None,
+                      "tuned_ms": hit.median_ms if hit else None, "heuristic_ms": hit.heuristic_ms if hit else None})
+    return {"kernels_ms": fam, "gemms": gemms}
+
+
+def host_cost() -> dict:
+    """Host microseconds of (a) the per-call lookup of a resolved GEMM and (b) a GEMM's first use in a process
+    when the cache has it (descriptors, cache lookup, algorithm check), for the first cached GEMM of this GPU."""
+    from attn_lt.cache import current_env, default_cache, parse_key
+    from attn_lt.lt import algos, cublaslt
+
+    env = current_env().key()
+    keys = [parse_key(k) for e, k, _ in default_cache().items() if e == env]
+    if not keys:
+        return {}
+    key, ws = keys[0], 32 << 20
+    algos.resolve(cublaslt.gemm(0, key, ws, "cache"), "cache", ws, None)
+    n = 20000
+    t0 = time.perf_counter()
+    for _ in range(n):
+        if not cublaslt.gemm(0, key, ws, "cache").resolved:
+            raise RuntimeError("a resolved GEMM lost its algorithm")
+    lookup = (time.perf_counter() - t0) / n * 1e6
+    firsts = []
+    for _ in range(21):
+        cublaslt.gemm.cache_clear()
+        t0 = time.perf_counter()
+        algos.resolve(cublaslt.gemm(0, key, ws, "cache"), "cache", ws, None)
+        firsts.append((time.perf_counter() - t0) * 1e6)
+    return {"resolved_lookup_us": round(lookup, 2), "first_use_with_cache_hit_us": round(statistics.median(firsts), 1)}
+
+
+def make_inputs(c):
+    """Fresh random inputs for a case (seeded by its name), the same for every provider."""
+    import torch
+
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[c.dtype]
+    gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(c.name.encode()))
+
+    def rnd(*shape):
+        return torch.randn(*shape, device="cuda", dtype=dt, generator=gen)
+
+    q, k, v = rnd(c.B, c.Hq, c.Sq, c.D), rnd(c.B, c.Hkv, c.Sk, c.D), rnd(c.B, c.Hkv, c.Sk, c.D)
+    return q, k, v, (rnd(c.B, 1, c.Sq, c.Sk) if c.mask else None)
+
+
+def gpu_state() -> str:
+    """SM clock, its maximum, power draw and temperature now (clocks move with power and heat on these GPUs)."""
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,clocks.max.sm,power.draw,temperature.gpu",
+                               "--format=csv,noheader"], capture_output=True, text=True, timeout=20).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def metadata(argv) -> dict:
+    import torch
+
+    import attn_lt
+    from attn_lt import config
+
+    def tool(cmd):
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=20, cwd=REPO).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    props = torch.cuda.get_device_properties(0)
+    versions = {"attn_lt": attn_lt.__version__, "torch": torch.__version__, "CUDA": torch.version.cuda,
+                "cuDNN": torch.backends.cudnn.version()}
+    for name, get in (("cuBLASLt", lambda: __import__("nvmath.bindings.cublasLt", fromlist=["x"]).get_version()),
+                      ("nvmath", lambda: __import__("nvmath").__version__),
+                      ("triton", lambda: __import__("triton").__version__),
+                      ("cupy", lambda: __import__("cupy").__version__)):
+        try:
+            versions[name] = get()
+        except Exception:
+            versions[name] = "unavailable"
+    return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "gpu": f"{props.name}, {props.multi_processor_count} SMs, {props.total_memory / 2**30:.0f} GiB",
+            "driver": tool(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]).split("\n")[0]
+            or "unknown", "gpu_state_at_start": gpu_state(),
+            "commit": tool(["git", "rev-parse", "--short", "HEAD"]) or "unknown",
+            "versions": versions, "python": sys.version.split()[0], "algo_policy": config.algo_policy(),
+            "threshold": config.threshold(), "dtype": "bf16",
+            "command": "python tools/bench.py " + " ".join(shlex.quote(a) for a in argv)}
+
+
+# ---- commands --------------------------------------------------------------------------------------------------
+
+def _select(a) -> tuple[list, list]:
+    groups = [g for g in a.groups.split(",") if g]
+    cases = suite.sweep(quick=a.quick, groups=groups, with_masks=not a.no_masks)
+    if a.cases:
+        wanted = [w for w in a.cases.split(",") if w]
+        cases = [c for c in cases if any(w in c.name for w in wanted)]
+    providers = [p for p in a.providers.split(",") if p]
+    unknown = [p for p in providers if p not in suite.PROVIDERS]
+    if unknown:
+        raise ValueError(f"unknown providers {unknown}; choose from {', '.join(suite.PROVIDERS)}")
+    if not cases:
+        raise ValueError("no case matches --groups/--cases")
+    return cases, providers
+
+
+def cmd_list(a) -> int:
+    cases, providers = _select(a)
+    print(f"{'case':<32} {'shape':<28} {'GFLOP':>10} {'fused MB':>10} {'unfused MB':>11}")
+    for c in cases:
+        print(f"{c.name:<32} {c.shape:<28} {suite.flops(c) / 1e9:>10.1f} {suite.path_bytes(c, 'fused') / 1e6:>10.1f}"
+              f" {suite.path_bytes(c, 'unfused') / 1e6:>11.1f}")
+    print(f"{len(cases)} cases x {len(providers)} providers ({', '.join(providers)})")
+    return 0
+
+
+def cmd_run(a, argv) -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        print("bench: no CUDA GPU visible, nothing to measure; `python tools/bench.py list` shows the cases",
+              file=sys.stderr)
+        return 2
+    cases, providers = _select(a)
+    os.makedirs(a.out, exist_ok=True)
+    meta = metadata(argv)
+    meta["ceilings"] = ceil = ceilings()
+    meta.update(rep_ms=a.rep_ms, rounds=a.rounds, check_tol=CHECK_TOL, quick=a.quick)
+    timer = Timer(a.rep_ms, a.rounds)
+    rows: list[dict] = []
+    bar = suite.Progress(len(cases) * len(providers))
+    t0 = time.monotonic()
+
+    def save():
+        meta["elapsed_s"] = round(time.monotonic() - t0, 1)
+        suite.add_ratios(rows)
+        suite.write_json(os.path.join(a.out, "results.json"), meta, rows)
+        suite.write_csv(os.path.join(a.out, "results.csv"), rows)
+        with open(os.path.join(a.out, "summary.md"), "w") as f:
+            f.write(suite.render_markdown(meta, rows))
+
+    for c in cases:
+        if a.time_limit_s and time.monotonic() - t0 > a.time_limit_s:
+            for p in providers:
+                bar.step(f"{c.name} {p}")
+                rows.append(suite.row(c, p, "skipped", f"the run's time limit ({a.time_limit_s} s) was reached"))
+            continue
+        tensors = make_inputs(c)
+        ref = reference_rows(c, *tensors)
+        case_rows = run_case(c, providers, tensors, ref, timer, ceil, bar)
+        rows += case_rows
+        lt = next((r for r in case_rows if r["provider"] == "lt" and r["status"] == "ok"), None)
+        if a.lt_details and lt:
+            lt["details"] = lt_details(c, *tensors)
+        del tensors, ref
+        torch.cuda.empty_cache()
+        save()
+    bar.close()
+    meta["gpu_state_at_end"] = gpu_state()
+    if a.lt_details:
+        meta["host_cost"] = host_cost()
+    save()
+    try:
+        made = suite.plot(rows, a.out)
+    except ImportError as e:
+        made = []
+        print(f"bench: no plots ({e}); run `python tools/bench.py plot {a.out}/results.json` where matplotlib is "
+              f"installed", file=sys.stderr)
+    print(f"\n{suite.describe(meta)}")
+    print(f"files: {', '.join(sorted(os.listdir(a.out)))} in {a.out}" + (" (plots made)" if made else ""))
+    print(suite.render_text(rows), end="")
+    return 1 if any(r["status"] == "error" for r in rows) else 0
+
+
+def cmd_plot(a) -> int:
+    _, rows = suite.read_json(a.results)
+    for path in suite.plot(rows, a.out or os.path.dirname(os.path.abspath(a.results))):
+        print(path)
+    return 0
+
+
+def cmd_compare(a) -> int:
+    (_, ra), (_, rb) = suite.read_json(a.a), suite.read_json(a.b)
+    d = suite.compare(ra, rb)
+    if not d["n"]:
+        print("compare: the two runs share no ratio", file=sys.stderr)
+        return 1
+    print(f"{d['n']} ratios in both runs: median difference {d['median_pct']}%, max {d['max_pct']}%; "
+          f"{d['within_3pct']} within 3%, {d['within_5pct']} within 5%")
+    for w in d["worst"]:
+        print(f"  {w['case']:<32} {w['ratio']:<18} {w['a']:>8.3f} {w['b']:>8.3f}  {w['diff_pct']:>6.2f}%")
+    return 0 if d["max_pct"] <= a.tolerance_pct else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="tools/bench.py", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name in ("run", "list"):
+        p = sub.add_parser(name)
+        p.add_argument("--quick", action="store_true", help="a subset that runs in about a minute")
+        p.add_argument("--groups", default=",".join(suite.GROUPS), help="comma-separated: fa3, long, decode")
+        p.add_argument("--no-masks", action="store_true", help="leave out the dense-mask variants")
+        p.add_argument("--cases", default="", help="only cases whose name contains one of these (comma-separated)")
+        p.add_argument("--providers", default=",".join(suite.PROVIDERS), help="comma-separated subset of: "
+                       + ", ".join(suite.PROVIDERS))
+        if name == "run":
+            p.add_argument("--out", default="bench-results", help="output directory (default bench-results)")
+            p.add_argument("--rep-ms", type=float, default=150.0, help="timing budget of a provider on a case (ms)")
+            p.add_argument("--rounds", type=int, default=7, help="timed rounds a case, every provider in each "
+                           "(3 where one round takes over a second)")
+            p.add_argument("--lt-details", action="store_true", help="per-kernel GPU time and chosen GEMM "
+                           "algorithms of each lt row, and the host cost of a cached GEMM, in results.json")
+            p.add_argument("--time-limit-s", type=float, default=0, help="stop measuring after this long; the "
+                           "cases left are recorded as skipped (0: no limit)")
+    p = sub.add_parser("plot")
+    p.add_argument("results")
+    p.add_argument("--out", default=None, help="directory for the PNGs (default: beside the results)")
+    p = sub.add_parser("compare")
+    p.add_argument("a")
+    p.add_argument("b")
+    p.add_argument("--tolerance-pct", type=float, default=5.0, help="largest ratio difference accepted (exit 1)")
+    return ap
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    a = build_parser().parse_args(argv)
+    try:
+        if a.cmd == "run":
+            sys.path.insert(0, REPO)
+            return cmd_run(a, argv)
+        return {"list": cmd_list, "plot": cmd_plot, "compare": cmd_compare}[a.cmd](a)
+    except (ValueError, OSError) as e:
+        print(f"bench: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
