@@ -302,3 +302,48 @@ def test_sdpa_refusals_keep_the_reasons_not_the_noise():
     assert bench._sdpa_reasons(caught, RuntimeError("No available kernel")) == \
         "Flash attention does not support non-null attn_mask."
     assert bench._sdpa_reasons([], RuntimeError("cuDNN error:\n  bad shape")) == "cuDNN error: bad shape"
+
+
+def test_reasons_group_one_cause_per_line():
+    rows = [suite.row(suite.fa3_case(64, s, mask=True), "wmma", "n/a",
+                      f"backend='wmma' cannot run B{16384 // s} Hq32 Hkv32 Sq{s} Sk{s} D64 bf16 "
+                      f"float-mask[{16384 // s}, 1, {s}, {s}]: attn_mask is not supported") for s in (512, 1024)]
+    rows += [suite.row(suite.long_case(s), "math", "skipped", f"needs about {n} GiB at once for its score matrices; "
+                       f"{f} GiB free") for s, n, f in ((32768, 321, 138), (65536, 1282, 137))]
+    rows.append(suite.row(suite.decode_case(1, 8192, gqa=True), "efficient", "n/a",
+                          "For dense input, both fused kernels require query, key and value to have the same "
+                          "num_heads. Query.sizes(): [8, 32, 1, 128], Key sizes(): [8, 8, 8192, 128]"))
+    lines = suite.reasons(rows)
+    assert lines == [
+        "wmma n/a: attn_mask is not supported [fa3-d64-s512-mask, fa3-d64-s1k-mask]",
+        "math skipped: its score matrices (FP32 scores, their softmax and P at once) need more than the free memory "
+        "[long-s32k, long-s64k]",
+        "efficient n/a: For dense input, both fused kernels require query, key and value to have the same num_heads. "
+        "[decode-sq1-sk8k-gqa]"]
+
+
+def test_splice_replaces_the_readme_block():
+    text = f"# T\nbefore\n{suite.README_BEGIN}\nold table\n{suite.README_END}\nafter\n"
+    assert suite.splice(text, "new\n") == f"# T\nbefore\n{suite.README_BEGIN}\nnew\n{suite.README_END}\nafter\n"
+    with pytest.raises(ValueError, match="block"):
+        suite.splice("# no markers\n", "new")
+
+
+def test_report_rewrites_summary_plots_and_the_readme_block(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    run = tmp_path / "run"
+    run.mkdir()
+    suite.write_json(run / "results.json", {"date": "2026-11-20 12:00 UTC", "gpu": "test GPU"}, synthetic_rows())
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n{suite.README_BEGIN}\n{suite.README_END}\n")
+    assert bench.main(["report", str(run / "results.json"), "--readme", str(readme)]) == 0
+    assert "fa3-d128-s4k" in capsys.readouterr().out
+    assert (run / "summary.md").read_text().startswith("2026-11-20 12:00 UTC, test GPU")
+    text = readme.read_text()
+    assert "![rate.png](run/rate.png) ![memory.png](run/memory.png)" in text
+    assert "| fa3-d128-s4k | B4 H16 S4096 D128 |" in text and text.endswith(f"{suite.README_END}\n")
+
+
+def test_source_hash_names_the_code():
+    h = bench.source_hash()
+    assert len(h) == 12 and int(h, 16) >= 0 and h == bench.source_hash()

@@ -7,7 +7,8 @@ formulas and writers: tools/bench_suite.py.
                               [--cases SUBSTR,...] [--out DIR] [--rep-ms 150] [--rounds 7] [--time-limit-s N]
                               [--lt-details]
     python tools/bench.py list [--quick] [--groups ...]        the cases of a run, with FLOPs and bytes (no GPU)
-    python tools/bench.py plot DIR/results.json                the PNG plots of a results file (no GPU)
+    python tools/bench.py report DIR/results.json [--readme README.md]   summary.md, plots (and the README's
+                                                               results block) again from a results file (no GPU)
     python tools/bench.py compare A/results.json B/results.json [--tolerance-pct 5]
 
 ``run`` writes DIR/results.json, results.csv and summary.md after every case (a run stopped early keeps what it
@@ -394,6 +395,22 @@ def make_inputs(c):
     return q, k, v, (rnd(c.B, 1, c.Sq, c.Sk) if c.mask else None)
 
 
+def source_hash() -> str:
+    """12 hex digits of sha256 over attn_lt/, native/ and tools/bench*.py: names the code a run measured, also on
+    a copy of the tree without (or with a stale) .git. ``python tools/bench.py list`` prints it here."""
+    import glob
+    import hashlib
+
+    h = hashlib.sha256()
+    files = [*glob.glob("attn_lt/**/*.py", root_dir=REPO, recursive=True), *glob.glob("native/*", root_dir=REPO),
+             *glob.glob("tools/bench*.py", root_dir=REPO)]
+    for rel in sorted(files):
+        h.update(rel.encode() + b"\0")
+        with open(os.path.join(REPO, rel), "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()[:12]
+
+
 def gpu_state() -> str:
     """SM clock, its maximum, power draw and temperature now (clocks move with power and heat on these GPUs)."""
     try:
@@ -430,7 +447,7 @@ def metadata(argv) -> dict:
             "gpu": f"{props.name}, {props.multi_processor_count} SMs, {props.total_memory / 2**30:.0f} GiB",
             "driver": tool(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]).split("\n")[0]
             or "unknown", "gpu_state_at_start": gpu_state(),
-            "commit": tool(["git", "rev-parse", "--short", "HEAD"]) or "unknown",
+            "source_sha": source_hash(),
             "versions": versions, "python": sys.version.split()[0], "algo_policy": config.algo_policy(),
             "threshold": config.threshold(), "dtype": "bf16",
             "command": "python tools/bench.py " + " ".join(shlex.quote(a) for a in argv)}
@@ -459,7 +476,7 @@ def cmd_list(a) -> int:
     for c in cases:
         print(f"{c.name:<32} {c.shape:<28} {suite.flops(c) / 1e9:>10.1f} {suite.path_bytes(c, 'fused') / 1e6:>10.1f}"
               f" {suite.path_bytes(c, 'unfused') / 1e6:>11.1f}")
-    print(f"{len(cases)} cases x {len(providers)} providers ({', '.join(providers)})")
+    print(f"{len(cases)} cases x {len(providers)} providers ({', '.join(providers)}); sources {source_hash()}")
     return 0
 
 
@@ -513,7 +530,7 @@ def cmd_run(a, argv) -> int:
         made = suite.plot(rows, a.out)
     except ImportError as e:
         made = []
-        print(f"bench: no plots ({e}); run `python tools/bench.py plot {a.out}/results.json` where matplotlib is "
+        print(f"bench: no plots ({e}); run `python tools/bench.py report {a.out}/results.json` where matplotlib is "
               f"installed", file=sys.stderr)
     print(f"\n{suite.describe(meta)}")
     print(f"files: {', '.join(sorted(os.listdir(a.out)))} in {a.out}" + (" (plots made)" if made else ""))
@@ -521,10 +538,21 @@ def cmd_run(a, argv) -> int:
     return 1 if any(r["status"] == "error" for r in rows) else 0
 
 
-def cmd_plot(a) -> int:
-    _, rows = suite.read_json(a.results)
-    for path in suite.plot(rows, a.out or os.path.dirname(os.path.abspath(a.results))):
-        print(path)
+def cmd_report(a) -> int:
+    """summary.md and the plots again from a results file; with --readme, the README's results block too."""
+    meta, rows = suite.read_json(a.results)
+    out = a.out or os.path.dirname(os.path.abspath(a.results))
+    with open(os.path.join(out, "summary.md"), "w") as f:
+        f.write(suite.render_markdown(meta, rows))
+    made = suite.plot(rows, out)
+    if a.readme:
+        where = os.path.dirname(os.path.abspath(a.readme))
+        images = " ".join(f"![{os.path.basename(p)}]({os.path.relpath(p, where)})" for p in made)
+        with open(a.readme) as f:
+            text = f.read()
+        with open(a.readme, "w") as f:
+            f.write(suite.splice(text, images + "\n\n" + suite.render_markdown(meta, rows)))
+    print(suite.render_text(rows), end="")
     return 0
 
 
@@ -562,9 +590,11 @@ def build_parser() -> argparse.ArgumentParser:
                            "algorithms of each lt row, and the host cost of a cached GEMM, in results.json")
             p.add_argument("--time-limit-s", type=float, default=0, help="stop measuring after this long; the "
                            "cases left are recorded as skipped (0: no limit)")
-    p = sub.add_parser("plot")
+    p = sub.add_parser("report")
     p.add_argument("results")
-    p.add_argument("--out", default=None, help="directory for the PNGs (default: beside the results)")
+    p.add_argument("--out", default=None, help="directory for summary.md and the PNGs (default: beside the results)")
+    p.add_argument("--readme", default=None, help=f"also replace the block between {suite.README_BEGIN} and "
+                   f"{suite.README_END} in this file")
     p = sub.add_parser("compare")
     p.add_argument("a")
     p.add_argument("b")
@@ -579,7 +609,7 @@ def main(argv=None) -> int:
         if a.cmd == "run":
             sys.path.insert(0, REPO)
             return cmd_run(a, argv)
-        return {"list": cmd_list, "plot": cmd_plot, "compare": cmd_compare}[a.cmd](a)
+        return {"list": cmd_list, "report": cmd_report, "compare": cmd_compare}[a.cmd](a)
     except (ValueError, OSError) as e:
         print(f"bench: {e}", file=sys.stderr)
         return 2

@@ -21,6 +21,7 @@ import csv
 import io
 import json
 import math
+import re
 import statistics
 import sys
 import time
@@ -255,9 +256,13 @@ def cases_of(rows: list[dict]) -> list[Case]:
 # ---- writers ---------------------------------------------------------------------------------------------------
 
 def write_json(path, meta: dict, rows: list[dict]) -> None:
+    """{"schema": 1, "meta": ..., "rows": [...], "ratios": {case: {"A/P": x}}}, a row or a case's ratios a line."""
     with open(path, "w") as f:
-        json.dump({"schema": 1, "meta": meta, "rows": rows, "ratios": ratios(rows)}, f, indent=1)
-        f.write("\n")
+        f.write('{"schema": 1,\n"meta": ' + json.dumps(meta) + ',\n"rows": [\n')
+        f.write(",\n".join(json.dumps(r) for r in rows))
+        f.write('\n],\n"ratios": {\n')
+        f.write(",\n".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in ratios(rows).items()))
+        f.write("\n}}\n")
 
 
 def read_json(path) -> tuple[dict, list[dict]]:
@@ -320,12 +325,22 @@ def table(rows: list[dict]) -> list[tuple[str, list[str], list[list[str]]]]:
     return out
 
 
+def gist(reason: str) -> str:
+    """A reason without what names one case (attn_lt's case description, SDPA's tensor sizes, memory amounts), so
+    that one cause is one line of the report; results files keep the whole reason."""
+    reason = re.sub(r"^backend='\w+' cannot run .*?: ", "", reason)
+    reason = re.sub(r"\s*Query\.sizes\(\).*", "", reason)
+    return re.sub(r"needs about \d+ GiB at once for its score matrices; \d+ GiB free",
+                  "its score matrices (FP32 scores, their softmax and P at once) need more than the free memory",
+                  reason)
+
+
 def reasons(rows: list[dict]) -> list[str]:
     """Why providers did not run, one line per (provider, status, reason) with the cases it applies to."""
     seen: dict = {}
     for r in rows:
         if r["status"] != "ok":
-            seen.setdefault((r["provider"], r["status"], r["reason"]), []).append(r["case"])
+            seen.setdefault((r["provider"], r["status"], gist(r["reason"])), []).append(r["case"])
     lines = []
     for (p, status, why), cs in seen.items():
         shown = ", ".join(cs[:3]) + (f" and {len(cs) - 3} more" if len(cs) > 3 else "")
@@ -373,6 +388,17 @@ def render_markdown(meta: dict, rows: list[dict]) -> str:
     if why:
         buf.write("\nNot run (provider, status: reason [cases]):\n\n" + "".join(f"- {x}\n" for x in why))
     return buf.getvalue()
+
+
+README_BEGIN, README_END = "<!-- bench:begin -->", "<!-- bench:end -->"
+
+
+def splice(text: str, block: str) -> str:
+    """``text`` with what lies between the README markers replaced by ``block``."""
+    i, j = text.find(README_BEGIN), text.find(README_END)
+    if i < 0 or j < i:
+        raise ValueError(f"no {README_BEGIN} ... {README_END} block to replace")
+    return text[:i + len(README_BEGIN)] + "\n" + block.rstrip("\n") + "\n" + text[j:]
 
 
 def plot(rows: list[dict], out_dir, dpi: int = 72) -> list[str]:
