@@ -4,7 +4,8 @@ its default) and the plain-PyTorch unfused chain, on one GPU in one run. Protoco
 formulas and writers: tools/bench_suite.py.
 
     python tools/bench.py run [--quick] [--groups fa3,long,decode] [--no-masks] [--providers auto,lt,...]
-                              [--cases SUBSTR,...] [--out DIR] [--rep-ms 150] [--rounds 7] [--time-limit-s N]
+                              [--cases SUBSTR,...] [--out DIR] [--rep-ms 150] [--rounds 7] [--warm-up-s 5]
+                              [--time-limit-s N]
                               [--lt-details]
     python tools/bench.py list [--quick] [--groups ...]        the cases of a run, with FLOPs and bytes (no GPU)
     python tools/bench.py report DIR/results.json [--readme README.md]   summary.md, plots (and the README's
@@ -187,6 +188,18 @@ def sampled_error(out, b, rows, ref) -> float:
     if not x.isfinite().all():
         return math.inf
     return ((x - r).norm() / r.norm()).item()
+
+
+def warm_up(seconds: float) -> None:
+    """Sustained bf16 GEMMs until the GPU's clocks and power have settled, before anything is measured."""
+    import torch
+
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        for _ in range(8):
+            a @ a
+        torch.cuda.synchronize()
 
 
 def ceilings() -> dict:
@@ -490,8 +503,9 @@ def cmd_run(a, argv) -> int:
     cases, providers = _select(a)
     os.makedirs(a.out, exist_ok=True)
     meta = metadata(argv)
+    warm_up(a.warm_up_s)
     meta["ceilings"] = ceil = ceilings()
-    meta.update(rep_ms=a.rep_ms, rounds=a.rounds, check_tol=CHECK_TOL, quick=a.quick)
+    meta.update(rep_ms=a.rep_ms, rounds=a.rounds, warm_up_s=a.warm_up_s, check_tol=CHECK_TOL, quick=a.quick)
     timer = Timer(a.rep_ms, a.rounds)
     rows: list[dict] = []
     bar = suite.Progress(len(cases) * len(providers))
@@ -586,6 +600,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--rep-ms", type=float, default=150.0, help="timing budget of a provider on a case (ms)")
             p.add_argument("--rounds", type=int, default=7, help="timed rounds a case, every provider in each "
                            "(3 where one round takes over a second)")
+            p.add_argument("--warm-up-s", type=float, default=5.0, help="seconds of GEMMs before measuring, "
+                           "for the clocks to settle")
             p.add_argument("--lt-details", action="store_true", help="per-kernel GPU time and chosen GEMM "
                            "algorithms of each lt row, and the host cost of a cached GEMM, in results.json")
             p.add_argument("--time-limit-s", type=float, default=0, help="stop measuring after this long; the "
