@@ -5,8 +5,7 @@ formulas and writers: tools/bench_suite.py.
 
     python tools/bench.py run [--quick] [--groups fa3,long,decode] [--no-masks] [--providers auto,lt,...]
                               [--cases SUBSTR,...] [--out DIR] [--rep-ms 150] [--rounds 7] [--warm-up-s 5]
-                              [--time-limit-s N]
-                              [--lt-details]
+                              [--time-limit-s N] [--lt-details]
     python tools/bench.py list [--quick] [--groups ...]        the cases of a run, with FLOPs and bytes (no GPU)
     python tools/bench.py report DIR/results.json [--readme README.md]   summary.md, plots (and the README's
                                                                results block) again from a results file (no GPU)
