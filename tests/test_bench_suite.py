@@ -347,3 +347,17 @@ def test_report_rewrites_summary_plots_and_the_readme_block(tmp_path, capsys):
 def test_source_hash_names_the_code():
     h = bench.source_hash()
     assert len(h) == 12 and int(h, 16) >= 0 and h == bench.source_hash()
+
+
+@pytest.mark.gpu
+def test_bench_lt_details_record_kernels_and_gemms(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTN_LT_ALGO_POLICY", "tune")  # so that the cache holds the GEMMs (tests' own cache dir)
+    rc = bench.main(["run", "--cases", "fa3-d128-s1k", "--groups", "fa3", "--no-masks", "--providers", "lt,cudnn",
+                     "--rep-ms", "10", "--rounds", "2", "--warm-up-s", "0", "--lt-details", "--out", str(tmp_path)])
+    assert rc == 0
+    meta, rows = suite.read_json(tmp_path / "results.json")
+    lt = next(r for r in rows if r["provider"] == "lt" and r["case"] == "fa3-d128-s1k")
+    assert lt["details"]["kernels_ms"].get("softmax", 0) > 0 and lt["details"]["kernels_ms"].get("gemm", 0) > 0
+    assert lt["details"]["gemms"] and all(g["gemm"] for g in lt["details"]["gemms"])
+    assert meta["host_cost"]["resolved_lookup_us"] > 0
+    assert all("details" not in r for r in rows if r["provider"] != "lt")
