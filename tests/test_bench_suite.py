@@ -113,6 +113,15 @@ def test_quick_is_a_small_subset_of_every_group_and_filters_work():
         suite.sweep(groups=["prefill"])
 
 
+def test_cases_validate_their_fields():
+    with pytest.raises(ValueError, match="group"):
+        suite.Case("prefill", 1, 8, 8, 64, 64, 64)
+    with pytest.raises(ValueError, match="multiple"):
+        suite.Case("long", 1, 8, 3, 64, 64, 64)
+    with pytest.raises(ValueError, match="positive"):
+        suite.Case("long", 0, 8, 8, 64, 64, 64)
+
+
 def test_case_names_and_panels():
     assert suite.fa3_case(64, 512, causal=True).name == "fa3-d64-s512-causal"
     assert suite.long_case(131072, mask=True).name == "long-s128k-mask"

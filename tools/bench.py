@@ -58,7 +58,9 @@ def unfused(q, k, v, mask, causal):
     qg, kg, vg = q.reshape(B * Hkv, g * Sq, D), k.reshape(B * Hkv, Sk, D), v.reshape(B * Hkv, Sk, D)
     try:
         s = torch.bmm(qg, kg.transpose(1, 2), out_dtype=torch.float32)
-    except (TypeError, RuntimeError):  # torch without out_dtype for bmm
+    except (TypeError, RuntimeError) as e:  # torch without out_dtype for bmm
+        if isinstance(e, torch.cuda.OutOfMemoryError):
+            raise
         s = torch.bmm(qg, kg.transpose(1, 2)).float()
     s5 = s.view(B, Hkv, g, Sq, Sk).mul_(D**-0.5)
     if mask is not None:
@@ -288,10 +290,9 @@ def run_case(c, providers, tensors, ref, timer, ceil, bar) -> list[dict]:
     import attn_lt
 
     rows, ready = {}, {}
-    free = torch.cuda.mem_get_info()[0]
+    free, need = torch.cuda.mem_get_info()[0], suite.unfused_peak_bytes(c)
     for p in providers:
         bar.step(f"{c.name} {p}")
-        need = suite.unfused_peak_bytes(c)
         if suite.PROVIDERS[p].path == "unfused" and p != "lt" and need > MEMORY_FRACTION * free:
             rows[p] = suite.row(c, p, "skipped", f"needs about {need / 2**30:.0f} GiB at once for its score "
                                                  f"matrices; {free / 2**30:.0f} GiB free")
@@ -303,10 +304,8 @@ def run_case(c, providers, tensors, ref, timer, ceil, bar) -> list[dict]:
             ready[p] = got
         torch.cuda.empty_cache()
     rounds: dict = {p: [] for p in ready}
-    n_rounds = timer.rounds
-    for i in range(timer.rounds):
-        if i == n_rounds:
-            break
+    n_rounds, i = timer.rounds, 0
+    while i < n_rounds:
         for p in list(ready):
             try:
                 rounds[p].append(timer.samples(ready[p][0]))
@@ -318,6 +317,7 @@ def run_case(c, providers, tensors, ref, timer, ceil, bar) -> list[dict]:
                 del ready[p]
         if i == 0 and sum(statistics.median(r[0]) for r in rounds.values() if r) > SLOW_ROUND_MS:
             n_rounds = min(timer.rounds, 3)  # long calls: three rounds are enough to see a drift
+        i += 1
     q, k, v, mask = tensors
     for p, (fn, peak, err) in ready.items():
         times = [t for r in rounds[p] for t in r]

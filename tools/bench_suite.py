@@ -49,6 +49,12 @@ class Case:
     mask: bool = False
     dtype: str = "bf16"
 
+    def __post_init__(self):
+        if self.group not in GROUPS or self.dtype not in DTYPE_BYTES:
+            raise ValueError(f"group must be one of {GROUPS} and dtype one of {tuple(DTYPE_BYTES)}: {self}")
+        if min(self.B, self.Hq, self.Hkv, self.Sq, self.Sk, self.D) < 1 or self.Hq % self.Hkv:
+            raise ValueError(f"sizes must be positive and Hq a multiple of Hkv: {self}")
+
     @property
     def name(self) -> str:
         if self.group == "decode":
@@ -125,14 +131,14 @@ def sweep(quick: bool = False, groups=GROUPS, with_masks: bool = True) -> list[C
 
 # ---- formulas --------------------------------------------------------------------------------------------------
 
-def flops(c: Case) -> float:
-    """Forward FLOPs, 4 B Hq Sq Sk D, halved when causal (the FlashAttention convention)."""
-    return 4.0 * c.B * c.Hq * c.Sq * c.Sk * c.D * (0.5 if c.causal else 1.0)
-
-
 def scores(c: Case) -> float:
-    """Score elements the computation needs (halved when causal, as the FLOPs are)."""
+    """Score elements the computation needs: B Hq Sq Sk, halved when causal (the FlashAttention convention)."""
     return float(c.B * c.Hq * c.Sq * c.Sk) * (0.5 if c.causal else 1.0)
+
+
+def flops(c: Case) -> float:
+    """Forward FLOPs: 2 D for Q K^T and 2 D for P V per score, 4 B Hq Sq Sk D (halved when causal)."""
+    return 4.0 * c.D * scores(c)
 
 
 def io_bytes(c: Case) -> int:
