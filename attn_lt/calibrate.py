@@ -20,8 +20,11 @@ SCHEMA = "attn_lt.calibration"
 NEVER = 2**31 - 1  # the long path never wins: auto keeps the fused path whenever it can run the case
 
 
+FILE = "calibration.json"
+
+
 def path() -> Path:
-    return config.cache_dir() / "calibration.json"
+    return config.cache_dir() / FILE
 
 
 def _read(p: Path) -> dict:
@@ -52,39 +55,30 @@ def store(env_key: str, threshold: int, points: list) -> Path:
 
 
 @functools.lru_cache(maxsize=16)
-def _stored(dirs: tuple, env_key: str) -> int | None:
-    """``dirs``: the environment variables ``path()`` depends on, so that changing them is a new lookup."""
-    entry = _read(path())["thresholds"].get(env_key)
+def _stored(cache_dir: Path, env_key: str) -> int | None:
+    entry = _read(cache_dir / FILE)["thresholds"].get(env_key)
     t = entry.get("threshold") if isinstance(entry, dict) else None
     return t if isinstance(t, int) and not isinstance(t, bool) and t >= 1 else None
-
-
-@functools.lru_cache(maxsize=16)
-def _env_key(device: int) -> str | None:
-    try:
-        from .cache import current_env
-
-        return current_env(device).key()
-    except Exception:  # no nvmath / cuBLASLt: no environment, no calibration
-        return None
 
 
 def _current_env_key() -> str | None:
     try:
         import torch
 
-        return _env_key(torch.cuda.current_device()) if torch.cuda.is_available() else None
-    except Exception:  # a CPU build of torch
+        if not torch.cuda.is_available():
+            return None
+        from .cache import current_env
+
+        return current_env(torch.cuda.current_device()).key()
+    except Exception:  # a CPU build of torch, or no nvmath / cuBLASLt: no environment, no calibration
         return None
 
 
 def stored_threshold() -> int | None:
     """The calibrated threshold of the current GPU, or None. Every ``auto`` call asks: the file is read once per
-    (cache directory, GPU environment)."""
+    (calibration file, GPU environment)."""
     key = _current_env_key()
-    if key is None:
-        return None
-    return _stored(tuple(os.environ.get(v) for v in ("ATTN_LT_CACHE_DIR", "XDG_CACHE_HOME", "HOME")), key)
+    return None if key is None else _stored(config.cache_dir(), key)
 
 
 stored_threshold.cache_clear = _stored.cache_clear  # type: ignore[attr-defined]

@@ -49,7 +49,8 @@ def _budget(a):
     return None if a.workspace_mb is None else a.workspace_mb << 20
 
 
-def cmd_info(a) -> int:
+def environment() -> dict:
+    """What ``attn-lt info`` shows (and the benchmarks record): versions, GPU, native library, settings, cache."""
     from . import native
 
     from .cache import default_cache
@@ -79,6 +80,11 @@ def cmd_info(a) -> int:
         info["cublasLt"] = str(cublasLt.get_version())
     except Exception as e:  # no nvmath, or no libcublasLt to load
         info["cublasLt"] = f"unavailable: {type(e).__name__}: {e}"
+    return info
+
+
+def cmd_info(a) -> int:
+    info = environment()
     if a.json:
         print(json.dumps(info, indent=2))
     else:

@@ -22,6 +22,7 @@ variable                       default      meaning
 
 from __future__ import annotations
 
+import functools
 import os
 
 DEFAULT_WORKSPACE_MB = 1024
@@ -103,11 +104,17 @@ def tune_call_ms() -> int:
 
 
 def cache_dir():
-    """Directory of the algorithm cache: ``ATTN_LT_CACHE_DIR``, else the user's cache directory."""
+    """Directory of the algorithm cache: ``ATTN_LT_CACHE_DIR``, else the user's cache directory. Resolved once
+    per value of the variables it depends on (``auto`` asks on every call, for the calibration file)."""
+    env = os.environ
+    return _cache_dir(env.get("ATTN_LT_CACHE_DIR"), env.get("XDG_CACHE_HOME"), env.get("HOME"))
+
+
+@functools.lru_cache(maxsize=8)
+def _cache_dir(explicit: str | None, xdg: str | None, home: str | None):
     from pathlib import Path
 
-    d = os.environ.get("ATTN_LT_CACHE_DIR")
-    if d:
-        return Path(d).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    if explicit:
+        return Path(explicit).expanduser()
+    base = xdg or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "attn_lt"

@@ -22,21 +22,23 @@ def causal_mask(Sq: int, Sk: int, device=None) -> torch.Tensor:
     return j <= i + (Sk - Sq)
 
 
-def reference(q, k, v, attn_mask=None, causal=False, scale=None, dtype=torch.float32):
-    """(out, lse) of attention computed in ``dtype``; fully masked rows give 0 and -inf."""
+def reference(q, k, v, attn_mask=None, causal=False, scale=None, dtype=torch.float32, rows=None):
+    """(out, lse) of attention computed in ``dtype``; fully masked rows give 0 and -inf. ``rows``: a 1-D index
+    tensor of query rows to compute, alone (out (B, Hq, len(rows), D)), for shapes too long to check in full."""
     B, Hq, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     g = Hq // Hkv
     scale = D**-0.5 if scale is None else scale
-    out = torch.empty(B, Hq, Sq, D, dtype=dtype, device=q.device)
-    lse = torch.empty(B, Hq, Sq, dtype=dtype, device=q.device)
-    cm = causal_mask(Sq, Sk, q.device) if causal else None
+    rows = torch.arange(Sq, device=q.device) if rows is None else rows
+    out = torch.empty(B, Hq, len(rows), D, dtype=dtype, device=q.device)
+    lse = torch.empty(B, Hq, len(rows), dtype=dtype, device=q.device)
+    cm = causal_mask(Sq, Sk, q.device)[rows] if causal else None
     mask = None if attn_mask is None else attn_mask.expand(B, Hq, Sq, Sk)
     for b in range(B):
         for h in range(Hq):
-            s = (q[b, h].to(dtype) @ k[b, h // g].to(dtype).T) * scale
+            s = (q[b, h, rows].to(dtype) @ k[b, h // g].to(dtype).T) * scale
             if mask is not None:
-                m = mask[b, h]
+                m = mask[b, h, rows]
                 s = s.masked_fill(~m, -math.inf) if m.dtype == torch.bool else s + m.to(dtype)
             if cm is not None:
                 s = s.masked_fill(~cm, -math.inf)

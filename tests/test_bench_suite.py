@@ -254,6 +254,25 @@ def test_progress_bar_counts_and_estimates(capsys):
     assert buf.getvalue().endswith("\n") and "4/4" in buf.getvalue()
 
 
+def test_reference_on_sampled_rows_equals_the_full_reference():
+    """The benchmark checks every output on sampled rows: the same numbers as the whole reference there, with
+    causal (Sq != Sk, bottom-right), a mask and GQA."""
+    import torch
+
+    from attn_lt.testing import reference
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 37, 16, generator=g)
+    k, v = torch.randn(2, 2, 53, 16, generator=g), torch.randn(2, 2, 53, 16, generator=g)
+    mask = torch.randn(2, 1, 37, 53, generator=g)
+    rows = torch.tensor([0, 5, 36])
+    full, full_lse = reference(q, k, v, mask, causal=True, dtype=torch.float64)
+    part, part_lse = reference(q, k, v, mask, causal=True, dtype=torch.float64, rows=rows)
+    assert part.shape == (2, 4, 3, 16)
+    torch.testing.assert_close(part, full[:, :, rows])
+    torch.testing.assert_close(part_lse, full_lse[:, :, rows])
+
+
 # ---- tools/bench.py without a GPU ------------------------------------------------------------------------------
 
 def test_bench_list_and_compare_commands(tmp_path, capsys):

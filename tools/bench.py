@@ -82,17 +82,18 @@ def sdpa_backends():
 
 
 def make_call(provider, c, q, k, v, mask):
-    """A no-argument function running ``provider`` on the case, or ValueError with why it cannot."""
+    """(a no-argument function running ``provider`` on the case, the path attn_lt takes or None), or ValueError
+    with why the provider cannot run it."""
     import torch
     import torch.nn.functional as F
 
     import attn_lt
 
-    if provider in suite.ATTN_LT:
-        attn_lt.explain(q, k, v, attn_mask=mask, causal=c.causal, backend=provider)  # raises with the reasons
-        return lambda: attn_lt.attention(q, k, v, attn_mask=mask, causal=c.causal, backend=provider)
+    if provider in suite.ATTN_LT:  # explain raises with every reason when a forced backend cannot run the case
+        route = attn_lt.explain(q, k, v, attn_mask=mask, causal=c.causal, backend=provider).decision.backend
+        return lambda: attn_lt.attention(q, k, v, attn_mask=mask, causal=c.causal, backend=provider), route
     if provider == "unfused":
-        return lambda: unfused(q, k, v, mask, c.causal)
+        return lambda: unfused(q, k, v, mask, c.causal), None
     if c.causal and c.Sq != c.Sk:
         raise ValueError("SDPA's is_causal is top-left aligned when Sq != Sk; the sweep has no such case")
     ctx = (lambda: torch.nn.attention.sdpa_kernel(sdpa_backends()[provider])) if provider != "default" \
@@ -102,7 +103,7 @@ def make_call(provider, c, q, k, v, mask):
         with ctx():
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=c.causal,
                                                   enable_gqa=c.Hkv != c.Hq)
-    return call
+    return call, None
 
 
 # ---- measuring -------------------------------------------------------------------------------------------------
@@ -166,29 +167,13 @@ def peak_mib(fn):
 
 
 def reference_rows(c, q, k, v, mask, n=16):
-    """(batch index, row indices, FP32 reference (Hq, rows, D)) on ``n`` query rows of the last batch entry."""
+    """(row indices, FP32 reference (B, Hq, rows, D)) on ``n`` query rows spread over Sq."""
     import torch
 
-    b, g = c.B - 1, c.Hq // c.Hkv
+    from attn_lt.testing import reference
+
     rows = torch.unique(torch.linspace(0, c.Sq - 1, min(c.Sq, n), device=q.device).round().long())
-    cols = torch.arange(c.Sk, device=q.device)
-    ref = []
-    for h in range(c.Hkv):
-        s = q[b, h * g:(h + 1) * g][:, rows].float() @ k[b, h].float().T * c.D**-0.5  # (g, rows, Sk)
-        if mask is not None:
-            s += mask[b, 0][rows].float()
-        if c.causal:
-            s.masked_fill_(cols[None, :] > rows[:, None] + (c.Sk - c.Sq), -math.inf)
-        ref.append(torch.softmax(s, dim=-1) @ v[b, h].float())
-    return b, rows, torch.cat(ref)
-
-
-def sampled_error(out, b, rows, ref) -> float:
-    x = out[b][:, rows].double()
-    r = ref.double()
-    if not x.isfinite().all():
-        return math.inf
-    return ((x - r).norm() / r.norm()).item()
+    return rows, reference(q, k, v, mask, c.causal, rows=rows)[0]
 
 
 def warm_up(seconds: float) -> None:
@@ -250,12 +235,15 @@ def _env(name, value):
 
 def first_call(p, c, tensors, ref):
     """A provider's first call on a case (warm-up, peak memory, for lt and auto the tuning of every GEMM shape of
-    the case, and the check against the reference): (fn, peak MiB, error) when it ran right, else its final row."""
+    the case, and the check against the reference): (fn, route, peak MiB, error) when it ran right, else its final
+    row."""
     import torch
+
+    from attn_lt.testing import rel_error
 
     q, k, v, mask = tensors
     try:
-        fn = make_call(p, c, q, k, v, mask)
+        fn, route = make_call(p, c, q, k, v, mask)
     except ValueError as e:  # attn_lt's declared limits, with every reason
         return suite.row(c, p, "n/a", _first_line(e, 240))
     try:
@@ -270,7 +258,8 @@ def first_call(p, c, tensors, ref):
                 if suite.PROVIDERS[p].family != "sdpa":
                     raise
                 return suite.row(c, p, "n/a", _sdpa_reasons(caught, e))
-        err = sampled_error(out, *ref)
+        rows, expected = ref
+        err = rel_error(out[:, :, rows], expected)
     except torch.cuda.OutOfMemoryError as e:
         return suite.row(c, p, "skipped", f"out of memory: {_first_line(e, 100)}")
     except Exception as e:  # a provider that fails unexpectedly is reported, not dropped
@@ -278,7 +267,7 @@ def first_call(p, c, tensors, ref):
     if not err <= CHECK_TOL:
         return suite.row(c, p, "error", f"wrong result: relative error {err:.3g} on sampled rows (bound {CHECK_TOL})",
                          rel_err=err if math.isfinite(err) else None)
-    return fn, peak, err
+    return fn, route, peak, err
 
 
 def run_case(c, providers, tensors, ref, timer, ceil, bar) -> list[dict]:
@@ -286,8 +275,6 @@ def run_case(c, providers, tensors, ref, timer, ceil, bar) -> list[dict]:
     provider that ran takes its turn (so a drifting clock touches all of them alike). ``ms`` is the median of all
     timed calls, ``spread_pct`` the range of the rounds' medians over it."""
     import torch
-
-    import attn_lt
 
     rows, ready = {}, {}
     free, need = torch.cuda.mem_get_info()[0], suite.unfused_peak_bytes(c)
@@ -318,13 +305,10 @@ def run_case(c, providers, tensors, ref, timer, ceil, bar) -> list[dict]:
         if i == 0 and sum(statistics.median(r[0]) for r in rounds.values() if r) > SLOW_ROUND_MS:
             n_rounds = min(timer.rounds, 3)  # long calls: three rounds are enough to see a drift
         i += 1
-    q, k, v, mask = tensors
-    for p, (fn, peak, err) in ready.items():
+    for p, (fn, route, peak, err) in ready.items():
         times = [t for r in rounds[p] for t in r]
         ms = statistics.median(times)
         meds = [statistics.median(r) for r in rounds[p]]
-        route = attn_lt.explain(q, k, v, attn_mask=mask, causal=c.causal, backend=p).decision.backend \
-            if p in suite.ATTN_LT else None
         rows[p] = suite.row(c, p, "ok", route=route, ms=round(ms, 5), peak_mib=round(peak, 1),
                             rel_err=float(f"{err:.3g}"), reps=len(times), host_us=host_us(fn, ms),
                             spread_pct=round(100 * (max(meds) - min(meds)) / ms, 2),
@@ -433,35 +417,31 @@ def gpu_state() -> str:
 
 
 def metadata(argv) -> dict:
+    """Where and with what a run is made: ``attn-lt info``'s environment plus the driver, the GPU's state, the
+    versions of the peers and of the tools, and the sources' hash."""
     import torch
 
-    import attn_lt
-    from attn_lt import config
+    from attn_lt.cli import environment
 
-    def tool(cmd):
+    env = environment()
+    versions = {"attn_lt": env["attn_lt"], "torch": env["torch"], "CUDA": env["torch_cuda"],
+                "cuDNN": torch.backends.cudnn.version(), "cuBLASLt": env["cublasLt"],
+                "nvmath": env.get("nvmath", "unavailable")}
+    for name in ("triton", "cupy"):
         try:
-            return subprocess.run(cmd, capture_output=True, text=True, timeout=20, cwd=REPO).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    props = torch.cuda.get_device_properties(0)
-    versions = {"attn_lt": attn_lt.__version__, "torch": torch.__version__, "CUDA": torch.version.cuda,
-                "cuDNN": torch.backends.cudnn.version()}
-    for name, get in (("cuBLASLt", lambda: __import__("nvmath.bindings.cublasLt", fromlist=["x"]).get_version()),
-                      ("nvmath", lambda: __import__("nvmath").__version__),
-                      ("triton", lambda: __import__("triton").__version__),
-                      ("cupy", lambda: __import__("cupy").__version__)):
-        try:
-            versions[name] = get()
+            versions[name] = __import__(name).__version__
         except Exception:
             versions[name] = "unavailable"
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=20).stdout.split("\n")[0].strip()
+    except (OSError, subprocess.SubprocessError):
+        driver = ""
     return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "gpu": f"{props.name}, {props.multi_processor_count} SMs, {props.total_memory / 2**30:.0f} GiB",
-            "driver": tool(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]).split("\n")[0]
-            or "unknown", "gpu_state_at_start": gpu_state(),
-            "source_sha": source_hash(),
-            "versions": versions, "python": sys.version.split()[0], "algo_policy": config.algo_policy(),
-            "threshold": config.threshold(), "dtype": "bf16",
+            "gpu": env["gpu"], "driver": driver or "unknown", "gpu_state_at_start": gpu_state(),
+            "source_sha": source_hash(), "versions": versions, "python": sys.version.split()[0],
+            "native_library": env["native_library"], "algo_policy": env["algo_policy"],
+            "threshold": env["threshold"], "algo_cache": env["cache"], "dtype": "bf16",
             "command": "python tools/bench.py " + " ".join(shlex.quote(a) for a in argv)}
 
 

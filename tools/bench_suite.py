@@ -231,11 +231,14 @@ def row(c: Case, provider: str, status: str, reason: str = "", **values) -> dict
 
 
 def add_ratios(rows: list[dict]) -> list[dict]:
-    """Set ``vs_auto`` on every "ok" row: its time over attn_lt auto's time for the same case (>1: auto faster)."""
-    auto = {r["case"]: r["ms"] for r in rows if r["provider"] == "auto" and r["status"] == "ok"}
+    """Set ``vs_auto`` on every "ok" row: its time over attn_lt auto's time for the same case (>1: auto faster),
+    the "auto/P" entry of :func:`ratios`."""
+    rs = ratios(rows)
     for r in rows:
-        if r["status"] == "ok" and r["case"] in auto:
-            r["vs_auto"] = round(r["ms"] / auto[r["case"]], 4)
+        if r["status"] == "ok":
+            x = 1.0 if r["provider"] == "auto" else rs.get(r["case"], {}).get(f"auto/{r['provider']}")
+            if x is not None:
+                r["vs_auto"] = x
     return rows
 
 

@@ -9,9 +9,8 @@ import torch
 
 from .. import config, native
 from ..plan import Chunk, ChunkLayout, Plan, chunk_layout
-from ..validate import Case
+from ..validate import Case, address_alignment as alignment
 from . import algos, cublaslt
-from ..validate import address_alignment as alignment
 from .cublaslt import GemmKey
 
 _ESIZE = 2  # bytes per fp16/bf16 element
