@@ -1,6 +1,6 @@
-"""attn_lt: hybrid attention for NVIDIA GPUs (cuBLASLt long path, fused WMMA short path)."""
+"""attn_lt: hybrid attention for NVIDIA GPUs (cuBLASLt long path, fused tensor-core short path)."""
 
-from .api import attention, explain
+from .api import AttentionPlan, attention, explain, plan
 
 __version__ = "0.1.0"
-__all__ = ["attention", "explain", "__version__"]
+__all__ = ["attention", "plan", "AttentionPlan", "explain", "__version__"]

@@ -1,22 +1,69 @@
-"""The production call: validate -> select -> plan -> execute, torch or cupy in and out."""
+"""The public calls: ``plan`` (validate, select, plan once), ``AttentionPlan.run`` (launch), ``attention`` (a thin
+wrapper over a bounded cache of plans) and ``explain``; torch or cupy in and out.
+
+Data flows one way: validate → select → plan (chunks, GEMM descriptors, algorithms) → execute.
+"""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
+import os
+import threading
 from dataclasses import dataclass
 
 import torch
 
 from . import config
-from .plan import Plan, make_plan
+from .plan import Plan, make_plan, out_strides
 from .select import Decision, select
-from .validate import Case, check_tensors
+from .validate import Case, address_alignment, check_options, check_out, check_tensors
 
 log = logging.getLogger("attn_lt")
 
 _NO_BACKWARD = ("attn_lt.attention has no backward pass (forward and inference only): call it under "
                 "torch.no_grad() / torch.inference_mode(), or on tensors that do not require grad")
+
+#: Plans kept by ``attention()`` (least recently used first out).
+PLAN_CACHE_SIZE = 256
+#: Environment variables a plan depends on (part of the key of ``attention()``'s plan cache).
+_ENV_VARS = ("ATTN_LT_WORKSPACE_MB", "ATTN_LT_THRESHOLD", "ATTN_LT_ALGO_POLICY", "ATTN_LT_SOFTMAX",
+             "ATTN_LT_CACHE_DIR", "XDG_CACHE_HOME")
+
+
+try:  # the cudaStream_t of the current stream in one call (PyTorch's own, used by its extensions)
+    _raw_stream = torch._C._cuda_getCurrentRawStream
+except AttributeError:  # pragma: no cover - other PyTorch builds
+    def _raw_stream(device: int) -> int:
+        return torch.cuda.current_stream(device).cuda_stream
+
+
+_scratch: dict[tuple[int, int], torch.Tensor] = {}
+_scratch_lock = threading.Lock()
+
+
+def scratch_buffer(device: torch.device, stream: int, nbytes: int, capturing: bool = False) -> torch.Tensor:
+    """The scratch buffer (workspace, LSE nobody asked for) that every call on one CUDA stream shares: calls on a
+    stream run in order, so one buffer serves them all; it grows to the largest call's need (at most the workspace
+    budget plus an LSE) and is kept, as cuBLAS keeps its workspace. While capturing a CUDA graph a fresh buffer
+    comes from the graph's pool. :func:`release_scratch` frees them."""
+    if capturing:
+        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+    key = (device.index, stream)
+    buf = _scratch.get(key)
+    if buf is None or buf.numel() < nbytes:
+        with _scratch_lock:
+            buf = _scratch.pop(key, None)
+            del buf  # the old buffer goes back to the caching allocator before the larger one is taken
+            buf = _scratch[key] = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    return buf
+
+
+def release_scratch() -> None:
+    """Free the per-stream scratch buffers (the next call takes a new one)."""
+    with _scratch_lock:
+        _scratch.clear()
 
 
 def _is_cupy(x) -> bool:
@@ -35,125 +82,365 @@ def _cupy_stream():
         yield
 
 
-def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | None = None,
-              backend: str = "auto", return_lse: bool = False, out=None, workspace_bytes: int | None = None,
-              threshold: int | None = None, algo_policy: str | None = None):
-    """Scaled dot-product attention, ``softmax(scale * q @ k^T + mask) @ v``.
-
-    Args:
-        q: (B, Hq, Sq, D) fp16 or bf16, on a CUDA device (torch.Tensor or cupy.ndarray). Views whose last
-            dimension has stride 1, e.g. a (B, S, H, D) tensor transposed to (B, H, S, D), are read in place.
-        k, v: (B, Hkv, Sk, D), same dtype and device; ``Hq % Hkv == 0`` (grouped-query attention when Hkv < Hq).
-        attn_mask: optional, broadcastable to (B, Hq, Sq, Sk): bool (True = may attend, as in SDPA) or float
-            (added to the scaled scores; fp32 or q's dtype).
-        causal: query i sees keys j <= i + (Sk - Sq) (bottom-right aligned, the KV-cache convention; equal to
-            SDPA's ``is_causal`` when Sq == Sk). Combines with ``attn_mask``.
-        scale: default ``D ** -0.5``.
-        backend: "auto" (the hybrid selector), "lt" (cuBLASLt long path) or "wmma" (fused short path); a forced
-            backend that cannot run the case raises ValueError naming every reason.
-        return_lse: also return the FP32 log-sum-exp of each row's scaled, masked scores.
-        out: optional preallocated output, contiguous (B, Hq, Sq, D) of q's dtype and device, written in full.
-        workspace_bytes: budget of the long path's workspace (default ``ATTN_LT_WORKSPACE_MB``, 1 GiB).
-        threshold: key length from which "auto" takes the long path (default ``ATTN_LT_THRESHOLD``, 4096).
-        algo_policy: cuBLASLt algorithm choice: "tune" (tune a GEMM shape on first use unless cached; default),
-            "cache" (cached algorithms, never tune) or "heuristic" (default ``ATTN_LT_ALGO_POLICY``).
-
-    Returns:
-        out: (B, Hq, Sq, D) in the input dtype, contiguous; with ``return_lse``, ``(out, lse)`` with lse FP32
-        (B, Hq, Sq). A row whose keys are all masked gives zeros in out and -inf in lse, never NaN.
-
-    Raises:
-        TypeError, ValueError: bad input (types, dtypes, shapes, head counts, mask, devices), before GPU work.
-        NotImplementedError: inputs that require grad with grad mode on (attn_lt is forward only).
-    """
-    if isinstance(q, torch.Tensor) and torch.compiler.is_compiling():
-        if out is not None:
-            raise ValueError("out= is not supported inside torch.compile")
-        res = torch.ops.attn_lt.attention(q, k, v, attn_mask, causal, scale, backend, workspace_bytes, threshold,
-                                          algo_policy)
-        return res if return_lse else res[0]
-    if _is_cupy(q):
-        import cupy
-
-        to_t = (lambda x: None if x is None else torch.from_dlpack(x))
-        with _cupy_stream():
-            res = attention(to_t(q), to_t(k), to_t(v), attn_mask=to_t(attn_mask), causal=causal, scale=scale,
-                            backend=backend, return_lse=return_lse, out=to_t(out),
-                            workspace_bytes=workspace_bytes, threshold=threshold, algo_policy=algo_policy)
-        return tuple(cupy.from_dlpack(r) for r in res) if return_lse else cupy.from_dlpack(res)
-    case = check_tensors(q, k, v, attn_mask, causal, scale)
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        raise NotImplementedError(_NO_BACKWARD)
-    shape = (case.B, case.Hq, case.Sq, case.D)
-    if out is None:
-        out = torch.empty(shape, dtype=q.dtype, device=q.device)
-    elif not (isinstance(out, torch.Tensor) and tuple(out.shape) == shape and out.dtype == q.dtype
-              and out.device == q.device and out.is_contiguous()):
-        desc = f"{tuple(out.shape)} {out.dtype} on {out.device}" if isinstance(out, torch.Tensor) else type(out)
-        raise ValueError(f"out must be a contiguous {shape} {q.dtype} tensor on {q.device}, got {desc}")
-    decision = select(case, backend, threshold)
-    # budget errors surface here, before any GPU work
-    plan = make_plan(case, workspace_bytes) if decision.backend == "lt" else None
-    policy = config.algo_policy(algo_policy)
-    log.debug("attention %s -> %s", case, decision.backend)
-    lse = torch.empty((case.B, case.Hq, case.Sq), dtype=torch.float32, device=q.device)
-    with torch.cuda.device(q.device):
-        if decision.backend == "wmma":
-            _run_wmma(case, q, k, v, out, lse)
-        else:
-            from .lt import path
-
-            mask = None if attn_mask is None else attn_mask.expand(case.B, case.Hq, case.Sq, case.Sk)
-            path.run(case, plan, q, k, v, mask, out, lse, policy)
-    return (out, lse) if return_lse else out
-
-
-def _run_wmma(case: Case, q, k, v, out, lse) -> None:
-    from . import native
-
-    a = native.FlashArgs()
-    a.q, a.k, a.v, a.o, a.lse = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr()
-    a.B, a.Hq, a.Hkv, a.Sq, a.Sk, a.D = case.B, case.Hq, case.Hkv, case.Sq, case.Sk, case.D
-    a.q_sb, a.q_sh, a.q_ss = case.q_strides[:3]
-    a.k_sb, a.k_sh, a.k_ss = case.k_strides[:3]
-    a.v_sb, a.v_sh, a.v_ss = case.v_strides[:3]
-    a.o_sb, a.o_sh, a.o_ss = out.stride()[:3]
-    a.scale, a.causal, a.dtype = case.scale, int(case.causal), native.DTYPE_CODES[case.dtype]
-    native.flash(a, torch.cuda.current_stream(q.device).cuda_stream)
+def _signature(q, k, v, attn_mask, out_align: int) -> tuple:
+    """What a plan fixes about its tensors: shapes, strides, dtypes, devices and the address alignment."""
+    align = address_alignment(q.data_ptr() | k.data_ptr() | v.data_ptr())
+    m = None if attn_mask is None else (attn_mask.shape, attn_mask.stride(), attn_mask.dtype, attn_mask.device)
+    return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype, q.device,
+            k.device, v.device, m, align, out_align)
 
 
 @dataclass(frozen=True)
 class Explanation:
-    """What a call would do: the case, the selector's decision and reasons, and the long path's plan."""
+    """What a call does: the case, the selector's decision and reasons, the long path's chunk plan, and (when
+    known) each GEMM's algorithm and where it came from."""
 
     case: Case
     decision: Decision
     plan: Plan | None
+    gemms: tuple[dict, ...] = ()
 
     def __str__(self) -> str:
         lines = [f"case: {self.case}", str(self.decision)]
         if self.plan is not None:
             lines.append(f"plan: {self.plan.summary(self.case)}")
+        for g in self.gemms:
+            lines.append(f"  gemm {g['gemm']}\n       class {g['class']}: {g['algorithm']}")
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
         return {"case": str(self.case), "backend": self.decision.backend, "reasons": list(self.decision.reasons),
                 "rejected": {n: list(r) for n, r in self.decision.rejected},
-                "plan": None if self.plan is None else self.plan.to_dict()}
+                "plan": None if self.plan is None else self.plan.to_dict(), "gemms": list(self.gemms)}
+
+
+class AttentionPlan:
+    """One attention case planned once: the validated case, the route and its reasons, the long path's chunk plan,
+    every GEMM's descriptors and algorithm, the kernels' arguments and the workspace size.
+
+    ``run`` checks only what may change between calls (shapes, strides, dtypes, devices, alignment — the plan's
+    signature) and launches: no planning, no tuning once tuned, no allocation beyond the output, the LSE and the
+    workspace (which the caller may pass). Make one with :func:`plan`."""
+
+    def __init__(self, case: Case, decision: Decision, chunks: Plan | None, signature: tuple | None,
+                 policy: str, out_align: int = 256, key_mass: bool = False, key_mass_window: int | None = None):
+        self.case, self.decision, self.chunks, self.policy = case, decision, chunks, policy
+        self.signature, self.out_align = signature, out_align
+        self.key_mass, self.key_mass_window = key_mass, key_mass_window
+        self._program = None
+        self._scratch_views = None
+        self._lock = threading.Lock()
+
+    @property
+    def backend(self) -> str:
+        return self.decision.backend
+
+    @property
+    def program(self):
+        """The prepared launcher (``lt.path.Program`` or ``wmma.Program``), or None before the first run."""
+        return self._program
+
+    @property
+    def workspace_bytes(self) -> int:
+        """Bytes of workspace ``run`` needs (0 for the fused path)."""
+        return 0 if self.chunks is None else self.chunks.workspace_bytes
+
+    def _prepared(self, device: int):
+        p = self._program
+        if p is None:
+            with self._lock:
+                p = self._program
+                if p is None:
+                    if self.backend == "wmma":
+                        from .wmma import Program as WmmaProgram
+
+                        p = WmmaProgram(self.case, out_strides(self.case), device)
+                    else:
+                        from .lt.path import Program as LtProgram
+
+                        p = LtProgram(self.case, self.chunks, device, self.policy, self.out_align)
+                    self._program = p
+        return p
+
+    def run(self, q, k, v, attn_mask=None, *, out=None, return_lse: bool = False, workspace=None):
+        """Attention of q, k, v (and ``attn_mask``) as planned; tensors must match the plan's shapes, strides,
+        dtypes and device (the data may differ). Returns ``out`` (B, Hq, Sq, Dv); with ``return_lse``
+        ``(out, lse)``; a plan made with ``return_key_mass`` adds the mass last: ``(out, mass)`` or
+        ``(out, lse, mass)``.
+
+        ``out``: optional contiguous output of q's dtype. ``workspace``: optional uint8 CUDA tensor of at least
+        :attr:`workspace_bytes` bytes (else one is taken from PyTorch's caching allocator)."""
+        if self.signature is None:
+            raise RuntimeError("this plan was made from shapes without tensors (explain only); make one from "
+                               "CUDA tensors with attn_lt.plan(q, k, v, ...) to run it")
+        out_align = 256 if out is None else address_alignment(out.data_ptr())
+        sig = _signature(q, k, v, attn_mask, min(out_align, self.out_align))
+        if sig != self.signature:
+            raise ValueError(f"plan made for {self.case} cannot run these tensors: q {tuple(q.shape)} "
+                             f"{tuple(q.stride())}, k {tuple(k.shape)} {tuple(k.stride())}, v {tuple(v.shape)} "
+                             f"{tuple(v.stride())}{'' if attn_mask is None else ', mask ' + str(tuple(attn_mask.shape))}"
+                             " (shapes, strides, dtypes, device and alignment must match the plan's)")
+        return self._execute(q, k, v, attn_mask, out, return_lse, workspace)
+
+    def _scratch(self, device: torch.device, stream: int, capturing: bool):
+        """(workspace, LSE scratch) views of the stream's shared scratch buffer (see :func:`scratch_buffer`)."""
+        case = self.case
+        ws_bytes = -(-self.workspace_bytes // 256) * 256
+        buf = scratch_buffer(device, stream, ws_bytes + 4 * case.B * case.Hq * case.Sq, capturing)
+        s = self._scratch_views
+        if s is not None and s[0] is buf:
+            return s[1], s[2]
+        ws = buf[:ws_bytes]
+        lse = buf[ws_bytes:ws_bytes + 4 * case.B * case.Hq * case.Sq].view(torch.float32).view(case.B, case.Hq,
+                                                                                              case.Sq)
+        if not capturing:
+            self._scratch_views = (buf, ws, lse)
+        return ws, lse
+
+    def _execute(self, q, k, v, attn_mask, out, return_lse, workspace, tune_budget_ms=None):
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            raise NotImplementedError(_NO_BACKWARD)
+        case = self.case
+        dev = q.device
+        if out is None:
+            out = torch.empty((case.B, case.Hq, case.Sq, case.Dv), dtype=q.dtype, device=dev)
+        else:
+            check_out(out, case, q)
+        device = dev.index
+        stream = _raw_stream(device)
+        capturing = torch.cuda.is_current_stream_capturing()
+        ws, lse = self._scratch(dev, stream, capturing)
+        if return_lse:
+            lse = torch.empty((case.B, case.Hq, case.Sq), dtype=torch.float32, device=dev)
+        if workspace is not None:
+            need = self.workspace_bytes
+            if not (isinstance(workspace, torch.Tensor) and workspace.device == dev
+                    and workspace.dtype == torch.uint8 and workspace.numel() >= need
+                    and workspace.is_contiguous() and workspace.data_ptr() % 256 == 0):
+                raise ValueError(f"workspace must be a contiguous, 256-byte aligned uint8 tensor of at least "
+                                 f"{need} bytes on {dev}")
+            ws = workspace
+        program = self._program or self._prepared(device)
+        switch = torch.cuda.current_device() != device
+        with torch.cuda.device(device) if switch else contextlib.nullcontext():
+            if self.backend == "wmma":
+                program.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), stream)
+            else:
+                mass = None
+                if self.key_mass:
+                    mass = torch.zeros((case.B, case.Hq, case.Sk), dtype=torch.float32, device=dev)
+                program.run(q, k, v, attn_mask, out, lse, ws, stream, not capturing, tune_budget_ms, mass,
+                            self.key_mass_window)
+                if mass is not None:
+                    return (out, lse, mass) if return_lse else (out, mass)
+        return (out, lse) if return_lse else out
+
+    def tune(self, q=None, k=None, v=None, attn_mask=None) -> AttentionPlan:
+        """Resolve every GEMM's algorithm now (tuning classes not yet cached, on these tensors' data or on random
+        data of the planned shapes), so that no later ``run`` tunes. Returns the plan."""
+        if self.backend != "lt":
+            return self
+        if q is None:
+            q, k, v, attn_mask = _random_like(self)
+        self.run(q, k, v, attn_mask)  # checks the signature
+        self._execute(q, k, v, attn_mask, None, False, None, tune_budget_ms=float("inf"))
+        torch.cuda.synchronize(q.device)
+        return self
+
+    def explain(self) -> Explanation:
+        """The route, its reasons, the chunk plan and (once run on a GPU) each GEMM's class and algorithm."""
+        gemms = ()
+        if self._program is not None and self.backend == "lt":
+            from .lt.algos import GemmClass
+
+            seen = {}
+            for _, qk, pv in self._program.gemms():
+                for g in (qk, pv):
+                    seen.setdefault(g.key, {"gemm": str(g.key), "class": str(GemmClass.of(g.key)),
+                                            "algorithm": g.algo_source})
+            gemms = tuple(seen.values())
+        elif self.backend == "lt":
+            from .lt.algos import GemmClass
+            from .lt.path import plan_gemm_keys
+
+            seen = {}
+            for pair in plan_gemm_keys(self.case, self.chunks, self.out_align):
+                for key in pair:
+                    seen.setdefault(key, {"gemm": str(key), "class": str(GemmClass.of(key)),
+                                          "algorithm": f"resolved on first run ({self.policy} policy)"})
+            gemms = tuple(seen.values())
+        return Explanation(self.case, self.decision, self.chunks, gemms)
+
+    def __repr__(self) -> str:
+        return f"AttentionPlan({self.case}, backend={self.backend!r})"
+
+
+def _random_like(p: AttentionPlan):
+    """Random tensors with a plan's shapes and strides (for ``tune`` without the caller's data)."""
+    c = p.case
+    dev = p.signature[9]
+    dt = p.signature[6]
+
+    def rnd(shape, strides):
+        n = 1 + sum((s - 1) * st for s, st in zip(shape, strides))
+        return torch.randn(n, device=dev, dtype=dt).as_strided(shape, strides)
+
+    q = rnd((c.B, c.Hq, c.Sq, c.D), c.q_strides)
+    k = rnd((c.B, c.Hkv, c.Sk, c.D), c.k_strides)
+    v = rnd((c.B, c.Hkv, c.Sk, c.Dv), c.v_strides)
+    m = None
+    if p.signature[12] is not None:
+        shape, strides, mdt, _ = p.signature[12]
+        n = 1 + sum((s - 1) * st for s, st in zip(shape, strides))
+        base = torch.rand(n, device=dev) > 0.1 if mdt == torch.bool else torch.randn(n, device=dev).to(mdt)
+        m = base.as_strided(shape, strides)
+    return q, k, v, m
+
+
+def _plan_case(case: Case, backend: str, workspace_bytes, threshold, algo_policy, signature=None,
+               out_align: int = 256, return_key_mass: bool = False, key_mass_window=None) -> AttentionPlan:
+    check_options(case, workspace_bytes=workspace_bytes, threshold=threshold, return_key_mass=return_key_mass,
+                  key_mass_window=key_mass_window)
+    decision = select(case, backend, threshold, key_mass=bool(return_key_mass))
+    policy = config.algo_policy(algo_policy)
+    chunks = make_plan(case, workspace_bytes) if decision.backend == "lt" else None
+    return AttentionPlan(case, decision, chunks, signature, policy, out_align, bool(return_key_mass),
+                         key_mass_window)
+
+
+def plan(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | None = None, backend: str = "auto",
+         workspace_bytes: int | None = None, threshold: int | None = None, algo_policy: str | None = None,
+         return_key_mass: bool = False, key_mass_window: int | None = None, out=None) -> AttentionPlan:
+    """Plan attention for tensors like these (validated once; no GPU work): returns an :class:`AttentionPlan`
+    whose ``run`` takes tensors of the same shapes, strides, dtypes and device. Arguments as in
+    :func:`attention`; pass ``out`` if ``run`` will write into a preallocated output (its alignment counts)."""
+    case = check_tensors(q, k, v, attn_mask, causal, scale)
+    out_align = 256 if out is None else address_alignment(out.data_ptr())
+    sig = _signature(q, k, v, attn_mask, out_align)
+    return _plan_case(case, backend, workspace_bytes, threshold, algo_policy, sig, out_align, return_key_mass,
+                      key_mass_window)
+
+
+_plans: collections.OrderedDict = collections.OrderedDict()
+_plans_lock = threading.Lock()
+
+
+def clear_plans() -> None:
+    """Forget every plan ``attention()`` keeps (e.g. after a new calibration)."""
+    with _plans_lock:
+        _plans.clear()
+
+
+def cached_plans() -> int:
+    """How many plans ``attention()`` keeps now."""
+    return len(_plans)
+
+
+def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | None = None,
+              backend: str = "auto", return_lse: bool = False, out=None, workspace_bytes: int | None = None,
+              threshold: int | None = None, algo_policy: str | None = None, return_key_mass: bool = False,
+              key_mass_window: int | None = None):
+    """Scaled dot-product attention, ``softmax(scale * q @ k^T + mask) @ v``.
+
+    Args:
+        q: (B, Hq, Sq, D) fp16 or bf16, on a CUDA device (torch.Tensor or cupy.ndarray). Views whose last
+            dimension has stride 1, e.g. a (B, S, H, D) tensor transposed to (B, H, S, D), are read in place.
+        k: (B, Hkv, Sk, D), same dtype and device; ``Hq % Hkv == 0`` (grouped-query attention when Hkv < Hq).
+        v: (B, Hkv, Sk, Dv); Dv may differ from D on the long path (MLA), and v may be a view of k's memory
+            (e.g. ``k[..., :Dv]``).
+        attn_mask: optional, broadcastable to (B, Hq, Sq, Sk): bool (True = may attend, as in SDPA) or float
+            (added to the scaled scores; fp32 or q's dtype).
+        causal: query i sees keys j <= i + (Sk - Sq) (bottom-right aligned, the KV-cache convention; equal to
+            SDPA's ``is_causal`` when Sq == Sk). Combines with ``attn_mask``.
+        scale: default ``D ** -0.5``; finite and positive.
+        backend: "auto" (the hybrid selector), "lt" (cuBLASLt long path) or "wmma" (fused short path); a forced
+            backend that cannot run the case raises ValueError naming every reason.
+        return_lse: also return the FP32 log-sum-exp of each row's scaled, masked scores.
+        out: optional preallocated output, contiguous (B, Hq, Sq, Dv) of q's dtype and device, written in full.
+        workspace_bytes: budget of the long path's workspace (default ``ATTN_LT_WORKSPACE_MB``, 1 GiB).
+        threshold: key length from which "auto" takes the long path (default ``ATTN_LT_THRESHOLD``, else the
+            calibrated value for this GPU, else 4096).
+        algo_policy: cuBLASLt algorithm choice: "tune" (tune a GEMM shape class on first use unless cached;
+            default), "cache" (cached algorithms, never tune) or "heuristic" (default ``ATTN_LT_ALGO_POLICY``).
+        return_key_mass: also return the attention mass per key, FP32 (B, Hq, Sk): the sum over the query rows
+            of the probabilities P (as the long path holds them, in the input dtype, summed in FP32) — what
+            score-based KV-cache compression (H2O, SnapKV, ...) needs. The call takes the long path.
+        key_mass_window: sum only over the last ``key_mass_window`` query rows (SnapKV's observation window).
+
+    Returns:
+        out: (B, Hq, Sq, Dv) in the input dtype, contiguous; with ``return_lse``, ``(out, lse)`` with lse FP32
+        (B, Hq, Sq). A row whose keys are all masked gives zeros in out and -inf in lse, never NaN. With
+        ``return_key_mass`` the mass comes last: ``(out, mass)`` or ``(out, lse, mass)``.
+
+    Raises:
+        TypeError, ValueError: bad input (types, dtypes, shapes, head counts, mask, devices), before GPU work.
+        NotImplementedError: inputs that require grad with grad mode on (attn_lt is forward only).
+
+    Each distinct case (shapes, strides, dtypes, device, options) is planned once and kept (up to
+    ``PLAN_CACHE_SIZE`` plans); later calls only launch. Use :func:`plan` to hold a plan yourself.
+    """
+    if isinstance(q, torch.Tensor):
+        if torch.compiler.is_compiling():
+            if out is not None:
+                raise ValueError("out= is not supported inside torch.compile")
+            if return_key_mass:
+                raise ValueError("return_key_mass is not supported inside torch.compile")
+            res = torch.ops.attn_lt.attention(q, k, v, attn_mask, causal, scale, backend, workspace_bytes,
+                                              threshold, algo_policy)
+            return res if return_lse else res[0]
+    elif _is_cupy(q):
+        return _attention_cupy(q, k, v, attn_mask=attn_mask, causal=causal, scale=scale, backend=backend,
+                               return_lse=return_lse, out=out, workspace_bytes=workspace_bytes,
+                               threshold=threshold, algo_policy=algo_policy, return_key_mass=return_key_mass,
+                               key_mass_window=key_mass_window)
+    try:
+        out_align = 256 if out is None else address_alignment(out.data_ptr())
+        env = os.environ
+        key = (_signature(q, k, v, attn_mask, out_align), causal, scale, backend, workspace_bytes, threshold,
+               algo_policy, return_key_mass, key_mass_window, tuple(env.get(x) for x in _ENV_VARS))
+        hash(key)
+    except (AttributeError, TypeError, RuntimeError):  # not tensors, unhashable options: validation explains
+        check_tensors(q, k, v, attn_mask, causal, scale)
+        raise
+    p = _plans.get(key)
+    if p is None:
+        p = plan(q, k, v, attn_mask=attn_mask, causal=causal, scale=scale, backend=backend,
+                 workspace_bytes=workspace_bytes, threshold=threshold, algo_policy=algo_policy,
+                 return_key_mass=return_key_mass, key_mass_window=key_mass_window, out=out)
+        with _plans_lock:
+            _plans[key] = p
+            if len(_plans) > PLAN_CACHE_SIZE:
+                _plans.popitem(last=False)
+        log.debug("attention: new plan %s -> %s", p.case, p.backend)
+    return p._execute(q, k, v, attn_mask, out, return_lse, None)
+
+
+def _attention_cupy(q, k, v, *, out=None, return_lse=False, attn_mask=None, **kw):
+    import cupy
+
+    def to_t(x):
+        return None if x is None else torch.from_dlpack(x)
+
+    with _cupy_stream():
+        res = attention(to_t(q), to_t(k), to_t(v), attn_mask=to_t(attn_mask), out=to_t(out),
+                        return_lse=return_lse, **kw)
+    return tuple(cupy.from_dlpack(r) for r in res) if isinstance(res, tuple) else cupy.from_dlpack(res)
 
 
 def explain_case(case: Case, backend: str = "auto", workspace_bytes: int | None = None,
-                 threshold: int | None = None) -> Explanation:
-    decision = select(case, backend, threshold)
-    plan = make_plan(case, workspace_bytes) if decision.backend == "lt" else None
-    return Explanation(case, decision, plan)
+                 threshold: int | None = None, algo_policy: str | None = None,
+                 return_key_mass: bool = False) -> Explanation:
+    """What a call of ``case`` would do (no GPU work)."""
+    return _plan_case(case, backend, workspace_bytes, threshold, algo_policy,
+                      return_key_mass=return_key_mass).explain()
 
 
 def explain(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | None = None, backend: str = "auto",
-            workspace_bytes: int | None = None, threshold: int | None = None) -> Explanation:
+            workspace_bytes: int | None = None, threshold: int | None = None, algo_policy: str | None = None,
+            return_key_mass: bool = False) -> Explanation:
     """What ``attention`` would do with these arguments (tensors on any device, "meta" included); no GPU work."""
     case = check_tensors(q, k, v, attn_mask, causal, scale, require_cuda=False)
-    return explain_case(case, backend, workspace_bytes, threshold)
+    return explain_case(case, backend, workspace_bytes, threshold, algo_policy, return_key_mass)
 
 
 # torch.compile: attention() dispatches to this custom op while compiling; the fake implementation gives shapes
@@ -176,5 +463,5 @@ _attention_op.register_autograd(_no_backward)
 @_attention_op.register_fake
 def _attention_fake(q, k, v, attn_mask, causal, scale, backend, workspace_bytes, threshold, algo_policy):
     case = check_tensors(q, k, v, attn_mask, causal, scale, require_cuda=False)
-    return (q.new_empty(case.B, case.Hq, case.Sq, case.D),
+    return (q.new_empty(case.B, case.Hq, case.Sq, case.Dv),
             q.new_empty(case.B, case.Hq, case.Sq, dtype=torch.float32))

@@ -1,6 +1,6 @@
 """The hybrid threshold measured on the user's GPU: ``attn-lt calibrate`` times the fused path against the long
 path over key lengths and stores the crossover in ``calibration.json`` beside the algorithm cache, per environment
-(the same GPU / cuBLASLt key as the cache). ``config.threshold()`` uses it when neither an argument nor
+(the same GPU / cuBLASLt key as the cache). The selector (``select.threshold``) uses it when neither an argument nor
 ``ATTN_LT_THRESHOLD`` says otherwise."""
 
 from __future__ import annotations
@@ -27,30 +27,62 @@ def path() -> Path:
     return config.cache_dir() / FILE
 
 
+MAX_FILE_BYTES = 1 << 20
+
+
 def _read(p: Path) -> dict:
+    """The calibration document at ``p``; a missing file is empty; anything unreadable (a FIFO, a device, a
+    directory, a symlink loop, a huge or malformed file) is reported and ignored, never fatal."""
+    empty = {"schema": SCHEMA, "thresholds": {}}
+    from .cache import CacheError, read_regular_file
+
+    if not os.path.lexists(p):
+        return empty
     try:
-        doc = json.loads(p.read_text())
-        if doc.get("schema") == SCHEMA and isinstance(doc.get("thresholds"), dict):
-            return doc
-        log.warning("attn_lt: %s is not a calibration file; ignoring it", p)
-    except FileNotFoundError:
-        pass
-    except (OSError, ValueError) as e:
-        log.warning("attn_lt: cannot read %s (%s); ignoring it", p, e)
-    return {"schema": SCHEMA, "thresholds": {}}
+        doc = json.loads(read_regular_file(p, MAX_FILE_BYTES).decode("utf-8"))
+    except CacheError as e:
+        log.warning("attn_lt: cannot read the calibration file (%s); ignoring it", e)
+        return empty
+    except (OSError, ValueError, RecursionError) as e:
+        log.warning("attn_lt: cannot read the calibration file %s (%s); ignoring it", p, e)
+        return empty
+    if isinstance(doc, dict) and doc.get("schema") == SCHEMA and isinstance(doc.get("thresholds"), dict):
+        return doc
+    log.warning("attn_lt: %s is not a calibration file; ignoring it", p)
+    return empty
 
 
-def store(env_key: str, threshold: int, points: list) -> Path:
-    """Record ``threshold`` (and the measurements behind it) for ``env_key``; atomic replace."""
+def read(p: Path | None = None) -> dict:
+    """The calibration document (``{"schema": .., "thresholds": {env key: {"threshold": .., "points": ..}}}``) at
+    ``p`` (default :func:`path`); empty when missing or unreadable (reported), never raises."""
+    return _read(path() if p is None else p)
+
+
+def store(env_key: str, threshold: int, points: list) -> Path | None:
+    """Record ``threshold`` (and the measurements behind it) for ``env_key`` by an atomic replace; returns the
+    file, or None (with a warning saying why) when it could not be written."""
     p = path()
     doc = _read(p)
     doc["thresholds"][env_key] = {"threshold": int(threshold), "points": points}
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=p.name + ".", dir=p.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump(doc, f, indent=1)
-    os.replace(tmp, p)
-    stored_threshold.cache_clear()
+    tmp = None
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=p.name + ".", suffix=".tmp", dir=p.parent)
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except (OSError, ValueError, TypeError) as e:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        log.warning("attn_lt: could not store the calibration in %s (%s)", p, e)
+        return None
+    finally:
+        stored_threshold.cache_clear()
     return p
 
 

@@ -1,38 +1,109 @@
-"""``attn-lt`` (also ``python -m attn_lt``): info, explain, demo, cache. Exit codes: 0 ok, 1 a check failed
-(demo error bound, cache verify, cache show of a missing key), 2 bad arguments or input."""
+"""``attn-lt`` (also ``python -m attn_lt``): info, explain, demo, calibrate, cache.
+
+Exit codes: 0 ok; 1 a check failed or the command could not do what it was asked (demo error bound, cache verify,
+cache show of a missing key, a store that cannot be written: the message says what did and did not happen); 2 bad
+arguments or input (a bad import file) or no GPU for a command that needs one; 3 an unexpected error (one line;
+``--debug`` or ``ATTN_LT_DEBUG=1`` shows the traceback). Text that comes from files or the environment is escaped
+before it reaches the terminal (control characters shown as ``\\xNN``)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
+import math
+import os
+import re
 import sys
 
 from . import __version__, config
 
-EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def safe(text) -> str:
+    """``text`` fit for a terminal: control characters (escape sequences included) and bidirectional overrides
+    are shown as ``\\xNN`` / ``\\uNNNN`` instead of being interpreted."""
+    return _UNSAFE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}",
+                       str(text))
+
+
+def _plural(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def _entries(n: int) -> str:
+    return _plural(n, "entry", "entries")
+
+
+def _int_arg(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text, 10)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+            raise argparse.ArgumentTypeError(f"must be {what}, got {safe(text)!r}")
+        return value
+
+    return parse
+
+
+_positive = _int_arg(1)
+
+
+def _tolerance(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {safe(text)!r}")
+    return value
+
+
+def _int_list(allowed=None):
+    def parse(text: str) -> list[int]:
+        parts = [x.strip() for x in text.split(",")]
+        try:
+            values = [int(x, 10) for x in parts]
+        except ValueError:
+            values = []
+        if not values or any(v < 1 for v in values) or (allowed and any(v not in allowed for v in values)):
+            what = " and/or ".join(map(str, allowed)) if allowed else "positive integers"
+            raise argparse.ArgumentTypeError(f"takes {what}, comma-separated; got {safe(text)!r}")
+        return values
+
+    return parse
 
 
 def _add_shape_args(p: argparse.ArgumentParser, *, b=1, h=16, s=16384, d=128) -> None:
-    p.add_argument("-b", "--batch", type=int, default=b, help=f"batch size B (default {b})")
-    p.add_argument("-H", "--heads", type=int, default=h, help=f"query heads Hq (default {h})")
-    p.add_argument("--kv-heads", type=int, default=None, help="kv heads Hkv (default: Hq)")
-    p.add_argument("-s", "--seq", type=int, default=s, help=f"sequence length for Sq and Sk (default {s})")
-    p.add_argument("--sq", type=int, default=None, help="query length Sq (default: --seq)")
-    p.add_argument("--sk", type=int, default=None, help="key length Sk (default: --seq)")
-    p.add_argument("-d", "--dim", type=int, default=d, help=f"head dim D (default {d})")
+    p.add_argument("-b", "--batch", type=_positive, default=b, help=f"batch size B (default {b})")
+    p.add_argument("-H", "--heads", type=_positive, default=h, help=f"query heads Hq (default {h})")
+    p.add_argument("--kv-heads", type=_positive, default=None, help="kv heads Hkv (default: Hq)")
+    p.add_argument("-s", "--seq", type=_positive, default=s, help=f"sequence length for Sq and Sk (default {s})")
+    p.add_argument("--sq", type=_positive, default=None, help="query length Sq (default: --seq)")
+    p.add_argument("--sk", type=_positive, default=None, help="key length Sk (default: --seq)")
+    p.add_argument("-d", "--dim", type=_positive, default=d, help=f"head dim D (default {d})")
     p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
     p.add_argument("--causal", action="store_true")
     p.add_argument("--mask", choices=("none", "bool", "float"), default="none",
                    help="a dense (1, 1, Sq, Sk) mask of this kind")
     p.add_argument("--backend", choices=("auto", "lt", "wmma"), default="auto")
-    p.add_argument("--workspace-mb", type=int, default=None, help="workspace budget (default ATTN_LT_WORKSPACE_MB)")
-    p.add_argument("--threshold", type=int, default=None, help="hybrid threshold (default ATTN_LT_THRESHOLD)")
+    p.add_argument("--workspace-mb", type=_positive, default=None,
+                   help="workspace budget in MiB (default ATTN_LT_WORKSPACE_MB)")
+    p.add_argument("--threshold", type=_positive, default=None, help="hybrid threshold (default ATTN_LT_THRESHOLD)")
 
 
 def _case(a):
     from .validate import Case, MaskInfo
 
-    Sq, Sk, Hkv = a.sq or a.seq, a.sk or a.seq, a.kv_heads or a.heads
+    Sq = a.seq if a.sq is None else a.sq
+    Sk = a.seq if a.sk is None else a.sk
+    Hkv = a.heads if a.kv_heads is None else a.kv_heads
     for name, val in (("batch", a.batch), ("heads", a.heads), ("kv-heads", Hkv), ("sq", Sq), ("sk", Sk),
                       ("dim", a.dim)):
         if val < 1:
@@ -54,11 +125,12 @@ def environment() -> dict:
     from . import native
 
     from .cache import default_cache
+    from .select import current_threshold
 
     cache = default_cache()
     info = {"attn_lt": __version__, "native_library": native.status(),
-            "workspace_budget_mib": config.workspace_bytes() >> 20, "threshold": config.threshold(),
-            "algo_policy": config.algo_policy(), "cache": f"{cache.path} ({len(cache.items())} entries)"}
+            "workspace_budget_mib": config.workspace_bytes() >> 20, "threshold": "%s (%s)" % current_threshold(),
+            "algo_policy": config.algo_policy(), "cache": cache_summary(cache), "cache_state": cache.state}
     try:
         import torch
 
@@ -83,6 +155,14 @@ def environment() -> dict:
     return info
 
 
+def cache_summary(cache) -> str:
+    """``PATH (N entries)``, with the store's state when it is not fully usable."""
+    n = cache.count()
+    if cache.state == "ok":
+        return f"{cache.path} ({_entries(n)})"
+    return f"{cache.path} ({cache.state}: {cache.problem}; {_entries(n)} in this process)"
+
+
 def cmd_info(a) -> int:
     info = environment()
     if a.json:
@@ -90,11 +170,11 @@ def cmd_info(a) -> int:
     else:
         width = max(map(len, info))
         for key, val in info.items():
-            print(f"{key:<{width}}  {val}")
+            print(f"{key:<{width}}  {safe(val)}")
     return EXIT_OK
 
 
-def _plan_gemms(case, plan):
+def plan_gemms(case, plan):
     """The distinct (role, GEMM key) of a plan, for contiguous inputs at 256-byte aligned addresses."""
     from .lt.path import chunk_gemms
 
@@ -121,13 +201,10 @@ def _algo_lines(case, plan):
             env = current_env().key()
     except Exception:  # no nvmath / cuBLASLt: entries of every environment are shown
         env = None
-    by_key: dict[str, list] = {}
-    for e, k, entry in cache.items():
-        by_key.setdefault(k, []).append((e, entry))
     lines = []
-    for key in _plan_gemms(case, plan):
+    for key in plan_gemms(case, plan):
         ks = key_string(key)
-        hits = [(e, x) for e, x in by_key.get(ks, []) if env is None or e == env]
+        hits = [(e, x) for e, x in cache.lookup(ks) if env is None or e == env]
         if hits:
             e, x = hits[0]
             src = f"cached{'' if env else ' for ' + e}: {x.config} {x.median_ms:.4f} ms (heuristic {x.heuristic_ms} ms)"
@@ -152,7 +229,7 @@ def cmd_explain(a) -> int:
     else:
         print(e)
         for x in algos:
-            print(f"  gemm {x['gemm']}\n       {x['algorithm']}")
+            print(f"  gemm {safe(x['gemm'])}\n       {safe(x['algorithm'])}")
         if a.chunks and e.plan is not None:
             for c in e.plan.chunks:
                 print(f"  {c}")
@@ -207,7 +284,7 @@ def cmd_demo(a) -> int:
 def _progress(i: int, n: int, label: str) -> None:
     width = 24
     done = width * i // max(n, 1)
-    sys.stderr.write(f"\r[{'#' * done}{'.' * (width - done)}] {i}/{n} {label[:60]:<60}")
+    sys.stderr.write(f"\r[{'#' * done}{'.' * (width - done)}] {i}/{n} {safe(label)[:60]:<60}")
     sys.stderr.flush()
     if i == n:
         sys.stderr.write("\n")
@@ -221,21 +298,32 @@ def parse_spec(spec: str) -> argparse.Namespace:
     """A shape like ``b=8,h=32,hkv=8,sq=1,sk=65536,d=128[,causal][,dtype=fp16]`` as explain's options."""
     ns = argparse.Namespace(batch=1, heads=16, kv_heads=None, seq=4096, sq=None, sk=None, dim=128, dtype="bf16",
                             causal=False, mask="none")
-    for part in filter(None, spec.split(",")):
-        name, _, val = part.partition("=")
+    shown = safe(spec)[:120]
+    parts = [x.strip() for x in spec.split(",") if x.strip()]
+    if not parts:
+        raise ValueError(f"shape {shown!r} is empty; e.g. b=1,h=16,s=4096,d=128")
+    seen = set()
+    for part in parts:
+        name, eq, val = part.partition("=")
         if name not in _SPEC_KEYS:
-            raise ValueError(f"shape {spec!r}: unknown field {name!r} (fields: {', '.join(_SPEC_KEYS)})")
+            raise ValueError(f"shape {shown!r}: unknown field {safe(name)[:40]!r} (fields: {', '.join(_SPEC_KEYS)})")
+        if name in seen:
+            raise ValueError(f"shape {shown!r}: {name} is given twice")
+        seen.add(name)
         if name == "causal":
-            ns.causal = val in ("", "1", "true", "yes")
+            if val.lower() not in ("", "1", "true", "yes", "0", "false", "no") or (eq and not val):
+                raise ValueError(f"shape {shown!r}: causal takes no value, or one of true/false/1/0/yes/no")
+            ns.causal = val.lower() in ("", "1", "true", "yes")
         elif name == "dtype":
             if val not in ("bf16", "fp16"):
-                raise ValueError(f"shape {spec!r}: dtype must be bf16 or fp16")
+                raise ValueError(f"shape {shown!r}: dtype must be bf16 or fp16")
             ns.dtype = val
         else:
             try:
-                setattr(ns, _SPEC_KEYS[name], int(val))
-            except ValueError:
-                raise ValueError(f"shape {spec!r}: {name} must be an integer, got {val!r}") from None
+                setattr(ns, _SPEC_KEYS[name], _positive(val))
+            except argparse.ArgumentTypeError:
+                raise ValueError(f"shape {shown!r}: {name} must be a positive integer, got {safe(val)[:40]!r}") \
+                    from None
     return ns
 
 
@@ -243,64 +331,93 @@ def _entries_json(items):
     return [{"env": env, "gemm": k, **e.to_dict()} for env, k, e in items]
 
 
+def _store_note(cache) -> str:
+    return "" if cache.state == "ok" else f" ({cache.state}: {cache.problem})"
+
+
 def cmd_cache(a) -> int:
-    from .cache import CacheError, default_cache
+    from .cache import CacheError, CacheStoreError, default_cache, parse_key
 
     cache = default_cache()
+    name = f"attn-lt cache {a.cache_cmd}"
     if a.cache_cmd == "list":
         items = cache.items()
         if a.json:
-            print(json.dumps({"path": str(cache.path), "entries": _entries_json(items)}, indent=2))
+            print(json.dumps({"path": str(cache.path), "state": cache.state, "problem": cache.problem,
+                              "skipped_rows": cache.skipped_rows, "entries": _entries_json(items)}, indent=2))
             return EXIT_OK
-        print(f"{cache.path}: {len(items)} entries")
+        skipped = f"; {_plural(cache.skipped_rows, 'row', 'rows')} skipped (they fail validation)" \
+            if cache.skipped_rows else ""
+        print(safe(f"{cache.path}: {_entries(len(items))}{skipped}{_store_note(cache)}"))
         if items:
             print(f"{'gemm':<64} {'algo':>5} {'splitk':>6} {'tuned ms':>10} {'heur ms':>10} {'gain':>6}  env")
         for env, k, e in items:
             gain = f"{e.heuristic_ms / e.median_ms:.2f}x" if e.heuristic_ms and e.median_ms else "-"
-            print(f"{k:<64} {e.config.algo_id:>5} {e.config.splitk:>6} {e.median_ms:>10.4f} "
-                  f"{e.heuristic_ms if e.heuristic_ms is not None else float('nan'):>10.4f} {gain:>6}  {env}")
+            heur = f"{e.heuristic_ms:>10.4f}" if e.heuristic_ms is not None else f"{'-':>10}"
+            print(f"{safe(k):<64} {e.config.algo_id:>5} {e.config.splitk:>6} {e.median_ms:>10.4f} {heur} "
+                  f"{gain:>6}  {safe(env)}")
         return EXIT_OK
     if a.cache_cmd == "show":
-        hits = [(env, k, e) for env, k, e in cache.items() if k == a.key]
+        try:
+            parse_key(a.key)
+        except CacheError as e:
+            print(f"{name}: {safe(e)}", file=sys.stderr)
+            return EXIT_USAGE
+        hits = cache.lookup(a.key)
         if not hits:
-            print(f"attn-lt cache show: no entry for {a.key!r} in {cache.path}", file=sys.stderr)
+            print(safe(f"{name}: no entry for {a.key!r} in {cache.path}{_store_note(cache)}"), file=sys.stderr)
             return EXIT_FAIL
         if a.json:
-            print(json.dumps(_entries_json(hits), indent=2))
+            print(json.dumps([{"env": env, "gemm": a.key, **e.to_dict()} for env, e in hits], indent=2))
         else:
-            for env, k, e in hits:
-                print(f"gemm {k}\nenv  {env}\nwinner {e.config}\n  median {e.median_ms} ms, heuristic "
-                      f"{e.heuristic_ms} ms, workspace {e.workspace} B, tuned {e.tuned_at}")
+            for env, e in hits:
+                print(f"gemm {safe(a.key)}\nenv  {safe(env)}\nwinner {e.config}\n  median {e.median_ms} ms, "
+                      f"heuristic {e.heuristic_ms} ms, workspace {e.workspace} B, tuned {safe(e.tuned_at)}")
                 for c, t in e.runners_up:
                     print(f"  runner-up {c}: {t} ms")
         return EXIT_OK
     if a.cache_cmd == "clear":
-        n = len(cache.items())
-        cache.clear()
-        print(f"removed {n} entries from {cache.path}")
+        try:
+            n = cache.clear()
+        except CacheStoreError as e:
+            print(f"{name}: {safe(e)}", file=sys.stderr)
+            return EXIT_FAIL
+        print(safe(f"removed {_entries(n)} from {cache.path}"))
         return EXIT_OK
     if a.cache_cmd == "export":
-        n = cache.export(a.file)
-        print(f"exported {n} entries to {a.file}")
+        try:
+            n = cache.export(sys.stdout if a.file == "-" else a.file)
+        except CacheError as e:
+            print(f"{name}: {safe(e)}", file=sys.stderr)
+            return EXIT_USAGE
+        except OSError as e:
+            print(safe(f"{name}: could not write {a.file}: {e.strerror or e}; nothing was exported"), file=sys.stderr)
+            return EXIT_FAIL
+        print(safe(f"exported {_entries(n)} to {'standard output' if a.file == '-' else a.file}"
+                   f"{_store_note(cache)}"), file=sys.stderr if a.file == "-" else sys.stdout)
         return EXIT_OK
     if a.cache_cmd == "import":
         try:
             n = cache.import_file(a.file)
+        except CacheStoreError as e:
+            print(f"{name}: {safe(e)}", file=sys.stderr)
+            return EXIT_FAIL
         except (CacheError, OSError) as e:
-            print(f"attn-lt cache import: {a.file}: {e}", file=sys.stderr)
+            msg = str(e) if isinstance(e, CacheError) else f"{a.file}: {e.strerror or e}"
+            print(f"{name}: {safe(msg)}; nothing was imported", file=sys.stderr)
             return EXIT_USAGE
-        print(f"imported {n} entries into {cache.path}")
+        print(safe(f"imported {_entries(n)} into {cache.path}"))
         return EXIT_OK
     cases = [_case(parse_spec(s)) for s in a.shapes] if a.cache_cmd == "tune" else []  # checked before GPU work
     import torch
 
     if not torch.cuda.is_available():
-        print(f"attn-lt cache {a.cache_cmd}: needs a CUDA GPU (none visible)", file=sys.stderr)
+        print(f"{name}: needs a CUDA GPU (none visible)", file=sys.stderr)
         return EXIT_USAGE
     try:
         from nvmath.bindings import cublasLt  # noqa: F401
     except ImportError as e:
-        print(f"attn-lt cache {a.cache_cmd}: needs nvmath-python ({e})", file=sys.stderr)
+        print(f"{name}: needs nvmath-python ({safe(e)})", file=sys.stderr)
         return EXIT_USAGE
     if a.cache_cmd == "tune":
         return _cache_tune(cases, cache)
@@ -311,8 +428,11 @@ def _cache_tune(cases, cache) -> int:
     import torch
 
     from . import attention
+    from .cache import current_env
 
-    before = len(cache.items())
+    env = current_env().key()
+    before = {k for _, k, _ in cache.items(env)}
+    unsaved_before = cache.unsaved()
     for i, case in enumerate(cases):
         _progress(i, len(cases), str(case))
         dt = torch.bfloat16 if case.dtype == "bf16" else torch.float16
@@ -322,23 +442,48 @@ def _cache_tune(cases, cache) -> int:
         del q, k, v
     torch.cuda.synchronize()
     _progress(len(cases), len(cases), "done")
-    cache.reload()
-    print(f"{len(cache.items()) - before} new entries; {len(cache.items())} in {cache.path}")
+    after = {k for _, k, _ in cache.items(env)}
+    unsaved = cache.unsaved() - unsaved_before
+    new = len(after - before)
+    if unsaved > 0:
+        print(safe(f"attn-lt cache tune: {_entries(unsaved)} tuned but not saved: the store at {cache.path} cannot "
+                   f"be written{_store_note(cache)}; they last as long as this process"), file=sys.stderr)
+        return EXIT_FAIL
+    print(safe(f"{_plural(new, 'new entry', 'new entries')}; {_entries(len(after))} for this GPU in {cache.path}"))
     return EXIT_OK
+
+
+def gemm_of_key(fields: dict):
+    """The GemmKey a cache key names: a GEMM key as it is; a shape-class key (role, dtypes, m/n/k/batch class
+    bounds, transposes, alignments, ``rule``) as the smallest contiguous GEMM of its class."""
+    from .lt.cublaslt import GemmKey
+
+    if "rule" not in fields:
+        return GemmKey.from_dict(fields)
+    d = {k: v for k, v in fields.items() if k not in ("rule", "out")}
+    default_out = "fp32" if d["role"] == "qk" else d["dtype"]
+    a_rows = d["k"] if d["trans_a"] else d["m"]
+    b_rows = d["n"] if d["trans_b"] else d["k"]
+    d.update(lda=a_rows, ldb=b_rows, ldc=d["m"], stride_a=d["m"] * d["k"], stride_b=d["k"] * d["n"],
+             stride_c=d["m"] * d["n"], out="" if fields.get("out", default_out) == default_out else fields["out"])
+    return GemmKey.from_dict(d)
 
 
 def _verify_entry(key, entry, device: int):
     """(cached ms, heuristic ms) re-timed on random operands shaped like ``key``; None when refused."""
+    import numpy as np
     import torch
 
     from .lt import algos, cublaslt
 
     ws_limit = max(entry.workspace, 32 << 20)
-    g = cublaslt.Gemm(device, key, ws_limit)
+    g = cublaslt.Gemm(device, key)
+    heuristic, _ = g.heuristic_top(ws_limit)
     algo = algos.make_algo(g, entry.config)
     if algos.check(g, algo) is None:
         return None
     dt = torch.bfloat16 if key.dtype == "bf16" else torch.float16
+    out_dt = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[key.out_dtype]
     a_cols = key.m if key.trans_a else key.k
     b_cols = key.k if key.trans_b else key.n
 
@@ -348,24 +493,29 @@ def _verify_entry(key, entry, device: int):
 
     A = buf(key.lda, a_cols, key.stride_a, dt)
     B = buf(key.ldb, b_cols, key.stride_b, dt)
-    C = torch.empty(key.stride_c * (key.batch - 1) + key.ldc * key.n, device="cuda",
-                    dtype=torch.float32 if key.role == "qk" else dt)
+    C = torch.empty(key.stride_c * (key.batch - 1) + key.ldc * key.n, device="cuda", dtype=out_dt)
     ws = torch.empty(ws_limit, dtype=torch.uint8, device="cuda")
-    ops = (A.data_ptr(), B.data_ptr(), C.data_ptr(), 1.0, ws.data_ptr(), ws_limit,
+    alpha = np.ones(1, dtype=np.float32)
+    ops = (A.data_ptr(), B.data_ptr(), C.data_ptr(), alpha.ctypes.data, ws.data_ptr(), ws_limit,
            torch.cuda.current_stream().cuda_stream)
-    return algos._time(g, algo, ops, 10), algos._time(g, g.algo, ops, 10)
+    return algos.time_algo(g, algo, ops, 10), algos.time_algo(g, heuristic, ops, 10)
 
 
 def _cache_verify(a, cache) -> int:
     from .cache import current_env, parse_key
 
     env = current_env().key()
-    items = [(k, e) for en, k, e in cache.items() if en == env]
+    items = [(k, e) for _, k, e in cache.items(env)]
     rows, bad = [], 0
     for i, (k, e) in enumerate(items):
         _progress(i, len(items), k)
         try:
-            r = _verify_entry(parse_key(k), e, 0)
+            key = gemm_of_key(parse_key(k))
+        except (TypeError, ValueError, KeyError):  # a key of a kind this attn_lt cannot turn into a GEMM
+            rows.append({"gemm": k, "status": "skipped (not a GEMM or shape-class key)"})
+            continue
+        try:
+            r = _verify_entry(key, e, 0)
         except Exception as err:  # out of memory for a huge shape, a driver error: reported, not fatal
             rows.append({"gemm": k, "status": f"error: {type(err).__name__}: {str(err)[:80]}"})
             bad += 1
@@ -384,8 +534,9 @@ def _cache_verify(a, cache) -> int:
         print(json.dumps({"env": env, "entries": rows, "stale": bad}, indent=2))
     else:
         for r in rows:
-            print(f"{r['gemm']:<64} {r.get('cached_ms', ''):>10} {r.get('heuristic_ms', ''):>10}  {r['status']}")
-        print(f"{len(rows)} entries for {env}; {bad} stale or failing")
+            print(f"{safe(r['gemm']):<64} {r.get('cached_ms', ''):>10} {r.get('heuristic_ms', ''):>10}  "
+                  f"{safe(r['status'])}")
+        print(safe(f"{_entries(len(rows))} for {env}; {bad} stale or failing"))
     return EXIT_OK if bad == 0 else EXIT_FAIL
 
 
@@ -394,10 +545,7 @@ def cmd_calibrate(a) -> int:
 
     from . import calibrate
 
-    dims = [int(x) for x in a.dims.split(",")]
-    lengths = sorted(int(x) for x in a.lengths.split(","))
-    if any(d not in (64, 128) for d in dims) or any(s < 1 for s in lengths):
-        raise ValueError("--dims takes 64 and/or 128 (the fused path's head dims); --lengths positive integers")
+    dims, lengths = sorted(set(a.dims)), sorted(set(a.lengths))
     if not torch.cuda.is_available():
         print("attn-lt calibrate: needs a CUDA GPU (none visible)", file=sys.stderr)
         return EXIT_USAGE
@@ -420,61 +568,156 @@ def cmd_calibrate(a) -> int:
     threshold = calibrate.crossover(points)
     where = calibrate.store(current_env().key(), threshold, points)
     if a.json:
-        print(json.dumps({"threshold": threshold, "points": points, "file": str(where)}, indent=2))
+        print(json.dumps({"threshold": threshold, "points": points, "file": None if where is None else str(where)},
+                         indent=2))
     else:
         for p in points:
             print(f"D{p['D']:<4} Sk {p['Sk']:>7}  wmma {p['wmma_ms']:>9.4f} ms  lt {p['lt_ms']:>9.4f} ms")
         shown = "never (the fused path wins at every length measured)" if threshold == calibrate.NEVER else threshold
-        print(f"threshold: {shown}; stored in {where}")
-    return EXIT_OK
+        print(safe(f"threshold: {shown}; " + (f"stored in {where}" if where is not None else
+                                             f"NOT stored: {calibrate.path()} could not be written")))
+    return EXIT_OK if where is not None else EXIT_FAIL
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with errors as sentences: ``--sq must be a positive integer, got '0'``, not
+    ``argument --sq: invalid int value``; ``name a command: list, show, ...``, not ``required: cache_cmd``."""
+
+    def error(self, message: str):
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {safe(self._sentence(message))}\n")
+
+    def _commands(self) -> list[str]:
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                return list(action.choices)
+        return []
+
+    def _sentence(self, message: str) -> str:
+        commands = self._commands()
+        m = re.match(r"the following arguments are required: (.*)", message)
+        if m:
+            names = [n.strip() for n in m.group(1).split(",")]
+            if "COMMAND" in names and commands:
+                return f"name a command: {', '.join(commands)} (see {self.prog} --help)"
+            return f"missing {' and '.join(names)} (see {self.prog} --help)"
+        m = re.match(r"argument (\S+): invalid choice: '?([^']*?)'? \(choose from (.*)\)$", message)
+        if m:
+            choices = m.group(3).replace("'", "")
+            if m.group(1) == "COMMAND":
+                return f"unknown command {m.group(2)!r}; the commands are {choices}"
+            return f"{m.group(1)} must be one of {choices}; got {m.group(2)!r}"
+        m = re.match(r"argument (\S+): (must be .*|takes .*)$", message)
+        if m:
+            return f"{m.group(1)} {m.group(2)}"
+        m = re.match(r"argument (\S+): expected one argument", message)
+        if m:
+            return f"{m.group(1)} needs a value"
+        m = re.match(r"unrecognized arguments: (.*)", message)
+        if m:
+            return f"unknown argument(s): {m.group(1)} (see {self.prog} --help)"
+        return message
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="attn-lt", description="attn_lt: hybrid attention for NVIDIA GPUs")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show the traceback of an unexpected error (also ATTN_LT_DEBUG=1)")
+    p = _Parser(prog="attn-lt", description="attn_lt: hybrid attention for NVIDIA GPUs", parents=[common])
     p.add_argument("--version", action="version", version=f"attn_lt {__version__}")
-    sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("info", help="GPU, CUDA/cuBLASLt versions, native library, budget, threshold")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
+    s = sub.add_parser("info", help="GPU, CUDA/cuBLASLt versions, native library, budget, threshold, cache",
+                       parents=[common])
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_info)
-    s = sub.add_parser("explain", help="which path a case takes, why, and its chunk plan")
+    s = sub.add_parser("explain", help="which path a case takes, why, and its chunk plan", parents=[common])
     _add_shape_args(s)
     s.add_argument("--chunks", action="store_true", help="list every chunk of the plan")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_explain)
-    s = sub.add_parser("demo", help="run one attention call, check it against PyTorch and time both")
+    s = sub.add_parser("demo", help="run one attention call, check it against PyTorch and time both",
+                       parents=[common])
     _add_shape_args(s)
     s.set_defaults(fn=cmd_demo)
-    s = sub.add_parser("calibrate", help="measure the wmma/lt crossover on this GPU and store it as the threshold")
-    s.add_argument("--dims", default="64,128")
-    s.add_argument("--lengths", default="2048,4096,8192,16384,32768")
+    s = sub.add_parser("calibrate", help="measure the wmma/lt crossover on this GPU and store it as the threshold",
+                       parents=[common])
+    s.add_argument("--dims", type=_int_list((64, 128)), default=[64, 128],
+                   help="head dims to measure, comma-separated (64 and/or 128; default 64,128)")
+    s.add_argument("--lengths", type=_int_list(), default=[2048, 4096, 8192, 16384, 32768],
+                   help="key lengths to measure, comma-separated (default 2048,4096,8192,16384,32768)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_calibrate)
-    c = sub.add_parser("cache", help="the per-shape cuBLASLt algorithm cache")
-    csub = c.add_subparsers(dest="cache_cmd", required=True)
-    x = csub.add_parser("list", help="every entry")
+    c = sub.add_parser("cache", help="the per-shape cuBLASLt algorithm cache", parents=[common])
+    csub = c.add_subparsers(dest="cache_cmd", metavar="COMMAND", required=True, parser_class=_Parser)
+    x = csub.add_parser("list", help="every entry", parents=[common])
     x.add_argument("--json", action="store_true")
-    x = csub.add_parser("show", help="one entry, by its GEMM key")
-    x.add_argument("key")
+    x = csub.add_parser("show", help="one entry, by its GEMM key", parents=[common])
+    x.add_argument("key", metavar="KEY")
     x.add_argument("--json", action="store_true")
-    x = csub.add_parser("tune", help="tune every GEMM of these shapes (needs a GPU)",
+    x = csub.add_parser("tune", help="tune every GEMM of these shapes (needs a GPU)", parents=[common],
                         description="SHAPE: b=1,h=16,hkv=16,s=16384,d=128[,sq=..,sk=..][,causal][,dtype=fp16]")
     x.add_argument("shapes", nargs="+", metavar="SHAPE")
-    csub.add_parser("clear", help="remove every entry")
-    x = csub.add_parser("export", help="write the entries to FILE")
-    x.add_argument("file")
-    x = csub.add_parser("import", help="merge the entries of FILE (validated; nothing is written if it is bad)")
-    x.add_argument("file")
-    x = csub.add_parser("verify", help="re-time this GPU's entries; exit 1 if any no longer beats the heuristic")
-    x.add_argument("--tolerance", type=float, default=0.02, help="allowed slowdown against the heuristic")
+    csub.add_parser("clear", help="remove every entry", parents=[common])
+    x = csub.add_parser("export", help="write the entries to FILE as JSON (- for standard output)",
+                        parents=[common])
+    x.add_argument("file", metavar="FILE")
+    x = csub.add_parser("import", help="merge the entries of FILE (validated; nothing is written if it is bad)",
+                        parents=[common])
+    x.add_argument("file", metavar="FILE")
+    x = csub.add_parser("verify", help="re-time this GPU's entries; exit 1 if any no longer beats the heuristic",
+                        parents=[common])
+    x.add_argument("--tolerance", type=_tolerance, default=0.02, help="allowed slowdown against the heuristic")
     x.add_argument("--json", action="store_true")
     c.set_defaults(fn=cmd_cache)
     return p
 
 
+class _TerminalLog(logging.Handler):
+    """The library's warnings on the command line: one line each on stderr, escaped."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(safe(record.getMessage()) + "\n")
+        except Exception:  # a closed stderr: nothing to say it on
+            pass
+
+
+_LOG_HANDLER = _TerminalLog(logging.WARNING)
+
+
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run one command; never raises (the exit code and one line on stderr say what went wrong)."""
+    import traceback
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    log = logging.getLogger("attn_lt")
+    if _LOG_HANDLER not in log.handlers:
+        log.addHandler(_LOG_HANDLER)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help, --version, or a usage error already printed
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
+    debug = getattr(args, "debug", False) or os.environ.get("ATTN_LT_DEBUG", "").strip() not in ("", "0")
+    name = "attn-lt " + args.command + (f" {args.cache_cmd}" if args.command == "cache" else "")
     try:
         return args.fn(args)
     except (ValueError, TypeError) as e:
-        print(f"attn-lt {args.command}: error: {e}", file=sys.stderr)
+        if debug:
+            traceback.print_exc()
+        print(f"{name}: error: {safe(e)}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"\n{name}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # e.g. `attn-lt cache list | head`: the reader left; say nothing more
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return EXIT_FAIL
+    except Exception as e:
+        if debug:
+            traceback.print_exc()
+        print(f"{name}: unexpected error: {type(e).__name__}: {safe(e)}"
+              f"{'' if debug else ' (run with --debug or ATTN_LT_DEBUG=1 for the traceback)'}", file=sys.stderr)
+        return EXIT_INTERNAL

@@ -7,15 +7,17 @@ variable                       default      meaning
                                             workspace), MiB; the ``workspace_bytes`` argument overrides it
 ``ATTN_LT_THRESHOLD``          4096         key length from which ``backend="auto"`` takes the long path
                                             (default: the value ``attn-lt calibrate`` stored for this GPU, else 4096)
+``ATTN_LT_LANES``              2            lanes of the long path: 2 overlaps a chunk's softmax with the next
+                                            chunk's GEMMs (two streams, half the budget each); 1 runs in series
 ``ATTN_LT_LIB``                (package)    path of ``libattn_lt.so`` to load instead of the packaged build
 ``ATTN_LT_SOFTMAX``            auto         force a softmax kernel: ``pipe``, ``row``, ``two_pass``
-``ATTN_LT_CACHE_DIR``          (user cache) directory of the algorithm cache ``algos.json``
+``ATTN_LT_CACHE_DIR``          (user cache) directory of the algorithm cache ``algos.sqlite``
                                             (default ``$XDG_CACHE_HOME/attn_lt`` or ``~/.cache/attn_lt``)
 ``ATTN_LT_ALGO_POLICY``        tune         ``tune`` (tune a GEMM shape on its first use when not cached),
                                             ``cache`` (use cached algorithms, never tune), ``heuristic``
                                             (cuBLASLt's heuristic only, no cache); argument ``algo_policy``
 ``ATTN_LT_TUNE_MS``            200          time budget of tuning one GEMM shape, milliseconds
-``ATTN_LT_TUNE_CALL_MS``       1000         tuning budget of one attention call; GEMM shapes it does not reach
+``ATTN_LT_TUNE_CALL_MS``       10000        tuning budget of one attention call; GEMM classes it does not reach
                                             keep the heuristic's algorithm and are tuned by later calls
 =============================  ===========  =====================================================================
 """
@@ -53,18 +55,25 @@ def workspace_bytes(override: int | None = None) -> int:
     return _env_int("ATTN_LT_WORKSPACE_MB", DEFAULT_WORKSPACE_MB, 1) << 20
 
 
-def threshold(override: int | None = None) -> int:
-    """Key length from which the selector prefers the long path: the argument, else ``ATTN_LT_THRESHOLD``, else
-    the value ``attn-lt calibrate`` measured on this GPU, else 4096."""
+def threshold_setting(override: int | None = None) -> tuple[int, str] | None:
+    """The caller's threshold, with where it comes from: the argument, else ``ATTN_LT_THRESHOLD``, else None (the
+    selector then asks the calibration, else takes :data:`DEFAULT_THRESHOLD`)."""
     if override is not None:
         if isinstance(override, bool) or not isinstance(override, int) or override < 1:
             raise ValueError(f"threshold must be a positive int, got {override!r}")
-        return override
+        return override, "threshold argument"
     if os.environ.get("ATTN_LT_THRESHOLD", "").strip():
-        return _env_int("ATTN_LT_THRESHOLD", DEFAULT_THRESHOLD, 1)
-    from .calibrate import stored_threshold
+        return _env_int("ATTN_LT_THRESHOLD", DEFAULT_THRESHOLD, 1), "ATTN_LT_THRESHOLD"
+    return None
 
-    return stored_threshold() or DEFAULT_THRESHOLD
+
+def lanes() -> int:
+    """Lanes of the long path (``ATTN_LT_LANES``, default 2): 2 lets one chunk's softmax run beside the next chunk's
+    GEMMs on a second stream; 1 runs every chunk on the caller's stream, one after the other."""
+    v = _env_int("ATTN_LT_LANES", 2, 1)
+    if v > 2:
+        raise ValueError(f"environment variable ATTN_LT_LANES={v} must be 1 or 2")
+    return v
 
 
 def library_override() -> str | None:
@@ -99,8 +108,10 @@ def tune_ms() -> int:
 
 
 def tune_call_ms() -> int:
-    """Tuning budget of one attention call (``ATTN_LT_TUNE_CALL_MS``, default 1000)."""
-    return _env_int("ATTN_LT_TUNE_CALL_MS", 1000, 0)
+    """Tuning budget of one attention call (``ATTN_LT_TUNE_CALL_MS``, default 10000). GEMMs are tuned per shape
+    class (a few per kind of work), so the first call that meets a class pays for it once and later calls of any
+    length in it never tune; the budget only bounds a first call that meets very many classes."""
+    return _env_int("ATTN_LT_TUNE_CALL_MS", 10000, 0)
 
 
 def cache_dir():

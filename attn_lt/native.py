@@ -16,10 +16,10 @@ from . import config
 
 log = logging.getLogger("attn_lt")
 
-ABI_VERSION = 5
+ABI_VERSION = 6
 _PKG = Path(__file__).resolve().parent
 _LIB_PATH = _PKG / "_native" / "libattn_lt.so"
-_SRC_DIR = _PKG.parent / "native"
+SOURCE_DIR = _PKG.parent / "native"
 _BUILD_HINT = "build it with `make native` in the attn_lt checkout (needs nvcc), or set ATTN_LT_LIB"
 
 DTYPE_CODES = {"none": 0, "fp16": 1, "bf16": 2, "fp32": 3, "bool": 4}
@@ -51,12 +51,12 @@ class FlashArgs(ctypes.Structure):
     _fields_ = [(n, ctypes.c_void_p) for n in ("q", "k", "v", "o", "lse")] + [
         (n, ctypes.c_int64) for n in ("B", "Hq", "Hkv", "Sq", "Sk", "D", "q_sb", "q_sh", "q_ss", "k_sb", "k_sh",
                                       "k_ss", "v_sb", "v_sh", "v_ss", "o_sb", "o_sh", "o_ss")] + [
-        ("scale", ctypes.c_float), ("causal", ctypes.c_int32), ("dtype", ctypes.c_int32), ("reserved", ctypes.c_int32)]
+        ("scale", ctypes.c_float), ("causal", ctypes.c_int32), ("dtype", ctypes.c_int32), ("variant", ctypes.c_int32)]
 
 
 def source_hash(src_dir: Path | None = None) -> str | None:
     """The hash the Makefile embeds: sha256 of native/*.cu, *.cuh, *.h concatenated in name order."""
-    src_dir = _SRC_DIR if src_dir is None else src_dir
+    src_dir = SOURCE_DIR if src_dir is None else src_dir
     files = sorted(p for p in src_dir.glob("*") if p.suffix in (".cu", ".cuh", ".h")) if src_dir.is_dir() else []
     if not files:
         return None
@@ -90,6 +90,10 @@ def load() -> ctypes.CDLL:
     lib.attn_lt_softmax.argtypes = [ctypes.POINTER(SoftmaxArgs), ctypes.c_void_p]
     lib.attn_lt_flash_fwd.restype = ctypes.c_int
     lib.attn_lt_flash_fwd.argtypes = [ctypes.POINTER(FlashArgs), ctypes.c_void_p]
+    lib.attn_lt_flash_sm90_fwd.restype = ctypes.c_int
+    lib.attn_lt_flash_sm90_fwd.argtypes = [ctypes.POINTER(FlashArgs), ctypes.c_void_p]
+    lib.attn_lt_flash_sm90_supported.restype = ctypes.c_int
+    lib.attn_lt_flash_sm90_supported.argtypes = []
     abi = lib.attn_lt_abi_version()
     if abi != ABI_VERSION:
         raise NativeLibraryError(f"{path} has ABI version {abi}, this package expects {ABI_VERSION}; {_BUILD_HINT}")
@@ -111,22 +115,48 @@ def status() -> str:
     return f"ok ({library_path()}, ABI {ABI_VERSION}, sources {lib.attn_lt_source_hash().decode()})"
 
 
-def _launch(name: str, args: ctypes.Structure, stream: int, describe: str) -> None:
-    """Call launcher ``name`` of the library on ``stream`` (a cudaStream_t as int); a nonzero cudaError_t becomes
-    :class:`CudaError` naming the error and the launch (``describe``)."""
-    lib = load()
-    err = getattr(lib, name)(ctypes.byref(args), ctypes.c_void_p(stream))
+def _raise(name: str, err: int, describe: str) -> None:
+    raise CudaError(f"{name} failed: {load().attn_lt_error_string(err).decode()} (status {err}); {describe}")
+
+
+def _launch(name: str, args: ctypes.Structure, stream: int, describe) -> None:
+    """Call launcher ``name`` of the library on ``stream`` (a cudaStream_t as int); a nonzero status becomes
+    :class:`CudaError` naming the error (a CUDA error, or the native precondition that failed) and the launch
+    (``describe(args)``)."""
+    err = getattr(load(), name)(ctypes.byref(args), stream)
     if err:
-        raise CudaError(f"{name} failed: {lib.attn_lt_error_string(err).decode()} (cudaError {err}); {describe}")
+        _raise(name, err, describe(args))
+
+
+@functools.lru_cache(maxsize=1)
+def _softmax_fn():
+    return load().attn_lt_softmax
 
 
 def softmax(args: SoftmaxArgs, stream: int) -> None:
     """Launch the row softmax of the long path; raises :class:`CudaError` on failure."""
-    _launch("attn_lt_softmax", args, stream,
-            f"rows={args.rows} cols={args.cols} batch={args.batch} ld_s={args.ld_s}")
+    err = _softmax_fn()(ctypes.byref(args), stream)  # the hot path: one foreign call
+    if err:
+        _raise("attn_lt_softmax", err, f"rows={args.rows} cols={args.cols} batch={args.batch} ld_s={args.ld_s}")
 
 
 def flash(args: FlashArgs, stream: int) -> None:
     """Launch the fused short-path kernel; raises :class:`CudaError` on failure."""
     _launch("attn_lt_flash_fwd", args, stream,
-            f"B={args.B} Hq={args.Hq} Hkv={args.Hkv} Sq={args.Sq} Sk={args.Sk} D={args.D}")
+            lambda a: f"B={a.B} Hq={a.Hq} Hkv={a.Hkv} Sq={a.Sq} Sk={a.Sk} D={a.D}")
+
+
+#: ``FlashArgs.variant`` values of :func:`flash_sm90` (``attn_lt_flash_sm90_variant`` in native/attn_lt.h).
+FLASH_SM90_VARIANTS = {"default": 0, "plain": 1}
+
+
+def flash_sm90_supported() -> bool:
+    """True when the current CUDA device is compute capability 9.0 and the library holds the sm_90a kernel."""
+    return bool(load().attn_lt_flash_sm90_supported())
+
+
+def flash_sm90(args: FlashArgs, stream: int) -> None:
+    """Launch the Hopper fused kernel (native/flash_sm90.cu: TMA + wgmma, D 64/128/256); raises :class:`CudaError`
+    on failure (cudaErrorNotSupported off sm_90, cudaErrorInvalidValue when a precondition fails)."""
+    _launch("attn_lt_flash_sm90_fwd", args, stream,
+            lambda a: f"B={a.B} Hq={a.Hq} Hkv={a.Hkv} Sq={a.Sq} Sk={a.Sk} D={a.D} variant={a.variant}")

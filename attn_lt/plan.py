@@ -6,8 +6,8 @@ Vocabulary. A *batch entry* E = b * Hkv + hkv is one kv head of one sequence; on
 (grouped-query attention then reads K and V once per kv head). Its *keys* are ``[0, kend)``: with ``causal`` the
 key blocks that every row of the chunk masks out are never computed.
 
-Memory: a plan uses one workspace of ``workspace_bytes`` = cuBLASLt workspace + the largest chunk's FP32 score
-block; P is written in place over the scores. That is bounded by the budget whatever the sequence length.
+Memory: a plan uses one workspace of ``workspace_bytes`` = per lane, cuBLASLt workspace + the largest chunk's FP32
+score block; P is written in place over the scores. That is bounded by the budget whatever the sequence length.
 """
 
 from __future__ import annotations
@@ -66,10 +66,16 @@ class Plan:
     fold_group: bool
     combine_batch: bool
     chunks: tuple[Chunk, ...]
+    lanes: int = 1  # 2: chunk i runs on lane i % 2, each lane with its own region and stream
+
+    @property
+    def lane_bytes(self) -> int:
+        """Bytes of one lane's region: its cuBLASLt workspace, then its score region."""
+        return self.gemm_workspace + self.score_bytes
 
     @property
     def workspace_bytes(self) -> int:
-        return self.gemm_workspace + self.score_bytes
+        return self.lanes * self.lane_bytes
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -84,10 +90,12 @@ class Plan:
         full = case.B * case.Hq * case.Sq * case.Sk
         done = sum(c.ne * self.rows(case, c) * c.kend for c in self.chunks)
         biggest = max(self.chunks, key=lambda c: c.ne * self.rows(case, c) * c.kend)
-        return (f"{len(self.chunks)} chunks (largest: {biggest.ne} entries x {self.rows(case, biggest)} rows x "
+        n = len(self.chunks)
+        return (f"{n} chunk{'' if n == 1 else 's'} (largest: {biggest.ne} entries x {self.rows(case, biggest)} rows x "
                 f"{biggest.kend} keys), GQA group {'folded into rows' if self.fold_group else 'one head a GEMM'}, "
                 f"batch {'(B, Hkv) in one stride' if self.combine_batch else 'one sequence a GEMM'}; "
-                f"{done / full:.1%} of the {case.Sq}x{case.Sk} score matrices computed; workspace "
+                f"{done / full:.1%} of the {case.Sq}x{case.Sk} score matrices computed; "
+                f"{'two lanes (softmax beside the next GEMMs)' if self.lanes == 2 else 'one lane'}; workspace "
                 f"{self.workspace_bytes / 2**20:.1f} MiB of a {self.budget / 2**20:.0f} MiB budget")
 
 
@@ -105,17 +113,37 @@ def _foldable(case: Case) -> bool:
     return case.group > 1 and (case.Sq == 1 or qs[1] == case.Sq * qs[2])
 
 
+#: A plan with at least this many computed chunks runs on two lanes (see :func:`make_plan`).
+LANE_MIN_CHUNKS = 4
+
+
 @functools.lru_cache(maxsize=256)
-def make_plan(case: Case, budget: int | None = None) -> Plan:
-    """Chunk ``case`` so that its FP32 score blocks plus the cuBLASLt workspace fit ``budget`` bytes."""
+def make_plan(case: Case, budget: int | None = None, lanes: int | None = None) -> Plan:
+    """Chunk ``case`` so that its FP32 score blocks plus the cuBLASLt workspace fit ``budget`` bytes.
+
+    Lanes: a case of several chunks runs them on two lanes (``ATTN_LT_LANES``, default 2), each with its own
+    score region and cuBLASLt workspace in half the budget, on two CUDA streams, so that one chunk's
+    memory-bound softmax runs beside the next chunk's GEMMs instead of after them."""
     budget = config.workspace_bytes(budget)
+    lanes = config.lanes() if lanes is None else lanes
     gemm_ws = min(config.GEMM_WORKSPACE_MAX, (budget // 8) // 256 * 256)
-    scores = budget - gemm_ws
     one_row = score_ld(case.Sk) * 4
-    if scores < one_row:
+    if budget - gemm_ws < one_row:
         raise ValueError(f"workspace budget of {budget} bytes is too small for {case}: one row of FP32 scores "
                          f"needs {one_row} bytes plus the cuBLASLt workspace; raise ATTN_LT_WORKSPACE_MB or "
                          "workspace_bytes")
+    fold, combine, chunks, used = _chunking(case, budget - gemm_ws)
+    lane_scores = (budget - 2 * gemm_ws) // 2 // 256 * 256
+    if lanes > 1 and sum(1 for c in chunks if c.kend) >= LANE_MIN_CHUNKS and lane_scores >= one_row:
+        fold, combine, chunks, used = _chunking(case, lane_scores)
+        return Plan(budget, gemm_ws, _round_up(used, 256), fold, combine, chunks, 2)
+    return Plan(budget, gemm_ws, used, fold, combine, chunks, 1)
+
+
+def _chunking(case: Case, scores: int) -> tuple[bool, bool, tuple[Chunk, ...], int]:
+    """(fold the group, one stride over (B, Hkv), the chunks, the largest chunk's score bytes) when each chunk's
+    FP32 scores may take ``scores`` bytes."""
+    one_row = score_ld(case.Sk) * 4
     g = case.group
     combine = all(_combinable(s, case.B, case.Hkv, u)
                   for s, u in ((case.q_strides, g), (case.k_strides, 1), (case.v_strides, 1)))
@@ -155,7 +183,7 @@ def make_plan(case: Case, budget: int | None = None) -> Plan:
     rows = g * case.Sq if fold else None
     used = max((c.ne * (rows or c.s1 - c.s0) * score_ld(c.kend) * 4 for c in chunks if c.kend), default=0)
     assert used <= scores, (used, scores)
-    return Plan(budget, gemm_ws, used, fold, combine, tuple(chunks))
+    return fold, combine, tuple(chunks), used
 
 
 @dataclass(frozen=True)
@@ -173,7 +201,7 @@ class MatrixView:
 
 @dataclass(frozen=True)
 class ChunkLayout:
-    """Where one chunk's operands live: q and o are (M x D), k and v (N x D), s the (M x N) FP32 scores in
+    """Where one chunk's operands live: q (M x D), k (N x D), v (N x Dv), o (M x Dv), s the (M x N) FP32 scores in
     the score region (P, in the input dtype, uses twice the row and batch strides at the same addresses)."""
 
     q: MatrixView
@@ -186,13 +214,13 @@ class ChunkLayout:
 
 
 def out_strides(case: Case) -> tuple[int, int, int, int]:
-    """Strides of the output, which the long path allocates contiguous (B, Hq, Sq, D)."""
-    return (case.Hq * case.Sq * case.D, case.Sq * case.D, case.D, 1)
+    """Strides of the output, which is contiguous (B, Hq, Sq, Dv)."""
+    return (case.Hq * case.Sq * case.Dv, case.Sq * case.Dv, case.Dv, 1)
 
 
 def chunk_layout(case: Case, plan: Plan, c: Chunk) -> ChunkLayout:
     """Offsets and strides of every operand of chunk ``c`` (requires c.kend > 0)."""
-    g, D, Hkv = case.group, case.D, case.Hkv
+    g, D, Dv, Hkv = case.group, case.D, case.Dv, case.Hkv
     b, h = divmod(c.e0, Hkv)
 
     def view(strides, unit: int, rows: int, cols: int, row_stride: int, extra: int) -> MatrixView:
@@ -204,15 +232,15 @@ def chunk_layout(case: Case, plan: Plan, c: Chunk) -> ChunkLayout:
     if c.gi is None:  # the group folded into rows: (gi, s) flattened, gi outer
         M = g * case.Sq
         q = view(case.q_strides, g, M, D, case.q_strides[2] if case.Sq > 1 else case.q_strides[1], 0)
-        o = view(os_, g, M, D, D, 0)
+        o = view(os_, g, M, Dv, Dv, 0)
         row0, gi0 = 0, 0
     else:
         M = c.s1 - c.s0
         q = view(case.q_strides, g, M, D, case.q_strides[2], c.gi * case.q_strides[1] + c.s0 * case.q_strides[2])
-        o = view(os_, g, M, D, D, c.gi * os_[1] + c.s0 * D)
+        o = view(os_, g, M, Dv, Dv, c.gi * os_[1] + c.s0 * Dv)
         row0, gi0 = c.s0, c.gi
     k = view(case.k_strides, 1, c.kend, D, case.k_strides[2], 0)
-    v = view(case.v_strides, 1, c.kend, D, case.v_strides[2], 0)
+    v = view(case.v_strides, 1, c.kend, Dv, case.v_strides[2], 0)
     ld = score_ld(c.kend)
     s = MatrixView(0, M, c.kend, ld, c.ne, M * ld)
     return ChunkLayout(q, k, v, o, s, row0, gi0)

@@ -24,13 +24,13 @@ def causal_mask(Sq: int, Sk: int, device=None) -> torch.Tensor:
 
 def reference(q, k, v, attn_mask=None, causal=False, scale=None, dtype=torch.float32, rows=None):
     """(out, lse) of attention computed in ``dtype``; fully masked rows give 0 and -inf. ``rows``: a 1-D index
-    tensor of query rows to compute, alone (out (B, Hq, len(rows), D)), for shapes too long to check in full."""
+    tensor of query rows to compute, alone (out (B, Hq, len(rows), Dv)), for shapes too long to check in full."""
     B, Hq, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     g = Hq // Hkv
     scale = D**-0.5 if scale is None else scale
     rows = torch.arange(Sq, device=q.device) if rows is None else rows
-    out = torch.empty(B, Hq, len(rows), D, dtype=dtype, device=q.device)
+    out = torch.empty(B, Hq, len(rows), v.shape[-1], dtype=dtype, device=q.device)
     lse = torch.empty(B, Hq, len(rows), dtype=dtype, device=q.device)
     cm = causal_mask(Sq, Sk, q.device)[rows] if causal else None
     mask = None if attn_mask is None else attn_mask.expand(B, Hq, Sq, Sk)
@@ -116,3 +116,29 @@ def time_ms(fn, warmup_ms: float = 25, rep_ms: float = 200) -> float:
         if sum(times) > rep_ms and len(times) >= 3:
             break
     return sorted(times)[len(times) // 2]
+
+
+def attention_reference(q, k, v, *, attn_mask=None, causal=False, scale=None, return_lse=False,
+                        dtype=torch.float64, **ignored):
+    """``attn_lt.attention``'s signature and semantics in plain PyTorch, on any device and dtype, computed in
+    ``dtype`` over the whole score matrix (small shapes): out (B, Hq, Sq, Dv) in q's dtype, lse float32
+    (B, Hq, Sq); fully masked rows give 0 and -inf. The local attention of the CPU tests of
+    ``attn_lt.distributed`` (its ``local_attention=``); options such as ``backend`` are accepted and ignored."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or q.shape[1] % k.shape[1] or k.shape[:3] != v.shape[:3]:
+        raise ValueError(f"need q (B, Hq, Sq, D), k (B, Hkv, Sk, D), v (B, Hkv, Sk, Dv), Hq % Hkv == 0; got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    B, Hq, Sq, D = q.shape
+    Hkv, Sk = k.shape[1], k.shape[2]
+    scale = D**-0.5 if scale is None else scale
+    qg = q.to(dtype).reshape(B, Hkv, Hq // Hkv, Sq, D)
+    s = (qg @ k.to(dtype)[:, :, None].transpose(-1, -2) * scale).reshape(B, Hq, Sq, Sk)
+    if attn_mask is not None:
+        m = attn_mask.expand(B, Hq, Sq, Sk)
+        s = s.masked_fill(~m, -math.inf) if m.dtype == torch.bool else s + m.to(dtype)
+    if causal:
+        s = s.masked_fill(~causal_mask(Sq, Sk, q.device), -math.inf)
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse.masked_fill(torch.isinf(lse), 0)[..., None])
+    out = (p.reshape(B, Hkv, Hq // Hkv, Sq, Sk) @ v.to(dtype)[:, :, None]).reshape(B, Hq, Sq, v.shape[3])
+    out, lse = out.to(q.dtype), lse.to(torch.float32)
+    return (out, lse) if return_lse else out

@@ -6,6 +6,7 @@ that the selector and the planner consume.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -26,7 +27,7 @@ class MaskInfo:
 
 @dataclass(frozen=True)
 class Case:
-    """One attention call. Shapes follow the contract: q (B, Hq, Sq, D), k and v (B, Hkv, Sk, D)."""
+    """One attention call. Shapes follow the contract: q (B, Hq, Sq, D), k (B, Hkv, Sk, D), v (B, Hkv, Sk, Dv)."""
 
     B: int
     Hq: int
@@ -42,6 +43,11 @@ class Case:
     k_strides: tuple[int, int, int, int] = ()
     v_strides: tuple[int, int, int, int] = ()
     ptr_align: int = 256  # largest power of two (<= 256) dividing every input's address
+    Dv: int = 0  # v's head dim (the output's); 0 = D
+
+    def __post_init__(self):
+        if not self.Dv:
+            object.__setattr__(self, "Dv", self.D)
 
     @property
     def group(self) -> int:
@@ -49,17 +55,21 @@ class Case:
         return self.Hq // self.Hkv
 
     @classmethod
-    def contiguous(cls, B, Hq, Hkv, Sq, Sk, D, dtype="bf16", causal=False, scale=None, mask=None) -> Case:
+    def contiguous(cls, B, Hq, Hkv, Sq, Sk, D, dtype="bf16", causal=False, scale=None, mask=None,
+                   Dv=None) -> Case:
         """A case with contiguous (B, H, S, D) inputs; for planning and explaining without tensors."""
+        Dv = D if Dv is None else Dv
         return cls(B, Hq, Hkv, Sq, Sk, D, dtype, causal, D**-0.5 if scale is None else float(scale), mask,
-                   (Hq * Sq * D, Sq * D, D, 1), (Hkv * Sk * D, Sk * D, D, 1), (Hkv * Sk * D, Sk * D, D, 1))
+                   (Hq * Sq * D, Sq * D, D, 1), (Hkv * Sk * D, Sk * D, D, 1), (Hkv * Sk * Dv, Sk * Dv, Dv, 1),
+                   Dv=Dv)
 
     def __str__(self) -> str:
         g = f" (GQA x{self.group})" if self.group > 1 else ""
         extra = " causal" if self.causal else ""
         if self.mask is not None:
             extra += f" {self.mask.kind}-mask{list(self.mask.shape)}"
-        return f"B{self.B} Hq{self.Hq} Hkv{self.Hkv}{g} Sq{self.Sq} Sk{self.Sk} D{self.D} {self.dtype}{extra}"
+        d = f"D{self.D}" if self.Dv == self.D else f"Dqk{self.D} Dv{self.Dv}"
+        return f"B{self.B} Hq{self.Hq} Hkv{self.Hkv}{g} Sq{self.Sq} Sk{self.Sk} {d} {self.dtype}{extra}"
 
 
 def address_alignment(ptr: int) -> int:
@@ -91,13 +101,14 @@ def check_tensors(q, k, v, attn_mask=None, causal=False, scale=None, require_cud
         raise ValueError(f"q, k, v must be 4-D: q (B, Hq, Sq, D), k and v (B, Hkv, Sk, D); got {shapes}")
     B, Hq, Sq, D = q.shape
     _, Hkv, Sk, _ = k.shape
-    if tuple(k.shape) != tuple(v.shape):
-        raise ValueError(f"k and v must have the same shape (B, Hkv, Sk, D); got {shapes}")
+    Dv = v.shape[3]
+    if tuple(k.shape[:3]) != tuple(v.shape[:3]):
+        raise ValueError(f"k and v must agree in (B, Hkv, Sk): k (B, Hkv, Sk, D), v (B, Hkv, Sk, Dv); got {shapes}")
     if k.shape[0] != B:
         raise ValueError(f"batch sizes differ between q and k/v; got {shapes}")
     if k.shape[3] != D:
         raise ValueError(f"head dims differ between q and k/v; got {shapes}")
-    if min(B, Hq, Sq, D, Hkv, Sk) < 1:
+    if min(B, Hq, Sq, D, Dv, Hkv, Sk) < 1:
         raise ValueError(f"every dimension must be at least 1; got {shapes}")
     if Hq % Hkv != 0:
         raise ValueError(f"query heads Hq={Hq} must be a multiple of kv heads Hkv={Hkv}; got {shapes}")
@@ -107,15 +118,11 @@ def check_tensors(q, k, v, attn_mask=None, causal=False, scale=None, require_cud
                              "stride 1 (call .contiguous() on it)")
         if min(t.stride()) < 0:
             raise ValueError(f"{name} {_shape(t)} has negative strides {tuple(t.stride())}")
-        if t.shape[2] > 1 and t.stride(2) < D:
+        if t.shape[2] > 1 and t.stride(2) < t.shape[3]:
             raise ValueError(f"{name} {_shape(t)} has strides {tuple(t.stride())}: its rows overlap (sequence "
-                             f"stride {t.stride(2)} < head dim {D}); pass a materialised tensor")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    if scale is None:
-        scale = D**-0.5
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+                             f"stride {t.stride(2)} < head dim {t.shape[3]}); pass a materialised tensor")
+    causal = check_causal(causal)
+    scale = D**-0.5 if scale is None else check_scale(scale)
     mask = None
     if attn_mask is not None:
         mask = check_mask(attn_mask, (B, Hq, Sq, Sk), q.dtype)
@@ -124,7 +131,7 @@ def check_tensors(q, k, v, attn_mask=None, causal=False, scale=None, require_cud
     except RuntimeError:  # fake/meta tensors while tracing (torch.compile): no addresses yet
         addr = 0
     case = Case(B, Hq, Hkv, Sq, Sk, D, _DTYPES[q.dtype], causal, float(scale), mask,
-                tuple(q.stride()), tuple(k.stride()), tuple(v.stride()), address_alignment(addr))
+                tuple(q.stride()), tuple(k.stride()), tuple(v.stride()), address_alignment(addr), Dv)
     if require_cuda:
         devices = {t.device for t in (q, k, v)} | ({attn_mask.device} if attn_mask is not None else set())
         if any(d.type != "cuda" for d in devices):
@@ -158,3 +165,55 @@ def check_mask(attn_mask, target: tuple[int, int, int, int], qdtype) -> MaskInfo
     strides = tuple(st if sz > 1 else 0 for st, sz in zip(expanded.stride(), target))
     kind = "bool" if attn_mask.dtype == torch.bool else "float"
     return MaskInfo(kind, _MASK_DTYPE_NAMES[attn_mask.dtype], tuple(attn_mask.shape), strides)
+
+
+def check_causal(causal) -> bool:
+    """``causal`` as a Python bool. Accepted: ``bool`` and ``numpy.bool_``. Refused with a TypeError: ints (0/1
+    are ambiguous next to SDPA's ``is_causal: bool``), strings, None, and tensors (reading a CUDA tensor would
+    synchronise the stream, and under torch.compile its value is not known while tracing: pass ``bool(t)``)."""
+    if isinstance(causal, bool):
+        return causal
+    if type(causal).__module__ == "numpy" and type(causal).__name__ in ("bool_", "bool"):
+        return bool(causal)
+    hint = "; pass bool(t) for a one-element tensor" if isinstance(causal, torch.Tensor) else ""
+    raise TypeError(f"causal must be a bool, got {type(causal).__name__}{hint}")
+
+
+def check_scale(scale) -> float:
+    """``scale`` as a float: a real number (int, float, numpy scalar; not bool), finite and > 0."""
+    import numbers
+
+    if isinstance(scale, bool) or type(scale).__name__ == "bool_" or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    value = float(scale)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"scale must be a finite number > 0 (or None for D ** -0.5), got {value!r}")
+    return value
+
+
+def check_options(case: Case | None = None, *, workspace_bytes=None, threshold=None, return_key_mass=False,
+                  key_mass_window=None) -> None:
+    """Options checked whatever path the call takes (before selection): ``workspace_bytes`` and ``threshold``,
+    each None or a positive int. Wrong types raise TypeError, values < 1 ValueError; ``case`` names the call."""
+    where = f" (for {case})" if case is not None else ""
+    for name, value in (("workspace_bytes", workspace_bytes), ("threshold", threshold)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be a positive int or None, got {type(value).__name__}{where}")
+        if value <= 0:
+            raise ValueError(f"{name} must be a positive int or None, got {value}{where}")
+    if key_mass_window is not None:
+        if isinstance(key_mass_window, bool) or not isinstance(key_mass_window, int) or key_mass_window < 1:
+            raise ValueError(f"key_mass_window must be a positive int or None, got {key_mass_window!r}{where}")
+        if not return_key_mass:
+            raise ValueError(f"key_mass_window={key_mass_window} is given but return_key_mass is False{where}")
+
+
+def check_out(out, case: Case, q) -> None:
+    """A preallocated output: contiguous (B, Hq, Sq, Dv) of q's dtype on q's device."""
+    shape = (case.B, case.Hq, case.Sq, case.Dv)
+    if not (isinstance(out, torch.Tensor) and tuple(out.shape) == shape and out.dtype == q.dtype
+            and out.device == q.device and out.is_contiguous()):
+        desc = f"{tuple(out.shape)} {out.dtype} on {out.device}" if isinstance(out, torch.Tensor) else type(out)
+        raise ValueError(f"out must be a contiguous {shape} {q.dtype} tensor on {q.device}, got {desc}")

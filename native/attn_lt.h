@@ -7,7 +7,7 @@
 #define ATTN_LT_H
 #include <stdint.h>
 
-#define ATTN_LT_ABI_VERSION 5
+#define ATTN_LT_ABI_VERSION 6
 
 #ifdef __cplusplus
 extern "C" {
@@ -59,12 +59,24 @@ typedef struct attn_lt_flash_args {
     int64_t q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, o_sb, o_sh, o_ss;
     float scale;
     int32_t causal;
-    int32_t dtype; /* ATTN_LT_F16 or ATTN_LT_BF16 */
-    int32_t reserved;
+    int32_t dtype;   /* ATTN_LT_F16 or ATTN_LT_BF16 */
+    int32_t variant; /* attn_lt_flash_sm90_fwd: an attn_lt_flash_sm90_variant; attn_lt_flash_fwd ignores it */
 } attn_lt_flash_args;
+
+enum attn_lt_flash_sm90_variant {
+    ATTN_LT_FLASH_SM90_DEFAULT = 0, /* QK^T of the next tile and PV overlapped with the softmax, warpgroup ping-pong */
+    ATTN_LT_FLASH_SM90_PLAIN = 1    /* one tile at a time (QK^T, wait, softmax, PV, wait), for tests and benchmarks */
+};
 
 int attn_lt_abi_version(void);
 int attn_lt_flash_fwd(const attn_lt_flash_args* args, void* stream);
+/* The fused short path on Hopper (native/flash_sm90.cu: TMA, mbarrier ring, wgmma, producer/consumer warpgroups),
+ * same arguments: D is 64, 128 or 256; q, k, v, o 16-byte aligned; strides (batch, head, row) of q, k, v, o positive
+ * multiples of 8 elements (any for a dimension of size 1); lse may be null. cudaErrorNotSupported unless the current
+ * device is compute capability 9.0; cudaErrorInvalidValue when a precondition fails. */
+int attn_lt_flash_sm90_fwd(const attn_lt_flash_args* args, void* stream);
+/* 1 when the current device is compute capability 9.0 and this library holds the sm_90a kernel, else 0. */
+int attn_lt_flash_sm90_supported(void);
 const char* attn_lt_source_hash(void);
 const char* attn_lt_error_string(int err);
 /* Largest row length read once (PIPE with an 8-CTA cluster on sm_90, ROW elsewhere) on the current device;

@@ -17,6 +17,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <mutex>
+#include <vector>
 
 #ifndef ATTN_LT_SOURCE_HASH
 #define ATTN_LT_SOURCE_HASH "unknown"
@@ -257,6 +259,7 @@ __global__ void __launch_bounds__(THREADS, 1) softmax_pipe(const attn_lt_softmax
     extern __shared__ float4 ring[];
     __shared__ float red[2][32];
     __shared__ float part[2][2];  // [max, sum][row parity], read by the other CTAs of the cluster
+    (void)part;  // used by the cluster exchange only (sm_90, CLUSTERED): not an unused variable elsewhere
     __shared__ Row head[STAGES];  // the row each slot holds or will hold; computed once, by thread 0
     unsigned C = 1, rank = 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -442,13 +445,59 @@ int pipe_cluster(const attn_lt_softmax_args& a) {
     return 0;
 }
 
+// Resident CTAs (or clusters) of one kernel configuration on one device, asked of the runtime once: the occupancy
+// queries and the shared-memory opt-in cost tens of microseconds of host time, which a decode call cannot spare.
+struct Residency {
+    const void* kernel;
+    int dev, C;
+    size_t smem;
+    int64_t clusters;
+};
+
+template <typename Kernel>
+cudaError_t residency(Kernel kernel, int threads, size_t smem, int C, bool clustered, cudaLaunchConfig_t cfg,
+                      int64_t* out) {
+    static std::mutex lock;
+    static std::vector<Residency> known;
+    int dev = 0;
+    cudaError_t err = cudaGetDevice(&dev);
+    if (err != cudaSuccess) return err;
+    const void* key = reinterpret_cast<const void*>(kernel);
+    std::lock_guard<std::mutex> g(lock);
+    // The kernel's shared-memory opt-in only ever grows (the largest size asked so far), so that a smaller
+    // configuration never lowers it under a larger one whose residency is already known.
+    size_t limit = smem;
+    for (const Residency& r : known) {
+        if (r.kernel != key || r.dev != dev) continue;
+        if (r.C == C && r.smem == smem) {
+            *out = r.clusters;
+            return cudaSuccess;
+        }
+        limit = std::max(limit, r.smem);
+    }
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(limit));
+    if (err != cudaSuccess) return err;
+    int64_t clusters = 0;
+    if (clustered) {
+        int n = 0;
+        err = cudaOccupancyMaxActiveClusters(&n, kernel, &cfg);
+        clusters = n;
+    } else {
+        int per_sm = 0;
+        err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
+        clusters = int64_t(per_sm) * sm_count();
+    }
+    if (err != cudaSuccess) return err;
+    known.push_back({key, dev, C, smem, clusters});
+    *out = clusters;
+    return cudaSuccess;
+}
+
 template <int THREADS, int STAGES, bool CLUSTERED, typename OutT>
 cudaError_t launch_pipe(const attn_lt_softmax_args& a, int C, cudaStream_t stream) {
     const auto kernel = a.mask_dtype != ATTN_LT_NONE ? softmax_pipe<THREADS, STAGES, true, CLUSTERED, OutT>
                                                      : softmax_pipe<THREADS, STAGES, false, CLUSTERED, OutT>;
     const size_t smem = size_t(STAGES) * size_t(pipe_layout(a, C).slot_bytes);
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-    if (err != cudaSuccess) return err;
     cudaLaunchConfig_t cfg = {};
     cfg.blockDim = dim3(THREADS);
     cfg.dynamicSmemBytes = smem;
@@ -458,19 +507,13 @@ cudaError_t launch_pipe(const attn_lt_softmax_args& a, int C, cudaStream_t strea
     attr[0].val.clusterDim.x = C;
     attr[0].val.clusterDim.y = 1;
     attr[0].val.clusterDim.z = 1;
-    int64_t clusters = 0;
     if (CLUSTERED) {
         cfg.gridDim = dim3(C);  // occupancy is asked per cluster of this shape
         cfg.attrs = attr;
         cfg.numAttrs = 1;
-        int n = 0;
-        err = cudaOccupancyMaxActiveClusters(&n, kernel, &cfg);
-        clusters = n;
-    } else {
-        int per_sm = 0;
-        err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, THREADS, smem);
-        clusters = int64_t(per_sm) * sm_count();
     }
+    int64_t clusters = 0;
+    cudaError_t err = residency(kernel, THREADS, smem, C, CLUSTERED, cfg, &clusters);
     if (err != cudaSuccess) return err;
     if (clusters < 1) return cudaErrorInvalidConfiguration;
     clusters = std::min<int64_t>(a.rows * a.batch, clusters);

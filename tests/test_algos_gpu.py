@@ -19,9 +19,16 @@ def fresh(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTN_LT_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("ATTN_LT_TUNE_MS", "60")
     monkeypatch.setenv("ATTN_LT_TUNE_CALL_MS", "100000")
-    cublaslt.gemm.cache_clear()
+    new_process()
     yield default_cache()
+    new_process()
+
+
+def new_process():
+    """What a new process would have: no plans, no GEMM objects, no memory of cache lookups."""
+    attn_lt.api.clear_plans()
     cublaslt.gemm.cache_clear()
+    algos.forget()
 
 
 def decode_qkv(Sk=65536, Hkv=8):
@@ -42,8 +49,9 @@ def pv_gemm(q, k, v):
     e = attn_lt.explain(q, k, v)
     out = torch.empty(q.shape, dtype=q.dtype, device="cuda")
     bases = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), 1 << 40)
-    return cublaslt.gemm(q.device.index, chunk_gemms(e.case, e.plan, e.plan.chunks[0], bases)[2][1],
-                         e.plan.gemm_workspace)
+    g = cublaslt.gemm(q.device.index, chunk_gemms(e.case, e.plan, e.plan.chunks[0], bases)[2][1])
+    algos.resolve(g, "heuristic", e.plan.gemm_workspace)
+    return g
 
 
 def test_candidates_heuristic_first_within_workspace(fresh):
@@ -62,7 +70,7 @@ def test_split_k_offered_for_an_unbatched_long_reduction(fresh):
     from attn_lt.lt.cublaslt import GemmKey
 
     key = GemmKey("pv", "bf16", 128, 4, 65536, 1, False, False, 128, 131072, 128, 0, 0, 0, 256, 256, 256)
-    cands = algos.candidates(cublaslt.gemm(0, key, 32 << 20), 32 << 20)
+    cands = algos.candidates(cublaslt.gemm(0, key), 32 << 20)
     split = [c for c, _, _ in cands if c.splitk > 1]
     assert split, "a K=65536, n=4 unbatched GEMM must be offered split-K"
     assert {c.reduction for c in split} >= {1, 2}
@@ -77,13 +85,15 @@ def test_tuning_stores_valid_winners_that_compute_correctly(fresh, shape):
     o = attn_lt.attention(q, k, v, algo_policy="tune")
     check_correct(q, k, v, o)
     items = fresh.items()
-    assert {key.split("|")[0] for _, key, _ in items} == {"qk", "pv"}
+    from attn_lt.cache import parse_key
+
+    assert {parse_key(key)["role"] for _, key, _ in items} == {"qk", "pv"}
     env = current_env().key()
     for e, _, entry in items:
         assert e == env and entry.median_ms <= entry.heuristic_ms * 1.0001
     # a new process (simulated: GEMM objects dropped) uses the cache without tuning, under both policies
     for policy in ("cache", "tune"):
-        cublaslt.gemm.cache_clear()
+        new_process()
         before = dict(algos.stats)
         o2 = attn_lt.attention(q, k, v, algo_policy=policy)
         assert algos.stats["tuned"] == before["tuned"] and algos.stats["cache"] >= before["cache"] + 2
@@ -97,8 +107,8 @@ def test_refused_cached_algorithm_is_reported_and_replaced(fresh, caplog):
         from attn_lt.cache import parse_key
 
         fresh.put(Env.parse(env), parse_key(key), Entry(AlgoConfig(99999, splitk=3), 0.001, 0.002, 0, (), ""))
-    cublaslt.gemm.cache_clear()
-    with caplog.at_level(logging.WARNING, logger="attn_lt"):
+    new_process()
+    with caplog.at_level(logging.INFO, logger="attn_lt"):
         o = attn_lt.attention(q, k, v, algo_policy="cache")
     assert any("refuses the cached algorithm" in r.getMessage() for r in caplog.records)
     check_correct(q, k, v, o)

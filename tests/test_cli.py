@@ -1,13 +1,19 @@
-"""The attn-lt command line: subcommands, --json, exit codes, errors; without a GPU."""
+"""The attn-lt command line without a GPU: subcommands, --json, exit codes that match what happened on disk,
+argument errors as sentences, no traceback from any command, text from cache files escaped."""
 
 import json
+import os
+import re
 import subprocess
 import sys
 
 import pytest
 import torch
 
+from attn_lt import cli
 from attn_lt.cli import main
+
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # what must never reach a terminal (\t and \n may)
 
 
 def run(capsys, *argv):
@@ -16,11 +22,12 @@ def run(capsys, *argv):
     return code, out.out, out.err
 
 
-def test_info(capsys):
+def test_info(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTN_LT_CACHE_DIR", str(tmp_path))
     code, out, _ = run(capsys, "info", "--json")
     info = json.loads(out)
-    assert code == 0 and info["threshold"] == 4096 and info["workspace_budget_mib"] == 1024
-    assert info["cache"].endswith("entries)")
+    assert code == 0 and info["workspace_budget_mib"] == 1024 and str(info["threshold"]).startswith("4096")
+    assert info["cache"] == f"{tmp_path / 'algos.sqlite'} (0 entries)" and info["cache_state"] == "ok"
     assert info["native_library"].startswith("ok")
 
 
@@ -40,13 +47,37 @@ def test_explain_lists_chunks(capsys):
 
 @pytest.mark.parametrize("argv,match", [
     (["explain", "--heads", "6", "--kv-heads", "4"], "multiple"),
-    (["explain", "--backend", "wmma", "-d", "96"], "head dim 96 not in"),
-    (["explain", "--seq", "0"], ">= 1"),
+    (["explain", "--backend", "wmma", "-d", "96"], "head dim 96"),
+    (["explain", "--seq", "0"], "-s/--seq must be a positive integer, got '0'"),
+    (["explain", "--sq", "0"], "--sq must be a positive integer, got '0'"),
+    (["explain", "--sk", "0"], "--sk must be a positive integer, got '0'"),
+    (["explain", "--kv-heads", "0"], "--kv-heads must be a positive integer, got '0'"),
+    (["explain", "-b", "-2"], "-b/--batch must be a positive integer, got '-2'"),
+    (["explain", "-d", "12.5"], "-d/--dim must be a positive integer, got '12.5'"),
+    (["explain", "--workspace-mb", "x"], "--workspace-mb must be a positive integer, got 'x'"),
+    (["explain", "--threshold", "0"], "--threshold must be a positive integer"),
+    (["explain", "--dtype", "fp8"], "--dtype must be one of bf16, fp16; got 'fp8'"),
     (["explain", "--workspace-mb", "1", "--seq", "1000000"], "too small"),
-])
-def test_bad_arguments_exit_2_with_message(capsys, argv, match):
-    code, _, err = run(capsys, *argv)
-    assert code == 2 and match in err
+    (["explain", "--sq"], "--sq needs a value"),
+    ([], "name a command: info, explain, demo, calibrate, cache"),
+    (["cache"], "name a command: list, show, tune, clear, export, import, verify"),
+    (["cache", "lisst"], "unknown command 'lisst'"),
+    (["cache", "show"], "missing KEY"),
+    (["calibrate", "--dims", "80"], "--dims takes 64 and/or 128"),
+    (["calibrate", "--lengths", "1,x"], "--lengths takes positive integers"),
+    (["cache", "verify", "--tolerance", "-1"], "--tolerance must be a number >= 0"),
+    (["cache", "tune", "b=0"], "b must be a positive integer, got '0'"),
+    (["cache", "tune", "b=1,h=x"], "h must be a positive integer, got 'x'"),
+    (["cache", "tune", "b=1,bogus=3"], "unknown field 'bogus'"),
+    (["cache", "tune", "causal=banana"], "causal takes no value, or one of"),
+    (["cache", "tune", "b=1,b=2"], "b is given twice"),
+    (["cache", "tune", ","], "is empty"),
+], ids=lambda x: " ".join(x) if isinstance(x, list) else None)
+def test_bad_arguments_exit_2_with_a_sentence(capsys, argv, match):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and match in err, err
+    for raw in ("invalid literal", "required: cache_cmd", "invalid int value", "Traceback", "invalid choice"):
+        assert raw not in err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
@@ -54,9 +85,28 @@ def test_demo_without_gpu_explains_and_prints_plan():
     r = subprocess.run([sys.executable, "-m", "attn_lt", "demo"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0
     assert "No CUDA GPU" in r.stdout and "plan:" in r.stdout and "B1 Hq16 Hkv16 Sq16384" in r.stdout
+    assert "1 chunks" not in r.stdout
+
+
+def test_unexpected_errors_are_one_line_and_debug_shows_the_traceback(capsys, monkeypatch):
+    def boom(a):
+        raise RuntimeError("the driver fell over")
+
+    monkeypatch.setattr(cli, "cmd_info", boom)
+    code, out, err = run(capsys, "info")
+    assert code == 3 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "unexpected error: RuntimeError: the driver fell over" in err and "--debug" in err
+    code, out, err = run(capsys, "--debug", "info")
+    assert code == 3 and "Traceback" in err
+    monkeypatch.setenv("ATTN_LT_DEBUG", "1")
+    code, out, err = run(capsys, "info")
+    assert code == 3 and "Traceback" in err
 
 
 # ---- attn-lt cache, on a fixture cache ---------------------------------------------------------------------------
+
+HOSTILE_TEXT = "\x1b[2J\x1b]0;pwned\x07\x9b31m"
+
 
 @pytest.fixture
 def fixture_cache(tmp_path, monkeypatch):
@@ -64,12 +114,13 @@ def fixture_cache(tmp_path, monkeypatch):
     from attn_lt.lt.cublaslt import GemmKey
 
     monkeypatch.setenv("ATTN_LT_CACHE_DIR", str(tmp_path))
-    c = AlgoCache(tmp_path / "algos.json")
+    c = AlgoCache(tmp_path / "algos.sqlite")
     env = Env("NVIDIA H200", "9.0", 132, 130100)
     for n in (4, 8):
         key = GemmKey("pv", "bf16", 128, n, 65536, 64, False, False, 128, 131072, 128, 8388608, 524288, 512, 256,
                       256, 256)
         c.put(env, key, Entry(AlgoConfig(21, splitk=n), 0.2, 0.3, 4096, (), "2026-11-20T23:00:00+00:00"))
+    c.close()
     return tmp_path
 
 
@@ -77,6 +128,7 @@ def test_cache_list_and_show(capsys, fixture_cache):
     code, out, _ = run(capsys, "cache", "list", "--json")
     d = json.loads(out)
     assert code == 0 and len(d["entries"]) == 2 and d["entries"][0]["config"]["splitk"] in (4, 8)
+    assert d["state"] == "ok" and d["skipped_rows"] == 0
     code, out, _ = run(capsys, "cache", "list")
     assert code == 0 and "2 entries" in out and "1.50x" in out
     key = d["entries"][0]["gemm"]
@@ -84,28 +136,95 @@ def test_cache_list_and_show(capsys, fixture_cache):
     assert code == 0 and "winner algo 21" in out
     code, out, _ = run(capsys, "cache", "show", key, "--json")
     assert json.loads(out)[0]["gemm"] == key
-    code, _, err = run(capsys, "cache", "show", "qk|nope")
+    code, _, err = run(capsys, "cache", "show", key.replace("n4", "n5"))
     assert code == 1 and "no entry" in err
+    code, _, err = run(capsys, "cache", "show", "qk|nope")
+    assert code == 2 and "malformed key" in err
 
 
 def test_cache_export_import_clear(capsys, fixture_cache):
     dest = fixture_cache / "exported.json"
-    assert run(capsys, "cache", "export", str(dest))[0] == 0
-    assert run(capsys, "cache", "clear")[0] == 0
+    code, out, _ = run(capsys, "cache", "export", str(dest))
+    assert code == 0 and out.strip() == f"exported 2 entries to {dest}"
+    code, out, _ = run(capsys, "cache", "clear")
+    assert code == 0 and out.strip() == f"removed 2 entries from {fixture_cache / 'algos.sqlite'}"
     assert "0 entries" in run(capsys, "cache", "list")[1]
     code, out, _ = run(capsys, "cache", "import", str(dest))
-    assert code == 0 and "imported 2" in out
+    assert code == 0 and "imported 2 entries" in out
+    code, out, err = run(capsys, "cache", "export", "-")
+    assert code == 0 and json.loads(out)["schema"] == "attn_lt.algo_cache" and "exported 2 entries" in err
     bad = fixture_cache / "bad.json"
     bad.write_text('{"schema": "attn_lt.algo_cache", "version": 99, "entries": {}}')
     code, _, err = run(capsys, "cache", "import", str(bad))
-    assert code == 2 and "version 99" in err
+    assert code == 2 and "version 99" in err and "nothing was imported" in err
+    os.mkfifo(fixture_cache / "fifo")
+    code, _, err = run(capsys, "cache", "import", str(fixture_cache / "fifo"))  # refused, never hangs
+    assert code == 2 and "FIFO" in err
+    code, _, err = run(capsys, "cache", "export", str(fixture_cache / "fifo"))
+    assert code == 2 and "FIFO" in err
 
 
-def test_cache_tune_checks_shapes_before_needing_a_gpu(capsys, fixture_cache):
+def test_singular_messages(capsys, fixture_cache):
+    from attn_lt.cache import AlgoCache
+
+    c = AlgoCache(fixture_cache / "algos.sqlite")
+    c.remove([(e, k) for e, k, _ in c.items()][:1])
+    assert "1 entry" in run(capsys, "cache", "list")[1]
+    assert run(capsys, "cache", "clear")[1].startswith("removed 1 entry from")
+
+
+@pytest.mark.parametrize("how", ["dir-is-a-file", "symlink-loop", "directory"])
+def test_unusable_store_no_traceback_and_commands_say_what_did_not_happen(capsys, tmp_path, monkeypatch, how):
+    if how == "dir-is-a-file":
+        (tmp_path / "file").write_text("x")
+        monkeypatch.setenv("ATTN_LT_CACHE_DIR", str(tmp_path / "file"))
+    else:
+        monkeypatch.setenv("ATTN_LT_CACHE_DIR", str(tmp_path))
+        if how == "symlink-loop":
+            os.symlink(tmp_path / "algos.sqlite", tmp_path / "algos.sqlite")
+        else:
+            (tmp_path / "algos.sqlite").mkdir()
+    src = tmp_path / "in.json"
+    src.write_text('{"schema": "attn_lt.algo_cache", "version": 1, "entries": {}}')
+    results = {}
+    for argv in (["info"], ["explain", "-s", "8192"], ["cache", "list"], ["cache", "list", "--json"],
+                 ["cache", "clear"], ["cache", "import", str(src)], ["cache", "export", str(tmp_path / "o.json")],
+                 ["cache", "show", "role=qk"]):
+        code, out, err = run(capsys, *argv)
+        assert "Traceback" not in err and "Error:" not in err.split(":", 1)[0], (argv, err)
+        results[" ".join(argv[:2])] = (code, out, err)
+    assert results["info"][0] == 0 and "memory" in results["info"][1]
+    assert results["explain -s"][0] == 0
+    assert results["cache list"][0] == 0 and "memory" in results["cache list"][1]
+    assert results["cache clear"][0] == 1 and "nothing was removed" in results["cache clear"][2]
+    assert results["cache import"][0] == 1 and "nothing was imported" in results["cache import"][2]
+    assert results["cache export"][0] == 0 and "memory" in results["cache export"][1]
+    assert results["cache show"][0] == 1
+
+
+def test_escape_sequences_from_cache_files_never_reach_the_terminal(capsys, tmp_path, monkeypatch):
+    from attn_lt.cache import AlgoCache, AlgoConfig, Entry, Env
+
+    monkeypatch.setenv("ATTN_LT_CACHE_DIR", str(tmp_path))
+    c = AlgoCache(tmp_path / "algos.sqlite")
+    env = Env("GPU" + HOSTILE_TEXT, "9.0", 132, 130100)
+    c.put(env, {"role": "qk", "m": 1}, Entry(AlgoConfig(1), 0.1, 0.2, 0, (), "t" + HOSTILE_TEXT))
+    c.close()
+    bad = tmp_path / ("x" + HOSTILE_TEXT + ".json")
+    bad.write_text('{"schema": "attn_lt.algo_cache", "version": 1, "entries": {"' + HOSTILE_TEXT.replace(
+        "\x1b", "\\u001b").replace("\x07", "\\u0007").replace("\x9b", "\\u009b") + '": {}}}')
+    for argv in (["cache", "list"], ["cache", "list", "--json"], ["cache", "show", "m=1|role=qk"], ["info"],
+                 ["info", "--json"], ["explain", "-s", "8192"], ["cache", "import", str(bad)],
+                 ["cache", "show", "m=1|role=" + HOSTILE_TEXT]):
+        code, out, err = run(capsys, *argv)
+        assert not CONTROL.search(out) and not CONTROL.search(err), (argv, out, err)
+    code, out, _ = run(capsys, "cache", "show", "m=1|role=qk")
+    assert code == 0 and "\\x1b[2J" in out  # shown, escaped
+
+
+def test_cache_gpu_commands_check_shapes_before_needing_a_gpu(capsys, fixture_cache):
     code, _, err = run(capsys, "cache", "tune", "b=1,h=x")
-    assert code == 2 and "must be an integer" in err
-    code, _, err = run(capsys, "cache", "tune", "b=1,bogus=3")
-    assert code == 2 and "unknown field" in err
+    assert code == 2 and "must be a positive integer" in err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
@@ -127,3 +246,13 @@ def test_calibrate_without_gpu_exits_2(capsys):
     assert code == 2 and "needs a CUDA GPU" in err
     code, _, err = run(capsys, "calibrate", "--dims", "80")
     assert code == 2 and "--dims" in err
+
+
+def test_the_real_entry_point_never_prints_a_traceback(tmp_path):
+    (tmp_path / "algos.sqlite").write_bytes(b"\x00" * 4096)
+    env = dict(os.environ, ATTN_LT_CACHE_DIR=str(tmp_path))
+    for argv in (["cache", "list"], ["cache"], ["explain", "--sq", "0"], ["cache", "import", "/dev/zero"]):
+        r = subprocess.run([sys.executable, "-m", "attn_lt", *argv], capture_output=True, text=True, env=env,
+                           timeout=120)
+        assert r.returncode in (0, 1, 2) and "Traceback" not in r.stderr, (argv, r.stderr)
+    assert list(tmp_path.glob("algos.sqlite.bad-*"))  # the damaged store was set aside, and said so

@@ -20,7 +20,7 @@ def test_library_loads_with_matching_abi_and_sources():
 def test_struct_matches_header():
     # 4 pointers + 19 int64 + 4 int32, no padding: a mismatch would shift every field the kernel reads.
     assert ctypes.sizeof(native.SoftmaxArgs) == 4 * 8 + 19 * 8 + 4 * 4
-    header = (native._SRC_DIR / "attn_lt.h").read_text()
+    header = (native.SOURCE_DIR / "attn_lt.h").read_text()
     assert f"#define ATTN_LT_ABI_VERSION {native.ABI_VERSION}" in header
 
 
@@ -44,9 +44,9 @@ def test_missing_and_stale_library_say_how_to_build(tmp_path, monkeypatch):
     native.load.cache_clear()
     monkeypatch.undo()
     src = tmp_path / "native"
-    shutil.copytree(native._SRC_DIR, src)
+    shutil.copytree(native.SOURCE_DIR, src)
     (src / "softmax.cu").write_text((src / "softmax.cu").read_text() + "\n// edited\n")
-    monkeypatch.setattr(native, "_SRC_DIR", src)
+    monkeypatch.setattr(native, "SOURCE_DIR", src)
     native.load.cache_clear()
     with pytest.raises(native.NativeLibraryError, match="stale.*make native"):
         native.load()

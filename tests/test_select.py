@@ -21,8 +21,8 @@ def test_short_keys_take_wmma_when_it_can_run_them():
     assert d.backend == "wmma" and "Sk=4095 < threshold 4096" in d.reasons[0]
 
 
-@pytest.mark.parametrize("kw,why", [(dict(D=80), "head dim 80 not in (64, 128)"),
-                                    (dict(D=256), "head dim 256"),
+@pytest.mark.parametrize("kw,why", [(dict(D=80), "head dim 80 not in (64, 128, 256)"),
+                                    (dict(D=512), "head dim 512"),
                                     (dict(mask="m"), "attn_mask is not supported")])
 def test_short_keys_fall_back_to_lt_with_wmma_reasons(kw, why):
     from attn_lt.validate import MaskInfo
@@ -54,8 +54,8 @@ def test_threshold_by_argument_and_environment(monkeypatch):
 def test_forced_backend_that_cannot_run_names_every_reason():
     import dataclasses
 
-    with pytest.raises(ValueError, match=r"backend='wmma'.*16-byte aligned.*head dim 256 not in"):
-        select(dataclasses.replace(case(D=256), ptr_align=4), backend="wmma")
+    with pytest.raises(ValueError, match=r"backend='wmma'.*16-byte aligned.*head dim 96 not in"):
+        select(dataclasses.replace(case(D=96), ptr_align=4), backend="wmma")
 
 
 def test_forced_lt_and_unknown_backend():
@@ -66,7 +66,9 @@ def test_forced_lt_and_unknown_backend():
 
 def test_declared_capabilities():
     assert LT.not_supported_reasons(case(D=512)) == []
-    assert "head dim 80 not in (64, 128)" in WMMA.not_supported_reasons(case(D=80))
+    assert "head dim 80 not in (64, 128, 256)" in WMMA.not_supported_reasons(case(D=80))
+    hopper = WMMA.not_supported_reasons(case(D=256))  # no GPU here: only the Hopper kernel runs head dim 256
+    assert hopper == [] or "needs the Hopper (sm_90a) kernel" in hopper[0]
 
 
 def test_calibrated_threshold_is_used_for_this_gpu_only(tmp_path, monkeypatch):

@@ -1,6 +1,7 @@
 """Input validation: wrong types, dtypes, shapes, heads, masks, strides, devices -> TypeError/ValueError that
 name the shapes, raised before any GPU work (these run on CPU tensors)."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -50,7 +51,7 @@ def test_non_tensor_rejected():
     (dict(q=(1, 4, 8)), r"4-D.*q \(1, 4, 8\)"),
     (dict(k=(1, 2, 16, 32), v=(1, 2, 16, 32)), "head dims differ"),
     (dict(k=(2, 2, 16, 64), v=(2, 2, 16, 64)), "batch sizes differ"),
-    (dict(v=(1, 2, 15, 64)), "same shape"),
+    (dict(v=(1, 2, 15, 64)), "must agree in"),
     (dict(k=(1, 3, 16, 64), v=(1, 3, 16, 64)), r"Hq=4 must be a multiple of kv heads Hkv=3"),
     (dict(q=(1, 4, 0, 64)), "at least 1"),
 ])
@@ -133,3 +134,62 @@ def test_custom_op_fake_gives_shapes_and_errors_on_meta_tensors():
     with pytest.raises(ValueError, match="multiple of kv heads"):
         torch.ops.attn_lt.attention(q, k[:, :1].expand(2, 3, 97, 64), k[:, :1].expand(2, 3, 97, 64), None, False,
                                     None, "auto", None, None, None)
+
+
+# ---- scale, causal and the path-independent options -------------------------------------------------------------
+
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), -float("inf"), 0, 0.0, -1, -0.125])
+def test_non_finite_or_non_positive_scale_rejected(scale):
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="scale must be a finite number > 0"):
+        check_tensors(q, k, v, scale=scale, require_cuda=False)
+    with pytest.raises(ValueError, match="scale"):  # the public call too, before any device check
+        attn_lt.attention(q, k, v, scale=scale)
+
+
+@pytest.mark.parametrize("scale", [0.125, 1, np.float32(0.5), np.float64(2.0)], ids=repr)
+def test_real_scales_accepted(scale):
+    q, k, v = qkv()
+    assert check_tensors(q, k, v, scale=scale, require_cuda=False).scale == float(scale)
+
+
+@pytest.mark.parametrize("causal", [True, False, np.bool_(True), np.bool_(False)], ids=repr)
+def test_bool_like_causal_accepted(causal):
+    q, k, v = qkv()
+    c = check_tensors(q, k, v, causal=causal, require_cuda=False)
+    assert c.causal is bool(causal)
+
+
+@pytest.mark.parametrize("causal,name", [(1, "int"), (0, "int"), ("yes", "str"), (None, "NoneType"),
+                                         (1.0, "float"), (torch.tensor(True), "Tensor"), (np.int64(1), "int64")],
+                         ids=lambda x: repr(x) if not isinstance(x, str) else x)
+def test_other_causal_values_rejected_with_a_sentence(causal, name):
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match=rf"causal must be a bool, got {name}\b"):
+        check_tensors(q, k, v, causal=causal, require_cuda=False)
+
+
+@pytest.mark.parametrize("kw,exc,match", [
+    (dict(workspace_bytes=0), ValueError, "workspace_bytes must be a positive int"),
+    (dict(workspace_bytes=-5), ValueError, "workspace_bytes"),
+    (dict(workspace_bytes=1.5e9), TypeError, "workspace_bytes must be a positive int or None, got float"),
+    (dict(workspace_bytes=True), TypeError, "got bool"),
+    (dict(workspace_bytes="1GiB"), TypeError, "got str"),
+    (dict(threshold=0), ValueError, "threshold must be a positive int"),
+    (dict(threshold="4096"), TypeError, "threshold"),
+])
+def test_check_options_whatever_the_path(kw, exc, match):
+    from attn_lt.validate import check_options
+
+    case = Case.contiguous(1, 4, 4, 8, 16, 64)
+    with pytest.raises(exc, match=match):
+        check_options(case, **kw)
+    check_options(case, workspace_bytes=1 << 20, threshold=4096)
+    check_options(case)
+
+
+def test_workspace_bytes_checked_on_the_short_path_too():
+    """A case the fused path takes (short keys) still has its workspace_bytes checked."""
+    q, k, v = qkv(Sk=128)
+    with pytest.raises(ValueError, match="workspace_bytes"):
+        attn_lt.explain(q, k, v, workspace_bytes=0)

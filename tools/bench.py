@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """attn_lt's benchmark suite: attn_lt (auto, lt, wmma) side by side with PyTorch SDPA (each backend forced, and
-its default) and the plain-PyTorch unfused chain, on one GPU in one run. Protocol: ../shared/BENCHMARKS.md; cases,
-formulas and writers: tools/bench_suite.py.
+its default) and the plain-PyTorch unfused chain, on one GPU in one run. Protocol: the README's "Benchmarks"
+section; cases, formulas and writers: tools/bench_suite.py.
 
     python tools/bench.py run [--quick] [--groups fa3,long,decode] [--no-masks] [--providers auto,lt,...]
                               [--cases SUBSTR,...] [--out DIR] [--rep-ms 150] [--rounds 7] [--warm-up-s 5]
@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import json
 import math
 import os
 import shlex
@@ -324,7 +325,7 @@ def lt_details(c, q, k, v, mask) -> dict:
 
     import attn_lt
     from attn_lt.cache import current_env, default_cache, key_string
-    from attn_lt.cli import _plan_gemms
+    from attn_lt.cli import plan_gemms
 
     def call():
         return attn_lt.attention(q, k, v, attn_mask=mask, causal=c.causal, backend="lt")
@@ -343,7 +344,7 @@ def lt_details(c, q, k, v, mask) -> dict:
             fam[name] = round(fam.get(name, 0) + t / 1000, 3)
     e = attn_lt.explain(q, k, v, attn_mask=mask, causal=c.causal, backend="lt")
     gemms = []
-    for key in _plan_gemms(e.case, e.plan)[:4]:
+    for key in plan_gemms(e.case, e.plan)[:4]:
         hit = default_cache().get(current_env(), key)
         gemms.append({"gemm": key_string(key), "splitk": hit.config.splitk if hit else None,
                       "tuned_ms": hit.median_ms if hit else None, "heuristic_ms": hit.heuristic_ms if hit else None})
@@ -357,7 +358,12 @@ def host_cost() -> dict:
     from attn_lt.lt import algos, cublaslt
 
     env = current_env().key()
-    keys = [parse_key(k) for e, k, _ in default_cache().items() if e == env]
+    keys = []
+    for _, k, _ in default_cache().items(env):
+        try:
+            keys.append(cublaslt.GemmKey.from_dict(parse_key(k)))
+        except TypeError:  # a shape-class key (parse_key gives plain fields; GEMM keys become GemmKeys)
+            pass
     if not keys:
         return {}
     key, ws = keys[0], 32 << 20
@@ -531,12 +537,42 @@ def cmd_run(a, argv) -> int:
     return 1 if any(r["status"] == "error" for r in rows) else 0
 
 
+def read_results(path) -> tuple[dict, list[dict]]:
+    """``suite.read_json`` with every failure a ValueError that names the file."""
+    try:
+        meta, rows = suite.read_json(path)
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a results file of this suite (not UTF-8 text)") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not a results file of this suite (not JSON: {e})") from None
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read it: {e.strerror or e}") from None
+    except RecursionError:
+        raise ValueError(f"{path}: not a results file of this suite (nested too deeply)") from None
+    if not isinstance(meta, dict) or not all(isinstance(r, dict) and {"case", "provider", "status"} <= set(r)
+                                             for r in rows):
+        raise ValueError(f"{path}: not a results file of this suite (a row lacks case, provider or status)")
+    return meta, rows
+
+
 def cmd_report(a) -> int:
     """summary.md and the plots again from a results file; with --readme, the README's results block too."""
-    meta, rows = suite.read_json(a.results)
+    meta, rows = read_results(a.results)
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print("bench report: the plots need matplotlib, which is not installed: pip install matplotlib "
+              "(or pip install -e '.[bench]')", file=sys.stderr)
+        return 2
     out = a.out or os.path.dirname(os.path.abspath(a.results))
+    try:
+        summary = suite.render_markdown(meta, rows)
+        text_table = suite.render_text(rows)
+    except (KeyError, TypeError, AttributeError, IndexError) as e:
+        raise ValueError(f"{a.results}: not a results file of this suite (a row is incomplete: "
+                         f"{type(e).__name__}: {e})") from None
     with open(os.path.join(out, "summary.md"), "w") as f:
-        f.write(suite.render_markdown(meta, rows))
+        f.write(summary)
     made = suite.plot(rows, out)
     if a.readme:
         where = os.path.dirname(os.path.abspath(a.readme))
@@ -544,13 +580,13 @@ def cmd_report(a) -> int:
         with open(a.readme) as f:
             text = f.read()
         with open(a.readme, "w") as f:
-            f.write(suite.splice(text, images + "\n\n" + suite.render_markdown(meta, rows)))
-    print(suite.render_text(rows), end="")
+            f.write(suite.splice(text, images + "\n\n" + summary))
+    print(text_table, end="")
     return 0
 
 
 def cmd_compare(a) -> int:
-    (_, ra), (_, rb) = suite.read_json(a.a), suite.read_json(a.b)
+    (_, ra), (_, rb) = read_results(a.a), read_results(a.b)
     d = suite.compare(ra, rb)
     if not d["n"]:
         print("compare: the two runs share no ratio", file=sys.stderr)

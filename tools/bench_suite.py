@@ -1,8 +1,8 @@
 """The benchmark suite's pure parts: the case generator, the FLOP and byte formulas with each path's roofline, the
 providers' declarations, ratios, the writers (terminal table, Markdown, CSV, JSON, PNG plots) and the comparison
 of two runs. Standard library only (matplotlib for the plots, imported when plotting), so that all of it is tested
-in CI on synthetic rows (tests/test_bench_suite.py). The GPU runner is tools/bench.py; the protocol is
-../shared/BENCHMARKS.md.
+in CI on synthetic rows (tests/test_bench_suite.py). The GPU runner is tools/bench.py; the protocol is described in
+the README's "Benchmarks" section.
 
 A result row is a flat dict: the case's fields, ``provider``, ``status`` ("ok", "n/a" when the provider cannot run
 the case, "skipped" when the runner's memory or time guard kept it from running, "error" when it ran and failed or

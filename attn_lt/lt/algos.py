@@ -19,12 +19,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
+import threading
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..cache import AlgoConfig, Entry, current_env, default_cache, now
-from .cublaslt import _CUDA_R_32F, _DTYPE, CublasLtError, _call, _lt
+from .cublaslt import CUDA_R_32F, CUDA_TYPES, CublasLtError, GemmKey, call, compute_32f, lib
 
 log = logging.getLogger("attn_lt")
 
@@ -38,14 +40,14 @@ _CONFIG_FIELDS = ("algo_id", "tile", "stages", "splitk", "reduction", "swizzle",
 
 
 def _attrs():
-    A = _lt().MatmulAlgoConfigAttribute
+    A = lib().MatmulAlgoConfigAttribute
     return dict(zip(_CONFIG_FIELDS, (A.ID, A.TILE_ID, A.STAGES_ID, A.SPLITK_NUM, A.REDUCTION_SCHEME, A.CTA_SWIZZLING,
                                      A.CUSTOM_OPTION, A.CLUSTER_SHAPE_ID, A.INNER_SHAPE_ID)))
 
 
 def read_config(algo: np.ndarray) -> AlgoConfig:
     """The full configuration of a cublasLtMatmulAlgo_t (a 1-element ``matmul_algo_dtype`` array)."""
-    L = _lt()
+    L = lib()
     vals = {}
     written = np.zeros(1, dtype=np.uint64)
     for name, attr in _attrs().items():
@@ -58,26 +60,24 @@ def read_config(algo: np.ndarray) -> AlgoConfig:
 
 def make_algo(gemm, cfg: AlgoConfig) -> np.ndarray:
     """A cublasLtMatmulAlgo_t for ``cfg`` (not yet validated)."""
-    from nvmath.bindings import cublas
-
-    L = _lt()
+    L = lib()
     algo = np.zeros(1, dtype=L.matmul_algo_dtype)
     k = gemm.key
-    _call(f"cublasLtMatmulAlgoInit (algo {cfg.algo_id})", L.matmul_algo_init, gemm.handle,
-          int(cublas.ComputeType.COMPUTE_32F), _CUDA_R_32F, _DTYPE[k.dtype], _DTYPE[k.dtype], _DTYPE[k.out_dtype],
-          _DTYPE[k.out_dtype], cfg.algo_id, algo.ctypes.data)
+    call(f"cublasLtMatmulAlgoInit (algo {cfg.algo_id})", L.matmul_algo_init, gemm.handle,
+          compute_32f(), CUDA_R_32F, CUDA_TYPES[k.dtype], CUDA_TYPES[k.dtype], CUDA_TYPES[k.out_dtype],
+          CUDA_TYPES[k.out_dtype], cfg.algo_id, algo.ctypes.data)
     for name, attr in _attrs().items():
         if name == "algo_id":
             continue
         buf = np.array([getattr(cfg, name)], dtype=L.get_matmul_algo_config_attribute_dtype(attr))
-        _call(f"cublasLtMatmulAlgoConfigSetAttribute ({name})", L.matmul_algo_config_set_attribute,
+        call(f"cublasLtMatmulAlgoConfigSetAttribute ({name})", L.matmul_algo_config_set_attribute,
               algo.ctypes.data, int(attr), buf.ctypes.data, buf.nbytes)
     return algo
 
 
 def check(gemm, algo: np.ndarray) -> int | None:
     """Workspace bytes ``algo`` needs for this GEMM, or None when cuBLASLt refuses it."""
-    L = _lt()
+    L = lib()
     result = np.zeros(1, dtype=L.matmul_heuristic_result_dtype)
     try:
         L.matmul_algo_check(gemm.handle, gemm.desc, gemm.a, gemm.b, gemm.c, gemm.c, algo.ctypes.data,
@@ -88,7 +88,7 @@ def check(gemm, algo: np.ndarray) -> int | None:
 
 
 def _cap(algo: np.ndarray, attr) -> int:
-    L = _lt()
+    L = lib()
     buf = np.zeros(1, dtype=L.get_matmul_algo_cap_attribute_dtype(attr))
     written = np.zeros(1, dtype=np.uint64)
     L.matmul_algo_cap_get_attribute(algo.ctypes.data, int(attr), buf.ctypes.data, buf.nbytes, written.ctypes.data)
@@ -97,7 +97,7 @@ def _cap(algo: np.ndarray, attr) -> int:
 
 def _cap_list(algo: np.ndarray, attr) -> list[int]:
     """A variable-length capability (TILE_IDS, STAGES_IDS): size first, then the values."""
-    L = _lt()
+    L = lib()
     written = np.zeros(1, dtype=np.uint64)
     L.matmul_algo_cap_get_attribute(algo.ctypes.data, int(attr), 0, 0, written.ctypes.data)
     n = int(written[0]) // 4
@@ -113,7 +113,7 @@ def _tile_waste(tile: int, m: int, n: int) -> tuple[float, int]:
     import re
 
     try:
-        name = _lt().MatmulTile(tile).name
+        name = lib().MatmulTile(tile).name
     except ValueError:
         return (float("inf"), 0)
     mt = re.search(r"(\d+)x(\d+)", name)
@@ -127,7 +127,7 @@ class _Caps:
     """Capabilities of one algorithm id for one GEMM (they do not depend on the configuration)."""
 
     def __init__(self, gemm, algo_id: int):
-        C = _lt().MatmulAlgoCapAttribute
+        C = lib().MatmulAlgoCapAttribute
         probe = make_algo(gemm, AlgoConfig(algo_id))
         self.splitk = bool(_cap(probe, C.SPLITK_SUPPORT))
         self.schemes = [r for r in (1, 2, 4) if _cap(probe, C.REDUCTION_SCHEME_MASK) & r] or [0]
@@ -144,9 +144,7 @@ def _explicit_configs(gemm, caps: _Caps, algo_id: int) -> list[AlgoConfig]:
 
 def candidates(gemm, workspace_limit: int) -> list[tuple[AlgoConfig, np.ndarray, int]]:
     """Valid (config, algo, workspace) candidates, the heuristic's top-1 first."""
-    L = _lt()
-    from nvmath.bindings import cublas
-
+    L = lib()
     bases: list[AlgoConfig] = []
     for h in gemm.heuristic(workspace_limit, HEURISTIC_TOP):
         a = np.zeros(1, dtype=L.matmul_algo_dtype)
@@ -155,8 +153,8 @@ def candidates(gemm, workspace_limit: int) -> list[tuple[AlgoConfig, np.ndarray,
     k = gemm.key
     ids: tuple = ()
     try:  # nvmath returns the ids as a tuple
-        ids = L.matmul_algo_get_ids(gemm.handle, int(cublas.ComputeType.COMPUTE_32F), _CUDA_R_32F,
-                                    _DTYPE[k.dtype], _DTYPE[k.dtype], _DTYPE[k.out_dtype], _DTYPE[k.out_dtype],
+        ids = L.matmul_algo_get_ids(gemm.handle, compute_32f(), CUDA_R_32F,
+                                    CUDA_TYPES[k.dtype], CUDA_TYPES[k.dtype], CUDA_TYPES[k.out_dtype], CUDA_TYPES[k.out_dtype],
                                     MAX_ALGO_IDS)
     except L.cuBLASLtError as e:
         log.debug("cublasLtMatmulAlgoGetIds failed for %s: %s", k, e)
@@ -202,15 +200,22 @@ def _time(gemm, algo, operands, reps: int) -> float:
     """Median milliseconds of ``reps`` runs after one warm-up, CUDA events on the operands' stream."""
     import torch
 
-    a, b, c, alpha, ws, ws_size, stream = operands
-    gemm.run(a, b, c, alpha, ws, ws_size, stream, algo=algo)
+    a, b, c, alpha_ptr, ws, ws_size, stream = operands
+    gemm.run(a, b, c, alpha_ptr, ws, ws_size, stream, algo=algo)
+    s_ = torch.cuda.ExternalStream(stream) if stream else torch.cuda.default_stream()
     ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
     for s, e in ev:
-        s.record()
-        gemm.run(a, b, c, alpha, ws, ws_size, stream, algo=algo)
-        e.record()
+        s.record(s_)
+        gemm.run(a, b, c, alpha_ptr, ws, ws_size, stream, algo=algo)
+        e.record(s_)
     ev[-1][1].synchronize()
     return float(np.median([s.elapsed_time(e) for s, e in ev]))
+
+
+def time_algo(gemm, algo, operands, reps: int = 10) -> float:
+    """Median milliseconds of ``algo`` (or the GEMM's own algorithm when None) on ``operands`` = (a, b, c, alpha
+    address, workspace, workspace bytes, stream)."""
+    return _time(gemm, gemm.algo if algo is None else algo, operands, reps)
 
 
 def tune(gemm, workspace_limit: int, operands, budget_ms: float) -> Entry:
@@ -239,30 +244,109 @@ def tune(gemm, workspace_limit: int, operands, budget_ms: float) -> Entry:
     return Entry(cands[best][0], round(best_ms, 5), round(heuristic_ms, 5), cands[best][2], runners, now())
 
 
-def heuristic_choice(gemm, workspace_limit: int) -> None:
-    """Set ``gemm.algo`` (and its workspace need) to the heuristic's best algorithm."""
-    results = gemm.heuristic(workspace_limit, count=1)
-    if len(results) == 0:
-        raise CublasLtError(f"cuBLASLt found no algorithm for {gemm.key} within {workspace_limit} bytes of "
-                            "workspace")
-    gemm.algo[0] = results[0]["algo"]
-    gemm.workspace_size = int(results[0]["workspace_size"])
-    gemm.algo_source = "heuristic"
+# ---- shape classes ----------------------------------------------------------------------------------------------
+
+#: The rule that maps a GEMM to its class; stored with every class key, so that a later rule never reads entries
+#: of an earlier one.
+CLASS_RULE = "pow2"
 
 
-#: What resolve() did in this process: GEMMs served from the cache, tuned, deferred (call budget spent), refused.
+def bucket(x: int) -> int:
+    """The class of a dimension: the power of two at or below it (so [2^i, 2^(i+1)) is one class; a cache that
+    grows from a round length stays in its class until it doubles)."""
+    return 1 << (max(1, int(x)).bit_length() - 1)
+
+
+@dataclass(frozen=True)
+class GemmClass:
+    """GEMMs whose algorithms transfer: the same role, dtypes, transposes and operand alignments, with m, n, k
+    and batch in the same octave [2^i, 2^(i+1)); leading dimensions and batch strides do not count. A decode loop
+    whose cache grows one key a step, and the many key lengths of a causal prefill's chunks, meet a few classes,
+    not one shape per step. A class's algorithm is checked against each real GEMM (``matmul_algo_check``)
+    before it is used; one cuBLASLt refuses falls back to the heuristic."""
+
+    role: str
+    dtype: str
+    out: str
+    m: int
+    n: int
+    k: int
+    batch: int
+    trans_a: bool
+    trans_b: bool
+    align_a: int
+    align_b: int
+    align_c: int
+    rule: str = CLASS_RULE
+
+    @classmethod
+    def of(cls, key: GemmKey) -> GemmClass:
+        return cls(key.role, key.dtype, key.out_dtype, bucket(key.m), bucket(key.n), bucket(key.k),
+                   bucket(key.batch), key.trans_a, key.trans_b, key.align_a, key.align_b, key.align_c)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def __str__(self) -> str:
+        t = ("T" if self.trans_a else "N") + ("T" if self.trans_b else "N")
+        return (f"{self.role} {self.dtype}->{self.out} {t} m~{self.m} n~{self.n} k~{self.k} "
+                f"batch~{self.batch} align({self.align_a},{self.align_b},{self.align_c})")
+
+
+#: What resolve() did in this process: GEMMs served from the cache, tuned, deferred (call budget spent),
+#: refused (a cached algorithm cuBLASLt would not take for the real shape).
 stats = {"cache": 0, "tuned": 0, "deferred": 0, "refused": 0}
 
+_memo: dict[tuple[str, GemmClass], Entry | None] = {}
+_memo_lock = threading.Lock()
 
-def resolve(gemm, policy: str, workspace_limit: int, operands, deadline: float = float("inf")) -> None:
-    """Give ``gemm`` its algorithm under ``policy``: cached, tuned now, or the heuristic's. Past ``deadline``
-    (``time.perf_counter()``) a cache miss keeps the heuristic's algorithm and stays unresolved, for a later call."""
+
+def forget() -> None:
+    """Drop this process's memory of class lookups (after ``attn-lt cache clear`` or import, and in tests)."""
+    with _memo_lock:
+        _memo.clear()
+
+
+def lookup(env_key: str, env, cls: GemmClass) -> Entry | None:
+    """The cached entry of ``cls`` (read once per process; misses are remembered until this process tunes)."""
+    k = (env_key, cls)
+    try:
+        return _memo[k]
+    except KeyError:
+        pass
+    entry = default_cache().get(env, cls)
+    with _memo_lock:
+        _memo[k] = entry
+    return entry
+
+
+def _store(env, cls: GemmClass, entry: Entry) -> None:
+    with _memo_lock:
+        _memo[(env.key(), cls)] = entry
+    default_cache().put(env, cls, entry)
+
+
+def describe(gemm) -> str:
+    """Where ``gemm``'s algorithm came from, for ``explain``."""
+    return gemm.algo_source
+
+
+def resolve(gemm, policy: str, workspace_limit: int, operands=None, deadline: float = float("inf"),
+            may_tune: bool = True) -> None:
+    """Give ``gemm`` its algorithm under ``policy``.
+
+    ``heuristic``: cuBLASLt's top-1. ``cache``: its class's cached algorithm when cuBLASLt accepts it for this
+    shape, else the heuristic's. ``tune``: as ``cache``; a class met for the first time is tuned now on
+    ``operands`` (the call's own) and stored, unless ``may_tune`` is False (graph capture, no operands) or the
+    call's tuning ``deadline`` (``time.perf_counter()``) has passed — then the heuristic's algorithm runs and the
+    GEMM stays unresolved, for a later call."""
     if policy == "heuristic":
-        gemm.resolved = True
+        algo, ws = gemm.heuristic_top(workspace_limit)
+        gemm.use(algo, ws, "heuristic", True)
         return
     env = current_env(gemm.device)
-    cache = default_cache()
-    entry = cache.get(env, gemm.key)
+    cls = GemmClass.of(gemm.key)
+    entry = lookup(env.key(), env, cls)
     if entry is not None:
         try:
             algo = make_algo(gemm, entry.config)
@@ -270,25 +354,26 @@ def resolve(gemm, policy: str, workspace_limit: int, operands, deadline: float =
         except CublasLtError:
             ws = None
         if ws is not None and ws <= workspace_limit:
-            gemm.algo[:] = algo
-            gemm.workspace_size, gemm.algo_source, gemm.resolved = ws, "cache", True
+            gemm.use(algo, ws, f"cache ({cls})", True)
             stats["cache"] += 1
             return
         stats["refused"] += 1
-        log.warning("attn_lt: cuBLASLt refuses the cached algorithm for %s (%s) within %d bytes of workspace; %s",
-                    gemm.key, entry.config, workspace_limit, "re-tuning" if policy == "tune" else "using the "
-                    "heuristic")
-    if policy != "tune":  # "cache": a miss or a refused entry keeps the heuristic's algorithm
-        gemm.resolved = True
+        log.info("cuBLASLt refuses the cached algorithm of class %s (%s) for %s within %d bytes of workspace; "
+                 "using the heuristic's", cls, entry.config, gemm.key, workspace_limit)
+        algo, ws = gemm.heuristic_top(workspace_limit)
+        gemm.use(algo, ws, "heuristic (the class's cached algorithm was refused for this shape)", True)
         return
-    if time.perf_counter() > deadline:
+    algo, ws = gemm.heuristic_top(workspace_limit)
+    if policy != "tune":  # "cache": a miss keeps the heuristic's algorithm
+        gemm.use(algo, ws, "heuristic (class not cached)", True)
+        return
+    if not may_tune or operands is None or time.perf_counter() > deadline:
         stats["deferred"] += 1
+        gemm.use(algo, ws, "heuristic (class not tuned yet)", False)
         return
     from .. import config
 
     entry = tune(gemm, workspace_limit, operands, config.tune_ms())
-    algo = make_algo(gemm, entry.config)
-    gemm.algo[:] = algo
-    gemm.workspace_size, gemm.algo_source, gemm.resolved = entry.workspace, "tuned", True
+    gemm.use(make_algo(gemm, entry.config), entry.workspace, f"tuned ({cls})", True)
     stats["tuned"] += 1
-    cache.put(env, gemm.key, entry)
+    _store(env, cls, entry)

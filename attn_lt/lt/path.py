@@ -1,17 +1,29 @@
-"""Execute a :class:`~attn_lt.plan.Plan` on the GPU: per chunk, Q@K^T into the FP32 score region, the native
-softmax (P in place, LSE), and P@V into the output, all on the caller's current stream."""
+"""The long path ``lt``: its declaration and its executor.
+
+Per chunk of a :class:`~attn_lt.plan.Plan`: Q@K^T into the FP32 score region (cuBLASLt), the native softmax (P in
+place over the scores, LSE), P@V into the output (cuBLASLt), all on the caller's current stream. A
+:class:`Program` prepares one plan once — every chunk's operand offsets, both GEMMs with their descriptors and
+algorithms, the softmax arguments — so that a call only adds base addresses and launches.
+"""
 
 from __future__ import annotations
 
+import threading
 import time
 
+import numpy as np
 import torch
 
 from .. import config, native
+from ..backends import Backend
 from ..plan import Chunk, ChunkLayout, Plan, chunk_layout
-from ..validate import Case, address_alignment as alignment
+from ..validate import Case, address_alignment
 from . import algos, cublaslt
 from .cublaslt import GemmKey
+
+#: The long path runs any head dim cuBLASLt accepts (v's may differ from q's and k's); the softmax does not
+#: depend on it.
+LT = Backend("lt", ("fp16", "bf16"), None, 4096, supports_value_dim=True, supports_key_mass=True)
 
 _ESIZE = 2  # bytes per fp16/bf16 element
 
@@ -22,11 +34,12 @@ def gemm_keys(case: Case, lay: ChunkLayout, ptrs: tuple[int, int, int, int, int]
     qk = GemmKey("qk", case.dtype, m=lay.k.rows, n=lay.q.rows, k=case.D, batch=lay.s.batch,
                  trans_a=True, trans_b=False, lda=lay.k.row_stride, ldb=lay.q.row_stride, ldc=lay.s.row_stride,
                  stride_a=lay.k.batch_stride, stride_b=lay.q.batch_stride, stride_c=lay.s.batch_stride,
-                 align_a=alignment(k), align_b=alignment(q), align_c=alignment(s))
-    pv = GemmKey("pv", case.dtype, m=case.D, n=lay.q.rows, k=lay.k.rows, batch=lay.s.batch,
+                 align_a=address_alignment(k), align_b=address_alignment(q), align_c=address_alignment(s))
+    pv = GemmKey("pv", case.dtype, m=case.Dv, n=lay.q.rows, k=lay.k.rows, batch=lay.s.batch,
                  trans_a=False, trans_b=False, lda=lay.v.row_stride, ldb=2 * lay.s.row_stride,
                  ldc=lay.o.row_stride, stride_a=lay.v.batch_stride, stride_b=2 * lay.s.batch_stride,
-                 stride_c=lay.o.batch_stride, align_a=alignment(v), align_b=alignment(s), align_c=alignment(o))
+                 stride_c=lay.o.batch_stride, align_a=address_alignment(v), align_b=address_alignment(s),
+                 align_c=address_alignment(o))
     return qk, pv
 
 
@@ -40,6 +53,220 @@ def chunk_gemms(case: Case, plan: Plan, c: Chunk, bases: tuple[int, int, int, in
     return lay, ptrs, gemm_keys(case, lay, ptrs)
 
 
+def model_bases(case: Case, out_align: int = 256) -> tuple[int, int, int, int, int]:
+    """Stand-in base addresses with exactly the alignment a plan is made for (the inputs' ``case.ptr_align``,
+    the output's ``out_align``, the 256-byte aligned score region): every chunk's GEMM keys (alignments included)
+    depend on the bases only through these alignments."""
+    far = 1 << 40
+
+    def at(align: int) -> int:
+        return far + align  # the lowest set bit is ``align`` (far is a larger power of two)
+
+    return at(case.ptr_align), at(case.ptr_align), at(case.ptr_align), at(out_align), at(256)
+
+
+def plan_gemm_keys(case: Case, plan: Plan, out_align: int = 256) -> list[tuple[GemmKey, GemmKey]]:
+    """The (qk, pv) keys of every computed chunk of ``plan``, in order."""
+    bases = model_bases(case, out_align)
+    return [chunk_gemms(case, plan, c, bases)[2] for c in plan.chunks if c.kend]
+
+
+class _Step:
+    """One computed chunk: byte offsets of its operands from the bases, its GEMMs and softmax arguments."""
+
+    __slots__ = ("chunk", "q", "k", "v", "o", "qk", "pv", "args", "lane")
+
+    def __init__(self, chunk, offsets, qk, pv, args, lane):
+        self.chunk = chunk
+        self.q, self.k, self.v, self.o = offsets
+        self.qk, self.pv, self.args, self.lane = qk, pv, args, lane
+
+
+class Program:
+    """The long path's run of one plan on one device, prepared once (descriptors, algorithms, arguments).
+
+    ``run`` takes base addresses and launches; a GEMM whose algorithm is not yet resolved under the policy is
+    resolved (cache, or tuned on the call's own operands within ``ATTN_LT_TUNE_CALL_MS``) the first time it runs.
+    One program serves one call at a time (a lock guards its argument structs)."""
+
+    def __init__(self, case: Case, plan: Plan, device: int, policy: str, out_align: int = 256):
+        self.case, self.plan, self.device, self.policy = case, plan, device, policy
+        self._lock = threading.Lock()
+        self._alpha = np.array([case.scale], dtype=np.float32)
+        self._one = np.array([1.0], dtype=np.float32)
+        self._alpha_ptr, self._one_ptr = self._alpha.ctypes.data, self._one.ctypes.data
+        self.empty_chunks = tuple(c for c in plan.chunks if c.kend == 0)
+        self.steps: list[_Step] = []
+        model = model_bases(case, out_align)
+        for c in plan.chunks:
+            if c.kend == 0:
+                continue
+            lay, ptrs, (qk_key, pv_key) = chunk_gemms(case, plan, c, model)
+            offsets = tuple(p - b for p, b in zip(ptrs[:4], model[:4]))
+            self.steps.append(_Step(c, offsets, cublaslt.gemm(device, qk_key), cublaslt.gemm(device, pv_key),
+                                    self._softmax_args(lay, c), len(self.steps) % plan.lanes))
+        self.pending = any(not (s.qk.resolved and s.pv.resolved) for s in self.steps)
+
+    def _softmax_args(self, lay: ChunkLayout, c: Chunk) -> native.SoftmaxArgs:
+        case = self.case
+        a = native.SoftmaxArgs()
+        a.Sq, a.Sk, a.g, a.Hkv, a.Hq = case.Sq, case.Sk, case.group, case.Hkv, case.Hq
+        a.causal = int(case.causal)
+        a.out_dtype = native.DTYPE_CODES[case.dtype]
+        a.variant = native.SOFTMAX_VARIANTS[config.softmax_variant()]
+        if case.mask is not None:
+            a.mask_dtype = native.DTYPE_CODES[case.mask.dtype]
+            a.m_sb, a.m_sh, a.m_sq, a.m_sk = case.mask.strides
+        a.rows, a.cols, a.batch = lay.s.rows, lay.s.cols, lay.s.batch
+        a.ld_s, a.bs_s = lay.s.row_stride, lay.s.batch_stride
+        a.ld_p, a.bs_p = 2 * lay.s.row_stride, 2 * lay.s.batch_stride
+        a.row0, a.gi0, a.e0 = lay.row0, lay.gi0, c.e0
+        return a
+
+    def gemms(self) -> list[tuple[Chunk, object, object]]:
+        """(chunk, qk Gemm, pv Gemm) of every computed chunk."""
+        return [(s.chunk, s.qk, s.pv) for s in self.steps]
+
+    def resolve_all(self, may_tune: bool = False) -> None:
+        """Apply the algorithm policy to every GEMM without running it (cache or heuristic; no tuning)."""
+        ws = self.plan.gemm_workspace
+        for s in self.steps:
+            for g in (s.qk, s.pv):
+                if not g.resolved:
+                    algos.resolve(g, self.policy, ws, None, may_tune=may_tune)
+        self.pending = any(not (s.qk.resolved and s.pv.resolved) for s in self.steps)
+
+    def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, out: torch.Tensor,
+            lse: torch.Tensor, workspace: torch.Tensor, stream: int, may_tune: bool = True,
+            tune_budget_ms: float | None = None, key_mass: torch.Tensor | None = None,
+            key_mass_window: int | None = None) -> None:
+        """Run every chunk on ``stream`` (and, with two lanes, a second stream forked from and joined back to it).
+        ``workspace``: a CUDA uint8 tensor of at least ``plan.workspace_bytes`` bytes (per lane, cuBLASLt's share
+        then the score region). ``tune_budget_ms``: tuning time this call may spend (default
+        ``ATTN_LT_TUNE_CALL_MS``). ``key_mass``: a zeroed FP32 (B, Hq, Sk) tensor that receives the sum of P over
+        the query rows (the last ``key_mass_window`` rows of each head when given)."""
+        plan = self.plan
+        gws = plan.gemm_workspace
+        ws0 = workspace.data_ptr()
+        bases = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())
+        lse_ptr, mask_ptr = lse.data_ptr(), (0 if mask is None else mask.data_ptr())
+        with self._lock:
+            for c in self.empty_chunks:
+                _zero_masked_chunk(self.case, c, out, lse)
+            lanes = _Lanes(self.device, stream) if plan.lanes == 2 else None
+            streams = (stream,) if lanes is None else (stream, lanes.side_ptr)
+            if lanes is not None:
+                lanes.fork()
+            if self.pending or key_mass is not None:
+                deadline = 0.0
+                if self.pending:
+                    budget = config.tune_call_ms() if tune_budget_ms is None else tune_budget_ms
+                    deadline = time.perf_counter() + budget / 1e3
+                self._run_general(bases, lse_ptr, mask_ptr, workspace, streams, may_tune, deadline, key_mass,
+                                  key_mass_window, lanes)
+            else:
+                qb, kb, vb, ob = bases
+                softmax, alpha, one = native.softmax, self._alpha_ptr, self._one_ptr
+                lane_bytes = plan.lane_bytes
+                for s in self.steps:
+                    st = streams[s.lane]
+                    w = ws0 + s.lane * lane_bytes
+                    scores = w + gws
+                    s.qk.run(kb + s.k, qb + s.q, scores, alpha, w, gws, st)
+                    a = s.args
+                    a.scores = a.probs = scores
+                    a.lse, a.mask = lse_ptr, mask_ptr
+                    softmax(a, st)
+                    s.pv.run(vb + s.v, scores, ob + s.o, one, w, gws, st)
+            if lanes is not None:
+                lanes.join()
+
+    def _run_general(self, bases, lse_ptr, mask_ptr, workspace, streams, may_tune, deadline, key_mass, window,
+                     lanes) -> None:
+        """The loop with algorithm resolution (first runs) and the attention mass per key."""
+        qb, kb, vb, ob = bases
+        gws = self.plan.gemm_workspace
+        ws0 = workspace.data_ptr()
+        masses = [key_mass] if key_mass is not None else []
+        if key_mass is not None and lanes is not None:  # lanes add into their own sums (no cross-stream race)
+            masses.append(torch.zeros_like(key_mass))
+        for s in self.steps:
+            st = streams[s.lane]
+            w = ws0 + s.lane * self.plan.lane_bytes
+            scores = w + gws
+            qk_ops = (kb + s.k, qb + s.q, scores, self._alpha_ptr, w, gws, st)
+            if not s.qk.resolved:
+                algos.resolve(s.qk, self.policy, gws, qk_ops, deadline, may_tune)
+            s.qk.run(*qk_ops)
+            a = s.args
+            a.scores = a.probs = scores
+            a.lse, a.mask = lse_ptr, mask_ptr
+            native.softmax(a, st)
+            if masses:
+                region = workspace[w - ws0 + gws:]
+                if s.lane == 0:
+                    self._add_key_mass(s, region, masses[0], window)
+                else:
+                    with torch.cuda.stream(lanes.side):
+                        self._add_key_mass(s, region, masses[1], window)
+            pv_ops = (vb + s.v, scores, ob + s.o, self._one_ptr, w, gws, st)
+            if not s.pv.resolved:  # tuned on the real P; the run below writes the same result again
+                algos.resolve(s.pv, self.policy, gws, pv_ops, deadline, may_tune)
+            s.pv.run(*pv_ops)
+        if len(masses) == 2:
+            lanes.join()
+            masses[0] += masses[1]
+        self.pending = any(not (s.qk.resolved and s.pv.resolved) for s in self.steps)
+
+    def _add_key_mass(self, s: _Step, region: torch.Tensor, key_mass: torch.Tensor, window: int | None) -> None:
+        """key_mass[b, h, :kend] += the sum of this chunk's P rows (those in the window) of query head h;
+        ``region`` is the chunk's score region (uint8), where P lies in the input dtype."""
+        case, c, a = self.case, s.chunk, s.args
+        dt = torch.bfloat16 if case.dtype == "bf16" else torch.float16
+        p_all = region.view(dt)
+        base = p_all.storage_offset()
+        first = 0 if window is None else max(0, case.Sq - window)  # first query position in the window
+        mass3 = key_mass.view(case.B * case.Hkv, case.group, case.Sk)
+        if c.gi is None:  # rows are (gi, s) of the whole group
+            p = p_all.as_strided((c.ne, case.group, case.Sq - first, c.kend),
+                                 (a.bs_p, case.Sq * a.ld_p, a.ld_p, 1), base + first * a.ld_p)
+            mass3[c.e0:c.e0 + c.ne, :, :c.kend] += p.sum(dim=2, dtype=torch.float32)
+            return
+        lo = max(c.s0, first)
+        if lo >= c.s1:
+            return
+        p = p_all.as_strided((c.ne, c.s1 - lo, c.kend), (a.bs_p, a.ld_p, 1), base + (lo - c.s0) * a.ld_p)
+        mass3[c.e0:c.e0 + c.ne, c.gi, :c.kend] += p.sum(dim=1, dtype=torch.float32)
+
+
+class _Lanes:
+    """The second lane's stream for calls on one caller stream, with the events that fork it from the caller's
+    stream and join it back (kept per (device, caller stream): one set of objects for all calls)."""
+
+    _known: dict[tuple[int, int], tuple] = {}
+
+    def __init__(self, device: int, stream: int):
+        got = self._known.get((device, stream))
+        if got is None:
+            caller = torch.cuda.ExternalStream(stream, device=torch.device("cuda", device)) if stream else \
+                torch.cuda.default_stream(device)
+            side = torch.cuda.Stream(device=device)
+            got = self._known[(device, stream)] = (caller, side, torch.cuda.Event(), torch.cuda.Event())
+        self.caller, self.side, self._fork, self._join = got
+        self.side_ptr = self.side.cuda_stream
+        self._joined = False
+
+    def fork(self) -> None:
+        self._fork.record(self.caller)
+        self.side.wait_event(self._fork)
+
+    def join(self) -> None:
+        if not self._joined:
+            self._join.record(self.side)
+            self.caller.wait_event(self._join)
+            self._joined = True
+
+
 def _zero_masked_chunk(case: Case, c: Chunk, out: torch.Tensor, lse: torch.Tensor) -> None:
     """Rows whose every key is masked (causal with Sq > Sk): output 0, LSE -inf."""
     g = case.group
@@ -48,48 +275,3 @@ def _zero_masked_chunk(case: Case, c: Chunk, out: torch.Tensor, lse: torch.Tenso
         heads = slice(h * g, (h + 1) * g) if c.gi is None else slice(h * g + c.gi, h * g + c.gi + 1)
         out[b, heads, c.s0:c.s1].zero_()
         lse[b, heads, c.s0:c.s1] = float("-inf")
-
-
-def run(case: Case, plan: Plan, q, k, v, mask, out: torch.Tensor, lse: torch.Tensor,
-        policy: str = "heuristic") -> None:
-    """Run ``plan`` for tensors q, k, v (and the user mask, already expanded to (B, Hq, Sq, Sk) or None),
-    writing ``out`` (contiguous (B, Hq, Sq, D)) and ``lse`` (contiguous FP32 (B, Hq, Sq)); ``policy`` is the
-    algorithm policy (see lt/algos.py). A GEMM met for the first time is resolved (cache, tuning) on its own
-    operands before it runs."""
-    device = q.device.index
-    stream = torch.cuda.current_stream(q.device).cuda_stream
-    deadline = time.perf_counter() + config.tune_call_ms() / 1e3
-    ws = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=q.device)
-    gemm_ws, scores = ws.data_ptr(), ws.data_ptr() + plan.gemm_workspace
-    bases = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), scores)
-    args = native.SoftmaxArgs()
-    args.scores = args.probs = scores
-    args.lse = lse.data_ptr()
-    args.Sq, args.Sk, args.g, args.Hkv, args.Hq = case.Sq, case.Sk, case.group, case.Hkv, case.Hq
-    args.causal = int(case.causal)
-    args.out_dtype = native.DTYPE_CODES[case.dtype]
-    args.variant = native.SOFTMAX_VARIANTS[config.softmax_variant()]
-    if mask is not None:
-        args.mask = mask.data_ptr()
-        args.mask_dtype = native.DTYPE_CODES[case.mask.dtype]
-        args.m_sb, args.m_sh, args.m_sq, args.m_sk = case.mask.strides
-    for c in plan.chunks:
-        if c.kend == 0:
-            _zero_masked_chunk(case, c, out, lse)
-            continue
-        lay, ptrs, (qk_key, pv_key) = chunk_gemms(case, plan, c, bases)
-        qk = cublaslt.gemm(device, qk_key, plan.gemm_workspace, policy)
-        qk_ops = (ptrs[1], ptrs[0], scores, case.scale, gemm_ws, plan.gemm_workspace, stream)
-        if not qk.resolved:
-            algos.resolve(qk, policy, plan.gemm_workspace, qk_ops, deadline)
-        qk.run(*qk_ops)
-        args.rows, args.cols, args.batch = lay.s.rows, lay.s.cols, lay.s.batch
-        args.ld_s, args.bs_s = lay.s.row_stride, lay.s.batch_stride
-        args.ld_p, args.bs_p = 2 * lay.s.row_stride, 2 * lay.s.batch_stride
-        args.row0, args.gi0, args.e0 = lay.row0, lay.gi0, c.e0
-        native.softmax(args, stream)
-        pv = cublaslt.gemm(device, pv_key, plan.gemm_workspace, policy)
-        pv_ops = (ptrs[2], scores, ptrs[3], 1.0, gemm_ws, plan.gemm_workspace, stream)
-        if not pv.resolved:  # tuned on the real P, which the next line overwrites with the same result
-            algos.resolve(pv, policy, plan.gemm_workspace, pv_ops, deadline)
-        pv.run(*pv_ops)

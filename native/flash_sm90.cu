@@ -1,0 +1,721 @@
+// The fused short path on Hopper (sm_90a): FlashAttention-3 style forward with TMA, mbarriers and wgmma.
+//
+// A CTA of 3 warpgroups owns 128 query rows of one (batch, query head):
+//   * warpgroup 0 is the producer: it gives registers back (setmaxnreg.dec 24) and one thread streams Q once and the
+//     K and V tiles of kBlockN keys through a kStages-deep shared-memory ring with TMA (cp.async.bulk.tensor), each
+//     tile completing on its own "full" mbarrier (expect-tx bytes); it re-fills a stage once the consumers have
+//     arrived on its "empty" mbarrier.
+//   * warpgroups 1 and 2 are consumers (setmaxnreg.inc 240), each owning 64 query rows. Per key tile:
+//     S = Q K^T by wgmma (both operands from shared memory), scale and mask, online softmax in FP32 in the exp2
+//     domain, P converted in registers to the A operand of O += P V (wgmma, V from shared memory, N-major).
+//     Default pipeline (variant 0): the QK^T of tile i+1 and the PV of tile i are in flight while the softmax of
+//     tile i+1 runs (FA3's intra-warpgroup overlap), and for D <= 128 the two consumer warpgroups take turns
+//     issuing their GEMMs through two named barriers (FA3's ping-pong), so one's softmax hides under the other's
+//     GEMMs. Variant 1 runs the plain sequence (QK, wait, softmax, PV, wait), for tests and benchmarks.
+// Key tiles are visited from the last one down, so the tiles that need a mask (the key tail, the causal diagonal)
+// come first; causal tiles wholly above the diagonal are never loaded. GQA reads kv head h / (Hq / Hkv) in place.
+// O is staged through the consumer's own (no longer needed) rows of the Q tile and written with 16-byte stores.
+//
+// Shared memory (one 1024-byte aligned block; every tile in 128-byte swizzle, the layout TMA writes and wgmma reads):
+//   sQ           [D/64 slabs][kBlockM rows][64 elements]   (a slab: rows of 128 bytes, 8-row atoms of 1024 bytes,
+//   sK[kStages]  [D/64 slabs][kBlockN rows][64 elements]    16-byte chunk c of row r stored at chunk c ^ (r % 8))
+//   sV[kStages]  [D/64 slabs][kBlockN rows][64 elements]
+//   mbarriers    full_q, full_k[kStages], full_v[kStages], empty_k[kStages], empty_v[kStages]
+// The tensor maps view q/k/v as 5-D (64, S, D/64, H, B) with byte strides (row, 128, head, batch), so that one TMA
+// box (64, rows, D/64, 1, 1) lands as the slab layout above; rows past S are zero-filled by TMA.
+//
+// Preconditions (checked by the launcher): sm_90 device; D in {64, 128, 256}; fp16/bf16; q, k, v, o 16-byte aligned;
+// batch/head/row strides positive multiples of 8 elements (16 bytes) below 2^39 for q, k, v (any stride of a
+// dimension of size 1); o row stride a multiple of 8 elements; Sq, Sk < 2^30; B, Hq <= 65535.
+#include "attn_lt.h"
+
+#include <cuda.h>  // CUtensorMap and its enums only: the driver function is fetched at run time (no -lcuda)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace {
+
+constexpr int kBlockM = 128;  // query rows a CTA: 2 consumer warpgroups x 64
+constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
+constexpr float kLog2e = 1.4426950408889634f;
+
+template <int D>
+struct Cfg;
+template <>
+struct Cfg<64> {
+    static constexpr int kBlockN = 128, kStages = 4;
+};
+template <>
+struct Cfg<128> {
+    static constexpr int kBlockN = 128, kStages = 2;
+};
+template <>
+struct Cfg<256> {
+    static constexpr int kBlockN = 64, kStages = 2;
+};
+
+template <int D>
+struct Layout {
+    static constexpr int kBlockN = Cfg<D>::kBlockN, kStages = Cfg<D>::kStages;
+    static constexpr uint32_t kQBytes = kBlockM * D * 2, kKVBytes = kBlockN * D * 2;
+    static constexpr uint32_t kQSlab = kBlockM * 128, kKVSlab = kBlockN * 128;  // bytes of one 64-column slab
+    static constexpr uint32_t kK = kQBytes, kV = kK + kStages * kKVBytes, kBars = kV + kStages * kKVBytes;
+    static constexpr uint32_t kBarCount = 1 + 4 * kStages;
+    static constexpr size_t kSmem = kBars + 8 * kBarCount + 1024;  // + slack to align the base to 1024 bytes
+    static_assert(kSmem <= 227 * 1024, "shared memory over the sm_90 limit");
+};
+
+// What the kernel needs besides the three tensor maps.
+struct Params {
+    void* o;
+    float* lse;  // FP32 (B, Hq, Sq) contiguous, or null
+    int64_t o_sb, o_sh, o_ss;
+    int Sq, Sk, Hq, group;  // group = Hq / Hkv
+    float sl2;              // softmax scale * log2(e)
+    int causal;
+};
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// setmaxnreg targets: 128 * 24 + 256 * 240 = 384 * 168, the registers the CTA was launched with.
+constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+
+// ---- PTX wrappers (sm_90a) ------------------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+// The producer's arrival: also announces the bytes the TMA copies will complete on this barrier.
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+// Wait until the phase of parity `parity` has completed (a fresh barrier counts its phase "1" as completed).
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done;
+    do {
+        asm volatile(
+            "{\n.reg .pred p;\n"
+            "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+            "selp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+
+// One TMA box of a 5-D tensor map into shared memory, completing (in bytes) on `bar`.
+__device__ __forceinline__ void tma_load_5d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1,
+                                            int c2, int c3, int c4) {
+    asm volatile(
+        "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];\n" ::"r"(dst),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(bar)
+        : "memory");
+}
+
+__device__ __forceinline__ void prefetch_map(const CUtensorMap* map) {
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+// Named barriers among the consumer warpgroups (id 0 is __syncthreads').
+__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void bar_arrive(int id, int n) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// Keep the compiler from moving reads or writes of registers that an in-flight wgmma owns across a wait.
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void fence_regs(uint32_t (&r)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+}
+
+// Shared-memory matrix descriptor, 128-byte swizzle: start address, leading byte offset (LBO; unused by K-major
+// swizzled operands, the slab stride of an MN-major one), stride byte offset (SBO = 1024: the next 8-row atom),
+// base offset 0 (every atom starts on a 1024-byte boundary; K-steps inside an atom add 32 bytes to the start).
+__device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t lbo) {
+    return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t((lbo & 0x3FFFF) >> 4) << 16) | (uint64_t(1024 >> 4) << 32) |
+           (1ull << 62);
+}
+
+// wgmma operand lists. Accumulator fragment of m64nNk16 (f32), warp w of the warpgroup, lane l:
+//   d[4j + 0..1] = D(16w + l/4,     8j + 2(l%4) + 0..1),  d[4j + 2..3] = D(16w + l/4 + 8, 8j + 2(l%4) + 0..1).
+// A fragment from registers (k16), 4 x 32-bit, each two 16-bit values (low half = lower column):
+//   a[0] = A(16w + l/4, 2(l%4) + 0..1), a[1] = A(16w + l/4 + 8, same), a[2] = A(16w + l/4, 8 + 2(l%4) + 0..1),
+//   a[3] = A(16w + l/4 + 8, 8 + ...): the accumulator of columns 16k..16k+15 is the A fragment of k-step k.
+#define WG_ACC8(d, b)                                                                                          \
+    "+f"(d[(b) + 0]), "+f"(d[(b) + 1]), "+f"(d[(b) + 2]), "+f"(d[(b) + 3]), "+f"(d[(b) + 4]), "+f"(d[(b) + 5]), \
+        "+f"(d[(b) + 6]), "+f"(d[(b) + 7])
+#define WG_ACC32(d, b) WG_ACC8(d, b), WG_ACC8(d, (b) + 8), WG_ACC8(d, (b) + 16), WG_ACC8(d, (b) + 24)
+#define WG_ACC64(d) WG_ACC32(d, 0), WG_ACC32(d, 32)
+#define WG_ACC128(d) WG_ACC32(d, 0), WG_ACC32(d, 32), WG_ACC32(d, 64), WG_ACC32(d, 96)
+#define WG_D32 \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+    "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define WG_D64 \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+    "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, " \
+    "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, " \
+    "%56, %57, %58, %59, %60, %61, %62, %63"
+#define WG_D128 \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+    "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, " \
+    "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, " \
+    "%56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, " \
+    "%74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, " \
+    "%92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, " \
+    "%108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, " \
+    "%123, %124, %125, %126, %127"
+
+// D (m64 x N, f32) = [D if scale_d] + A (m64 x k16, shared, K-major) * B (k16 x N, shared, K-major).
+#define WGMMA_SS(NN, TY, REGS, ACC, IA, IB, IS)                                                          \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #IS ", 0;\n"                                       \
+                 "wgmma.mma_async.sync.aligned.m64n" #NN "k16.f32." TY "." TY " {" REGS "}, %" #IA ", %" #IB \
+                 ", p, 1, 1, 0, 0;\n}\n"                                                                  \
+                 : ACC                                                                                    \
+                 : "l"(da), "l"(db), "r"(scale_d))
+template <int N, typename T>
+__device__ __forceinline__ void wgmma_ss(float* d, uint64_t da, uint64_t db, int scale_d) {
+    constexpr bool bf16 = std::is_same<T, __nv_bfloat16>::value;
+    static_assert(N == 64 || N == 128, "QK^T tile width");
+    if constexpr (N == 64) {
+        if constexpr (bf16) WGMMA_SS(64, "bf16", WG_D32, WG_ACC32(d, 0), 32, 33, 34);
+        else WGMMA_SS(64, "f16", WG_D32, WG_ACC32(d, 0), 32, 33, 34);
+    } else {
+        if constexpr (bf16) WGMMA_SS(128, "bf16", WG_D64, WG_ACC64(d), 64, 65, 66);
+        else WGMMA_SS(128, "f16", WG_D64, WG_ACC64(d), 64, 65, 66);
+    }
+}
+
+// D (m64 x N, f32) += A (m64 x k16, registers) * B (k16 x N, shared, N-major: imm-trans-b = 1).
+#define WGMMA_RS(NN, TY, REGS, ACC, A0, A1, A2, A3, IB, IS)                                                   \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #IS ", 0;\n"                                            \
+                 "wgmma.mma_async.sync.aligned.m64n" #NN "k16.f32." TY "." TY " {" REGS "}, {%" #A0 ", %" #A1 \
+                 ", %" #A2 ", %" #A3 "}, %" #IB ", p, 1, 1, 1;\n}\n"                                          \
+                 : ACC                                                                                         \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1))
+template <int N, typename T>
+__device__ __forceinline__ void wgmma_rs(float* d, const uint32_t* a, uint64_t db) {
+    constexpr bool bf16 = std::is_same<T, __nv_bfloat16>::value;
+    static_assert(N == 64 || N == 128 || N == 256, "head dim");
+    if constexpr (N == 64) {
+        if constexpr (bf16) WGMMA_RS(64, "bf16", WG_D32, WG_ACC32(d, 0), 32, 33, 34, 35, 36, 37);
+        else WGMMA_RS(64, "f16", WG_D32, WG_ACC32(d, 0), 32, 33, 34, 35, 36, 37);
+    } else if constexpr (N == 128) {
+        if constexpr (bf16) WGMMA_RS(128, "bf16", WG_D64, WG_ACC64(d), 64, 65, 66, 67, 68, 69);
+        else WGMMA_RS(128, "f16", WG_D64, WG_ACC64(d), 64, 65, 66, 67, 68, 69);
+    } else {
+        if constexpr (bf16) WGMMA_RS(256, "bf16", WG_D128, WG_ACC128(d), 128, 129, 130, 131, 132, 133);
+        else WGMMA_RS(256, "f16", WG_D128, WG_ACC128(d), 128, 129, 130, 131, 132, 133);
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+template <>
+__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+
+__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
+    uint4 v;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(addr)
+                 : "memory");
+    return v;
+}
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+// Grid: (ceil(Sq / 128), Hq, B); block: 384 threads; dynamic shared memory Layout<D>::kSmem.
+template <int D, typename T, bool kOverlap>
+__global__ void __launch_bounds__(kThreads, 1)
+    flash_sm90_fwd(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmk,
+                   const __grid_constant__ CUtensorMap tmv, const Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using L = Layout<D>;
+    constexpr int BN = L::kBlockN, kStages = L::kStages;
+    constexpr bool kPingPong = kOverlap && D <= 128;  // as FA3: the D = 256 tiles leave no room to take turns
+    extern __shared__ unsigned char smem_raw[];
+    const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+    const uint32_t sQ = base, sK = base + L::kK, sV = base + L::kV, bars = base + L::kBars;
+    const uint32_t full_q = bars;
+    auto full_k = [&](int s) { return bars + 8u * (1 + s); };
+    auto full_v = [&](int s) { return bars + 8u * (1 + kStages + s); };
+    auto empty_k = [&](int s) { return bars + 8u * (1 + 2 * kStages + s); };
+    auto empty_v = [&](int s) { return bars + 8u * (1 + 3 * kStages + s); };
+
+    const int m_block = gridDim.x - 1 - blockIdx.x;  // heaviest causal blocks first
+    const int h = blockIdx.y, b = blockIdx.z, hk = h / p.group;
+    const int m0 = m_block * kBlockM;  // lengths are below 2^30 (checked on the host)
+    const int m_valid = min(kBlockM, p.Sq - m0);
+    const int shift = p.Sk - p.Sq;  // causal: key j visible to query i iff j <= i + shift
+    int n_tiles = (p.Sk + BN - 1) / BN;
+    if (p.causal) {
+        const int last = m0 + m_valid - 1 + shift;  // the last key the block's last valid row sees
+        n_tiles = last < 0 ? 0 : min(n_tiles, last / BN + 1);
+    }
+
+    if (threadIdx.x == 0) {
+        mbar_init(full_q, 1);
+        for (int s = 0; s < kStages; ++s) {
+            mbar_init(full_k(s), 1);  // the producer's expect-tx arrival; the bytes complete the phase
+            mbar_init(full_v(s), 1);
+            mbar_init(empty_k(s), 8);  // one arrival per consumer warp
+            mbar_init(empty_v(s), 8);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    const int wg = threadIdx.x / 128;
+    if (wg == 0) {
+        // ---- producer: one thread issues every TMA copy ----------------------------------------------------------
+        setmaxnreg_dec<kProducerRegs>();
+        if (threadIdx.x == 0 && n_tiles > 0) {
+            prefetch_map(&tmq);
+            prefetch_map(&tmk);
+            prefetch_map(&tmv);
+            mbar_expect_tx(full_q, L::kQBytes);
+            tma_load_5d(sQ, &tmq, full_q, 0, m0, 0, h, b);
+            int s = 0;
+            uint32_t ph = 0;
+            for (int i = 0; i < n_tiles; ++i) {
+                const int n0 = (n_tiles - 1 - i) * BN;  // key tiles from the last one down
+                mbar_wait(empty_k(s), ph ^ 1);          // the consumers released this stage's previous use
+                mbar_expect_tx(full_k(s), L::kKVBytes);
+                tma_load_5d(sK + s * L::kKVBytes, &tmk, full_k(s), 0, n0, 0, hk, b);
+                mbar_wait(empty_v(s), ph ^ 1);
+                mbar_expect_tx(full_v(s), L::kKVBytes);
+                tma_load_5d(sV + s * L::kKVBytes, &tmv, full_v(s), 0, n0, 0, hk, b);
+                if (++s == kStages) {
+                    s = 0;
+                    ph ^= 1;
+                }
+            }
+        }
+    } else {
+        // ---- consumers: warpgroup c owns tile rows [64c, 64c + 64) ----------------------------------------------
+        setmaxnreg_inc<kConsumerRegs>();
+        const int c = wg - 1;
+        const int tid = threadIdx.x - 128 * wg;
+        const int warp = tid / 32, lane = tid % 32;
+        const int rw = 16 * warp + lane / 4;  // row (within the warpgroup's 64) of d[4j + 0..1]; d[4j + 2..3]: rw + 8
+        const int row0 = m0 + 64 * c + rw, row1 = row0 + 8;
+        const float sl2 = p.sl2;
+
+        float o[D / 2];          // O accumulator, m64 x D fragment
+        float sacc[BN / 2];      // S accumulator, m64 x BN fragment; after the softmax, P in FP32
+        uint32_t pf[BN / 16][4];  // P as the A operand of PV, one k16 step each
+#pragma unroll
+        for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) sacc[i] = 0.f;
+#pragma unroll
+        for (int i = 0; i < BN / 16; ++i) pf[i][0] = pf[i][1] = pf[i][2] = pf[i][3] = 0u;
+        float m_r[2] = {-INFINITY, -INFINITY};  // running row max of the raw scores
+        float l_r[2] = {0.f, 0.f};              // running row sum (this thread's columns; reduced at the end)
+
+        const uint32_t q_wg = sQ + 64 * c * 128;  // this warpgroup's 64 rows in every Q slab (8 atoms, 1024-aligned)
+        // S = Q K^T: k-step kk reads 16 columns of slab kk / 4, 32 bytes into its 128-byte rows.
+        auto issue_qk = [&](int s) {
+            const uint32_t k_base = sK + s * L::kKVBytes;
+#pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk)
+                wgmma_ss<BN, T>(sacc, make_desc(q_wg + (kk / 4) * L::kQSlab + (kk % 4) * 32, 16),
+                                make_desc(k_base + (kk / 4) * L::kKVSlab + (kk % 4) * 32, 16), kk > 0);
+        };
+        // O += P V: k-step kk reads keys [16kk, 16kk + 16) = two 8-row atoms (2048 bytes); the D columns span the
+        // D / 64 slabs, LBO apart.
+        auto issue_pv = [&](int s) {
+            const uint32_t v_base = sV + s * L::kKVBytes;
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk) wgmma_rs<D, T>(o, pf[kk], make_desc(v_base + kk * 2048, L::kKVSlab));
+        };
+        auto release = [&](uint32_t bar) {
+            if (lane == 0) mbar_arrive(bar);
+        };
+        auto needs_mask = [&](int n0) { return n0 + BN > p.Sk || (p.causal && n0 + BN - 1 > m0 + shift); };
+        // Mask the tile in sacc (key tail, causal), update the running max and sum, leave P = exp2(S * sl2 - max)
+        // in sacc; corr: the factors that rescale what O holds.
+        auto softmax = [&](int n0, bool mask, float(&corr)[2]) {
+            if (mask) {  // keys below lim_r are visible to row r (the key tail, then the causal diagonal)
+                const int lim0 = p.causal ? min(p.Sk, row0 + shift + 1) : p.Sk;
+                const int lim1 = p.causal ? min(p.Sk, row1 + shift + 1) : p.Sk;
+                const int k0 = n0 + 2 * (lane % 4);
+#pragma unroll
+                for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const int key = k0 + 8 * j + e;
+                        sacc[4 * j + e] = key < lim0 ? sacc[4 * j + e] : -INFINITY;
+                        sacc[4 * j + 2 + e] = key < lim1 ? sacc[4 * j + 2 + e] : -INFINITY;
+                    }
+            }
+            float mx[2] = {m_r[0], m_r[1]};
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j) {
+                mx[0] = fmaxf(mx[0], fmaxf(sacc[4 * j], sacc[4 * j + 1]));
+                mx[1] = fmaxf(mx[1], fmaxf(sacc[4 * j + 2], sacc[4 * j + 3]));
+            }
+            float ref[2];
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));  // the 4 lanes of a row
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+                corr[r] = m_r[r] == -INFINITY ? 0.f : ex2((m_r[r] - mx[r]) * sl2);
+                ref[r] = mx[r] == -INFINITY ? 0.f : mx[r] * sl2;  // a row with no key yet keeps 0: no inf - inf
+                m_r[r] = mx[r];
+                l_r[r] *= corr[r];
+            }
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) sacc[4 * j + e] = ex2(fmaf(sacc[4 * j + e], sl2, -ref[e >> 1]));
+                l_r[0] += sacc[4 * j] + sacc[4 * j + 1];
+                l_r[1] += sacc[4 * j + 2] + sacc[4 * j + 3];
+            }
+        };
+        auto rescale_o = [&](const float(&corr)[2]) {
+#pragma unroll
+            for (int j = 0; j < D / 8; ++j) {
+                o[4 * j] *= corr[0];
+                o[4 * j + 1] *= corr[0];
+                o[4 * j + 2] *= corr[1];
+                o[4 * j + 3] *= corr[1];
+            }
+        };
+        // The S accumulator of columns [16kk, 16kk + 16) is, register for register, the A fragment of k-step kk.
+        auto convert_p = [&]() {
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk) {
+                pf[kk][0] = pack2<T>(sacc[8 * kk + 0], sacc[8 * kk + 1]);  // row rw,     cols 2(l%4) + 0..1
+                pf[kk][1] = pack2<T>(sacc[8 * kk + 2], sacc[8 * kk + 3]);  // row rw + 8, same columns
+                pf[kk][2] = pack2<T>(sacc[8 * kk + 4], sacc[8 * kk + 5]);  // row rw,     cols 8 + 2(l%4) + 0..1
+                pf[kk][3] = pack2<T>(sacc[8 * kk + 6], sacc[8 * kk + 7]);  // row rw + 8
+            }
+        };
+
+        if (n_tiles > 0) {
+            mbar_wait(full_q, 0);
+            int s = 0;
+            uint32_t ph = 0;
+            float corr[2];
+            if constexpr (!kOverlap) {
+                // Plain: QK^T, wait, softmax, PV, wait — one tile at a time.
+                for (int i = 0; i < n_tiles; ++i) {
+                    const int n0 = (n_tiles - 1 - i) * BN;
+                    mbar_wait(full_k(s), ph);
+                    wgmma_fence();
+                    issue_qk(s);
+                    wgmma_commit();
+                    wgmma_wait<0>();
+                    fence_regs(sacc);
+                    release(empty_k(s));
+                    softmax(n0, needs_mask(n0), corr);
+                    rescale_o(corr);
+                    convert_p();
+                    mbar_wait(full_v(s), ph);
+                    fence_regs(o);
+                    fence_regs(pf);
+                    wgmma_fence();
+                    issue_pv(s);
+                    wgmma_commit();
+                    wgmma_wait<0>();
+                    fence_regs(o);
+                    fence_regs(pf);
+                    release(empty_v(s));
+                    if (++s == kStages) {
+                        s = 0;
+                        ph ^= 1;
+                    }
+                }
+            } else {
+                // Overlapped: step i issues QK^T of tile i and PV of tile i - 1, then runs the softmax of tile i
+                // while PV is still in flight; O is rescaled once PV has landed.
+                int n0 = (n_tiles - 1) * BN;
+                mbar_wait(full_k(s), ph);
+                wgmma_fence();
+                issue_qk(s);
+                wgmma_commit();
+                wgmma_wait<0>();
+                fence_regs(sacc);
+                release(empty_k(s));
+                softmax(n0, needs_mask(n0), corr);  // O is still zero: nothing to rescale
+                convert_p();
+                // Ping-pong: warpgroup c waits on barrier 1 + c before issuing and arrives on the other's after.
+                // Warpgroup 0 goes first (its own arrival) and takes warpgroup 1's last arrival after the loop, so
+                // that both barriers end balanced.
+                if (kPingPong && c == 0 && n_tiles > 1) bar_arrive(1, 256);
+                for (int i = 1; i < n_tiles; ++i) {
+                    const int sv = s;  // the stage of tile i - 1, whose V this step multiplies
+                    const uint32_t phv = ph;
+                    if (++s == kStages) {
+                        s = 0;
+                        ph ^= 1;
+                    }
+                    n0 -= BN;
+                    mbar_wait(full_k(s), ph);
+                    mbar_wait(full_v(sv), phv);  // loaded before K of tile i: no branch between the two issues
+                    if (kPingPong) bar_sync(1 + c, 256);
+                    fence_regs(sacc);
+                    fence_regs(o);
+                    fence_regs(pf);
+                    wgmma_fence();
+                    issue_qk(s);
+                    wgmma_commit();
+                    issue_pv(sv);
+                    wgmma_commit();
+                    if (kPingPong) bar_arrive(2 - c, 256);
+                    wgmma_wait<1>();  // QK^T of tile i has landed
+                    fence_regs(sacc);
+                    release(empty_k(s));
+                    softmax(n0, needs_mask(n0), corr);
+                    wgmma_wait<0>();  // PV of tile i - 1 has landed
+                    fence_regs(o);
+                    fence_regs(pf);
+                    release(empty_v(sv));
+                    rescale_o(corr);
+                    convert_p();
+                }
+                if (kPingPong && c == 0 && n_tiles > 1) bar_sync(1, 256);
+                mbar_wait(full_v(s), ph);
+                fence_regs(o);
+                fence_regs(pf);
+                wgmma_fence();
+                issue_pv(s);
+                wgmma_commit();
+                wgmma_wait<0>();
+                fence_regs(o);
+                fence_regs(pf);
+                release(empty_v(s));
+            }
+        }
+
+        // ---- epilogue: normalise, stage O in this warpgroup's rows of sQ (every wgmma that read them has
+        // completed), then 16-byte stores of the rows below Sq; LSE (natural log) from the quad's lane 0.
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            l_r[r] += __shfl_xor_sync(0xffffffffu, l_r[r], 1);
+            l_r[r] += __shfl_xor_sync(0xffffffffu, l_r[r], 2);
+        }
+        const float inv0 = l_r[0] > 0.f ? 1.f / l_r[0] : 0.f, inv1 = l_r[1] > 0.f ? 1.f / l_r[1] : 0.f;
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        const uint32_t o_wg = q_wg;
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+            // Element (rw, 8j + 2(l%4)): slab j / 8, 16-byte chunk j % 8 swizzled by the row; rows rw and rw + 8
+            // share the swizzle phase (rw % 8).
+            const uint32_t addr = o_wg + (j / 8) * L::kQSlab + rw * 128 + (((j % 8) ^ (rw % 8)) << 4) + (lane % 4) * 4;
+            st_shared_u32(addr, pack2<T>(o[4 * j] * inv0, o[4 * j + 1] * inv0));
+            st_shared_u32(addr + 8 * 128, pack2<T>(o[4 * j + 2] * inv1, o[4 * j + 3] * inv1));
+        }
+        bar_sync(3 + c, 128);  // the warpgroup's O tile is in shared memory
+        T* out = static_cast<T*>(p.o) + b * p.o_sb + h * p.o_sh;
+        constexpr int kChunks = D / 8;  // 16-byte chunks a row
+#pragma unroll 4
+        for (int idx = tid; idx < 64 * kChunks; idx += 128) {
+            const int r = idx / kChunks, ch = idx % kChunks;
+            const int row = m0 + 64 * c + r;
+            if (row < p.Sq) {
+                const uint4 v = ld_shared_v4(o_wg + (ch / 8) * L::kQSlab + r * 128 + (((ch % 8) ^ (r % 8)) << 4));
+                *reinterpret_cast<uint4*>(out + int64_t(row) * p.o_ss + ch * 8) = v;
+            }
+        }
+        if (p.lse != nullptr && lane % 4 == 0) {
+            float* lse = p.lse + (int64_t(b) * p.Hq + h) * p.Sq;
+            const float ln2 = 0.6931471805599453f;
+            if (row0 < p.Sq) lse[row0] = l_r[0] > 0.f ? (m_r[0] * sl2 + log2f(l_r[0])) * ln2 : -INFINITY;
+            if (row1 < p.Sq) lse[row1] = l_r[1] > 0.f ? (m_r[1] * sl2 + log2f(l_r[1])) * ln2 : -INFINITY;
+        }
+    }
+#else
+    // Compiled for a target other than sm_90a (the Makefile never does): a stub that must not run. The launcher
+    // checks the device, and attn_lt_flash_sm90_supported() tells the stub (a few registers) from the real kernel
+    // (launched with 168 registers a thread for setmaxnreg to redistribute).
+    __trap();
+#endif
+}
+
+// ---- host side ----------------------------------------------------------------------------------------------------
+
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// cuTensorMapEncodeTiled from the driver the runtime already loaded (no link against libcuda); null if unavailable.
+EncodeTiled encode_tiled() {
+    static const EncodeTiled fn = []() -> EncodeTiled {
+        void* f = nullptr;
+        cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found) !=
+                cudaSuccess ||
+            found != cudaDriverEntryPointSuccess) {
+            cudaGetLastError();
+            return nullptr;
+        }
+        return reinterpret_cast<EncodeTiled>(f);
+    }();
+    return fn;
+}
+
+// Current device is compute capability 9.0: cudaSuccess, cudaErrorNotSupported, or the runtime's error.
+cudaError_t check_device() {
+    int dev = 0, major = 0, minor = 0;
+    cudaError_t err = cudaGetDevice(&dev);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    if (err != cudaSuccess) return err;
+    return major == 9 && minor == 0 ? cudaSuccess : cudaErrorNotSupported;
+}
+
+// A stride the kernel accepts: that of a dimension of size 1 (never used), or a positive multiple of 8 elements
+// (16 bytes, as TMA and the 16-byte stores need) small enough for a tensor map (< 2^40 bytes).
+bool stride_ok(int64_t size, int64_t stride) {
+    return size == 1 || (stride > 0 && stride % 8 == 0 && stride < (int64_t(1) << 39));
+}
+
+// q, k or v (B, H, S, D) seen as 5-D (64, S, D / 64, H, B) with byte strides (row, 128, head, batch): one box of
+// (64, rows, D / 64, 1, 1) is the slab layout of a tile. A dimension of size 1 gets a nominal legal stride.
+bool make_map(CUtensorMap* map, CUtensorMapDataType dt, const void* ptr, int64_t B, int64_t H, int64_t S, int64_t D,
+              int64_t sb, int64_t sh, int64_t ss, uint32_t rows) {
+    const auto st = [](int64_t size, int64_t stride) { return cuuint64_t(size == 1 ? 16 : stride * 2); };
+    const cuuint64_t dims[5] = {64, cuuint64_t(S), cuuint64_t(D / 64), cuuint64_t(H), cuuint64_t(B)};
+    const cuuint64_t strides[4] = {st(S, ss), 128, st(H, sh), st(B, sb)};
+    const cuuint32_t box[5] = {64, rows, cuuint32_t(D / 64), 1, 1};
+    const cuuint32_t elem[5] = {1, 1, 1, 1, 1};
+    return encode_tiled()(map, dt, 5, const_cast<void*>(ptr), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <int D, typename T, bool kOverlap>
+cudaError_t launch(const attn_lt_flash_args& a, cudaStream_t stream) {
+    using L = Layout<D>;
+    const CUtensorMapDataType dt =
+        std::is_same<T, __nv_bfloat16>::value ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    alignas(64) CUtensorMap mq, mk, mv;
+    if (!make_map(&mq, dt, a.q, a.B, a.Hq, a.Sq, D, a.q_sb, a.q_sh, a.q_ss, kBlockM) ||
+        !make_map(&mk, dt, a.k, a.B, a.Hkv, a.Sk, D, a.k_sb, a.k_sh, a.k_ss, L::kBlockN) ||
+        !make_map(&mv, dt, a.v, a.B, a.Hkv, a.Sk, D, a.v_sb, a.v_sh, a.v_ss, L::kBlockN))
+        return cudaErrorInvalidValue;
+    const auto kernel = flash_sm90_fwd<D, T, kOverlap>;
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(L::kSmem));
+    if (err != cudaSuccess) return err;
+    Params p;
+    p.o = a.o;
+    p.lse = a.lse;
+    p.o_sb = a.o_sb;
+    p.o_sh = a.o_sh;
+    p.o_ss = a.o_ss;
+    p.Sq = static_cast<int>(a.Sq);
+    p.Sk = static_cast<int>(a.Sk);
+    p.Hq = static_cast<int>(a.Hq);
+    p.group = static_cast<int>(a.Hq / a.Hkv);
+    p.sl2 = a.scale * kLog2e;
+    p.causal = a.causal ? 1 : 0;
+    const dim3 grid(static_cast<unsigned>((a.Sq + kBlockM - 1) / kBlockM), static_cast<unsigned>(a.Hq),
+                    static_cast<unsigned>(a.B));
+    kernel<<<grid, kThreads, L::kSmem, stream>>>(mq, mk, mv, p);
+    return cudaGetLastError();
+}
+
+template <int D, typename T>
+cudaError_t launch_variant(const attn_lt_flash_args& a, cudaStream_t stream) {
+    return a.variant == ATTN_LT_FLASH_SM90_PLAIN ? launch<D, T, false>(a, stream) : launch<D, T, true>(a, stream);
+}
+
+template <typename T>
+cudaError_t launch_dim(const attn_lt_flash_args& a, cudaStream_t stream) {
+    if (a.D == 64) return launch_variant<64, T>(a, stream);
+    if (a.D == 128) return launch_variant<128, T>(a, stream);
+    return launch_variant<256, T>(a, stream);
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+extern "C" int attn_lt_flash_sm90_supported(void) {
+    if (check_device() != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    cudaFuncAttributes attr;
+    if (cudaFuncGetAttributes(&attr, flash_sm90_fwd<128, __nv_bfloat16, true>) != cudaSuccess) {
+        cudaGetLastError();  // no sm_90a image in this binary
+        return 0;
+    }
+    return attr.numRegs >= 128 && encode_tiled() != nullptr ? 1 : 0;  // not the stub
+}
+
+extern "C" int attn_lt_flash_sm90_fwd(const attn_lt_flash_args* a, void* stream) {
+    if (a == nullptr || a->B <= 0 || a->Hq <= 0 || a->Hkv <= 0 || a->Hq % a->Hkv || a->Sq <= 0 || a->Sk <= 0 ||
+        (a->D != 64 && a->D != 128 && a->D != 256) || a->B > 65535 || a->Hq > 65535 || a->Sq >= (1LL << 30) ||
+        a->Sk >= (1LL << 30) || !(a->scale > 0.f) || a->o == nullptr || !aligned16(a->q) || !aligned16(a->k) ||
+        !aligned16(a->v) || !aligned16(a->o) || (a->dtype != ATTN_LT_F16 && a->dtype != ATTN_LT_BF16) ||
+        (a->variant != ATTN_LT_FLASH_SM90_DEFAULT && a->variant != ATTN_LT_FLASH_SM90_PLAIN) ||
+        !stride_ok(a->B, a->q_sb) || !stride_ok(a->Hq, a->q_sh) || !stride_ok(a->Sq, a->q_ss) ||
+        !stride_ok(a->B, a->k_sb) || !stride_ok(a->Hkv, a->k_sh) || !stride_ok(a->Sk, a->k_ss) ||
+        !stride_ok(a->B, a->v_sb) || !stride_ok(a->Hkv, a->v_sh) || !stride_ok(a->Sk, a->v_ss) ||
+        !stride_ok(a->B, a->o_sb) || !stride_ok(a->Hq, a->o_sh) || !stride_ok(a->Sq, a->o_ss))
+        return static_cast<int>(cudaErrorInvalidValue);
+    cudaError_t err = check_device();
+    if (err != cudaSuccess) return static_cast<int>(err);
+    if (encode_tiled() == nullptr) return static_cast<int>(cudaErrorNotSupported);
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    return static_cast<int>(a->dtype == ATTN_LT_BF16 ? launch_dim<__nv_bfloat16>(*a, s) : launch_dim<__half>(*a, s));
+}

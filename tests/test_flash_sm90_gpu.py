@@ -1,0 +1,282 @@
+"""The Hopper fused kernel (native/flash_sm90.cu: TMA + mbarrier ring + wgmma, producer/consumer warpgroups),
+called through its launcher directly, against the FP32 reference: the output error must stay within twice
+PyTorch's own error at the same precision plus a rounding floor; outputs and LSE are poisoned with NaN first, inputs
+are fresh random numbers every case.
+
+The tests go from the simplest case to the most involved one, so the first failure names the feature that broke:
+a single tile (a, both pipeline variants) -> several key tiles and query blocks (b) -> the lengths (c: key tails,
+query tails) -> causal with Sq != Sk both ways (d) -> GQA (e) -> strided views (f) -> long (g) -> the rest.
+"""
+
+import math
+import shutil
+import subprocess
+
+import pytest
+import torch
+from conftest import rand_qkv
+
+from attn_lt import native
+from attn_lt.testing import reference, rel_error, sdpa, tolerance
+
+gpu = pytest.mark.gpu
+VARIANTS = list(native.FLASH_SM90_VARIANTS)  # "default" (overlapped, ping-pong), "plain"
+
+
+@pytest.fixture
+def sm90():
+    """Skips unless the current GPU is compute capability 9.0; fails if it is and the kernel cannot run there."""
+    cc = torch.cuda.get_device_capability()
+    if cc != (9, 0):
+        pytest.skip(f"the sm_90a kernel needs a compute capability 9.0 GPU (H100/H200); this one is {cc}")
+    assert native.flash_sm90_supported(), "cc 9.0 GPU, but the library holds no usable sm_90a kernel"
+
+
+def sm90_attention(q, k, v, causal=False, scale=None, variant="default", out=None, with_lse=True):
+    """(out, lse) of the Hopper kernel on (B, Hq, Sq, D) q and (B, Hkv, Sk, D) k, v (any strides the launcher
+    accepts); out (B, Hq, Sq, D) and lse FP32 (B, Hq, Sq) are poisoned with NaN before the call."""
+    B, Hq, Sq, D = q.shape
+    Hkv, Sk = k.shape[1], k.shape[2]
+    if out is None:
+        out = torch.empty(B, Hq, Sq, D, dtype=q.dtype, device=q.device)
+    out.fill_(math.nan)
+    lse = torch.full((B, Hq, Sq), math.nan, dtype=torch.float32, device=q.device) if with_lse else None
+    a = native.FlashArgs()
+    a.q, a.k, a.v, a.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
+    a.lse = lse.data_ptr() if with_lse else None
+    a.B, a.Hq, a.Hkv, a.Sq, a.Sk, a.D = B, Hq, Hkv, Sq, Sk, D
+    a.q_sb, a.q_sh, a.q_ss = q.stride()[:3]
+    a.k_sb, a.k_sh, a.k_ss = k.stride()[:3]
+    a.v_sb, a.v_sh, a.v_ss = v.stride()[:3]
+    a.o_sb, a.o_sh, a.o_ss = out.stride()[:3]
+    a.scale = D**-0.5 if scale is None else scale
+    a.causal, a.dtype = int(causal), native.DTYPE_CODES["bf16" if q.dtype == torch.bfloat16 else "fp16"]
+    a.variant = native.FLASH_SM90_VARIANTS[variant]
+    native.flash_sm90(a, torch.cuda.current_stream().cuda_stream)
+    return out, lse
+
+
+def check(q, k, v, causal=False, scale=None, variant="default", rows=None, out=None):
+    """Run the kernel and compare out and LSE with the FP32 reference (on ``rows`` only, when given)."""
+    o, lse = sm90_attention(q, k, v, causal, scale, variant, out=out)
+    torch.cuda.synchronize()
+    assert not torch.isnan(o).any(), f"{torch.isnan(o).sum().item()} output elements unwritten or NaN"
+    assert not torch.isnan(lse).any(), f"{torch.isnan(lse).sum().item()} LSE elements unwritten or NaN"
+    ref, ref_lse = reference(q, k, v, None, causal, scale, rows=rows)
+    theirs = sdpa(q, k, v, None, causal, scale)
+    o_c, lse_c = (o, lse) if rows is None else (o[:, :, rows], lse[:, :, rows])
+    if rows is not None:
+        theirs = theirs[:, :, rows]
+    err, torch_err = rel_error(o_c, ref), rel_error(theirs, ref)
+    assert err <= tolerance(torch_err), f"sm90 error {err:.3e}, PyTorch {torch_err:.3e}"
+    assert torch.equal(torch.isneginf(lse_c), torch.isneginf(ref_lse)), "LSE -inf rows differ from the reference"
+    fin = torch.isfinite(ref_lse)
+    if fin.any():
+        dl = (lse_c[fin] - ref_lse[fin]).abs().max().item()
+        assert dl <= 1e-3 * (1 + ref_lse[fin].abs().max().item()), f"LSE off by {dl:.3e}"
+    return o, lse
+
+
+# ---- a0: diagnostics that separate the two GEMMs ----------------------------------------------------------------
+
+@gpu
+@pytest.mark.parametrize("D", [64, 128, 256], ids=lambda d: f"d{d}")
+def test_a0_uniform_attention_checks_pv_alone(sm90, D):
+    # q = 0: every score is 0 whatever the Q/K layouts, P is uniform, O = the mean of the V rows (PV and V's
+    # N-major descriptor alone; exact up to bf16 rounding of 1/Sk and the sum).
+    _, k, v = rand_qkv(1, 1, 1, 128, 128, D, "bf16")
+    q = torch.zeros(1, 1, 128, D, dtype=torch.bfloat16, device="cuda")
+    o, lse = sm90_attention(q, k, v, variant="plain")
+    want = v.float().mean(dim=2, keepdim=True).expand_as(o)
+    assert rel_error(o, want) < 1e-2, f"PV wrong: error {rel_error(o, want):.3e}"
+    assert torch.allclose(lse, torch.full_like(lse, math.log(128)), atol=1e-4)
+
+
+@gpu
+@pytest.mark.parametrize("D", [64, 128, 256], ids=lambda d: f"d{d}")
+def test_a0_identity_values_check_qk_and_softmax(sm90, D):
+    # v = identity (Sk = 64 keys <= D): O[:, :Sk] = P, symmetric in V's layout, so QK^T, the mask of the key tail
+    # and the softmax are checked on their own.
+    q, k, _ = rand_qkv(1, 1, 1, 128, 64, D, "bf16")
+    v = torch.eye(64, D, dtype=torch.bfloat16, device="cuda")[None, None]
+    o, lse = sm90_attention(q, k, v, variant="plain")
+    p = torch.softmax((q.float() @ k.float().transpose(-1, -2)) * D**-0.5, dim=-1)
+    assert rel_error(o[..., :64], p) < 2e-2, f"QK^T/softmax wrong: error {rel_error(o[..., :64], p):.3e}"
+    assert (o[..., 64:] == 0).all()
+
+
+# ---- a: one tile (128 queries x one key tile), both pipelines -----------------------------------------------------
+
+@gpu
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("D", [64, 128, 256], ids=lambda d: f"d{d}")
+def test_a_single_tile(sm90, D, variant):
+    n = 64 if D == 256 else 128  # one key tile of the kernel
+    check(*rand_qkv(1, 1, 1, 128, n, D, "bf16"), variant=variant)
+
+
+# ---- b: several key tiles and query blocks, no tails --------------------------------------------------------------
+
+@gpu
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("D", [64, 128, 256], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("Sq,Sk", [(256, 512), (384, 1024)], ids=lambda s: str(s))
+def test_b_multi_tile(sm90, Sq, Sk, D, variant):
+    check(*rand_qkv(2, 2, 2, Sq, Sk, D, "bf16"), variant=variant)
+
+
+# ---- c: lengths (key tails, query tails, a single query) -------------------------------------------------------
+
+@gpu
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("D", [64, 128, 256], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("S", [1, 17, 97, 1000, 4095, 4096, 4097], ids=lambda s: f"s{s}")
+def test_c_sizes(sm90, S, D, dtype):
+    check(*rand_qkv(2, 4, 4, S, S, D, dtype))
+
+
+@gpu
+@pytest.mark.parametrize("D", [64, 128, 256], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("Sq,Sk", [(1, 4097), (4097, 1), (17, 333), (333, 17)], ids=lambda s: str(s))
+def test_c_unequal_lengths(sm90, Sq, Sk, D):
+    check(*rand_qkv(2, 2, 2, Sq, Sk, D, "fp16"))
+
+
+# ---- d: causal, bottom-right aligned, Sq != Sk both ways --------------------------------------------------------
+
+@gpu
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("D", [64, 128, 256], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("Sq,Sk", [(128, 128), (1000, 1000), (97, 4000), (1, 2048), (16, 333), (300, 97),
+                                   (4095, 4097), (4097, 4095)], ids=lambda s: str(s))
+def test_d_causal(sm90, Sq, Sk, D, variant):
+    check(*rand_qkv(2, 2, 2, Sq, Sk, D, "bf16"), causal=True, variant=variant)
+
+
+@gpu
+@pytest.mark.parametrize("D", [64, 128, 256], ids=lambda d: f"d{d}")
+def test_d_causal_rows_without_keys_give_zero_and_neg_inf(sm90, D):
+    q, k, v = rand_qkv(1, 4, 2, 300, 97, D, "bf16")
+    o, lse = check(q, k, v, causal=True)
+    assert (o[:, :, :203] == 0).all() and torch.isneginf(lse[:, :, :203]).all()
+    assert torch.isfinite(lse[:, :, 203:]).all()
+
+
+# ---- e: GQA (kv head = q head / (Hq / Hkv)), no copies ----------------------------------------------------------
+
+@gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D", [64, 128, 256], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("Hkv", [8, 2, 1], ids=["gqa1", "gqa4", "gqa8"])
+@pytest.mark.parametrize("Sq,Sk", [(1000, 1000), (300, 1500)], ids=lambda s: str(s))
+def test_e_gqa(sm90, Sq, Sk, Hkv, D, causal):
+    check(*rand_qkv(2, 8, Hkv, Sq, Sk, D, "bf16"), causal=causal)
+
+
+# ---- f: strided views read in place ------------------------------------------------------------------------------
+
+@gpu
+@pytest.mark.parametrize("D", [64, 128, 256], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("Hkv,causal", [(8, False), (2, True)], ids=["mha-full", "gqa4-causal"])
+def test_f_bshd_transposed_views(sm90, Hkv, causal, D):
+    q, k, v = rand_qkv(2, 8, Hkv, 1000, 2000, D, "fp16", layout="bshd")
+    out = torch.empty(2, 1000, 8, D, dtype=q.dtype, device="cuda").transpose(1, 2)  # a (B, S, H, D) output too
+    o, _ = check(q, k, v, causal=causal, out=out)
+    assert o.data_ptr() == out.data_ptr()
+
+
+@gpu
+def test_f_packed_qkv_views(sm90):
+    # q, k, v sliced out of one (B, S, 3, H, D) projection: row stride 3 * H * D, head stride D.
+    qkv = torch.randn(2, 777, 3, 4, 128, dtype=torch.bfloat16, device="cuda")
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+    check(q, k, v, causal=True)
+
+
+@gpu
+def test_f_custom_scale_and_no_lse(sm90):
+    q, k, v = rand_qkv(1, 2, 2, 500, 700, 128, "bf16")
+    check(q, k, v, scale=0.3)
+    o, lse = sm90_attention(q, k, v, with_lse=False)
+    assert lse is None and not torch.isnan(o).any()
+
+
+# ---- g: long ------------------------------------------------------------------------------------------------------
+
+@gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D", [64, 128, 256], ids=lambda d: f"d{d}")
+def test_g_long_16384(sm90, D, causal):
+    q, k, v = rand_qkv(1, 2, 2, 16384, 16384, D, "bf16")
+    rows = torch.cat([torch.arange(0, 300), torch.randint(300, 16084, (700,)), torch.arange(16084, 16384)])
+    check(q, k, v, causal=causal, rows=rows.cuda())
+
+
+# ---- the rest -----------------------------------------------------------------------------------------------------
+
+@gpu
+@pytest.mark.parametrize("D", [64, 128, 256], ids=lambda d: f"d{d}")
+def test_variants_agree(sm90, D):
+    q, k, v = rand_qkv(2, 4, 2, 1000, 1500, D, "bf16")
+    a, la = sm90_attention(q, k, v, causal=True, variant="default")
+    b, lb = sm90_attention(q, k, v, causal=True, variant="plain")
+    assert rel_error(a, b.float()) < 1e-2 and (la - lb).abs().max().item() < 1e-3
+
+
+@gpu
+def test_repeatable_bit_for_bit(sm90):
+    q, k, v = rand_qkv(2, 8, 2, 1000, 1500, 128, "bf16")
+    a, la = sm90_attention(q, k, v, causal=True)
+    b, lb = sm90_attention(q, k, v, causal=True)
+    assert torch.equal(a, b) and torch.equal(la, lb)
+
+
+@gpu
+def test_runs_on_a_side_stream(sm90):
+    q, k, v = rand_qkv(1, 4, 4, 1000, 1000, 64, "bf16")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        o, _ = sm90_attention(q, k, v)
+    torch.cuda.current_stream().wait_stream(s)
+    ref, _ = reference(q, k, v)
+    assert rel_error(o, ref) <= tolerance(rel_error(sdpa(q, k, v), ref))
+
+
+def _args(**kw):
+    a = native.FlashArgs()
+    a.q = a.k = a.v = a.o = 1 << 20  # never dereferenced: the launcher refuses before any GPU work
+    a.B, a.Hq, a.Hkv, a.Sq, a.Sk, a.D = 1, 2, 2, 128, 128, 128
+    a.q_sb = a.k_sb = a.v_sb = a.o_sb = 2 * 128 * 128
+    a.q_sh = a.k_sh = a.v_sh = a.o_sh = 128 * 128
+    a.q_ss = a.k_ss = a.v_ss = a.o_ss = 128
+    a.scale, a.dtype = 0.125, native.DTYPE_CODES["bf16"]
+    for name, value in kw.items():
+        setattr(a, name, value)
+    return a
+
+
+@pytest.mark.parametrize("bad", [dict(D=96), dict(D=512), dict(Hkv=3), dict(q_ss=100), dict(k_sh=0), dict(o=8),
+                                 dict(dtype=3), dict(variant=7), dict(scale=0.0), dict(Sq=0), dict(B=70000)],
+                         ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()))
+def test_invalid_arguments_refused_before_any_gpu_work(bad):
+    with pytest.raises(native.CudaError, match="invalid argument"):
+        native.flash_sm90(_args(**bad), 0)
+
+
+@pytest.mark.skipif(shutil.which("cuobjdump") is None, reason="cuobjdump not on PATH")
+def test_library_holds_sm90a_code_with_wgmma():
+    path = str(native.library_path())
+    elf = subprocess.run(["cuobjdump", "--list-elf", path], capture_output=True, text=True, check=True).stdout
+    assert "sm_90a" in elf
+    sass = subprocess.run(["cuobjdump", "--dump-sass", path], capture_output=True, text=True)
+    if sass.returncode == 0:  # needs nvdisasm too
+        assert "HGMMA" in sass.stdout and "UTMALDG" in sass.stdout and "USETMAXREG" in sass.stdout
+
+
+def test_not_supported_without_an_sm90_gpu():
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0):
+        pytest.skip("this machine has an sm_90 GPU")
+    assert not native.flash_sm90_supported()
+    with pytest.raises(native.CudaError):
+        native.flash_sm90(_args(), 0)

@@ -1,0 +1,100 @@
+"""The long path where fused kernels cannot go (GPU): any head dim, D_v != D_qk (MLA, V a view of the latent
+cache K), and the attention mass per key — each against an FP32/FP64 reference, outputs poisoned with NaN."""
+
+import math
+
+import pytest
+import torch
+
+import attn_lt
+from attn_lt.testing import causal_mask, reference, rel_error, sdpa, tolerance
+
+pytestmark = pytest.mark.gpu
+
+
+def mass_reference(q, k, attn_mask=None, causal=False, window=None):
+    """FP64 sum over (the last ``window``) query rows of softmax(scale q k^T + mask), (B, Hq, Sk)."""
+    B, Hq, Sq, D = q.shape
+    g = Hq // k.shape[1]
+    kk = k.double().repeat_interleave(g, dim=1)
+    s = q.double() @ kk.transpose(-1, -2) * D**-0.5
+    if attn_mask is not None:
+        m = attn_mask.expand(B, Hq, Sq, k.shape[2])
+        s = s.masked_fill(~m, -math.inf) if m.dtype == torch.bool else s + m.double()
+    if causal:
+        s = s.masked_fill(~causal_mask(Sq, k.shape[2], q.device), -math.inf)
+    p = torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0)
+    if window is not None:
+        p = p[:, :, max(0, Sq - window):]
+    return p.sum(dim=2)
+
+
+@pytest.mark.parametrize("D", [80, 96, 160, 192, 256, 512, 576, 1024])
+def test_any_head_dim(D):
+    q = torch.randn(1, 4, 97, D, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, 2, 1100, D, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    out = torch.full_like(q, math.nan)
+    o = attn_lt.attention(q, k, v, causal=True, out=out)
+    ref, _ = reference(q, k, v, causal=True)
+    assert rel_error(o, ref) <= tolerance(rel_error(sdpa(q, k, v, causal=True), ref))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_mla_prefill_shape(dtype):
+    """D_qk = 192, D_v = 128, causal, against FP64."""
+    q = torch.randn(1, 16, 1000, 192, device="cuda", dtype=dtype)
+    k = torch.randn(1, 16, 1000, 192, device="cuda", dtype=dtype)
+    v = torch.randn(1, 16, 1000, 128, device="cuda", dtype=dtype)
+    out = torch.full((1, 16, 1000, 128), math.nan, device="cuda", dtype=dtype)
+    o, lse = attn_lt.attention(q, k, v, causal=True, out=out, return_lse=True)
+    ref, ref_lse = reference(q, k, v, causal=True, dtype=torch.float64)
+    torch_err = rel_error(sdpa(q, k, v, causal=True), ref)
+    assert rel_error(o, ref) <= tolerance(torch_err)
+    assert (lse.double() - ref_lse).abs().max().item() < 1e-3
+
+
+@pytest.mark.parametrize("Sk", [1, 4095, 8192])
+def test_mla_decode_v_is_a_view_of_the_latent_cache(Sk):
+    """One latent head (Hkv = 1) shared by 16 query heads, D_qk = 576, V = K[..., :512] (no copy)."""
+    cache = torch.randn(4, 1, Sk, 576, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(4, 16, 1, 576, device="cuda", dtype=torch.bfloat16)
+    v = cache[..., :512]
+    assert v.data_ptr() == cache.data_ptr()
+    out = torch.full((4, 16, 1, 512), math.nan, device="cuda", dtype=torch.bfloat16)
+    o = attn_lt.attention(q, cache, v, scale=0.07, out=out)
+    ref, _ = reference(q, cache, v, scale=0.07, dtype=torch.float64)
+    assert rel_error(o, ref) < 8e-3
+    assert "Dqk576 Dv512" in str(attn_lt.explain(q, cache, v))
+
+
+@pytest.mark.parametrize("case", [
+    dict(B=1, Hq=4, Hkv=4, Sq=300, Sk=1000, causal=False, mask=None, window=None),
+    dict(B=2, Hq=8, Hkv=2, Sq=257, Sk=4097, causal=True, mask=None, window=None),
+    dict(B=2, Hq=8, Hkv=2, Sq=257, Sk=4097, causal=True, mask=None, window=64),
+    dict(B=1, Hq=4, Hkv=1, Sq=97, Sk=2000, causal=False, mask="bool", window=None),
+    dict(B=2, Hq=8, Hkv=8, Sq=64, Sk=3000, causal=False, mask="float", window=17),
+    dict(B=4, Hq=32, Hkv=8, Sq=1, Sk=8192, causal=False, mask=None, window=None),   # decode, group folded
+    dict(B=2, Hq=32, Hkv=8, Sq=16, Sk=5000, causal=True, mask=None, window=8),     # folded, causal, window
+], ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+def test_key_mass_matches_the_reference(case):
+    c = case
+    q = torch.randn(c["B"], c["Hq"], c["Sq"], 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(c["B"], c["Hkv"], c["Sk"], 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    mask = None
+    if c["mask"] == "bool":
+        mask = torch.rand(1, 1, c["Sq"], c["Sk"], device="cuda") > 0.3
+    elif c["mask"] == "float":
+        mask = torch.randn(c["B"], 1, c["Sq"], c["Sk"], device="cuda")
+    o, lse, mass = attn_lt.attention(q, k, v, attn_mask=mask, causal=c["causal"], return_lse=True,
+                                     return_key_mass=True, key_mass_window=c["window"])
+    assert mass.shape == (c["B"], c["Hq"], c["Sk"]) and mass.dtype == torch.float32
+    ref = mass_reference(q, k, mask, c["causal"], c["window"])
+    assert not torch.isnan(mass).any()
+    # each row's P sums to 1, so each head's total is the number of rows that see a key, to rounding;
+    # elementwise the bound is P's rounding to bf16 (2^-8 relative), summed in FP32
+    assert torch.allclose(mass.double().sum(-1), ref.sum(-1), rtol=5e-3)
+    assert ((mass.double() - ref).abs() <= 4e-3 * ref + 1e-6).all()
+    o2 = attn_lt.attention(q, k, v, attn_mask=mask, causal=c["causal"], backend="lt")
+    assert torch.equal(o, o2)  # asking for the mass does not change the output

@@ -1,0 +1,144 @@
+"""Plan once, run lean (GPU): plan reuse and invalidation, the plan cache of attention(), CUDA graph capture, shape
+classes that keep a growing decode loop from tuning every step."""
+
+import math
+
+import pytest
+import torch
+
+import attn_lt
+from attn_lt.lt import algos
+from attn_lt.testing import reference, rel_error, sdpa, tolerance
+
+from conftest import rand_qkv
+
+pytestmark = pytest.mark.gpu
+
+
+def assert_close(o, q, k, v, **kw):
+    ref, _ = reference(q, k, v, **kw)
+    assert not torch.isnan(o).any()
+    assert rel_error(o, ref) <= tolerance(rel_error(sdpa(q, k, v, **kw), ref))
+
+
+@pytest.mark.parametrize("backend", ["lt", "wmma"])
+def test_plan_run_matches_attention_and_reuses_on_new_data(backend):
+    q, k, v = rand_qkv(2, 8, 2, 97, 1000, 64, "bf16")
+    p = attn_lt.plan(q, k, v, causal=True, backend=backend)
+    assert p.backend == backend and "forced" in str(p.explain())
+    for _ in range(2):  # fresh data, same plan
+        q2, k2, v2 = (torch.randn_like(x) for x in (q, k, v))
+        out = torch.full_like(q2, math.nan)
+        o, lse = p.run(q2, k2, v2, out=out, return_lse=True)
+        assert o is out and lse.shape == (2, 8, 97)
+        assert_close(o, q2, k2, v2, causal=True)
+
+
+def test_plan_refuses_other_shapes_strides_and_alignment():
+    q, k, v = rand_qkv(1, 4, 4, 64, 256, 64, "bf16")
+    p = attn_lt.plan(q, k, v, backend="lt")
+    with pytest.raises(ValueError, match="cannot run these tensors"):
+        p.run(q, k[:, :, :200], v[:, :, :200])
+    with pytest.raises(ValueError, match="cannot run these tensors"):
+        p.run(q.transpose(2, 3).contiguous().transpose(2, 3), k, v)  # other strides
+    big = torch.randn(q.numel() + 8, device="cuda", dtype=q.dtype)
+    with pytest.raises(ValueError, match="alignment"):
+        p.run(big[1:q.numel() + 1].view(q.shape), k, v)  # 2-byte aligned q
+
+
+def test_attention_keeps_one_plan_per_case():
+    q, k, v = rand_qkv(1, 4, 4, 16, 512, 64, "bf16")
+    attn_lt.api.clear_plans()
+    attn_lt.attention(q, k, v, backend="lt")
+    n = attn_lt.api.cached_plans()
+    for _ in range(3):
+        attn_lt.attention(torch.randn_like(q), k, v, backend="lt")
+    assert attn_lt.api.cached_plans() == n
+    attn_lt.attention(q, k, v, backend="lt", causal=True)
+    assert attn_lt.api.cached_plans() == n + 1
+
+
+@pytest.mark.parametrize("backend,Sq,Sk", [("lt", 1, 16384), ("lt", 16, 4097), ("wmma", 64, 1000)])
+def test_cuda_graph_capture_and_replay_with_new_values(backend, Sq, Sk):
+    q, k, v = rand_qkv(2, 8, 2, Sq, Sk, 128, "bf16")
+    attn_lt.attention(q, k, v, backend=backend)  # planned (and tuned) before capture
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        attn_lt.attention(q, k, v, backend=backend)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = attn_lt.attention(q, k, v, backend=backend)
+    for _ in range(2):
+        q.copy_(torch.randn_like(q))
+        k.copy_(torch.randn_like(k))
+        out.fill_(math.nan)
+        g.replay()
+        torch.cuda.synchronize()
+        assert_close(out, q, k, v)
+
+
+def test_capture_never_tunes(tmp_path, monkeypatch):
+    """A call first met inside a capture takes cached or heuristic algorithms; it is tuned on a later eager call."""
+    monkeypatch.setenv("ATTN_LT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("ATTN_LT_ALGO_POLICY", "tune")
+    monkeypatch.setenv("ATTN_LT_TUNE_MS", "30")
+    algos.forget()
+    q, k, v = rand_qkv(1, 8, 8, 1, 3000, 64, "bf16")
+    tuned = algos.stats["tuned"]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        out = attn_lt.attention(q, k, v, backend="lt")
+    g.replay()
+    torch.cuda.synchronize()
+    assert algos.stats["tuned"] == tuned
+    assert_close(out, q, k, v)
+
+
+def test_growing_decode_tunes_once_per_class(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTN_LT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("ATTN_LT_ALGO_POLICY", "tune")
+    monkeypatch.setenv("ATTN_LT_TUNE_MS", "30")
+    algos.forget()
+    kc, vc = (torch.randn(2, 2, 5000, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    q = torch.randn(2, 8, 1, 128, device="cuda", dtype=torch.bfloat16)
+    tuned = algos.stats["tuned"]
+    attn_lt.attention(q, kc[:, :, :4200], vc[:, :, :4200], backend="lt")
+    first = algos.stats["tuned"] - tuned
+    assert first >= 1
+    for n in range(4201, 4230):  # new shapes, same classes: served from the class, never tuned again
+        o = attn_lt.attention(q, kc[:, :, :n], vc[:, :, :n], backend="lt")
+    assert algos.stats["tuned"] - tuned == first
+    assert_close(o, q, kc[:, :, :4229], vc[:, :, :4229])
+    e = attn_lt.plan(q, kc[:, :, :4229], vc[:, :, :4229], backend="lt")
+    e.run(q, kc[:, :, :4229], vc[:, :, :4229])
+    text = str(e.explain())
+    assert "class" in text and "cache (" in text
+
+
+def test_plan_tune_without_data_then_run_never_tunes(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTN_LT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("ATTN_LT_ALGO_POLICY", "tune")
+    monkeypatch.setenv("ATTN_LT_TUNE_MS", "30")
+    algos.forget()
+    q, k, v = rand_qkv(1, 4, 4, 300, 2000, 64, "bf16")
+    p = attn_lt.plan(q, k, v, causal=True, backend="lt").tune()
+    n = algos.stats["tuned"]
+    assert_close(p.run(q, k, v), q, k, v, causal=True)
+    assert algos.stats["tuned"] == n
+
+
+@pytest.mark.parametrize("Dv", [64, 96])
+def test_value_head_dim_differs_and_v_is_a_view_of_k(Dv):
+    """MLA-style: D_qk = 192 / D_v = 128 (and D_v a view of k's first columns, without a copy)."""
+    q = torch.randn(1, 8, 33, 160, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, 2, 700, 160, device="cuda", dtype=torch.bfloat16)
+    v = k[..., :Dv]
+    out = torch.full((1, 8, 33, Dv), math.nan, device="cuda", dtype=torch.bfloat16)
+    o = attn_lt.attention(q, k, v, causal=True, out=out)
+    assert o.shape == (1, 8, 33, Dv)
+    ref, _ = reference(q, k, v, causal=True)
+    assert rel_error(o, ref) < 1e-2

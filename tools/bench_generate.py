@@ -1,0 +1,440 @@
+#!/usr/bin/env python3
+"""Hugging Face ``generate()`` with ``attn_implementation="attn_lt"`` against ``sdpa`` (issue 11's figures).
+
+A Llama-architecture model with random weights, bf16 (default: 8 layers, hidden 4096, 32 query / 8 kv heads, head
+dim 128, intermediate 14336, vocabulary 32000), a random prompt of ``--prompt`` tokens, ``--new`` greedy tokens
+(``min_new_tokens`` so that it never stops early), with each provider in its own process (clean memory):
+
+* ``attn_lt``: ``attn_lt.integrations.transformers.register()``, a **fresh, empty algorithm cache**
+  (``ATTN_LT_CACHE_DIR`` a new temporary directory) and the policy ``--algo-policy`` (default ``tune``);
+* ``sdpa``: transformers' ``sdpa`` with PyTorch's default backend choice (cuDNN on Hopper);
+* ``sdpa-nocudnn``: the same after ``torch.backends.cuda.enable_cudnn_sdp(False)``.
+
+Each process first warms torch, cuBLAS and transformers up with a short ``sdpa`` generate (never attn_lt, whose
+cache stays cold), then runs ``generate()`` ``--repeat`` times (run 1 ``cold``, later ones ``warm``). A
+``LogitsProcessor`` synchronises and stamps the time after every forward: prefill = start to the first stamp,
+time per new token = the gaps between stamps (median, p90, worst and where), total = the whole call. ``floor`` is
+the memory floor of a decode step: weights plus the K/V cache read once at the HBM bandwidth measured in the run.
+Tokens and first-step logits are compared with ``sdpa``'s (random weights: near-ties may part the sequences).
+
+    python tools/bench_generate.py [--prompt 32768[,131072]] [--new 256] [--layers 8] [--out DIR] [--quick]
+                                   [--providers attn_lt,sdpa,sdpa-nocudnn] [--repeat 2] [--cache dynamic|static]
+                                   [--algo-policy tune] [--timeout-s 600]
+
+Writes DIR/results.json (metadata, one row per prompt × provider × run with every step's time) and a log per
+process; prints a short table last. Exit codes: 0 ok, 1 a provider failed, 2 no GPU or bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+TOOLS = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(TOOLS)
+sys.path.insert(0, REPO)
+PROVIDERS = ("attn_lt", "sdpa", "sdpa-nocudnn")
+
+
+# ---- the worker: one provider, one prompt length, its own process ----------------------------------------------
+
+def build_model(a):
+    import torch
+    import transformers
+
+    cfg = transformers.LlamaConfig(
+        vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.intermediate, num_hidden_layers=a.layers,
+        num_attention_heads=a.heads, num_key_value_heads=a.kv_heads, head_dim=a.head_dim,
+        max_position_embeddings=a.prompt + a.new + 16, rope_theta=500000.0, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2)
+    torch.manual_seed(a.seed)
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # weights made in bf16, on the GPU: fast, no fp32 copy
+    try:
+        with torch.device(a.device):
+            model = transformers.LlamaForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(prev)
+    return model.eval()
+
+
+def use(model, name: str):
+    if hasattr(model, "set_attn_implementation"):  # transformers 5.x
+        model.set_attn_implementation(name)
+    else:
+        model.config._attn_implementation = name
+
+
+def sync(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def hbm_gbs(device: str) -> float:
+    """Device-to-device copy bandwidth, bytes read + written per second / 1e9."""
+    import torch
+
+    if device != "cuda":
+        return float("nan")
+
+    x = torch.empty(1 << 29, dtype=torch.uint8, device="cuda")  # 512 MiB
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(10):
+        y.copy_(x)
+    e.record()
+    e.synchronize()
+    return 2 * 10 * x.numel() / (s.elapsed_time(e) * 1e-3) / 1e9
+
+
+def attn_lt_paths(a) -> dict:
+    """The attn_lt path of the prefill and of a decode step (explain on meta tensors; no GPU work)."""
+    import torch
+
+    import attn_lt
+
+    def path(Sq, Sk, causal):
+        q = torch.empty(a.batch, a.heads, Sq, a.head_dim, dtype=torch.bfloat16, device="meta")
+        k = torch.empty(a.batch, a.kv_heads, Sk, a.head_dim, dtype=torch.bfloat16, device="meta")
+        return attn_lt.explain(q, k, k, causal=causal).decision.backend
+
+    return {"prefill": path(a.prompt, a.prompt, True), "decode": path(1, a.prompt + a.new, False)}
+
+
+def summarise(stamps: list[float], t0: float, t1: float) -> dict:
+    steps = [(b - c) * 1e3 for b, c in zip(stamps[1:], stamps[:-1])]
+    med = statistics.median(steps) if steps else float("nan")
+    worst = max(steps) if steps else float("nan")
+    p90 = sorted(steps)[int(0.9 * (len(steps) - 1))] if steps else float("nan")
+    return {"prefill_ms": (stamps[0] - t0) * 1e3, "step_ms": steps, "median_ms": med, "p90_ms": p90,
+            "worst_ms": worst, "worst_step": steps.index(worst) + 1 if steps else None,
+            "steps_over_3x_median": sum(s > 3 * med for s in steps), "decode_ms": (stamps[-1] - stamps[0]) * 1e3,
+            "total_ms": (t1 - t0) * 1e3}
+
+
+def worker(a) -> int:
+    import logging
+
+    import torch
+    import transformers
+
+    logging.basicConfig(level=logging.WARNING)
+    res = {"provider": a.worker, "prompt": a.prompt, "status": "ok", "runs": []}
+
+    def save():
+        with open(a.result, "w") as f:
+            json.dump(res, f)
+
+    try:
+        bw = hbm_gbs(a.device)
+        model = build_model(a)
+        weights = sum(p.numel() * p.element_size() for p in model.parameters())
+        kv_per_token = 2 * a.layers * a.batch * a.kv_heads * a.head_dim * 2
+        kv = kv_per_token * (a.prompt + a.new)
+        # a decode step reads every weight but the embedding table (one row of it) and the K/V cache, once
+        floor_bytes = weights - a.vocab * a.hidden * 2 + kv_per_token * (a.prompt + a.new // 2)
+        res.update(weights_gib=weights / 2**30, kv_cache_gib=kv / 2**30, hbm_gbs=bw,
+                   floor_ms=floor_bytes / (bw * 1e9) * 1e3)
+        # memory: weights, the cache (plus one layer's copy while a dynamic cache grows), prefill activations
+        act = a.batch * a.prompt * (3 * a.intermediate + 8 * a.hidden + 2 * a.heads * a.head_dim) * 2
+        need = kv * (1 + 1 / a.layers) + act + (2 << 30)
+        free = torch.cuda.mem_get_info()[0] if a.device == "cuda" else float("inf")
+        res["estimated_need_gib"], res["free_gib"] = need / 2**30, free / 2**30
+        if need > free:
+            res["status"] = f"skipped: needs about {need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free"
+            save()
+            return 0
+        if a.worker == "sdpa-nocudnn":
+            torch.backends.cuda.enable_cudnn_sdp(False)
+        gen = torch.Generator().manual_seed(a.seed + 1)
+        ids = torch.randint(3, a.vocab, (a.batch, a.prompt), generator=gen).to(a.device)
+        kw = dict(do_sample=False, pad_token_id=0, use_cache=True)
+        if a.cache == "static":
+            kw["cache_implementation"] = "static"
+        use(model, "sdpa")  # warm-up: torch, cuBLAS, transformers; attn_lt's cache stays cold
+        warm_ids = ids[:, :256]
+        with torch.no_grad():
+            model.generate(warm_ids, attention_mask=torch.ones_like(warm_ids), max_new_tokens=4, min_new_tokens=4,
+                           **kw)
+        if a.worker == "attn_lt":
+            import attn_lt.integrations.transformers as attn_lt_hf
+
+            attn_lt_hf.register()
+            use(model, "attn_lt")
+            res["attn_lt_paths"] = attn_lt_paths(a)
+            res["algo_cache_dir"] = os.environ.get("ATTN_LT_CACHE_DIR")
+            res["algo_policy"] = os.environ.get("ATTN_LT_ALGO_POLICY")
+
+        class Clock(transformers.LogitsProcessor):
+            """Stamps the time after every forward (synchronised); saves a partial row every few seconds, so
+            that a run stopped by the parent's timeout still shows its steps."""
+
+            def __init__(self, t0: float, run: str):
+                self.t0, self.run, self.stamps, self.first, self.saved = t0, run, [], None, time.perf_counter()
+
+            def __call__(self, input_ids, scores):
+                sync(a.device)
+                now = time.perf_counter()
+                self.stamps.append(now)
+                if self.first is None:
+                    self.first = scores[0].float().cpu()
+                if now - self.saved > 5:
+                    res["runs"][-1] = dict(summarise(self.stamps, self.t0, now), run=f"{self.run} (partial)",
+                                           peak_gib=None, tokens=[])
+                    save()
+                    self.saved = now
+                return scores
+
+        for r in range(a.repeat):
+            sync(a.device)
+            if a.device == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            t0 = time.perf_counter()
+            clock = Clock(t0, "cold" if r == 0 else "warm")
+            res["runs"].append({})
+            with torch.no_grad():
+                out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=a.new,
+                                     min_new_tokens=a.new, logits_processor=transformers.LogitsProcessorList([clock]),
+                                     **kw)
+            sync(a.device)
+            t1 = time.perf_counter()
+            row = summarise(clock.stamps, t0, t1)
+            peak = torch.cuda.max_memory_allocated() / 2**30 if a.device == "cuda" else None
+            row.update(run=clock.run, peak_gib=peak, tokens=out[0, a.prompt:].tolist())
+            res["runs"][-1] = row
+            if r == 0:
+                torch.save(clock.first, a.result + ".logits0.pt")
+            save()
+            print(f"{a.worker} S={a.prompt} {row['run']}: prefill {row['prefill_ms']:.0f} ms, "
+                  f"median {row['median_ms']:.2f} ms/token, worst {row['worst_ms']:.1f}", flush=True)
+            del out
+        if a.worker == "attn_lt" and res.get("algo_cache_dir"):
+            d = res["algo_cache_dir"]
+            res["algo_cache_files"] = {f: os.path.getsize(os.path.join(d, f)) for f in sorted(os.listdir(d))}
+    except torch.cuda.OutOfMemoryError as e:
+        res["status"] = "oom: " + str(e).split("\n")[0][:200]
+    except Exception as e:  # recorded, reported by the parent
+        import traceback
+
+        traceback.print_exc()
+        res["status"] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+    save()
+    return 0 if res["status"] == "ok" or res["status"].startswith(("skipped", "oom")) else 1
+
+
+# ---- the parent: one process per (prompt, provider), then the table --------------------------------------------
+
+def metadata(argv) -> dict:
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "command": "python tools/bench_generate.py " + " ".join(shlex.quote(x) for x in argv)}
+    try:
+        sys.path.insert(0, TOOLS)
+        import bench  # the suite's metadata: GPU, driver, versions, sources' hash
+
+        m = bench.metadata(argv)
+        m.pop("command", None)
+        meta.update(m)
+    except Exception as e:  # never lose a run over its metadata
+        meta["metadata_error"] = f"{type(e).__name__}: {e}"
+        import torch
+
+        meta["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+        meta["versions"] = {"torch": torch.__version__}
+    try:
+        import transformers
+
+        meta.setdefault("versions", {})["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    return meta
+
+
+def rel_err(x, ref) -> float:
+    import torch
+
+    fin = torch.isfinite(ref) & torch.isfinite(x)
+    return ((x[fin].double() - ref[fin].double()).norm() / ref[fin].double().norm()).item()
+
+
+def compare(rows: list[dict], out_dir: str) -> None:
+    """Tokens and first-step logits of every row against sdpa's (same prompt)."""
+    import torch
+
+    base = {r["prompt"]: r for r in rows if r["provider"] == "sdpa" and r["status"] == "ok"}
+    for r in rows:
+        b = base.get(r["prompt"])
+        if b is None or r["status"] != "ok" or not r["runs"] or not b["runs"]:
+            continue
+        ta, tb = r["runs"][0].get("tokens"), b["runs"][0].get("tokens")
+        if not ta or not tb:
+            continue
+        diff = [i for i, (x, y) in enumerate(zip(ta, tb)) if x != y]
+        r["first_token_differing_from_sdpa"] = diff[0] if diff else None
+        try:
+            la, lb = torch.load(r["result"] + ".logits0.pt"), torch.load(b["result"] + ".logits0.pt")
+            r["first_logits_rel_err_vs_sdpa"] = rel_err(la, lb)
+        except OSError:
+            pass
+
+
+def table(rows: list[dict]) -> str:
+    head = ("| prompt | provider | run | prefill s | median ms/tok | p90 | worst (step) | >3x med | total s "
+            "| floor ms | tokens = sdpa | logits vs sdpa |")
+    lines = [head, "|" + "---|" * 12]
+    for r in rows:
+        if r["status"] != "ok":
+            lines.append(f"| {r['prompt']} | {r['provider']} | | {r['status']} |" + " |" * 8)
+            if not r["runs"]:
+                continue
+        for run in r["runs"]:
+            if "median_ms" not in run:
+                continue
+            first = run is r["runs"][0]
+            d = r.get("first_token_differing_from_sdpa", "")
+            same = "" if r["provider"] == "sdpa" or not first else (
+                "all" if d is None else f"first {d}" if d != "" else "")
+            err = r.get("first_logits_rel_err_vs_sdpa")
+            lines.append(
+                f"| {r['prompt']} | {r['provider']} | {run['run']} | {run['prefill_ms'] / 1e3:.2f} | "
+                f"{run['median_ms']:.2f} | {run['p90_ms']:.2f} | {run['worst_ms']:.1f} ({run['worst_step']}) | "
+                f"{run['steps_over_3x_median']} | {run['total_ms'] / 1e3:.2f} | {r['floor_ms']:.2f} | {same} | "
+                f"{'' if err is None or not first else f'{err:.1e}'} |")
+    return "\n".join(lines)
+
+
+def parent(a, argv) -> int:
+    import torch
+
+    if a.device == "cuda" and not torch.cuda.is_available():
+        print("bench_generate: no CUDA GPU visible", file=sys.stderr)
+        return 2
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        print("bench_generate: needs transformers (pip install 'attn-lt[transformers]')", file=sys.stderr)
+        return 2
+    out_dir = a.out or tempfile.mkdtemp(prefix="bench-generate-")
+    os.makedirs(out_dir, exist_ok=True)
+    meta = metadata(argv)
+    meta["model"] = {k: getattr(a, k) for k in ("layers", "hidden", "heads", "kv_heads", "head_dim",
+                                                "intermediate", "vocab", "batch", "new", "repeat", "cache",
+                                                "algo_policy", "seed")}
+    rows = []
+    t_start = time.time()
+    for S in a.prompts:
+        for p in a.providers:
+            stem = os.path.join(out_dir, f"s{S}-{p}")
+            cmd = [sys.executable, os.path.abspath(__file__), "--worker", p, "--result", stem + ".json",
+                   "--prompt", str(S)] + [f"--{k.replace('_', '-')}={getattr(a, k)}" for k in
+                                          ("new", "layers", "hidden", "heads", "kv_heads", "head_dim",
+                                           "intermediate", "vocab", "batch", "repeat", "cache", "seed",
+                                           "device")]
+            env = dict(os.environ)
+            tmp = None
+            if p == "attn_lt":
+                tmp = tempfile.mkdtemp(prefix="attn-lt-cold-cache-")
+                env["ATTN_LT_CACHE_DIR"] = tmp  # a cold algorithm cache
+                env["ATTN_LT_ALGO_POLICY"] = a.algo_policy
+            print(f"[{time.time() - t_start:6.0f} s] prompt {S}, {p} ...", flush=True)
+            row = {"provider": p, "prompt": S, "status": "ok", "runs": [], "result": stem + ".json"}
+            with open(stem + ".log", "w") as log:
+                try:
+                    rc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                                        timeout=a.timeout_s).returncode
+                except subprocess.TimeoutExpired:
+                    rc = None
+            try:
+                with open(stem + ".json") as f:
+                    row.update(json.load(f))
+            except (OSError, ValueError):
+                row["status"] = "no result"
+            row["result"] = stem + ".json"
+            if rc is None:
+                row["status"] = f"timeout after {a.timeout_s} s" + (" (partial runs kept)" if row["runs"] else "")
+            elif rc != 0 and row["status"] == "ok":
+                row["status"] = f"exit {rc}"
+            if tmp is not None:
+                row["cold_cache_dir"] = tmp
+            rows.append(row)
+            compare(rows, out_dir)
+            with open(os.path.join(out_dir, "results.json"), "w") as f:
+                json.dump({"metadata": meta, "rows": rows}, f, indent=1)
+    meta["wall_s"] = time.time() - t_start
+    compare(rows, out_dir)
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+        json.dump({"metadata": meta, "rows": rows}, f, indent=1)
+    text = table(rows)
+    with open(os.path.join(out_dir, "summary.md"), "w") as f:
+        f.write(f"{meta.get('gpu', '')}; {meta.get('versions', {})}\n\n{text}\n")
+    print(f"\n{meta.get('gpu', '')}, transformers {meta.get('versions', {}).get('transformers')}; model: "
+          f"{a.layers} layers, hidden {a.hidden}, {a.heads}/{a.kv_heads} heads x {a.head_dim}, batch {a.batch}, "
+          f"{a.new} new tokens, {a.cache} cache; {meta['wall_s']:.0f} s; files in {out_dir}")
+    print(text)
+    bad = [r for r in rows if not (r["status"] == "ok" or r["status"].startswith(("skipped", "oom")))]
+    return 1 if bad else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prompt", default="32768", help="prompt length(s), comma separated (default 32768)")
+    ap.add_argument("--new", type=int, default=256, help="new tokens (default 256)")
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--hidden", type=int, default=4096)
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--kv-heads", type=int, default=8)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--intermediate", type=int, default=14336)
+    ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--providers", default=",".join(PROVIDERS), help="comma separated: " + ", ".join(PROVIDERS))
+    ap.add_argument("--repeat", type=int, default=2, help="generate() calls per process: 1 cold, then warm")
+    ap.add_argument("--cache", choices=("dynamic", "static"), default="dynamic", help="transformers' KV cache")
+    ap.add_argument("--algo-policy", default="tune", choices=("tune", "cache", "heuristic"),
+                    help="attn_lt's ATTN_LT_ALGO_POLICY for its run (default tune)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--timeout-s", type=int, default=600, help="per process (default 600)")
+    ap.add_argument("--out", help="directory for results.json, summary.md and the logs")
+    ap.add_argument("--quick", action="store_true", help="prompt 8192, 32 new tokens, 2 layers, one repeat")
+    ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # "cpu": the script's own smoke test
+    ap.add_argument("--worker", choices=PROVIDERS, help=argparse.SUPPRESS)
+    ap.add_argument("--result", help=argparse.SUPPRESS)
+    return ap
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    a = build_parser().parse_args(argv)
+    if a.quick:
+        a.prompt, a.new, a.layers, a.repeat = "8192", 32, 2, 1
+    try:
+        a.prompts = [int(x) for x in str(a.prompt).split(",") if x.strip()]
+    except ValueError:
+        print(f"bench_generate: --prompt must be integers, got {a.prompt!r}", file=sys.stderr)
+        return 2
+    a.providers = [p.strip() for p in a.providers.split(",") if p.strip()]
+    bad = [p for p in a.providers if p not in PROVIDERS]
+    if bad or not a.prompts or min(a.prompts) < 1 or a.new < 2 or a.repeat < 1:
+        print(f"bench_generate: bad arguments (providers {bad}, prompts {a.prompts}, new {a.new})", file=sys.stderr)
+        return 2
+    if a.worker:
+        a.prompt = a.prompts[0]
+        return worker(a)
+    return parent(a, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,220 @@
+#!/usr/bin/env python3
+"""attn_lt in a serving loop, side by side with PyTorch SDPA (issue 10's figures), on one GPU:
+
+1. **decode loop**: B8 Hq32 Hkv8 D128 bf16, a KV cache of fixed capacity whose valid length grows by one key a
+   step from 32768, ``--steps`` steps (default 1000), from a fresh algorithm cache with the default policy; each
+   step's wall time (synchronised); the steady state (the same call repeated once tuned, CUDA events); total
+   tuning time. SDPA's default backend runs the same loop.
+2. **repeated causal prefill**: B1 H32 S32768 D128 causal, called back to back from a fresh cache.
+3. **host cost**: microseconds to issue one cached call (decode B8 Hq32 Hkv8 Sk 4k and 16k) through
+   ``attention()``, ``plan.run`` and SDPA's default, GPU work queued behind a long kernel so that the host alone is
+   timed.
+4. **graph replay**: the decode call captured in a CUDA graph and replayed.
+
+    python tools/bench_serving.py [--steps 1000] [--prefill-calls 6] [--out DIR] [--quick]
+
+Prints a short table last; writes DIR/serving.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def sdpa_call(q, k, v, causal=False):
+    import torch.nn.functional as F
+
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
+
+
+def events_ms(fn, reps=50):
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        ts.append(s.elapsed_time(e))
+    return statistics.median(ts)
+
+
+def decode_loop(steps: int, provider: str, start: int = 32768):
+    """Per-step wall ms of a decode loop whose cache grows one key a step; the steady-state ms at the end."""
+    import torch
+
+    import attn_lt
+    from attn_lt.lt import algos
+
+    B, Hq, Hkv, D = 8, 32, 8, 128
+    cap = start + steps + 8
+    kc = torch.randn(B, Hkv, cap, D, device="cuda", dtype=torch.bfloat16)
+    vc = torch.randn(B, Hkv, cap, D, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(B, Hq, 1, D, device="cuda", dtype=torch.bfloat16)
+    tuned0 = dict(algos.stats)
+    times = []
+    t_loop = time.perf_counter()
+    for i in range(steps):
+        n = start + i
+        k, v = kc[:, :, :n], vc[:, :, :n]
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        if provider == "attn_lt":
+            attn_lt.attention(q, k, v)
+        else:
+            sdpa_call(q, k, v)
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    loop_s = time.perf_counter() - t_loop
+    n = start + steps - 1
+    k, v = kc[:, :, :n], vc[:, :, :n]
+    steady = events_ms((lambda: attn_lt.attention(q, k, v)) if provider == "attn_lt" else (lambda: sdpa_call(q, k, v)))
+    tuned = {x: algos.stats[x] - tuned0[x] for x in algos.stats}
+    later = times[1:]
+    return {"provider": provider, "steps": steps, "first_ms": round(times[0], 3),
+            "median_ms": round(statistics.median(later), 4), "worst_after_first_ms": round(max(later), 3),
+            "steady_ms": round(steady, 4), "median_over_steady": round(statistics.median(later) / steady, 3),
+            "worst_over_steady": round(max(later) / steady, 2), "loop_s": round(loop_s, 2), "resolve": tuned,
+            "times_ms": [round(t, 4) for t in times]}
+
+
+def prefill_calls(calls: int, provider: str, S: int = 32768):
+    import torch
+
+    import attn_lt
+
+    q, k, v = (torch.randn(1, 32, S, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    times = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        if provider == "attn_lt":
+            attn_lt.attention(q, k, v, causal=True, backend="lt")
+        else:
+            sdpa_call(q, k, v, causal=True)
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    steady = statistics.median(times[2:]) if len(times) > 3 else times[-1]
+    return {"provider": provider, "calls_ms": [round(t, 2) for t in times], "steady_ms": round(steady, 2),
+            "worst_after_first_over_steady": round(max(times[1:]) / steady, 3) if len(times) > 1 else None}
+
+
+def host_us(fn, n=100):
+    """Host microseconds per call while the GPU is busy (a long sleep kernel queued first)."""
+    import torch
+
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(5):
+        torch.cuda._sleep(int(2e9 * 0.05))  # keep the GPU busy, so that launches only queue
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        samples.append((time.perf_counter() - t0) / n * 1e6)
+        torch.cuda.synchronize()
+    return round(statistics.median(samples), 2)
+
+
+def host_costs():
+    import torch
+
+    import attn_lt
+
+    rows = []
+    for Sk in (4096, 16384):
+        q = torch.randn(8, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(8, 8, Sk, 128, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        p = attn_lt.plan(q, k, v, backend="lt").tune(q, k, v)
+        attn_lt.attention(q, k, v, backend="lt")
+        rows.append({"Sk": Sk, "attention_us": host_us(lambda: attn_lt.attention(q, k, v, backend="lt")),
+                     "plan_run_us": host_us(lambda: p.run(q, k, v)),
+                     "sdpa_default_us": host_us(lambda: sdpa_call(q, k, v))})
+    return rows
+
+
+def graph_replay():
+    import torch
+
+    import attn_lt
+    from attn_lt.testing import reference, rel_error
+
+    q = torch.randn(8, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(8, 8, 16384, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    attn_lt.attention(q, k, v, backend="lt")  # plan and tune outside the capture
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        attn_lt.attention(q, k, v, backend="lt")
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = attn_lt.attention(q, k, v, backend="lt")
+    q.copy_(torch.randn_like(q))
+    g.replay()
+    torch.cuda.synchronize()
+    err = rel_error(out, reference(q, k, v)[0])
+    return {"graph_replay_ms": round(events_ms(g.replay), 4),
+            "eager_ms": round(events_ms(lambda: attn_lt.attention(q, k, v, backend="lt")), 4),
+            "rel_error_after_new_values": err}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--prefill-calls", type=int, default=6)
+    ap.add_argument("--out", default="bench-results")
+    ap.add_argument("--quick", action="store_true", help="200 decode steps, 4 prefill calls")
+    a = ap.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("bench_serving: needs a CUDA GPU (none visible)", file=sys.stderr)
+        return 2
+    if a.quick:
+        a.steps, a.prefill_calls = 200, 4
+    os.environ["ATTN_LT_CACHE_DIR"] = tempfile.mkdtemp(prefix="attn_lt_serving_")  # a fresh cache: cold start
+    os.environ.pop("ATTN_LT_ALGO_POLICY", None)
+    res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    res["decode_loop"] = [decode_loop(a.steps, "attn_lt"), decode_loop(a.steps, "sdpa_default")]
+    res["prefill"] = [prefill_calls(a.prefill_calls, "attn_lt"), prefill_calls(a.prefill_calls, "sdpa_default")]
+    res["host"] = host_costs()
+    res["graph"] = graph_replay()
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "serving.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    print(f"\n== serving loop on {res['gpu']} ({res['date']})")
+    print(f"{'decode loop':<14}{'first ms':>10}{'median':>10}{'worst>1':>10}{'steady':>10}{'med/st':>8}"
+          f"{'worst/st':>9}{'loop s':>8}  resolve")
+    for r in res["decode_loop"]:
+        print(f"{r['provider']:<14}{r['first_ms']:>10.2f}{r['median_ms']:>10.4f}{r['worst_after_first_ms']:>10.3f}"
+              f"{r['steady_ms']:>10.4f}{r['median_over_steady']:>8.3f}{r['worst_over_steady']:>9.2f}"
+              f"{r['loop_s']:>8.2f}  {r['resolve'] if r['provider'] == 'attn_lt' else ''}")
+    for r in res["prefill"]:
+        print(f"prefill {r['provider']:<14} calls ms {r['calls_ms']}  steady {r['steady_ms']}  "
+              f"worst-after-first/steady {r['worst_after_first_over_steady']}")
+    for r in res["host"]:
+        print(f"host us/call Sk={r['Sk']:<6} attention {r['attention_us']:>7}  plan.run {r['plan_run_us']:>7}  "
+              f"sdpa default {r['sdpa_default_us']:>7}")
+    print(f"graph: {res['graph']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

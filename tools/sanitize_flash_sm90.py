@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""A few small shapes through the Hopper fused kernel (native/flash_sm90.cu), each run once, for
+compute-sanitizer (both pipeline variants; D 64/128/256; fp16/bf16; key and query tails; causal with Sq != Sk both
+ways; GQA; a (B, S, H, D) view). Exits 1 when an output is wrong, 2 when the kernel cannot run here.
+
+    compute-sanitizer --tool memcheck  python tools/sanitize_flash_sm90.py
+    compute-sanitizer --tool racecheck python tools/sanitize_flash_sm90.py
+    compute-sanitizer --tool synccheck python tools/sanitize_flash_sm90.py
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench_flash_sm90 import sm90_call  # noqa: E402
+
+from attn_lt import native  # noqa: E402
+from attn_lt.testing import reference, rel_error  # noqa: E402
+
+# (B, Hq, Hkv, Sq, Sk, D, dtype, causal, layout, variant)
+CASES = [
+    (1, 1, 1, 128, 128, 64, torch.bfloat16, False, "bhsd", "plain"),
+    (1, 1, 1, 128, 128, 64, torch.bfloat16, False, "bhsd", "default"),
+    (1, 2, 1, 97, 333, 64, torch.float16, True, "bhsd", "default"),
+    (2, 2, 2, 200, 130, 128, torch.bfloat16, True, "bhsd", "default"),
+    (1, 4, 2, 300, 517, 128, torch.float16, False, "bshd", "plain"),
+    (1, 2, 2, 1, 700, 128, torch.bfloat16, False, "bhsd", "default"),
+    (1, 2, 1, 160, 150, 256, torch.bfloat16, True, "bhsd", "default"),
+    (1, 1, 1, 64, 200, 256, torch.float16, False, "bshd", "plain"),
+]
+
+
+def main() -> int:
+    if not torch.cuda.is_available() or not native.flash_sm90_supported():
+        print("sanitize_flash_sm90: needs a compute capability 9.0 GPU and the sm_90a kernel", file=sys.stderr)
+        return 2
+    torch.manual_seed(0)
+    bad = 0
+    for B, Hq, Hkv, Sq, Sk, D, dt, causal, layout, variant in CASES:
+        if layout == "bshd":
+            q = torch.randn(B, Sq, Hq, D, dtype=dt, device="cuda").transpose(1, 2)
+            k, v = (torch.randn(B, Sk, Hkv, D, dtype=dt, device="cuda").transpose(1, 2) for _ in range(2))
+        else:
+            q = torch.randn(B, Hq, Sq, D, dtype=dt, device="cuda")
+            k, v = (torch.randn(B, Hkv, Sk, D, dtype=dt, device="cuda") for _ in range(2))
+        out = torch.full((B, Hq, Sq, D), math.nan, dtype=dt, device="cuda")
+        lse = torch.full((B, Hq, Sq), math.nan, device="cuda")
+        run, out, lse = sm90_call(q, k, v, causal, variant=variant, out=out, lse=lse)
+        run()
+        torch.cuda.synchronize()
+        ref, _ = reference(q, k, v, causal=causal)
+        err = rel_error(out, ref)
+        ok = err < 2e-2 and not torch.isnan(lse).any()
+        bad += not ok
+        print(f"B={B} Hq={Hq} Hkv={Hkv} Sq={Sq} Sk={Sk} D={D} {str(dt)[6:]} causal={int(causal)} {layout} "
+              f"{variant}: rel error {err:.2e} {'ok' if ok else 'WRONG'}", flush=True)
+    print(f"{len(CASES) - bad} passed, {bad} failed")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
