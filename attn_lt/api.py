@@ -29,7 +29,7 @@ _NO_BACKWARD = ("attn_lt.attention has no backward pass (forward and inference o
 PLAN_CACHE_SIZE = 256
 #: Environment variables a plan depends on (part of the key of ``attention()``'s plan cache).
 _ENV_VARS = ("ATTN_LT_WORKSPACE_MB", "ATTN_LT_THRESHOLD", "ATTN_LT_ALGO_POLICY", "ATTN_LT_SOFTMAX",
-             "ATTN_LT_CACHE_DIR", "XDG_CACHE_HOME")
+             "ATTN_LT_CACHE_DIR", "XDG_CACHE_HOME", "ATTN_LT_LANES")
 
 
 try:  # the cudaStream_t of the current stream in one call (PyTorch's own, used by its extensions)
@@ -105,7 +105,9 @@ class Explanation:
         if self.plan is not None:
             lines.append(f"plan: {self.plan.summary(self.case)}")
         for g in self.gemms:
-            lines.append(f"  gemm {g['gemm']}\n       class {g['class']}: {g['algorithm']}")
+            n = g["gemms"]
+            lines.append(f"  class {g['class']}: {n} GEMM shape{'' if n == 1 else 's'} (e.g. {g['example']})\n"
+                         f"       algorithm: {g['algorithm']}")
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
@@ -248,27 +250,34 @@ class AttentionPlan:
         return self
 
     def explain(self) -> Explanation:
-        """The route, its reasons, the chunk plan and (once run on a GPU) each GEMM's class and algorithm."""
+        """The route, its reasons, the chunk plan and, per GEMM shape class, how many GEMMs it holds and their
+        algorithm: where it came from once the plan has run, what the cache holds for the class before."""
         gemms = ()
-        if self._program is not None and self.backend == "lt":
-            from .lt.algos import GemmClass
-
-            seen = {}
-            for _, qk, pv in self._program.gemms():
-                for g in (qk, pv):
-                    seen.setdefault(g.key, {"gemm": str(g.key), "class": str(GemmClass.of(g.key)),
-                                            "algorithm": g.algo_source})
-            gemms = tuple(seen.values())
-        elif self.backend == "lt":
-            from .lt.algos import GemmClass
+        if self.backend == "lt":
+            from .lt.algos import GemmClass, class_status
             from .lt.path import plan_gemm_keys
 
-            seen = {}
-            for pair in plan_gemm_keys(self.case, self.chunks, self.out_align):
-                for key in pair:
-                    seen.setdefault(key, {"gemm": str(key), "class": str(GemmClass.of(key)),
-                                          "algorithm": f"resolved on first run ({self.policy} policy)"})
-            gemms = tuple(seen.values())
+            if self._program is not None:
+                members = [(g.key, g.algo_source) for _, qk, pv in self._program.gemms() for g in (qk, pv)]
+            else:
+                members = [(key, None) for pair in plan_gemm_keys(self.case, self.chunks, self.out_align)
+                           for key in pair]
+            by_class: dict = {}
+            for key, source in members:
+                cls = GemmClass.of(key)
+                row = by_class.get(cls)
+                if row is None:
+                    row = by_class[cls] = {"role": key.role, "class": str(cls), "example": str(key), "keys": set(),
+                                           "sources": []}
+                row["keys"].add(key)
+                if source is not None and source not in row["sources"]:
+                    row["sources"].append(source)
+            rows = []
+            for cls, row in by_class.items():
+                algorithm = "; ".join(row["sources"]) if row["sources"] else class_status(cls, self.policy)
+                rows.append({"role": row["role"], "class": row["class"], "gemms": len(row["keys"]),
+                             "example": row["example"], "algorithm": algorithm})
+            gemms = tuple(rows)
         return Explanation(self.case, self.decision, self.chunks, gemms)
 
     def __repr__(self) -> str:
@@ -395,14 +404,14 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
                                key_mass_window=key_mass_window)
     try:
         out_align = 256 if out is None else address_alignment(out.data_ptr())
-        env = os.environ
+        env = os.environ.get
         key = (_signature(q, k, v, attn_mask, out_align), causal, scale, backend, workspace_bytes, threshold,
-               algo_policy, return_key_mass, key_mass_window, tuple(env.get(x) for x in _ENV_VARS))
-        hash(key)
+               algo_policy, return_key_mass, key_mass_window, env(_ENV_VARS[0]), env(_ENV_VARS[1]),
+               env(_ENV_VARS[2]), env(_ENV_VARS[3]), env(_ENV_VARS[4]), env(_ENV_VARS[5]), env(_ENV_VARS[6]))
+        p = _plans.get(key)
     except (AttributeError, TypeError, RuntimeError):  # not tensors, unhashable options: validation explains
         check_tensors(q, k, v, attn_mask, causal, scale)
         raise
-    p = _plans.get(key)
     if p is None:
         p = plan(q, k, v, attn_mask=attn_mask, causal=causal, scale=scale, backend=backend,
                  workspace_bytes=workspace_bytes, threshold=threshold, algo_policy=algo_policy,

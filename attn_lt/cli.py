@@ -120,50 +120,9 @@ def _budget(a):
     return None if a.workspace_mb is None else a.workspace_mb << 20
 
 
-def environment() -> dict:
-    """What ``attn-lt info`` shows (and the benchmarks record): versions, GPU, native library, settings, cache."""
-    from . import native
-
-    from .cache import default_cache
-    from .select import current_threshold
-
-    cache = default_cache()
-    info = {"attn_lt": __version__, "native_library": native.status(),
-            "workspace_budget_mib": config.workspace_bytes() >> 20, "threshold": "%s (%s)" % current_threshold(),
-            "algo_policy": config.algo_policy(), "cache": cache_summary(cache), "cache_state": cache.state}
-    try:
-        import torch
-
-        info["torch"] = torch.__version__
-        info["torch_cuda"] = torch.version.cuda
-        if torch.cuda.is_available():
-            p = torch.cuda.get_device_properties(0)
-            info["gpu"] = f"{p.name} (sm_{p.major}{p.minor}, {p.multi_processor_count} SMs, " \
-                          f"{p.total_memory / 2**30:.0f} GiB)"
-        else:
-            info["gpu"] = "none visible"
-    except ImportError as e:
-        info["torch"] = f"unavailable: {e}"
-    try:
-        import nvmath
-        from nvmath.bindings import cublasLt
-
-        info["nvmath"] = nvmath.__version__
-        info["cublasLt"] = str(cublasLt.get_version())
-    except Exception as e:  # no nvmath, or no libcublasLt to load
-        info["cublasLt"] = f"unavailable: {type(e).__name__}: {e}"
-    return info
-
-
-def cache_summary(cache) -> str:
-    """``PATH (N entries)``, with the store's state when it is not fully usable."""
-    n = cache.count()
-    if cache.state == "ok":
-        return f"{cache.path} ({_entries(n)})"
-    return f"{cache.path} ({cache.state}: {cache.problem}; {_entries(n)} in this process)"
-
-
 def cmd_info(a) -> int:
+    from .maintenance import environment
+
     info = environment()
     if a.json:
         print(json.dumps(info, indent=2))
@@ -174,62 +133,18 @@ def cmd_info(a) -> int:
     return EXIT_OK
 
 
-def plan_gemms(case, plan):
-    """The distinct (role, GEMM key) of a plan, for contiguous inputs at 256-byte aligned addresses."""
-    from .lt.path import chunk_gemms
-
-    seen = {}
-    for c in plan.chunks:
-        if c.kend:
-            for key in chunk_gemms(case, plan, c, (1 << 40,) * 5)[2]:
-                seen.setdefault(key, None)
-    return list(seen)
-
-
-def _algo_lines(case, plan):
-    """What each GEMM of the plan would use: the cached winner (this GPU, or any other recorded), or not."""
-    from .cache import default_cache, key_string
-
-    cache = default_cache()
-    env = None
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            from .cache import current_env
-
-            env = current_env().key()
-    except Exception:  # no nvmath / cuBLASLt: entries of every environment are shown
-        env = None
-    lines = []
-    for key in plan_gemms(case, plan):
-        ks = key_string(key)
-        hits = [(e, x) for e, x in cache.lookup(ks) if env is None or e == env]
-        if hits:
-            e, x = hits[0]
-            src = f"cached{'' if env else ' for ' + e}: {x.config} {x.median_ms:.4f} ms (heuristic {x.heuristic_ms} ms)"
-        else:
-            src = f"not cached: {'tuned on first use' if config.algo_policy() == 'tune' else 'heuristic'}"
-        lines.append({"gemm": ks, "algorithm": src})
-    return lines
-
-
 def cmd_explain(a) -> int:
     from .api import explain_case
 
     case = _case(a)
     e = explain_case(case, a.backend, _budget(a), a.threshold)
-    algos = _algo_lines(case, e.plan) if e.plan is not None else []
     if a.json:
         d = e.to_dict()
         if d["plan"] is not None and not a.chunks:
             d["plan"]["chunks"] = len(d["plan"]["chunks"])
-        d["gemms"] = algos
         print(json.dumps(d, indent=2))
     else:
-        print(e)
-        for x in algos:
-            print(f"  gemm {safe(x['gemm'])}\n       {safe(x['algorithm'])}")
+        print("\n".join(safe(line) for line in str(e).splitlines()))
         if a.chunks and e.plan is not None:
             for c in e.plan.chunks:
                 print(f"  {c}")
@@ -245,40 +160,19 @@ def cmd_demo(a) -> int:
 
         print("No CUDA GPU is visible, so attn_lt cannot run here: its kernels need an NVIDIA GPU (sm_80 or newer)")
         print("with nvmath-python and the native library (`make native`). This is what it would run:\n")
-        print(explain_case(case, a.backend, _budget(a), a.threshold))
+        print("\n".join(safe(line) for line in str(explain_case(case, a.backend, _budget(a), a.threshold))
+                                              .splitlines()))
         return EXIT_OK
-    from . import attention
-    from .testing import reference, rel_error, sdpa, time_ms, tolerance
+    from .maintenance import demo
 
-    dt = torch.bfloat16 if case.dtype == "bf16" else torch.float16
-    dev = torch.device("cuda")
-    q = torch.randn(case.B, case.Hq, case.Sq, case.D, device=dev, dtype=dt)
-    k = torch.randn(case.B, case.Hkv, case.Sk, case.D, device=dev, dtype=dt)
-    v = torch.randn(case.B, case.Hkv, case.Sk, case.D, device=dev, dtype=dt)
-    mask = None
-    if a.mask == "bool":
-        mask = torch.rand(1, 1, case.Sq, case.Sk, device=dev) > 0.1
-    elif a.mask == "float":
-        mask = torch.randn(1, 1, case.Sq, case.Sk, device=dev, dtype=dt)
-    kw = dict(attn_mask=mask, causal=case.causal, backend=a.backend, workspace_bytes=_budget(a),
-              threshold=a.threshold)
-    from .api import explain
-
-    print(explain(q, k, v, **{x: kw[x] for x in ("attn_mask", "causal", "backend", "workspace_bytes",
-                                                  "threshold")}))
-    out = attention(q, k, v, **kw)
-    ref, _ = reference(q, k, v, mask, case.causal)
-    ours, theirs = rel_error(out, ref), rel_error(sdpa(q, k, v, mask, case.causal), ref)
-    t_ours = time_ms(lambda: attention(q, k, v, **kw))
-    t_sdpa = time_ms(lambda: sdpa(q, k, v, mask, case.causal))
-    flops = 4 * case.B * case.Hq * case.Sq * case.Sk * case.D * (0.5 if case.causal else 1.0)
-    ok = ours <= tolerance(theirs)
+    r = demo(case, a.backend, _budget(a), a.threshold, a.mask)
+    print("\n".join(safe(line) for line in r["explain"].splitlines()))
     print(f"\n{'':<8}{'ms':>9}{'TFLOP/s':>9}{'rel err vs fp32':>17}")
-    print(f"{'attn_lt':<8}{t_ours:9.3f}{flops / t_ours / 1e9:9.1f}{ours:17.2e}")
-    print(f"{'sdpa':<8}{t_sdpa:9.3f}{flops / t_sdpa / 1e9:9.1f}{theirs:17.2e}")
-    print(f"\n{'PASS' if ok else 'FAIL'}: attn_lt error {ours:.2e} vs allowed {tolerance(theirs):.2e} "
-          f"(2 x PyTorch's + {1e-3:g}) on {torch.cuda.get_device_name()}")
-    return EXIT_OK if ok else EXIT_FAIL
+    print(f"{'attn_lt':<8}{r['attn_lt_ms']:9.3f}{r['attn_lt_tflops']:9.1f}{r['error']:17.2e}")
+    print(f"{'sdpa':<8}{r['sdpa_ms']:9.3f}{r['sdpa_tflops']:9.1f}{r['sdpa_error']:17.2e}")
+    print(f"\n{'PASS' if r['ok'] else 'FAIL'}: attn_lt error {r['error']:.2e} vs allowed {r['allowed']:.2e} "
+          f"(2 x PyTorch's + {1e-3:g}) on {safe(r['gpu'])}")
+    return EXIT_OK if r["ok"] else EXIT_FAIL
 
 
 def _progress(i: int, n: int, label: str) -> None:
@@ -425,23 +319,13 @@ def cmd_cache(a) -> int:
 
 
 def _cache_tune(cases, cache) -> int:
-    import torch
-
-    from . import attention
     from .cache import current_env
+    from .maintenance import tune_cases
 
     env = current_env().key()
     before = {k for _, k, _ in cache.items(env)}
     unsaved_before = cache.unsaved()
-    for i, case in enumerate(cases):
-        _progress(i, len(cases), str(case))
-        dt = torch.bfloat16 if case.dtype == "bf16" else torch.float16
-        q = torch.randn(case.B, case.Hq, case.Sq, case.D, device="cuda", dtype=dt)
-        k, v = (torch.randn(case.B, case.Hkv, case.Sk, case.D, device="cuda", dtype=dt) for _ in range(2))
-        attention(q, k, v, causal=case.causal, backend="lt", algo_policy="tune")
-        del q, k, v
-    torch.cuda.synchronize()
-    _progress(len(cases), len(cases), "done")
+    tune_cases(cases, _progress)
     after = {k for _, k, _ in cache.items(env)}
     unsaved = cache.unsaved() - unsaved_before
     new = len(after - before)
@@ -453,83 +337,10 @@ def _cache_tune(cases, cache) -> int:
     return EXIT_OK
 
 
-def gemm_of_key(fields: dict):
-    """The GemmKey a cache key names: a GEMM key as it is; a shape-class key (role, dtypes, m/n/k/batch class
-    bounds, transposes, alignments, ``rule``) as the smallest contiguous GEMM of its class."""
-    from .lt.cublaslt import GemmKey
-
-    if "rule" not in fields:
-        return GemmKey.from_dict(fields)
-    d = {k: v for k, v in fields.items() if k not in ("rule", "out")}
-    default_out = "fp32" if d["role"] == "qk" else d["dtype"]
-    a_rows = d["k"] if d["trans_a"] else d["m"]
-    b_rows = d["n"] if d["trans_b"] else d["k"]
-    d.update(lda=a_rows, ldb=b_rows, ldc=d["m"], stride_a=d["m"] * d["k"], stride_b=d["k"] * d["n"],
-             stride_c=d["m"] * d["n"], out="" if fields.get("out", default_out) == default_out else fields["out"])
-    return GemmKey.from_dict(d)
-
-
-def _verify_entry(key, entry, device: int):
-    """(cached ms, heuristic ms) re-timed on random operands shaped like ``key``; None when refused."""
-    import numpy as np
-    import torch
-
-    from .lt import algos, cublaslt
-
-    ws_limit = max(entry.workspace, 32 << 20)
-    g = cublaslt.Gemm(device, key)
-    heuristic, _ = g.heuristic_top(ws_limit)
-    algo = algos.make_algo(g, entry.config)
-    if algos.check(g, algo) is None:
-        return None
-    dt = torch.bfloat16 if key.dtype == "bf16" else torch.float16
-    out_dt = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[key.out_dtype]
-    a_cols = key.m if key.trans_a else key.k
-    b_cols = key.k if key.trans_b else key.n
-
-    def buf(ld, cols, stride, dtype):
-        n = stride * (key.batch - 1) + ld * cols
-        return torch.randn(n, device="cuda").to(dtype)
-
-    A = buf(key.lda, a_cols, key.stride_a, dt)
-    B = buf(key.ldb, b_cols, key.stride_b, dt)
-    C = torch.empty(key.stride_c * (key.batch - 1) + key.ldc * key.n, device="cuda", dtype=out_dt)
-    ws = torch.empty(ws_limit, dtype=torch.uint8, device="cuda")
-    alpha = np.ones(1, dtype=np.float32)
-    ops = (A.data_ptr(), B.data_ptr(), C.data_ptr(), alpha.ctypes.data, ws.data_ptr(), ws_limit,
-           torch.cuda.current_stream().cuda_stream)
-    return algos.time_algo(g, algo, ops, 10), algos.time_algo(g, heuristic, ops, 10)
-
-
 def _cache_verify(a, cache) -> int:
-    from .cache import current_env, parse_key
+    from .maintenance import verify_cache
 
-    env = current_env().key()
-    items = [(k, e) for _, k, e in cache.items(env)]
-    rows, bad = [], 0
-    for i, (k, e) in enumerate(items):
-        _progress(i, len(items), k)
-        try:
-            key = gemm_of_key(parse_key(k))
-        except (TypeError, ValueError, KeyError):  # a key of a kind this attn_lt cannot turn into a GEMM
-            rows.append({"gemm": k, "status": "skipped (not a GEMM or shape-class key)"})
-            continue
-        try:
-            r = _verify_entry(key, e, 0)
-        except Exception as err:  # out of memory for a huge shape, a driver error: reported, not fatal
-            rows.append({"gemm": k, "status": f"error: {type(err).__name__}: {str(err)[:80]}"})
-            bad += 1
-            continue
-        if r is None:
-            rows.append({"gemm": k, "status": "refused by cuBLASLt"})
-            bad += 1
-            continue
-        cached, heur = r
-        ok = cached <= heur * (1 + a.tolerance)
-        bad += not ok
-        rows.append({"gemm": k, "cached_ms": round(cached, 5), "heuristic_ms": round(heur, 5),
-                     "status": "ok" if ok else "stale (no longer beats the heuristic)"})
-    _progress(len(items), len(items), "done")
+    env, rows, bad = verify_cache(cache, a.tolerance, _progress)
     if a.json:
         print(json.dumps({"env": env, "entries": rows, "stale": bad}, indent=2))
     else:
@@ -541,42 +352,93 @@ def _cache_verify(a, cache) -> int:
 
 
 def cmd_calibrate(a) -> int:
+    import time
+
     import torch
 
     from . import calibrate
 
-    dims, lengths = sorted(set(a.dims)), sorted(set(a.lengths))
     if not torch.cuda.is_available():
         print("attn-lt calibrate: needs a CUDA GPU (none visible)", file=sys.stderr)
         return EXIT_USAGE
-    from . import attention
+    from . import plan
     from .cache import current_env
     from .testing import time_ms
+    from .validate import Case
+    from .wmma import WMMA
 
-    points = []
-    jobs = [(d, s) for d in dims for s in lengths]
-    for i, (d, s) in enumerate(jobs):
-        _progress(i, len(jobs), f"D{d} S{s}")
-        h = max(1, 2048 // d)
-        q, k, v = (torch.randn(1, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        t = {}
-        for backend in ("wmma", "lt"):
-            attention(q, k, v, backend=backend)  # warm-up (and, for lt, algorithm tuning)
-            t[backend] = time_ms(lambda: attention(q, k, v, backend=backend), warmup_ms=10, rep_ms=100)
-        points.append({"D": d, "Sk": s, "H": h, "wmma_ms": round(t["wmma"], 4), "lt_ms": round(t["lt"], 4)})
+    start = time.perf_counter()
+    prop = torch.cuda.get_device_properties(torch.cuda.current_device())
+    gpu, cc = prop.name, f"{prop.major}.{prop.minor}"
+    runs = [d for d in (a.dims or calibrate.HEAD_DIMS)
+            if not WMMA.not_supported_reasons(Case.contiguous(1, 1, 1, 128, 128, d))]
+    skipped = sorted(set(a.dims or ()) - set(runs))
+    if skipped:
+        print(safe(f"attn-lt calibrate: the fused path cannot run head dim {', '.join(map(str, skipped))} on "
+                   f"this GPU; not measured"), file=sys.stderr)
+    if not runs:
+        print("attn-lt calibrate: nothing to measure", file=sys.stderr)
+        return EXIT_USAGE
+    jobs = calibrate.grid(runs, a.lengths, a.sq, prefill=not a.no_prefill)
+    points, first_s = [], {"wmma": 0.0, "lt": 0.0}
+    for i, job in enumerate(jobs):
+        D, causal, Sq, Sk, B, Hq, Hkv = (job[n] for n in ("D", "causal", "Sq", "Sk", "B", "Hq", "Hkv"))
+        _progress(i, len(jobs), f"D{D} Sq{Sq} Sk{Sk}{' causal' if causal else ''}")
+        point = dict(job)
+        try:
+            q = torch.randn(B, Hq, Sq, D, device="cuda", dtype=torch.bfloat16)
+            k, v = (torch.randn(B, Hkv, Sk, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+            out = torch.empty_like(q)
+            for backend in ("wmma", "lt"):
+                pl = plan(q, k, v, causal=causal, backend=backend, algo_policy="tune", out=out)
+                t0 = time.perf_counter()
+                pl.run(q, k, v, out=out)  # the first call: for lt, algorithm tuning
+                torch.cuda.synchronize()
+                first_s[backend] += time.perf_counter() - t0
+                point[f"{backend}_ms"] = round(time_ms(lambda: pl.run(q, k, v, out=out), warmup_ms=5, rep_ms=40), 5)
+        except Exception as e:  # out of memory, a refused case, a cuBLASLt error: recorded, the others go on
+            point["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        finally:
+            q = k = v = out = pl = None
+        if "error" in point:
+            torch.cuda.empty_cache()
+        points.append(point)
     _progress(len(jobs), len(jobs), "done")
-    threshold = calibrate.crossover(points)
-    where = calibrate.store(current_env().key(), threshold, points)
+    seconds = round(time.perf_counter() - start, 1)
+    entry = calibrate.make_entry(points, gpu, cc, attn_lt=__version__, dtype="bf16", seconds=seconds,
+                                 first_call_s={b: round(t, 1) for b, t in first_s.items()},
+                                 grid={"dims": runs, "Sk": sorted(set(a.lengths)), "Sq": sorted(set(a.sq)),
+                                       "prefill": not a.no_prefill})
+    where = calibrate.store(current_env().key(), entry)
+    shipped, ship_error = None, None
+    if a.ship is not None:
+        try:
+            shipped = calibrate.write_shipped(a.ship, entry)
+        except OSError as e:
+            ship_error = str(e)
+    failed = [p for p in points if "error" in p]
     if a.json:
-        print(json.dumps({"threshold": threshold, "points": points, "file": None if where is None else str(where)},
-                         indent=2))
+        print(json.dumps({**entry, "file": None if where is None else str(where),
+                          "shipped": None if shipped is None else str(shipped), "ship_error": ship_error},
+                         indent=1))
     else:
         for p in points:
-            print(f"D{p['D']:<4} Sk {p['Sk']:>7}  wmma {p['wmma_ms']:>9.4f} ms  lt {p['lt_ms']:>9.4f} ms")
-        shown = "never (the fused path wins at every length measured)" if threshold == calibrate.NEVER else threshold
-        print(safe(f"threshold: {shown}; " + (f"stored in {where}" if where is not None else
-                                             f"NOT stored: {calibrate.path()} could not be written")))
-    return EXIT_OK if where is not None else EXIT_FAIL
+            name = f"D{p['D']:<4}{'causal' if p['causal'] else '':<7}Sq {p['Sq']:>6} Sk {p['Sk']:>6} " \
+                   f"B{p['B']} Hq{p['Hq']} Hkv{p['Hkv']}"
+            print(safe(f"{name:<52} {p['error']}" if "error" in p else
+                       f"{name:<52} wmma {p['wmma_ms']:>9.4f} ms  lt {p['lt_ms']:>9.4f} ms"))
+        print()
+        for r in calibrate.derive_rules(points):
+            print(safe(str(r)))
+        print(safe(f"{len(points)} cases in {seconds} s (first calls: wmma {first_s['wmma']:.1f} s, lt "
+                   f"{first_s['lt']:.1f} s with tuning); "
+                   + (f"{len(failed)} FAILED (the rules come from the rest)" if failed else "none failed")))
+        print(safe(f"stored in {where}" if where is not None else
+                   f"NOT stored: {calibrate.path()} could not be written"))
+        if a.ship is not None:
+            print(safe(f"shipped calibration written to {shipped}" if shipped is not None else
+                       f"shipped calibration NOT written: {ship_error}"))
+    return EXIT_OK if where is not None and ship_error is None and not failed else EXIT_FAIL
 
 
 class _Parser(argparse.ArgumentParser):
@@ -639,12 +501,18 @@ def build_parser() -> argparse.ArgumentParser:
                        parents=[common])
     _add_shape_args(s)
     s.set_defaults(fn=cmd_demo)
-    s = sub.add_parser("calibrate", help="measure the wmma/lt crossover on this GPU and store it as the threshold",
-                       parents=[common])
-    s.add_argument("--dims", type=_int_list((64, 128)), default=[64, 128],
-                   help="head dims to measure, comma-separated (64 and/or 128; default 64,128)")
-    s.add_argument("--lengths", type=_int_list(), default=[2048, 4096, 8192, 16384, 32768],
-                   help="key lengths to measure, comma-separated (default 2048,4096,8192,16384,32768)")
+    s = sub.add_parser("calibrate", help="time wmma against lt on this GPU over query length, key length, head dim "
+                       "and causal; store the rules auto follows", parents=[common])
+    s.add_argument("--dims", type=_int_list((64, 128, 256)), default=None,
+                   help="head dims to measure, comma-separated (64, 128, 256; default: those the fused path runs)")
+    s.add_argument("--lengths", type=_int_list(), default=[1024, 4096, 16384, 65536],
+                   help="key lengths to measure, comma-separated (default 1024,4096,16384,65536)")
+    s.add_argument("--sq", type=_int_list(), default=[1, 16, 128, 1024],
+                   help="query lengths to measure, comma-separated (default 1,16,128,1024), besides Sq = Sk")
+    s.add_argument("--no-prefill", action="store_true", help="do not measure Sq = Sk")
+    s.add_argument("--ship", metavar="DIR", default=None,
+                   help="also write the calibration as package data for this GPU model into DIR "
+                        "(e.g. attn_lt/calibrations)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_calibrate)
     c = sub.add_parser("cache", help="the per-shape cuBLASLt algorithm cache", parents=[common])

@@ -16,7 +16,7 @@ from . import config
 
 log = logging.getLogger("attn_lt")
 
-ABI_VERSION = 6
+ABI_VERSION = 7
 _PKG = Path(__file__).resolve().parent
 _LIB_PATH = _PKG / "_native" / "libattn_lt.so"
 SOURCE_DIR = _PKG.parent / "native"

@@ -1,17 +1,34 @@
 /* attn_lt native library: the C ABI that attn_lt/native.py loads with ctypes.
  *
- * Every launcher returns a cudaError_t as int (0 = success) after checking the launch; it never synchronizes.
+ * Every launcher returns 0, a cudaError_t, or an attn_lt_status (a failed precondition) as int, after checking
+ * the launch; it never synchronizes.
  * Bump ATTN_LT_ABI_VERSION whenever a struct or signature below changes (native.py checks it).
  */
 #ifndef ATTN_LT_H
 #define ATTN_LT_H
 #include <stdint.h>
 
-#define ATTN_LT_ABI_VERSION 6
+#define ATTN_LT_ABI_VERSION 7
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* Statuses beyond cudaError_t's range: a precondition a launcher checks before any GPU work failed (nothing was
+ * launched). attn_lt_error_string names the check. */
+enum attn_lt_status {
+    ATTN_LT_ERR_ARGS = 10001,       /* null arguments, or a size that is not positive */
+    ATTN_LT_ERR_HEADS = 10002,      /* Hq not a multiple of Hkv, or B / Hq beyond the grid's range */
+    ATTN_LT_ERR_HEAD_DIM = 10003,   /* a head dim the kernel has no instantiation for */
+    ATTN_LT_ERR_LENGTH = 10004,     /* a length or row count beyond the kernel's index range */
+    ATTN_LT_ERR_ALIGNMENT = 10005,  /* an address not aligned as the kernel's vector loads need */
+    ATTN_LT_ERR_STRIDES = 10006,    /* a stride the kernel cannot take (row strides, multiples of 8 or 4) */
+    ATTN_LT_ERR_DTYPE = 10007,      /* a dtype code the kernel does not take */
+    ATTN_LT_ERR_MASK = 10008,       /* a mask dtype without a mask pointer */
+    ATTN_LT_ERR_VARIANT = 10009,    /* a forced kernel variant that cannot run these arguments */
+    ATTN_LT_ERR_SCALE = 10010,      /* scale not positive */
+    ATTN_LT_ERR_TENSOR_MAP = 10011  /* the driver refused a TMA tensor map for this layout */
+};
 
 enum attn_lt_dtype { ATTN_LT_NONE = 0, ATTN_LT_F16 = 1, ATTN_LT_BF16 = 2, ATTN_LT_F32 = 3, ATTN_LT_BOOL = 4 };
 

@@ -21,27 +21,7 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kMT = 2;                      // m16 row tiles a warp owns: each K/V fragment feeds kMT MMAs
 constexpr int kBlockM = kWarps * 16 * kMT;  // 128 query rows a CTA
 constexpr int kBlockN = 64;
-constexpr float kLog2e = 1.4426950408889634f;
-
-__device__ __forceinline__ float ex2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
-
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte copy global -> shared, zero-filled when !valid.
-__device__ __forceinline__ void cp16(void* dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-                 "r"(valid ? 16 : 0)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+#include "common.cuh"
 
 __device__ __forceinline__ void ldsm_x4(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, const void* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -99,7 +79,7 @@ __device__ __forceinline__ void load_tile(T* dst, const T* src, int64_t stride, 
     for (int i = threadIdx.x; i < rows * kChunks; i += kThreads) {
         const int r = i / kChunks, c = (i % kChunks) * 8;
         const bool ok = r < valid;
-        cp16(dst + swz<D>(r, c), src + (ok ? r * stride : 0) + c, ok);
+        cp_async16(dst + swz<D>(r, c), src + (ok ? r * stride : 0) + c, ok ? 16 : 0);
     }
 }
 
@@ -135,7 +115,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) flash_fwd(const att
         load_tile<D>(sK, k, a.k_ss, kBlockN, min(kBlockN, Sk));
         load_tile<D>(sV, v, a.v_ss, kBlockN, min(kBlockN, Sk));
     }
-    cp_commit();
+    cp_async_commit();
 
     float o[kMT][D / 8][4];
     float m[kMT][2], l[kMT][2];
@@ -150,14 +130,14 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) flash_fwd(const att
 
     for (int it = 0; it < n_tiles; ++it) {
         const int buf = it & 1;
-        cp_wait_all();
+        cp_async_wait<0>();
         __syncthreads();  // tile it (and Q) is in; every warp is done with tile it - 1's buffer
         if (it + 1 < n_tiles) {  // prefetch tile it + 1 into the other buffer
             const int n1 = (it + 1) * kBlockN;
             const int valid = min(kBlockN, Sk - n1);
             load_tile<D>(sK + (buf ^ 1) * kBlockN * D, k + int64_t(n1) * a.k_ss, a.k_ss, kBlockN, valid);
             load_tile<D>(sV + (buf ^ 1) * kBlockN * D, v + int64_t(n1) * a.v_ss, a.v_ss, kBlockN, valid);
-            cp_commit();
+            cp_async_commit();
         }
         const T* tK = sK + buf * kBlockN * D;
         const T* tV = sV + buf * kBlockN * D;
@@ -260,7 +240,6 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) flash_fwd(const att
     T* out = static_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh;
     float* lse = a.lse + (b * a.Hq + h) * a.Sq;
     const int col = (lane % 4) * 2;
-    const float ln2 = 0.6931471805599453f;
 #pragma unroll
     for (int t = 0; t < kMT; ++t) {
 #pragma unroll
@@ -281,7 +260,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) flash_fwd(const att
         if (lane % 4 == 0) {
 #pragma unroll
             for (int r = 0; r < 2; ++r)
-                if (row[t][r] < Sq) lse[row[t][r]] = l[t][r] > 0.f ? (m[t][r] + log2f(l[t][r])) * ln2 : -INFINITY;
+                if (row[t][r] < Sq) lse[row[t][r]] = l[t][r] > 0.f ? (m[t][r] + log2f(l[t][r])) * kLn2 : -INFINITY;
         }
     }
 }
@@ -301,15 +280,18 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }  // namespace
 
 extern "C" int attn_lt_flash_fwd(const attn_lt_flash_args* a, void* stream) {
-    if (a == nullptr || a->B <= 0 || a->Hq <= 0 || a->Hkv <= 0 || a->Hq % a->Hkv || a->Sq <= 0 || a->Sk <= 0 ||
-        (a->D != 64 && a->D != 128) || a->B * a->Hq > 65535 || a->Sq >= (1LL << 30) || a->Sk >= (1LL << 30) || !aligned16(a->q) || !aligned16(a->k) ||
-        !aligned16(a->v) || !aligned16(a->o) || (a->q_ss | a->k_ss | a->v_ss | a->o_ss) % 8 != 0 ||
+    if (a == nullptr || a->B <= 0 || a->Hq <= 0 || a->Hkv <= 0 || a->Sq <= 0 || a->Sk <= 0) return ATTN_LT_ERR_ARGS;
+    if (a->Hq % a->Hkv || a->B * a->Hq > 65535) return ATTN_LT_ERR_HEADS;
+    if (a->D != 64 && a->D != 128) return ATTN_LT_ERR_HEAD_DIM;
+    if (a->Sq >= (1LL << 30) || a->Sk >= (1LL << 30)) return ATTN_LT_ERR_LENGTH;
+    if (!aligned16(a->q) || !aligned16(a->k) || !aligned16(a->v) || !aligned16(a->o)) return ATTN_LT_ERR_ALIGNMENT;
+    if ((a->q_ss | a->k_ss | a->v_ss | a->o_ss) % 8 != 0 ||
         (a->q_sb | a->q_sh | a->k_sb | a->k_sh | a->v_sb | a->v_sh | a->o_sb | a->o_sh) % 8 != 0)
-        return static_cast<int>(cudaErrorInvalidValue);
+        return ATTN_LT_ERR_STRIDES;
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     if (a->dtype == ATTN_LT_BF16)
         return static_cast<int>(a->D == 64 ? launch<64, __nv_bfloat16>(*a, s) : launch<128, __nv_bfloat16>(*a, s));
     if (a->dtype == ATTN_LT_F16)
         return static_cast<int>(a->D == 64 ? launch<64, __half>(*a, s) : launch<128, __half>(*a, s));
-    return static_cast<int>(cudaErrorInvalidValue);
+    return ATTN_LT_ERR_DTYPE;
 }

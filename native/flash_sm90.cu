@@ -41,7 +41,7 @@ namespace {
 
 constexpr int kBlockM = 128;  // query rows a CTA: 2 consumer warpgroups x 64
 constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
-constexpr float kLog2e = 1.4426950408889634f;
+#include "common.cuh"
 
 template <int D>
 struct Cfg;
@@ -85,16 +85,6 @@ struct Params {
 constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 
 // ---- PTX wrappers (sm_90a) ------------------------------------------------------------------------------------
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ float ex2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
@@ -577,9 +567,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         if (p.lse != nullptr && lane % 4 == 0) {
             float* lse = p.lse + (int64_t(b) * p.Hq + h) * p.Sq;
-            const float ln2 = 0.6931471805599453f;
-            if (row0 < p.Sq) lse[row0] = l_r[0] > 0.f ? (m_r[0] * sl2 + log2f(l_r[0])) * ln2 : -INFINITY;
-            if (row1 < p.Sq) lse[row1] = l_r[1] > 0.f ? (m_r[1] * sl2 + log2f(l_r[1])) * ln2 : -INFINITY;
+            if (row0 < p.Sq) lse[row0] = l_r[0] > 0.f ? (m_r[0] * sl2 + log2f(l_r[0])) * kLn2 : -INFINITY;
+            if (row1 < p.Sq) lse[row1] = l_r[1] > 0.f ? (m_r[1] * sl2 + log2f(l_r[1])) * kLn2 : -INFINITY;
         }
     }
 #else
@@ -651,7 +640,7 @@ cudaError_t launch(const attn_lt_flash_args& a, cudaStream_t stream) {
     if (!make_map(&mq, dt, a.q, a.B, a.Hq, a.Sq, D, a.q_sb, a.q_sh, a.q_ss, kBlockM) ||
         !make_map(&mk, dt, a.k, a.B, a.Hkv, a.Sk, D, a.k_sb, a.k_sh, a.k_ss, L::kBlockN) ||
         !make_map(&mv, dt, a.v, a.B, a.Hkv, a.Sk, D, a.v_sb, a.v_sh, a.v_ss, L::kBlockN))
-        return cudaErrorInvalidValue;
+        return static_cast<cudaError_t>(ATTN_LT_ERR_TENSOR_MAP);
     const auto kernel = flash_sm90_fwd<D, T, kOverlap>;
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(L::kSmem));
     if (err != cudaSuccess) return err;
@@ -703,16 +692,20 @@ extern "C" int attn_lt_flash_sm90_supported(void) {
 }
 
 extern "C" int attn_lt_flash_sm90_fwd(const attn_lt_flash_args* a, void* stream) {
-    if (a == nullptr || a->B <= 0 || a->Hq <= 0 || a->Hkv <= 0 || a->Hq % a->Hkv || a->Sq <= 0 || a->Sk <= 0 ||
-        (a->D != 64 && a->D != 128 && a->D != 256) || a->B > 65535 || a->Hq > 65535 || a->Sq >= (1LL << 30) ||
-        a->Sk >= (1LL << 30) || !(a->scale > 0.f) || a->o == nullptr || !aligned16(a->q) || !aligned16(a->k) ||
-        !aligned16(a->v) || !aligned16(a->o) || (a->dtype != ATTN_LT_F16 && a->dtype != ATTN_LT_BF16) ||
-        (a->variant != ATTN_LT_FLASH_SM90_DEFAULT && a->variant != ATTN_LT_FLASH_SM90_PLAIN) ||
-        !stride_ok(a->B, a->q_sb) || !stride_ok(a->Hq, a->q_sh) || !stride_ok(a->Sq, a->q_ss) ||
+    if (a == nullptr || a->B <= 0 || a->Hq <= 0 || a->Hkv <= 0 || a->Sq <= 0 || a->Sk <= 0 || a->o == nullptr)
+        return ATTN_LT_ERR_ARGS;
+    if (a->Hq % a->Hkv || a->B > 65535 || a->Hq > 65535) return ATTN_LT_ERR_HEADS;
+    if (a->D != 64 && a->D != 128 && a->D != 256) return ATTN_LT_ERR_HEAD_DIM;
+    if (a->Sq >= (1LL << 30) || a->Sk >= (1LL << 30)) return ATTN_LT_ERR_LENGTH;
+    if (!(a->scale > 0.f)) return ATTN_LT_ERR_SCALE;
+    if (!aligned16(a->q) || !aligned16(a->k) || !aligned16(a->v) || !aligned16(a->o)) return ATTN_LT_ERR_ALIGNMENT;
+    if (a->dtype != ATTN_LT_F16 && a->dtype != ATTN_LT_BF16) return ATTN_LT_ERR_DTYPE;
+    if (a->variant != ATTN_LT_FLASH_SM90_DEFAULT && a->variant != ATTN_LT_FLASH_SM90_PLAIN) return ATTN_LT_ERR_VARIANT;
+    if (!stride_ok(a->B, a->q_sb) || !stride_ok(a->Hq, a->q_sh) || !stride_ok(a->Sq, a->q_ss) ||
         !stride_ok(a->B, a->k_sb) || !stride_ok(a->Hkv, a->k_sh) || !stride_ok(a->Sk, a->k_ss) ||
         !stride_ok(a->B, a->v_sb) || !stride_ok(a->Hkv, a->v_sh) || !stride_ok(a->Sk, a->v_ss) ||
         !stride_ok(a->B, a->o_sb) || !stride_ok(a->Hq, a->o_sh) || !stride_ok(a->Sq, a->o_ss))
-        return static_cast<int>(cudaErrorInvalidValue);
+        return ATTN_LT_ERR_STRIDES;
     cudaError_t err = check_device();
     if (err != cudaSuccess) return static_cast<int>(err);
     if (encode_tiled() == nullptr) return static_cast<int>(cudaErrorNotSupported);

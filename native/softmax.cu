@@ -28,7 +28,7 @@ namespace {
 
 namespace cg = cooperative_groups;
 
-constexpr float kLog2e = 1.4426950408889634f;
+#include "common.cuh"
 constexpr int64_t kRowMaxCols = 32768;       // ROW: 1024 threads x 32 floats
 constexpr int kMaxCluster = 8;               // portable cluster size
 
@@ -127,18 +127,6 @@ __device__ __forceinline__ float4 apply_mask(float4 v, int64_t j, const Row& w, 
 __device__ __forceinline__ float4 load_masked(int64_t j, const Row& w, const attn_lt_softmax_args& a) {
     if (j >= a.cols) return make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
     return apply_mask(__ldcs(reinterpret_cast<const float4*>(w.s + j)), j, w, a);
-}
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 template <typename T>
@@ -532,7 +520,7 @@ cudaError_t launch(const attn_lt_softmax_args& a, cudaStream_t stream) {
                   : pc ? ATTN_LT_SOFTMAX_PIPE
                   : c <= kRowMaxCols ? ATTN_LT_SOFTMAX_ROW : ATTN_LT_SOFTMAX_TWO_PASS;
     if (variant == ATTN_LT_SOFTMAX_PIPE) {
-        if (pc == 0) return cudaErrorInvalidValue;
+        if (pc == 0) return static_cast<cudaError_t>(ATTN_LT_ERR_VARIANT);
         if (pc > 1) return pipe_stages(a, pc) == 3 ? launch_pipe<512, 3, true, OutT>(a, pc, stream)
                                                    : launch_pipe<512, 2, true, OutT>(a, pc, stream);
         if (pipe_stages(a, 1) == 3)
@@ -540,7 +528,7 @@ cudaError_t launch(const attn_lt_softmax_args& a, cudaStream_t stream) {
                              : launch_pipe<512, 3, false, OutT>(a, 1, stream);
         return launch_pipe<512, 2, false, OutT>(a, 1, stream);
     }
-    if (a.rows * a.batch > 0x7fffffffLL) return cudaErrorInvalidValue;
+    if (a.rows * a.batch > 0x7fffffffLL) return static_cast<cudaError_t>(ATTN_LT_ERR_LENGTH);
     const unsigned grid = static_cast<unsigned>(a.rows * a.batch);
     if (variant == ATTN_LT_SOFTMAX_ROW) {
         if (c <= 512) softmax_resident<128, 1, OutT><<<grid, 128, 0, stream>>>(a);
@@ -549,11 +537,11 @@ cudaError_t launch(const attn_lt_softmax_args& a, cudaStream_t stream) {
         else if (c <= 8192) softmax_resident<512, 4, OutT><<<grid, 512, 0, stream>>>(a);
         else if (c <= 16384) softmax_resident<512, 8, OutT><<<grid, 512, 0, stream>>>(a);
         else if (c <= kRowMaxCols) softmax_resident<1024, 8, OutT><<<grid, 1024, 0, stream>>>(a);
-        else return cudaErrorInvalidValue;
+        else return static_cast<cudaError_t>(ATTN_LT_ERR_VARIANT);
     } else if (variant == ATTN_LT_SOFTMAX_TWO_PASS) {
         softmax_two_pass<1024, 4, OutT><<<grid, 1024, 0, stream>>>(a);
     } else {
-        return cudaErrorInvalidValue;
+        return static_cast<cudaError_t>(ATTN_LT_ERR_VARIANT);
     }
     return cudaGetLastError();
 }
@@ -566,7 +554,22 @@ int attn_lt_abi_version(void) { return ATTN_LT_ABI_VERSION; }
 
 const char* attn_lt_source_hash(void) { return ATTN_LT_SOURCE_HASH; }
 
-const char* attn_lt_error_string(int err) { return cudaGetErrorString(static_cast<cudaError_t>(err)); }
+const char* attn_lt_error_string(int err) {
+    switch (err) {
+        case ATTN_LT_ERR_ARGS: return "precondition failed: null arguments or a size that is not positive";
+        case ATTN_LT_ERR_HEADS: return "precondition failed: Hq not a multiple of Hkv, or B / Hq beyond the grid";
+        case ATTN_LT_ERR_HEAD_DIM: return "precondition failed: no kernel for this head dim";
+        case ATTN_LT_ERR_LENGTH: return "precondition failed: a length beyond the kernel's index range";
+        case ATTN_LT_ERR_ALIGNMENT: return "precondition failed: an address not aligned as the kernel needs";
+        case ATTN_LT_ERR_STRIDES: return "precondition failed: a stride the kernel cannot take";
+        case ATTN_LT_ERR_DTYPE: return "precondition failed: a dtype the kernel does not take";
+        case ATTN_LT_ERR_MASK: return "precondition failed: a mask dtype without a mask";
+        case ATTN_LT_ERR_VARIANT: return "precondition failed: the forced kernel variant cannot run these arguments";
+        case ATTN_LT_ERR_SCALE: return "precondition failed: scale not positive";
+        case ATTN_LT_ERR_TENSOR_MAP: return "precondition failed: the driver refused a TMA tensor map for this layout";
+        default: return cudaGetErrorString(static_cast<cudaError_t>(err));
+    }
+}
 
 int64_t attn_lt_softmax_max_resident_cols(void) {
     // PIPE with an 8-CTA cluster (sm_90): 8 segments, each two slots of scores within the ring budget.
@@ -574,16 +577,17 @@ int64_t attn_lt_softmax_max_resident_cols(void) {
 }
 
 int attn_lt_softmax(const attn_lt_softmax_args* a, void* stream) {
-    if (a == nullptr || a->rows <= 0 || a->cols <= 0 || a->batch <= 0 || a->Sq <= 0 || a->Hkv <= 0 || a->g <= 0 ||
-        a->ld_s % 4 != 0 || a->ld_p % 4 != 0 || a->ld_s < a->cols || a->ld_p < a->cols ||
-        reinterpret_cast<uintptr_t>(a->scores) % 16 != 0 || reinterpret_cast<uintptr_t>(a->probs) % 8 != 0 ||
-        (a->mask_dtype != ATTN_LT_NONE && a->mask == nullptr))
-        return static_cast<int>(cudaErrorInvalidValue);
+    if (a == nullptr || a->rows <= 0 || a->cols <= 0 || a->batch <= 0 || a->Sq <= 0 || a->Hkv <= 0 || a->g <= 0)
+        return ATTN_LT_ERR_ARGS;
+    if (a->ld_s % 4 != 0 || a->ld_p % 4 != 0 || a->ld_s < a->cols || a->ld_p < a->cols) return ATTN_LT_ERR_STRIDES;
+    if (reinterpret_cast<uintptr_t>(a->scores) % 16 != 0 || reinterpret_cast<uintptr_t>(a->probs) % 8 != 0)
+        return ATTN_LT_ERR_ALIGNMENT;
+    if (a->mask_dtype != ATTN_LT_NONE && a->mask == nullptr) return ATTN_LT_ERR_MASK;
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     switch (a->out_dtype) {
         case ATTN_LT_BF16: return static_cast<int>(launch<__nv_bfloat16>(*a, s));
         case ATTN_LT_F16: return static_cast<int>(launch<__half>(*a, s));
-        default: return static_cast<int>(cudaErrorInvalidValue);
+        default: return ATTN_LT_ERR_DTYPE;
     }
 }
 

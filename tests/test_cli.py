@@ -237,7 +237,8 @@ def test_cache_gpu_commands_without_gpu_exit_2(capsys, fixture_cache, cmd):
 def test_explain_shows_each_gemm(capsys, fixture_cache):
     code, out, _ = run(capsys, "explain", "--json", "-s", "8192")
     d = json.loads(out)
-    assert code == 0 and {g["gemm"].split("|")[0] for g in d["gemms"]} == {"qk", "pv"}
+    assert code == 0 and {g["role"] for g in d["gemms"]} == {"qk", "pv"}
+    assert all("class" in g and "algorithm" in g for g in d["gemms"])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")

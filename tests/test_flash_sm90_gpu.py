@@ -256,11 +256,14 @@ def _args(**kw):
     return a
 
 
-@pytest.mark.parametrize("bad", [dict(D=96), dict(D=512), dict(Hkv=3), dict(q_ss=100), dict(k_sh=0), dict(o=8),
-                                 dict(dtype=3), dict(variant=7), dict(scale=0.0), dict(Sq=0), dict(B=70000)],
-                         ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()))
-def test_invalid_arguments_refused_before_any_gpu_work(bad):
-    with pytest.raises(native.CudaError, match="invalid argument"):
+@pytest.mark.parametrize("bad,check", [(dict(D=96), "head dim"), (dict(D=512), "head dim"), (dict(Hkv=3), "Hkv"),
+                                       (dict(q_ss=100), "stride"), (dict(k_sh=0), "stride"), (dict(o=8), "aligned"),
+                                       (dict(dtype=3), "dtype"), (dict(variant=7), "variant"),
+                                       (dict(scale=0.0), "scale"), (dict(Sq=0), "size"), (dict(B=70000), "grid")],
+                         ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()) if isinstance(d, dict) else d)
+def test_invalid_arguments_refused_before_any_gpu_work(bad, check):
+    """Each failed precondition is a status that names the check (native/attn_lt.h, attn_lt_status)."""
+    with pytest.raises(native.CudaError, match=f"precondition failed: .*{check}"):
         native.flash_sm90(_args(**bad), 0)
 
 

@@ -116,7 +116,7 @@ def test_growing_decode_tunes_once_per_class(tmp_path, monkeypatch):
     e = attn_lt.plan(q, kc[:, :, :4229], vc[:, :, :4229], backend="lt")
     e.run(q, kc[:, :, :4229], vc[:, :, :4229])
     text = str(e.explain())
-    assert "class" in text and "cache (" in text
+    assert "class" in text and "cache (" in text and "GEMM shape" in text
 
 
 def test_plan_tune_without_data_then_run_never_tunes(tmp_path, monkeypatch):

@@ -342,45 +342,42 @@ def lt_details(c, q, k, v, mask) -> dict:
             name = "softmax" if "softmax" in e.key else "gemm" if any(
                 x in e.key.lower() for x in ("gemm", "sm90", "cutlass")) else e.key[:40]
             fam[name] = round(fam.get(name, 0) + t / 1000, 3)
-    e = attn_lt.explain(q, k, v, attn_mask=mask, causal=c.causal, backend="lt")
-    gemms = []
-    for key in plan_gemms(e.case, e.plan)[:4]:
-        hit = default_cache().get(current_env(), key)
-        gemms.append({"gemm": key_string(key), "splitk": hit.config.splitk if hit else None,
-                      "tuned_ms": hit.median_ms if hit else None, "heuristic_ms": hit.heuristic_ms if hit else None})
+    p = attn_lt.plan(q, k, v, attn_mask=mask, causal=c.causal, backend="lt")
+    p.run(q, k, v, mask)
+    gemms = [{"gemm": g["gemm"], "class": g["class"], "algorithm": g["algorithm"]} for g in p.explain().gemms[:4]]
     return {"kernels_ms": fam, "gemms": gemms}
 
 
 def host_cost() -> dict:
-    """Host microseconds of (a) the per-call lookup of a resolved GEMM and (b) a GEMM's first use in a process
-    when the cache has it (descriptors, cache lookup, algorithm check), for the first cached GEMM of this GPU."""
-    from attn_lt.cache import current_env, default_cache, parse_key
-    from attn_lt.lt import algos, cublaslt
+    """Host microseconds to issue one cached decode call (B8 Hq32 Hkv8 Sk4096 D128) through ``attention()`` and
+    ``plan.run``, and SDPA's default beside them, the GPU kept busy so that only the host is timed."""
+    import torch
+    import torch.nn.functional as F
 
-    env = current_env().key()
-    keys = []
-    for _, k, _ in default_cache().items(env):
-        try:
-            keys.append(cublaslt.GemmKey.from_dict(parse_key(k)))
-        except TypeError:  # a shape-class key (parse_key gives plain fields; GEMM keys become GemmKeys)
-            pass
-    if not keys:
-        return {}
-    key, ws = keys[0], 32 << 20
-    algos.resolve(cublaslt.gemm(0, key, ws, "cache"), "cache", ws, None)
-    n = 20000
-    t0 = time.perf_counter()
-    for _ in range(n):
-        if not cublaslt.gemm(0, key, ws, "cache").resolved:
-            raise RuntimeError("a resolved GEMM lost its algorithm")
-    lookup = (time.perf_counter() - t0) / n * 1e6
-    firsts = []
-    for _ in range(21):
-        cublaslt.gemm.cache_clear()
-        t0 = time.perf_counter()
-        algos.resolve(cublaslt.gemm(0, key, ws, "cache"), "cache", ws, None)
-        firsts.append((time.perf_counter() - t0) * 1e6)
-    return {"resolved_lookup_us": round(lookup, 2), "first_use_with_cache_hit_us": round(statistics.median(firsts), 1)}
+    import attn_lt
+
+    q = torch.randn(8, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(8, 8, 4096, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    p = attn_lt.plan(q, k, v, backend="lt").tune(q, k, v)
+
+    def host_us(fn, n=100):
+        for _ in range(5):
+            fn()
+        torch.cuda.synchronize()
+        samples = []
+        for _ in range(5):
+            torch.cuda._sleep(int(1e8))  # the GPU busy, so that the launches only queue
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            samples.append((time.perf_counter() - t0) / n * 1e6)
+            torch.cuda.synchronize()
+        return round(statistics.median(samples), 2)
+
+    return {"attention_us": host_us(lambda: attn_lt.attention(q, k, v, backend="lt")),
+            "plan_run_us": host_us(lambda: p.run(q, k, v)),
+            "sdpa_default_us": host_us(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))}
 
 
 def make_inputs(c):
@@ -427,7 +424,7 @@ def metadata(argv) -> dict:
     versions of the peers and of the tools, and the sources' hash."""
     import torch
 
-    from attn_lt.cli import environment
+    from attn_lt.maintenance import environment
 
     env = environment()
     versions = {"attn_lt": env["attn_lt"], "torch": env["torch"], "CUDA": env["torch_cuda"],

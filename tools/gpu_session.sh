@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# One GPU-machine session: build, every test (GPU ones included), the demo, then the benchmark suite.
-# Usage (on the device, from the repo root): bash tools/gpu_session.sh [tools/bench.py run arguments...]
-#   SKIP_TESTS=1 / SKIP_DEMO=1 leave those out; with no arguments no benchmark runs.
-# Writes logs under ${OUT:-results} and the benchmark's files where its --out says; prints its table last.
+# One GPU-machine session: carried wheels, the build, then the phases named in PHASES, each logged under
+# ${OUT:-results}/<phase>.log with its last lines printed (a short table last).
+#   PHASES="tests sanitize calibrate sm90 serving lt suite generate cp" bash tools/gpu_session.sh
+#   tests      every GPU test (pytest -m gpu)                      sanitize  compute-sanitizer on the Hopper kernel
+#   calibrate  attn-lt calibrate --ship attn_lt/calibrations       sm90      the FA3 protocol vs SDPA (bench_flash_sm90)
+#   serving    decode loop, prefill, host cost (bench_serving)     lt        the long path's figures (bench_lt)
+#   suite      tools/bench.py run $SUITE_ARGS (default --quick)    generate  Hugging Face generate() (bench_generate)
+#   cp         context parallelism on every GPU (tests + bench_cp)
 set -uo pipefail
 OUT=${OUT:-results}
 mkdir -p "$OUT"
@@ -13,12 +17,34 @@ fi
 export PYTHONUNBUFFERED=1
 make native 2>&1 | tail -1
 python3 -m attn_lt info > "$OUT/info.txt" 2>&1
-if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -rfs tests ${PYTEST_ARGS:-} > "$OUT/pytest.log" 2>&1
-  tail -3 "$OUT/pytest.log"
-fi
-if [ "${SKIP_DEMO:-0}" != 1 ]; then
-  timeout 120 python3 -m attn_lt demo > "$OUT/demo.log" 2>&1
-  tail -2 "$OUT/demo.log"
-fi
-[ $# -eq 0 ] || timeout "${BENCH_TIMEOUT:-560}" python3 tools/bench.py run "$@"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv,noheader
+
+phase() {  # phase NAME TIMEOUT COMMAND...: run, log, print the tail
+  local name=$1 limit=$2
+  shift 2
+  local t0=$SECONDS
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "== $name: exit $rc, $((SECONDS - t0)) s"
+  tail -n "${TAIL:-12}" "$OUT/$name.log" | cut -c1-220
+}
+
+for p in ${PHASES:-tests}; do
+  case $p in
+    tests) phase tests 300 python3 -m pytest -q -m gpu -rfs tests ;;
+    sanitize)
+      phase memcheck 150 compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitize_flash_sm90.py
+      phase racecheck 150 compute-sanitizer --tool racecheck --error-exitcode 9 python3 tools/sanitize_flash_sm90.py ;;
+    calibrate) phase calibrate 200 python3 -m attn_lt calibrate --ship attn_lt/calibrations ;;
+    sm90) phase sm90 240 python3 tools/bench_flash_sm90.py --out "$OUT/sm90" ;;
+    serving) phase serving 200 python3 tools/bench_serving.py ${SERVING_ARGS:---steps 1000} --out "$OUT/serving" ;;
+    lt) phase lt 260 python3 tools/bench_lt.py ${LT_ARGS:-} --out "$OUT/lt" ;;
+    suite) phase suite 560 python3 tools/bench.py run ${SUITE_ARGS:---quick} --out "$OUT/suite" ;;
+    generate) phase generate 300 python3 tools/bench_generate.py ${GENERATE_ARGS:-} --out "$OUT/generate" ;;
+    cp)
+      n=$(python3 -c 'import torch; print(torch.cuda.device_count())')
+      phase cp-tests 200 python3 -m pytest -q -m gpu -rfs tests/test_distributed.py
+      phase cp 420 torchrun --nproc-per-node "$n" tools/bench_cp.py ${CP_ARGS:-} --out "$OUT/cp" ;;
+    *) echo "unknown phase $p" ;;
+  esac
+done

@@ -305,6 +305,7 @@ def forget() -> None:
     """Drop this process's memory of class lookups (after ``attn-lt cache clear`` or import, and in tests)."""
     with _memo_lock:
         _memo.clear()
+        _algos.clear()
 
 
 def lookup(env_key: str, env, cls: GemmClass) -> Entry | None:
@@ -326,9 +327,39 @@ def _store(env, cls: GemmClass, entry: Entry) -> None:
     default_cache().put(env, cls, entry)
 
 
-def describe(gemm) -> str:
-    """Where ``gemm``'s algorithm came from, for ``explain``."""
-    return gemm.algo_source
+_algos: dict[tuple[int, GemmClass, AlgoConfig], np.ndarray] = {}
+
+
+def _class_algo(gemm, cls: GemmClass, cfg: AlgoConfig) -> np.ndarray:
+    """The cublasLtMatmulAlgo_t of ``cfg`` for GEMMs of ``cls`` (it depends on the types and the configuration,
+    not on the sizes): built once per process, so that a new shape of a known class costs one check."""
+    k = (gemm.device, cls, cfg)
+    algo = _algos.get(k)
+    if algo is None:
+        algo = _algos[k] = make_algo(gemm, cfg)
+    return algo
+
+
+def class_status(cls: GemmClass, policy: str) -> str:
+    """What a GEMM of class ``cls`` would run before any call resolved it, for ``explain`` (no GPU needed): the
+    cached winner for this GPU (or, without a GPU, for every GPU that has one), else what the policy does."""
+    if policy == "heuristic":
+        return "cuBLASLt's heuristic (policy 'heuristic')"
+    from ..cache import key_string
+
+    env = None
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            env = current_env(torch.cuda.current_device()).key()
+    except Exception:  # no nvmath / cuBLASLt here: show every GPU's entries
+        env = None
+    hits = [(e, x) for e, x in default_cache().lookup(key_string(cls)) if env is None or e == env]
+    if hits:
+        return "; ".join(f"cached{'' if env else ' for ' + e}: {x.config} {x.median_ms:.4f} ms (heuristic "
+                         f"{x.heuristic_ms} ms)" for e, x in hits[:3])
+    return "not cached: tuned on first use" if policy == "tune" else "not cached: cuBLASLt's heuristic"
 
 
 def resolve(gemm, policy: str, workspace_limit: int, operands=None, deadline: float = float("inf"),
@@ -349,7 +380,7 @@ def resolve(gemm, policy: str, workspace_limit: int, operands=None, deadline: fl
     entry = lookup(env.key(), env, cls)
     if entry is not None:
         try:
-            algo = make_algo(gemm, entry.config)
+            algo = _class_algo(gemm, cls, entry.config)
             ws = check(gemm, algo)
         except CublasLtError:
             ws = None

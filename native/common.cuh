@@ -1,0 +1,35 @@
+// Device helpers every kernel of the library shares: constants, shared-memory addresses, exp2, cp.async.
+// Included inside each file's anonymous namespace (internal linkage per translation unit).
+#ifndef ATTN_LT_COMMON_CUH
+#define ATTN_LT_COMMON_CUH
+
+#include <cstdint>
+
+constexpr float kLog2e = 1.4426950408889634f;  // log2(e): scores go to the exp2 domain
+constexpr float kLn2 = 0.6931471805599453f;    // ln(2): LSE back to the natural log
+
+// Shared-memory address of a generic pointer into shared memory (what PTX shared-space operands take).
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 2^x, the approximate hardware instruction (flush-to-zero).
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// 16-byte asynchronous copy global -> shared (bypassing L1); `bytes` < 16 zero-fills the rest (0: all zeros).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int bytes = 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Wait until at most N committed groups of this thread are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+#endif
