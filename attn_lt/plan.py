@@ -117,15 +117,18 @@ def _foldable(case: Case) -> bool:
 LANE_MIN_CHUNKS = 4
 
 
-@functools.lru_cache(maxsize=256)
 def make_plan(case: Case, budget: int | None = None, lanes: int | None = None) -> Plan:
-    """Chunk ``case`` so that its FP32 score blocks plus the cuBLASLt workspace fit ``budget`` bytes.
+    """Chunk ``case`` so that its FP32 score blocks plus the cuBLASLt workspace fit ``budget`` bytes (default
+    ``ATTN_LT_WORKSPACE_MB``).
 
     Lanes: a case of several chunks runs them on two lanes (``ATTN_LT_LANES``, default 2), each with its own
     score region and cuBLASLt workspace in half the budget, on two CUDA streams, so that one chunk's
     memory-bound softmax runs beside the next chunk's GEMMs instead of after them."""
-    budget = config.workspace_bytes(budget)
-    lanes = config.lanes() if lanes is None else lanes
+    return _make_plan(case, config.workspace_bytes(budget), config.lanes() if lanes is None else lanes)
+
+
+@functools.lru_cache(maxsize=256)
+def _make_plan(case: Case, budget: int, lanes: int) -> Plan:
     gemm_ws = min(config.GEMM_WORKSPACE_MAX, (budget // 8) // 256 * 256)
     one_row = score_ld(case.Sk) * 4
     if budget - gemm_ws < one_row:

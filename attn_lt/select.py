@@ -1,10 +1,12 @@
 """The hybrid selector: each path declares what it supports (beside its launcher); one rule picks the path.
 
-Rule: ``Sk >= threshold`` takes the long path ``lt``; shorter keys take the fused ``wmma`` kernel when it can run
-the case, else ``lt``. The threshold is the caller's (argument or ``ATTN_LT_THRESHOLD``), else the one ``attn-lt
-calibrate`` measured on this GPU, else the design default 4096. A call that asks for the attention mass per key
-takes the path that can give it (``lt``). Forcing a path that cannot run a case raises ``ValueError`` with every
-reason.
+``auto`` prefers the long path ``lt`` where it is measured faster, else the fused ``wmma`` kernel when it can run
+the case (else ``lt``). What decides, in order: the caller's threshold (argument, else ``ATTN_LT_THRESHOLD``:
+``Sk >= threshold`` takes ``lt``); the calibration of this GPU (``attn-lt calibrate``); the calibration shipped for
+this GPU model; the design default ``Sk >= 4096``. A calibration decides a case by the rule of its head dim, causal
+flag and query length (``attn_lt.calibrate.Calibration.rule_for``); a case it has no rule for goes to the next
+source. A call that asks for the attention mass per key takes the path that can give it (``lt``). Forcing a path
+that cannot run a case raises ``ValueError`` with every reason. The reasons say which measurement decided.
 """
 
 from __future__ import annotations
@@ -20,15 +22,53 @@ BACKENDS = ("lt", "wmma")
 DECLARATIONS = {"lt": LT, "wmma": WMMA}
 
 
-def current_threshold(override: int | None = None) -> tuple[int, str]:
-    """(key length from which ``auto`` prefers the long path, where that number comes from)."""
+def _shown(t: int) -> str:
+    return "never" if t >= calibrate.NEVER else str(t)
+
+
+def current_threshold(override: int | None = None) -> tuple[int | str, str]:
+    """(key length from which ``auto`` prefers the long path, where that comes from); the first element is
+    ``"per case"`` when a measured calibration decides by head dim, causal flag and query length (``explain``
+    shows a case's figures)."""
     explicit = config.threshold_setting(override)
     if explicit is not None:
         return explicit
-    stored = calibrate.stored_threshold()
-    if stored is not None:
-        return stored, "measured on this GPU by attn-lt calibrate"
+    for cal in calibrate.calibrations():
+        if cal.threshold is not None:
+            return cal.threshold, cal.source
+        if cal.rules:
+            dims = sorted({r.D for r in cal.rules})
+            return "per case", f"{cal.source}: {len(cal.rules)} rules, head dims {', '.join(map(str, dims))}"
     return config.DEFAULT_THRESHOLD, "design default"
+
+
+def route(case: Case, threshold: int | None = None) -> tuple[bool, str]:
+    """(whether ``auto`` prefers ``lt`` for ``case`` when both paths can run it, the reason in words): the one
+    place of the rule described at the top of this module."""
+    explicit = config.threshold_setting(threshold)
+    if explicit is not None:
+        t, source = explicit
+        return case.Sk >= t, f"Sk={case.Sk} {'>=' if case.Sk >= t else '<'} threshold {_shown(t)} ({source})"
+    cals = calibrate.calibrations()
+    for cal in cals:
+        if cal.threshold is not None:
+            t = cal.threshold
+            return case.Sk >= t, f"Sk={case.Sk} {'>=' if case.Sk >= t else '<'} threshold {_shown(t)} ({cal.source})"
+        rule = cal.rule_for(case.D, case.causal, case.Sq, case.Sk)
+        if rule is None:
+            continue
+        bucket = "" if rule.Sq == case.Sq or (rule.Sq == calibrate.PREFILL and case.Sq == case.Sk) else \
+            f", Sq={case.Sq} in bucket {rule.bucket}"
+        if rule.lt_from is None:
+            head = f"Sk={case.Sk}: wmma at every Sk{bucket}"
+        else:
+            head = f"Sk={case.Sk} {'>=' if rule.prefers_lt(case.Sk) else '<'} {rule.lt_from}{bucket}"
+        return rule.prefers_lt(case.Sk), f"{head} ({cal.source}: {rule})"
+    t = config.DEFAULT_THRESHOLD
+    missing = ""
+    if cals:
+        missing = f"; no calibration of this GPU covers D{case.D}{' causal' if case.causal else ''} Sq={case.Sq}"
+    return case.Sk >= t, f"Sk={case.Sk} {'>=' if case.Sk >= t else '<'} threshold {t} (design default{missing})"
 
 
 @dataclass(frozen=True)
@@ -56,16 +96,15 @@ def select(case: Case, backend: str = "auto", threshold: int | None = None, key_
         if reasons[backend]:
             raise ValueError(f"backend={backend!r} cannot run {case}: " + "; ".join(reasons[backend]))
         return Decision(backend, ("forced by the caller",), rejected)
-    t, source = current_threshold(threshold)
-    shown = "never" if t >= calibrate.NEVER else str(t)
+    prefer_lt, why = route(case, threshold)
     if key_mass and not reasons["lt"]:
         return Decision("lt", ("the attention mass per key comes from the long path's probabilities",), rejected)
-    if case.Sk >= t:
+    if prefer_lt:
         if reasons["lt"]:
             raise ValueError(f"no backend can run {case}: lt: {'; '.join(reasons['lt'])}")
-        return Decision("lt", (f"Sk={case.Sk} >= threshold {shown} ({source})",), rejected)
+        return Decision("lt", (why,), rejected)
     if not reasons["wmma"]:
-        return Decision("wmma", (f"Sk={case.Sk} < threshold {shown} ({source})",), rejected)
+        return Decision("wmma", (why,), rejected)
     if not reasons["lt"]:
-        return Decision("lt", (f"Sk={case.Sk} < threshold {shown} ({source}), but wmma cannot run it",), rejected)
+        return Decision("lt", (f"{why}, but wmma cannot run it",), rejected)
     raise ValueError(f"no backend can run {case}: " + " | ".join(f"{n}: {'; '.join(r)}" for n, r in rejected))

@@ -43,10 +43,17 @@ def _private_algo_cache(tmp_path_factory):
     """Tests never touch the user's algorithm cache, and use cuBLASLt's heuristic unless a test asks to tune."""
     import os
 
+    from attn_lt import calibrate
+
     saved = {k: os.environ.get(k) for k in ("ATTN_LT_CACHE_DIR", "ATTN_LT_ALGO_POLICY")}
     os.environ["ATTN_LT_CACHE_DIR"] = str(tmp_path_factory.mktemp("algo_cache"))
     os.environ["ATTN_LT_ALGO_POLICY"] = "heuristic"
+    shipped = calibrate.SHIPPED_DIR  # tests see the design default unless they ship a calibration themselves
+    calibrate.SHIPPED_DIR = tmp_path_factory.mktemp("no_shipped_calibrations")
+    calibrate.clear_cache()
     yield
+    calibrate.SHIPPED_DIR = shipped
+    calibrate.clear_cache()
     for k, v in saved.items():
         if v is None:
             os.environ.pop(k, None)

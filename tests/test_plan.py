@@ -69,7 +69,6 @@ def test_budget_bounds_memory_whatever_the_length():
 def test_budget_from_environment_and_too_small(monkeypatch):
     case = Case.contiguous(1, 2, 2, 128, 65536, 64)
     monkeypatch.setenv("ATTN_LT_WORKSPACE_MB", "3")
-    make_plan.cache_clear()
     assert make_plan(case).budget == 3 * MiB
     with pytest.raises(ValueError, match="too small.*Sk65536"):
         make_plan(case, 200 * 1024)

@@ -6,6 +6,20 @@ from attn_lt.select import LT, WMMA, select
 from attn_lt.validate import Case
 
 
+@pytest.fixture(autouse=True)
+def no_calibration(tmp_path_factory, monkeypatch):
+    """The design default unless a test says otherwise, on a GPU machine too: no shipped calibration, an empty
+    cache directory, no threshold from the environment; the lookup's cache forgotten before and after."""
+    from attn_lt import calibrate
+
+    monkeypatch.setattr(calibrate, "SHIPPED_DIR", tmp_path_factory.mktemp("shipped"))
+    monkeypatch.setenv("ATTN_LT_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    monkeypatch.delenv("ATTN_LT_THRESHOLD", raising=False)
+    calibrate.clear_cache()
+    yield
+    calibrate.clear_cache()
+
+
 def case(Sk=8192, **kw):
     return Case.contiguous(1, 8, 8, kw.pop("Sq", 128), Sk, kw.pop("D", 128), **kw)
 
@@ -75,8 +89,8 @@ def test_calibrated_threshold_is_used_for_this_gpu_only(tmp_path, monkeypatch):
     from attn_lt import calibrate
 
     monkeypatch.setenv("ATTN_LT_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(calibrate, "_current_env_key", lambda: "NVIDIA H200|sm9.0|132sm|cublasLt130100")
-    calibrate.stored_threshold.cache_clear()
+    monkeypatch.setattr(calibrate, "current_gpu",
+                        lambda: calibrate.Gpu("NVIDIA H200", "9.0", "NVIDIA H200|sm9.0|132sm|cublasLt130100"))
     assert "threshold 4096" in select(case(100)).reasons[0]
     calibrate.store("NVIDIA H100|sm9.0|132sm|cublasLt130100", 777, [])
     assert "threshold 4096" in select(case(100)).reasons[0]  # another GPU's calibration does not apply
@@ -89,15 +103,20 @@ def test_calibrated_threshold_is_used_for_this_gpu_only(tmp_path, monkeypatch):
     assert "threshold 12345" in select(case(100)).reasons[0]
     monkeypatch.setenv("ATTN_LT_THRESHOLD", "50")  # the environment variable still wins
     assert "threshold 50" in select(case(100)).reasons[0]
-    calibrate.stored_threshold.cache_clear()
 
 
-def test_crossover_rule():
-    from attn_lt.calibrate import NEVER, crossover
+def test_measured_rules_route_auto_and_say_so(tmp_path, monkeypatch):
+    """The per-case rules (tests/test_calibrate.py has the details): the reason names the measurement."""
+    from attn_lt import calibrate
 
-    pts = [{"D": 64, "Sk": s, "wmma_ms": w, "lt_ms": l} for s, w, l in
-           [(1024, 1, 2), (4096, 3, 2.5), (8192, 9, 4), (16384, 30, 10)]]
-    assert crossover(pts) == 4096
-    assert crossover([{"D": 128, "Sk": 4096, "wmma_ms": 1, "lt_ms": 2}]) == NEVER
-    pts.append({"D": 128, "Sk": 16384, "wmma_ms": 5, "lt_ms": 4})
-    assert crossover(pts) == 4096
+    monkeypatch.setenv("ATTN_LT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(calibrate, "current_gpu", lambda: calibrate.Gpu("NVIDIA H100 80GB HBM3", "9.0", "env"))
+    points = [{"D": 128, "causal": False, "Sq": 1, "Sk": s, "wmma_ms": w, "lt_ms": l}
+              for s, w, l in [(1024, 0.2, 0.3), (4096, 0.93, 0.41), (16384, 3.0, 1.2)]]
+    calibrate.store("env", calibrate.make_entry(points, "NVIDIA H100 80GB HBM3", "9.0", date="2026-11-22"))
+    d = select(case(4096, Sq=1))
+    assert d.backend == "lt" and d.reasons[0] == (
+        "Sk=4096 >= 4096 (measured on this GPU (NVIDIA H100 80GB HBM3, 2026-11-22): at D128 Sq1 lt wins from "
+        "Sk 4096 (lt 0.41 ms vs wmma 0.93 ms at Sk 4096; wmma 0.2 ms vs lt 0.3 ms at Sk 1024))")
+    assert select(case(2048, Sq=1)).backend == "wmma"
+    assert "design default; no calibration of this GPU covers D64" in select(case(100, D=64)).reasons[0]

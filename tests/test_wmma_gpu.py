@@ -81,19 +81,32 @@ def test_torch_compile_matches_eager():
         m(x)  # weights require grad: a clear error instead of silently detached outputs
 
 
-def test_calibrate_stores_a_threshold_that_select_uses(tmp_path, monkeypatch, capsys):
+def test_calibrate_stores_rules_that_select_uses(tmp_path, monkeypatch, capsys):
     import json
 
     from attn_lt import calibrate
     from attn_lt.cli import main
+    from attn_lt.select import current_threshold, select
+    from attn_lt.validate import Case
 
-    monkeypatch.setenv("ATTN_LT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("ATTN_LT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(calibrate, "SHIPPED_DIR", tmp_path / "none")
     monkeypatch.delenv("ATTN_LT_THRESHOLD", raising=False)
-    assert main(["calibrate", "--dims", "64", "--lengths", "1024,8192", "--json"]) == 0
+    assert main(["calibrate", "--dims", "64", "--lengths", "1024,8192", "--sq", "1", "--ship", str(tmp_path / "ship"),
+                 "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert len(d["points"]) == 2 and (tmp_path / "calibration.json").exists()
-    calibrate.stored_threshold.cache_clear()
-    from attn_lt.select import current_threshold
-
-    assert current_threshold() == (d["threshold"], "measured on this GPU by attn-lt calibrate")
-    calibrate.stored_threshold.cache_clear()
+    # Sq 1 and Sq = Sk (causal too) at two key lengths; every point timed on both paths
+    assert len(d["points"]) == 6 and all(p["wmma_ms"] > 0 and p["lt_ms"] > 0 for p in d["points"])
+    assert {(r["causal"], r["Sq"]) for r in d["rules"]} == {(False, 1), (False, "Sk"), (True, "Sk")}
+    assert (tmp_path / "cache" / "calibration.json").exists() and d["file"] and d["shipped"]
+    name = torch.cuda.get_device_name()
+    decode = Case.contiguous(4, 32, 8, 1, 8192, 64)
+    try:
+        assert current_threshold()[0] == "per case"
+        reason = select(decode).reasons[0]
+        assert f"measured on this GPU ({name}, {d['date']}): at D64 Sq1 " in reason
+        monkeypatch.setenv("ATTN_LT_CACHE_DIR", str(tmp_path / "other"))  # no local calibration: the shipped one
+        monkeypatch.setattr(calibrate, "SHIPPED_DIR", tmp_path / "ship")
+        assert f"shipped calibration, measured on the {name}, {d['date']}: at D64 Sq1 " in select(decode).reasons[0]
+    finally:
+        calibrate.clear_cache()

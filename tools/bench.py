@@ -319,13 +319,11 @@ def run_case(c, providers, tensors, ref, timer, ceil, bar) -> list[dict]:
 
 def lt_details(c, q, k, v, mask) -> dict:
     """For ``--lt-details``: GPU time per kernel family over one lt call (CUPTI sees cuBLASLt's kernels and ours),
-    and each GEMM's cached algorithm (split-K, tuned and heuristic ms)."""
+    and each GEMM shape class of the plan with where its algorithm came from."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     import attn_lt
-    from attn_lt.cache import current_env, default_cache, key_string
-    from attn_lt.cli import plan_gemms
 
     def call():
         return attn_lt.attention(q, k, v, attn_mask=mask, causal=c.causal, backend="lt")

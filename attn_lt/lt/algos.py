@@ -219,7 +219,11 @@ def time_algo(gemm, algo, operands, reps: int = 10) -> float:
 
 
 def tune(gemm, workspace_limit: int, operands, budget_ms: float) -> Entry:
-    """Search and time the candidates of ``gemm`` within ``budget_ms``; returns the cache entry."""
+    """Search and time the candidates of ``gemm`` within ``budget_ms``; returns the cache entry of its class.
+
+    The winner must beat the heuristic's choice by 1 % and must also run the class's other members: a candidate
+    cuBLASLt refuses for :func:`probe_key` (the same GEMM with an odd key count, as a decode loop meets every step)
+    is passed over, so that the class's algorithm transfers instead of being refused shape after shape."""
     t0 = time.perf_counter()
     cands = candidates(gemm, workspace_limit)
     if not cands:
@@ -235,13 +239,53 @@ def tune(gemm, workspace_limit: int, operands, budget_ms: float) -> Entry:
             break
         results.append((_time(gemm, cands[i][1], operands, reps), i))
     results.sort()
-    best_ms, best = results[0]
-    if best_ms > heuristic_ms * 0.99:  # not a clear win over the heuristic: keep the heuristic's choice
+    probe = _probe_gemm(gemm)
+
+    def transfers(i: int) -> bool:
+        if probe is None:
+            return True
+        ws = check(probe, cands[i][1])
+        return ws is not None and ws <= workspace_limit
+
+    best_ms, best = next(((ms, i) for ms, i in results if transfers(i)), results[0])
+    if best_ms > heuristic_ms * 0.99 and transfers(0):  # not a clear win: keep the heuristic's choice
         best_ms, best = heuristic_ms, 0
-    runners = tuple((cands[i][0], round(ms, 5)) for ms, i in results if i != best)[:4]
+    runners = tuple((cands[i][0], round(ms, 5)) for ms, i in results if i != best and transfers(i))[:4]
     log.info("tuned %s: %s %.4f ms (heuristic %.4f ms), %d of %d candidates timed in %.0f ms", gemm.key,
              cands[best][0], best_ms, heuristic_ms, len(results), len(cands), (time.perf_counter() - t0) * 1e3)
     return Entry(cands[best][0], round(best_ms, 5), round(heuristic_ms, 5), cands[best][2], runners, now())
+
+
+def probe_key(key: GemmKey) -> GemmKey | None:
+    """Another member of ``key``'s class: the key count (qk's m, pv's k) made odd within its octave, leading
+    dimensions and strides kept valid; None when there is nothing to vary."""
+    import dataclasses as dc
+
+    def odd(x: int) -> int:
+        if x % 2:
+            return x
+        return x + 1 if bucket(x + 1) == bucket(x) else x - 1
+
+    if key.role == "qk" and key.m > 2:
+        m = odd(key.m)
+        ldc = max(key.ldc, -(-m // 32) * 32)
+        return dc.replace(key, m=m, ldc=ldc, stride_c=max(key.stride_c, ldc * key.n))
+    if key.role == "pv" and key.k > 2:
+        k = odd(key.k)
+        return dc.replace(key, k=k, ldb=max(key.ldb, k), stride_b=max(key.stride_b, max(key.ldb, k) * key.n))
+    return None
+
+
+def _probe_gemm(gemm):
+    key = probe_key(gemm.key)
+    if key is None or key == gemm.key:
+        return None
+    from .cublaslt import gemm as gemm_of
+
+    try:
+        return gemm_of(gemm.device, key)
+    except CublasLtError:
+        return None
 
 
 # ---- shape classes ----------------------------------------------------------------------------------------------
@@ -379,15 +423,16 @@ def resolve(gemm, policy: str, workspace_limit: int, operands=None, deadline: fl
     cls = GemmClass.of(gemm.key)
     entry = lookup(env.key(), env, cls)
     if entry is not None:
-        try:
-            algo = _class_algo(gemm, cls, entry.config)
-            ws = check(gemm, algo)
-        except CublasLtError:
-            ws = None
-        if ws is not None and ws <= workspace_limit:
-            gemm.use(algo, ws, f"cache ({cls})", True)
-            stats["cache"] += 1
-            return
+        for n, cfg in enumerate((entry.config,) + tuple(c for c, _ in entry.runners_up)):
+            try:  # the class's winner, else its runners-up (fastest first), before the heuristic
+                algo = _class_algo(gemm, cls, cfg)
+                ws = check(gemm, algo)
+            except CublasLtError:
+                ws = None
+            if ws is not None and ws <= workspace_limit:
+                gemm.use(algo, ws, f"cache ({cls}{'' if n == 0 else ', runner-up %d' % n})", True)
+                stats["cache"] += 1
+                return
         stats["refused"] += 1
         log.info("cuBLASLt refuses the cached algorithm of class %s (%s) for %s within %d bytes of workspace; "
                  "using the heuristic's", cls, entry.config, gemm.key, workspace_limit)
