@@ -19,11 +19,11 @@ def classes(case):
     return {GemmClass.of(k) for pair in keys for k in pair}
 
 
-def test_a_growing_decode_cache_stays_in_two_classes():
+def test_a_growing_decode_cache_stays_in_four_classes():
     seen = set()
     for sk in range(32768, 33768, 7):  # 1000 steps of a decode loop from a round length, sampled
         seen |= classes(Case.contiguous(8, 32, 8, 1, sk, 128))
-    assert len(seen) == 2
+    assert len(seen) == 4  # qk and pv, each with the key count a multiple of 8 or not
     assert {c.role for c in seen} == {"qk", "pv"}
 
 
@@ -45,5 +45,5 @@ def test_class_keys_are_data():
     c = GemmClass.of(plan_gemm_keys(Case.contiguous(1, 4, 4, 64, 1000, 64), make_plan(
         Case.contiguous(1, 4, 4, 64, 1000, 64)))[0][0])
     d = c.to_dict()
-    assert d["rule"] == "pow2" and d["k"] == 64 and "lda" not in d
+    assert d["rule"] == "pow2-div8" and d["k"] == 64 and d["div8"] == "mnk" and "lda" not in d
     assert "m~512" in str(c)

@@ -219,11 +219,8 @@ def time_algo(gemm, algo, operands, reps: int = 10) -> float:
 
 
 def tune(gemm, workspace_limit: int, operands, budget_ms: float) -> Entry:
-    """Search and time the candidates of ``gemm`` within ``budget_ms``; returns the cache entry of its class.
-
-    The winner must beat the heuristic's choice by 1 % and must also run the class's other members: a candidate
-    cuBLASLt refuses for :func:`probe_key` (the same GEMM with an odd key count, as a decode loop meets every step)
-    is passed over, so that the class's algorithm transfers instead of being refused shape after shape."""
+    """Search and time the candidates of ``gemm`` within ``budget_ms``; returns the cache entry of its class
+    (the winner, which must beat the heuristic's choice by 1 %, and up to four runners-up, fastest first)."""
     t0 = time.perf_counter()
     cands = candidates(gemm, workspace_limit)
     if not cands:
@@ -239,60 +236,20 @@ def tune(gemm, workspace_limit: int, operands, budget_ms: float) -> Entry:
             break
         results.append((_time(gemm, cands[i][1], operands, reps), i))
     results.sort()
-    probe = _probe_gemm(gemm)
-
-    def transfers(i: int) -> bool:
-        if probe is None:
-            return True
-        ws = check(probe, cands[i][1])
-        return ws is not None and ws <= workspace_limit
-
-    best_ms, best = next(((ms, i) for ms, i in results if transfers(i)), results[0])
-    if best_ms > heuristic_ms * 0.99 and transfers(0):  # not a clear win: keep the heuristic's choice
+    best_ms, best = results[0]
+    if best_ms > heuristic_ms * 0.99:  # not a clear win over the heuristic: keep the heuristic's choice
         best_ms, best = heuristic_ms, 0
-    runners = tuple((cands[i][0], round(ms, 5)) for ms, i in results if i != best and transfers(i))[:4]
+    runners = tuple((cands[i][0], round(ms, 5)) for ms, i in results if i != best)[:4]
     log.info("tuned %s: %s %.4f ms (heuristic %.4f ms), %d of %d candidates timed in %.0f ms", gemm.key,
              cands[best][0], best_ms, heuristic_ms, len(results), len(cands), (time.perf_counter() - t0) * 1e3)
     return Entry(cands[best][0], round(best_ms, 5), round(heuristic_ms, 5), cands[best][2], runners, now())
-
-
-def probe_key(key: GemmKey) -> GemmKey | None:
-    """Another member of ``key``'s class: the key count (qk's m, pv's k) made odd within its octave, leading
-    dimensions and strides kept valid; None when there is nothing to vary."""
-    import dataclasses as dc
-
-    def odd(x: int) -> int:
-        if x % 2:
-            return x
-        return x + 1 if bucket(x + 1) == bucket(x) else x - 1
-
-    if key.role == "qk" and key.m > 2:
-        m = odd(key.m)
-        ldc = max(key.ldc, -(-m // 32) * 32)
-        return dc.replace(key, m=m, ldc=ldc, stride_c=max(key.stride_c, ldc * key.n))
-    if key.role == "pv" and key.k > 2:
-        k = odd(key.k)
-        return dc.replace(key, k=k, ldb=max(key.ldb, k), stride_b=max(key.stride_b, max(key.ldb, k) * key.n))
-    return None
-
-
-def _probe_gemm(gemm):
-    key = probe_key(gemm.key)
-    if key is None or key == gemm.key:
-        return None
-    from .cublaslt import gemm as gemm_of
-
-    try:
-        return gemm_of(gemm.device, key)
-    except CublasLtError:
-        return None
 
 
 # ---- shape classes ----------------------------------------------------------------------------------------------
 
 #: The rule that maps a GEMM to its class; stored with every class key, so that a later rule never reads entries
 #: of an earlier one.
-CLASS_RULE = "pow2"
+CLASS_RULE = "pow2-div8"
 
 
 def bucket(x: int) -> int:
@@ -304,7 +261,9 @@ def bucket(x: int) -> int:
 @dataclass(frozen=True)
 class GemmClass:
     """GEMMs whose algorithms transfer: the same role, dtypes, transposes and operand alignments, with m, n, k
-    and batch in the same octave [2^i, 2^(i+1)); leading dimensions and batch strides do not count. A decode loop
+    and batch in the same octave [2^i, 2^(i+1)) and the same divisibility of m, n, k by 8 (kernels that need
+    aligned sizes are fastest where they run: an odd key count, as a decode loop meets seven steps in eight, is a
+    class of its own); leading dimensions and batch strides do not count. A decode loop
     whose cache grows one key a step, and the many key lengths of a causal prefill's chunks, meet a few classes,
     not one shape per step. A class's algorithm is checked against each real GEMM (``matmul_algo_check``)
     before it is used; one cuBLASLt refuses falls back to the heuristic."""
@@ -321,12 +280,14 @@ class GemmClass:
     align_a: int
     align_b: int
     align_c: int
+    div8: str = "mnk"  # which of m, n, k are multiples of 8
     rule: str = CLASS_RULE
 
     @classmethod
     def of(cls, key: GemmKey) -> GemmClass:
+        div8 = "".join(name for name, x in (("m", key.m), ("n", key.n), ("k", key.k)) if x % 8 == 0)
         return cls(key.role, key.dtype, key.out_dtype, bucket(key.m), bucket(key.n), bucket(key.k),
-                   bucket(key.batch), key.trans_a, key.trans_b, key.align_a, key.align_b, key.align_c)
+                   bucket(key.batch), key.trans_a, key.trans_b, key.align_a, key.align_b, key.align_c, div8)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -334,7 +295,7 @@ class GemmClass:
     def __str__(self) -> str:
         t = ("T" if self.trans_a else "N") + ("T" if self.trans_b else "N")
         return (f"{self.role} {self.dtype}->{self.out} {t} m~{self.m} n~{self.n} k~{self.k} "
-                f"batch~{self.batch} align({self.align_a},{self.align_b},{self.align_c})")
+                f"batch~{self.batch} align({self.align_a},{self.align_b},{self.align_c}) 8|{self.div8 or '-'}")
 
 
 #: What resolve() did in this process: GEMMs served from the cache, tuned, deferred (call budget spent),
