@@ -459,7 +459,8 @@ def current_gpu() -> Gpu | None:
 
 
 @functools.lru_cache(maxsize=16)
-def _load(cache_dir: Path, shipped_dir: Path, gpu: Gpu) -> tuple[Calibration, ...]:
+def _load(cache_dir: str, shipped_dir: str, gpu: Gpu) -> tuple[Calibration, ...]:
+    cache_dir, shipped_dir = Path(cache_dir), Path(shipped_dir)
     found = []
     if gpu.env_key is not None:
         p = cache_dir / FILE
@@ -488,7 +489,7 @@ def calibrations() -> tuple[Calibration, ...]:
     gpu = current_gpu()
     if gpu is None:
         return ()
-    return _load(config.cache_dir(), Path(SHIPPED_DIR), gpu)
+    return _load(str(config.cache_dir()), str(SHIPPED_DIR), gpu)  # strings: hashed per call, Paths are slow
 
 
 def clear_cache() -> None:

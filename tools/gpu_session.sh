@@ -35,9 +35,11 @@ for p in ${PHASES:-tests}; do
     sanitize)
       phase memcheck 150 compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitize_flash_sm90.py
       phase racecheck 150 compute-sanitizer --tool racecheck --error-exitcode 9 python3 tools/sanitize_flash_sm90.py ;;
-    calibrate) phase calibrate 200 python3 -m attn_lt calibrate --ship attn_lt/calibrations ;;
+    calibrate) phase calibrate 200 python3 -m attn_lt calibrate --ship attn_lt/calibrations
+      cp attn_lt/calibrations/*.json "$OUT/" 2>/dev/null ;;
     sm90) phase sm90 240 python3 tools/bench_flash_sm90.py --out "$OUT/sm90" ;;
     serving) phase serving 200 python3 tools/bench_serving.py ${SERVING_ARGS:---steps 1000} --out "$OUT/serving" ;;
+    host) phase host 120 python3 tools/host_breakdown.py --sk 4096 --growth 300 --json "$OUT/host.json" ;;
     lt) phase lt 260 python3 tools/bench_lt.py ${LT_ARGS:-} --out "$OUT/lt" ;;
     suite) phase suite 560 python3 tools/bench.py run ${SUITE_ARGS:---quick} --out "$OUT/suite" ;;
     generate) phase generate 300 python3 tools/bench_generate.py ${GENERATE_ARGS:-} --out "$OUT/generate" ;;

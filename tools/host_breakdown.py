@@ -34,6 +34,42 @@ def per_call_us(fn, n=100):
     return round(statistics.median(samples), 2)
 
 
+def growth_profile(steps: int) -> dict:
+    """Host cost of a call that meets a new shape (a decode loop growing one key a call): wall microseconds per
+    call (synchronised) and cProfile's top functions by cumulative time."""
+    import cProfile
+    import io
+    import pstats
+
+    import torch
+
+    import attn_lt
+
+    kc = torch.randn(8, 8, 32768 + 2 * steps + 8, 128, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(8, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
+    for n in range(32768, 32768 + 16):  # classes resolved (tuned) before measuring
+        attn_lt.attention(q, kc[:, :, :n], kc[:, :, :n])
+    torch.cuda.synchronize()
+    start = 32768 + 16
+    t0 = time.perf_counter()
+    for n in range(start, start + steps):
+        attn_lt.attention(q, kc[:, :, :n], kc[:, :, :n])
+    torch.cuda.synchronize()
+    per_call = (time.perf_counter() - t0) / steps * 1e6
+    prof = cProfile.Profile()
+    prof.enable()
+    for n in range(start + steps, start + 2 * steps):
+        attn_lt.attention(q, kc[:, :, :n], kc[:, :, :n])
+    prof.disable()
+    torch.cuda.synchronize()
+    s = io.StringIO()
+    pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(28)
+    text = s.getvalue()
+    print(f"new-shape call: {per_call:.1f} us a call (host + GPU, unsynchronised loop)")
+    print(text[-6000:])
+    return {"new_shape_call_us": round(per_call, 1), "profile": text}
+
+
 def raw_cublaslt(g, ops):
     """cublasLtMatmul called through ctypes on the same handle and descriptors (no nvmath binding), or None."""
     import ctypes
@@ -78,6 +114,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sk", type=int, default=4096)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--growth", type=int, default=0, help="also profile N calls of a decode loop whose cache grows "
+                    "one key a call (a new plan each call), cProfile's top functions")
     a = ap.parse_args(argv)
     import torch
     import torch.nn.functional as F
@@ -132,9 +170,10 @@ def main(argv=None) -> int:
     print("GPU microseconds per kernel of plan.run:")
     for name, us in kernels.items():
         print(f"  {name[:70]:<72}{us:>9.2f}")
+    growth = growth_profile(a.growth) if a.growth else None
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"sk": a.sk, "us": res, "kernels_us": kernels}, f, indent=1)
+            json.dump({"sk": a.sk, "us": res, "kernels_us": kernels, "growth": growth}, f, indent=1)
     return 0
 
 

@@ -280,12 +280,12 @@ class GemmClass:
     align_a: int
     align_b: int
     align_c: int
-    div8: str = "mnk"  # which of m, n, k are multiples of 8
+    div8: str = "mnk"  # which of m, n, k are multiples of 8 ("-": none)
     rule: str = CLASS_RULE
 
     @classmethod
     def of(cls, key: GemmKey) -> GemmClass:
-        div8 = "".join(name for name, x in (("m", key.m), ("n", key.n), ("k", key.k)) if x % 8 == 0)
+        div8 = "".join(name for name, x in (("m", key.m), ("n", key.n), ("k", key.k)) if x % 8 == 0) or "-"
         return cls(key.role, key.dtype, key.out_dtype, bucket(key.m), bucket(key.n), bucket(key.k),
                    bucket(key.batch), key.trans_a, key.trans_b, key.align_a, key.align_b, key.align_c, div8)
 
@@ -295,7 +295,7 @@ class GemmClass:
     def __str__(self) -> str:
         t = ("T" if self.trans_a else "N") + ("T" if self.trans_b else "N")
         return (f"{self.role} {self.dtype}->{self.out} {t} m~{self.m} n~{self.n} k~{self.k} "
-                f"batch~{self.batch} align({self.align_a},{self.align_b},{self.align_c}) 8|{self.div8 or '-'}")
+                f"batch~{self.batch} align({self.align_a},{self.align_b},{self.align_c}) 8|{self.div8}")
 
 
 #: What resolve() did in this process: GEMMs served from the cache, tuned, deferred (call budget spent),
@@ -343,6 +343,30 @@ def _class_algo(gemm, cls: GemmClass, cfg: AlgoConfig) -> np.ndarray:
     if algo is None:
         algo = _algos[k] = make_algo(gemm, cfg)
     return algo
+
+
+def _sibling_algo(gemm, env, cls: GemmClass, workspace_limit: int):
+    """(algorithm, workspace, source) from a cached class that differs from ``cls`` only in which of m, n, k divide
+    by 8 (a decode loop meets both kinds, step after step), when cuBLASLt accepts it for this GEMM; else None."""
+    env_key = env.key()
+    for div8 in ("mnk", "mn", "nk", "mk", "m", "n", "k", "-"):
+        if div8 == cls.div8:
+            continue
+        other = dataclasses.replace(cls, div8=div8)
+        entry = lookup(env_key, env, other)
+        if entry is None:
+            continue
+        for cfg in (entry.config,) + tuple(c for c, _ in entry.runners_up):
+            try:
+                algo = _class_algo(gemm, other, cfg)
+                ws = check(gemm, algo)
+            except CublasLtError:
+                continue
+            if ws is not None and ws <= workspace_limit:
+                with _memo_lock:  # this process serves the class from its sibling from now on (not stored)
+                    _memo[(env_key, cls)] = dataclasses.replace(entry, config=cfg, runners_up=())
+                return algo, ws, f"cache (sibling class {other})"
+    return None
 
 
 def class_status(cls: GemmClass, policy: str) -> str:
@@ -399,6 +423,12 @@ def resolve(gemm, policy: str, workspace_limit: int, operands=None, deadline: fl
                  "using the heuristic's", cls, entry.config, gemm.key, workspace_limit)
         algo, ws = gemm.heuristic_top(workspace_limit)
         gemm.use(algo, ws, "heuristic (the class's cached algorithm was refused for this shape)", True)
+        return
+    sibling = _sibling_algo(gemm, env, cls, workspace_limit)
+    if sibling is not None:  # the class that differs only in which sizes divide by 8: no tuning stall mid-loop
+        algo, ws, source = sibling
+        gemm.use(algo, ws, source, True)
+        stats["cache"] += 1
         return
     algo, ws = gemm.heuristic_top(workspace_limit)
     if policy != "tune":  # "cache": a miss keeps the heuristic's algorithm

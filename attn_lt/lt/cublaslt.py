@@ -88,10 +88,20 @@ class GemmKey:
                 f"ld({self.lda},{self.ldb},{self.ldc})")
 
 
+_attr_buffers: dict = {}
+
+
 def set_attr(setter, obj, attr, dtype_of, value) -> None:
-    """Set one cuBLASLt descriptor attribute (``setter``) of ``obj`` to ``value``."""
-    buf = np.array([value], dtype=dtype_of(attr))
-    setter(obj, int(attr), buf.ctypes.data, buf.nbytes)
+    """Set one cuBLASLt descriptor attribute (``setter``) of ``obj`` to ``value`` (the value is copied by
+    cuBLASLt, so one small host buffer per attribute serves every call)."""
+    key = (dtype_of, attr)
+    got = _attr_buffers.get(key)
+    if got is None:
+        buf = np.zeros(1, dtype=dtype_of(attr))
+        got = _attr_buffers[key] = (buf, buf.ctypes.data, buf.nbytes, int(attr))
+    buf, ptr, nbytes, code = got
+    buf[0] = value
+    setter(obj, code, ptr, nbytes)
 
 
 _handles: dict[int, int] = {}
