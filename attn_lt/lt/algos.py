@@ -280,12 +280,12 @@ class GemmClass:
     align_a: int
     align_b: int
     align_c: int
-    div8: str = "mnk"  # which of m, n, k are multiples of 8 ("-": none)
+    div8: str = "mnk"  # which of m, n, k are multiples of 8 ("none": none of them)
     rule: str = CLASS_RULE
 
     @classmethod
     def of(cls, key: GemmKey) -> GemmClass:
-        div8 = "".join(name for name, x in (("m", key.m), ("n", key.n), ("k", key.k)) if x % 8 == 0) or "-"
+        div8 = "".join(name for name, x in (("m", key.m), ("n", key.n), ("k", key.k)) if x % 8 == 0) or "none"
         return cls(key.role, key.dtype, key.out_dtype, bucket(key.m), bucket(key.n), bucket(key.k),
                    bucket(key.batch), key.trans_a, key.trans_b, key.align_a, key.align_b, key.align_c, div8)
 
@@ -349,7 +349,7 @@ def _sibling_algo(gemm, env, cls: GemmClass, workspace_limit: int):
     """(algorithm, workspace, source) from a cached class that differs from ``cls`` only in which of m, n, k divide
     by 8 (a decode loop meets both kinds, step after step), when cuBLASLt accepts it for this GEMM; else None."""
     env_key = env.key()
-    for div8 in ("mnk", "mn", "nk", "mk", "m", "n", "k", "-"):
+    for div8 in ("mnk", "mn", "nk", "mk", "m", "n", "k", "none"):
         if div8 == cls.div8:
             continue
         other = dataclasses.replace(cls, div8=div8)
