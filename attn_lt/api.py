@@ -367,8 +367,8 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
         return_lse: also return the FP32 log-sum-exp of each row's scaled, masked scores.
         out: optional preallocated output, contiguous (B, Hq, Sq, Dv) of q's dtype and device, written in full.
         workspace_bytes: budget of the long path's workspace (default ``ATTN_LT_WORKSPACE_MB``, 1 GiB).
-        threshold: key length from which "auto" takes the long path (default ``ATTN_LT_THRESHOLD``, else the
-            calibrated value for this GPU, else 4096).
+        threshold: key length from which "auto" takes the long path, for every case (default: ``ATTN_LT_THRESHOLD``,
+            else the rules ``attn-lt calibrate`` measured on this GPU or shipped for its model, else 4096).
         algo_policy: cuBLASLt algorithm choice: "tune" (tune a GEMM shape class on first use unless cached;
             default), "cache" (cached algorithms, never tune) or "heuristic" (default ``ATTN_LT_ALGO_POLICY``).
         return_key_mass: also return the attention mass per key, FP32 (B, Hq, Sk): the sum over the query rows

@@ -16,7 +16,7 @@ import os
 import re
 import sys
 
-from . import __version__, config
+from . import __version__
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 

@@ -5,8 +5,8 @@ variable                       default      meaning
 =============================  ===========  =====================================================================
 ``ATTN_LT_WORKSPACE_MB``       1024         workspace budget of the long path (FP32 score chunks + cuBLASLt
                                             workspace), MiB; the ``workspace_bytes`` argument overrides it
-``ATTN_LT_THRESHOLD``          4096         key length from which ``backend="auto"`` takes the long path
-                                            (default: the value ``attn-lt calibrate`` stored for this GPU, else 4096)
+``ATTN_LT_THRESHOLD``          (measured)   key length from which ``backend="auto"`` takes the long path, for every
+                                            case (default: the rules ``attn-lt calibrate`` measured, else 4096)
 ``ATTN_LT_LANES``              2            lanes of the long path: 2 overlaps a chunk's softmax with the next
                                             chunk's GEMMs (two streams, half the budget each); 1 runs in series
 ``ATTN_LT_LIB``                (package)    path of ``libattn_lt.so`` to load instead of the packaged build

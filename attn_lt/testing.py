@@ -95,6 +95,24 @@ def tolerance(torch_error: float) -> float:
     return 2 * torch_error + ERROR_FLOOR
 
 
+def events_ms(fn, reps: int = 20) -> float:
+    """Median milliseconds of ``reps`` calls of ``fn``, each between two CUDA events (after one warm-up call; no
+    L2 flush: for repeated calls of one operation, as a serving loop makes them)."""
+    import statistics
+
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    return statistics.median(times)
+
+
 def time_ms(fn, warmup_ms: float = 25, rep_ms: float = 200) -> float:
     """Median milliseconds of ``fn()`` by CUDA events (triton's do_bench when installed)."""
     try:

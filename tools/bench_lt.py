@@ -58,6 +58,10 @@ import zlib
 from dataclasses import asdict, dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench import Timer  # noqa: E402  (the suite's timer: L2 flushed, rounds)
+
+from attn_lt.testing import events_ms  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SECTIONS = ("overlap", "wide", "mla_prefill", "mla_decode", "mass")
@@ -663,50 +667,6 @@ class Spec:
     need_what: str = ""
 
 
-class Timer:
-    """CUDA-event timings with the L2 flushed (256 MiB written) before each call, taken in rounds (tools/bench.py's
-    habit)."""
-
-    def __init__(self, rep_ms: float, rounds: int):
-        import torch
-
-        self.rep_ms, self.rounds = rep_ms, rounds
-        self.flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-
-    def once(self, fn) -> float:
-        import torch
-
-        self.flush.zero_()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        return s.elapsed_time(e)
-
-    def samples(self, fn) -> list[float]:
-        """One round: at least one call, as many as fit in rep_ms / rounds, at most 100 / rounds."""
-        times = [self.once(fn)]
-        more = min(100 // self.rounds, int(self.rep_ms / self.rounds / max(times[0], 1e-3))) - 1
-        return times + [self.once(fn) for _ in range(max(0, more))]
-
-
-def _events_ms(fn, n: int = 20) -> float:
-    import torch
-
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(n):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    return statistics.median(times)
-
-
 def ceilings() -> dict:
     """This GPU's bf16 GEMM rate (8192^3 through torch) and device-to-device copy rate (1 GiB, bytes read +
     written), measured now (median of 20 calls each)."""
@@ -714,12 +674,12 @@ def ceilings() -> dict:
 
     def gemm_ms():
         a, b = (torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        return _events_ms(lambda: a @ b)
+        return events_ms(lambda: a @ b)
 
     def copy_ms():
         x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
         y = torch.empty_like(x)
-        return _events_ms(lambda: y.copy_(x))
+        return events_ms(lambda: y.copy_(x))
 
     gemm = 2 * 8192**3 / gemm_ms() / 1e9
     copy = 2 * (1 << 30) / copy_ms() / 1e9
@@ -886,18 +846,13 @@ def profile_call(fn, chunks: int | None) -> dict:
 
 @contextlib.contextmanager
 def lanes_env(lanes: int | None):
-    """ATTN_LT_LANES set (None: unset) while a plan is made, the planner's caches cleared before and after so that
-    the setting takes effect (attn_lt.plan.make_plan keeps plans by case and budget: clear_plans() alone does not
-    drop them)."""
-    import importlib
+    """ATTN_LT_LANES set (None: unset) while a plan is made, attention()'s plans cleared before and after so that
+    the setting takes effect."""
 
     import attn_lt.api
 
     def clear():
         attn_lt.api.clear_plans()
-        mk = getattr(importlib.import_module("attn_lt.plan"), "make_plan", None)
-        if hasattr(mk, "cache_clear"):
-            mk.cache_clear()
 
     old = os.environ.get("ATTN_LT_LANES")
     if lanes is None:

@@ -35,28 +35,13 @@ def sdpa_call(q, k, v, causal=False):
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
 
 
-def events_ms(fn, reps=50):
-    import torch
-
-    fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        ts.append(s.elapsed_time(e))
-    return statistics.median(ts)
-
-
 def decode_loop(steps: int, provider: str, start: int = 32768):
     """Per-step wall ms of a decode loop whose cache grows one key a step; the steady-state ms at the end."""
     import torch
 
     import attn_lt
     from attn_lt.lt import algos
+    from attn_lt.testing import events_ms
 
     B, Hq, Hkv, D = 8, 32, 8, 128
     cap = start + steps + 8
@@ -151,7 +136,7 @@ def graph_replay():
     import torch
 
     import attn_lt
-    from attn_lt.testing import reference, rel_error
+    from attn_lt.testing import events_ms, reference, rel_error
 
     q = torch.randn(8, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(8, 8, 16384, 128, device="cuda", dtype=torch.bfloat16)

@@ -136,7 +136,6 @@ def main(argv=None) -> int:
     stream = torch.cuda.current_stream().cuda_stream
     gws = p.chunks.gemm_workspace
     scores = ws.data_ptr() + gws
-    alpha = step.qk  # noqa: F841 (the GEMM objects of the first chunk)
     import numpy as np
 
     one = np.ones(1, dtype=np.float32)
