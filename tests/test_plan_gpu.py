@@ -109,9 +109,13 @@ def test_growing_decode_tunes_once_per_class(tmp_path, monkeypatch):
     attn_lt.attention(q, kc[:, :, :4200], vc[:, :, :4200], backend="lt")
     first = algos.stats["tuned"] - tuned
     assert first >= 1
-    for n in range(4201, 4230):  # new shapes, same classes: served from the class, never tuned again
+    for n in range(4201, 4230):  # new shapes of few classes: a class is tuned at most once
         o = attn_lt.attention(q, kc[:, :, :n], vc[:, :, :n], backend="lt")
-    assert algos.stats["tuned"] - tuned == first
+    loop = algos.stats["tuned"] - tuned
+    assert loop <= 2 * first  # odd key counts are classes of their own (tuned once, unless a sibling's runs)
+    for n in range(4230, 4300):  # every class of this range is known now: nothing tunes
+        attn_lt.attention(q, kc[:, :, :n], vc[:, :, :n], backend="lt")
+    assert algos.stats["tuned"] - tuned == loop
     assert_close(o, q, kc[:, :, :4229], vc[:, :, :4229])
     e = attn_lt.plan(q, kc[:, :, :4229], vc[:, :, :4229], backend="lt")
     e.run(q, kc[:, :, :4229], vc[:, :, :4229])

@@ -342,7 +342,8 @@ def lt_details(c, q, k, v, mask) -> dict:
             fam[name] = round(fam.get(name, 0) + t / 1000, 3)
     p = attn_lt.plan(q, k, v, attn_mask=mask, causal=c.causal, backend="lt")
     p.run(q, k, v, mask)
-    gemms = [{"gemm": g["gemm"], "class": g["class"], "algorithm": g["algorithm"]} for g in p.explain().gemms[:4]]
+    gemms = [{"gemm": g["example"], "class": g["class"], "shapes": g["gemms"], "algorithm": g["algorithm"]}
+             for g in p.explain().gemms[:4]]
     return {"kernels_ms": fam, "gemms": gemms}
 
 
