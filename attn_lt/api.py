@@ -178,10 +178,11 @@ class AttentionPlan:
         out_align = 256 if out is None else address_alignment(out.data_ptr())
         sig = _signature(q, k, v, attn_mask, min(out_align, self.out_align))
         if sig != self.signature:
+            mask = "" if attn_mask is None else f", mask {tuple(attn_mask.shape)}"
             raise ValueError(f"plan made for {self.case} cannot run these tensors: q {tuple(q.shape)} "
                              f"{tuple(q.stride())}, k {tuple(k.shape)} {tuple(k.stride())}, v {tuple(v.shape)} "
-                             f"{tuple(v.stride())}{'' if attn_mask is None else ', mask ' + str(tuple(attn_mask.shape))}"
-                             " (shapes, strides, dtypes, device and alignment must match the plan's)")
+                             f"{tuple(v.stride())}{mask} (shapes, strides, dtypes, device and alignment must match "
+                             "the plan's)")
         return self._execute(q, k, v, attn_mask, out, return_lse, workspace)
 
     def _scratch(self, device: torch.device, stream: int, capturing: bool):

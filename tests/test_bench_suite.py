@@ -327,9 +327,9 @@ def test_sdpa_refusals_keep_the_reasons_not_the_noise():
               W("Flash attention kernel not used because: (Triggered internally at /x.cpp:3)"),
               W("Flash attention does not support non-null attn_mask. (Triggered internally at /x.cpp:4)"),
               W("Flash attention does not support non-null attn_mask. (Triggered internally at /x.cpp:4)")]
-    assert bench._sdpa_reasons(caught, RuntimeError("No available kernel")) == \
+    assert bench.sdpa_reasons(caught, RuntimeError("No available kernel")) == \
         "Flash attention does not support non-null attn_mask."
-    assert bench._sdpa_reasons([], RuntimeError("cuDNN error:\n  bad shape")) == "cuDNN error: bad shape"
+    assert bench.sdpa_reasons([], RuntimeError("cuDNN error:\n  bad shape")) == "cuDNN error: bad shape"
 
 
 def test_reasons_group_one_cause_per_line():

@@ -206,19 +206,20 @@ def ceilings() -> dict:
             "hbm_tbs": round(max(copy, read), 3)}
 
 
-def _first_line(text: str, limit: int = 160) -> str:
+def first_line(text, limit: int = 160) -> str:
+    """The first ``limit`` characters of ``text`` with its whitespace collapsed (for one-line reasons)."""
     return " ".join(str(text).split())[:limit]
 
 
-def _sdpa_reasons(caught, exc) -> str:
+def sdpa_reasons(caught, exc) -> str:
     """SDPA says why a backend refused in warnings before it raises "No available kernel": keep those reasons,
     without the headers, the source locations and the notes on backends that the forcing context disabled."""
     said: list[str] = []
     for w in caught:
-        m = _first_line(str(w.message).split("(Triggered internally")[0], 140)
+        m = first_line(str(w.message).split("(Triggered internally")[0], 140)
         if m and not m.endswith(":") and "runtime disabled" not in m and m not in said:
             said.append(m)
-    return "; ".join(said[:3]) or _first_line(exc)
+    return "; ".join(said[:3]) or first_line(exc)
 
 
 @contextlib.contextmanager
@@ -246,7 +247,7 @@ def first_call(p, c, tensors, ref):
     try:
         fn, route = make_call(p, c, q, k, v, mask)
     except ValueError as e:  # attn_lt's declared limits, with every reason
-        return suite.row(c, p, "n/a", _first_line(e, 240))
+        return suite.row(c, p, "n/a", first_line(e, 240))
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -258,13 +259,13 @@ def first_call(p, c, tensors, ref):
             except RuntimeError as e:
                 if suite.PROVIDERS[p].family != "sdpa":
                     raise
-                return suite.row(c, p, "n/a", _sdpa_reasons(caught, e))
+                return suite.row(c, p, "n/a", sdpa_reasons(caught, e))
         rows, expected = ref
         err = rel_error(out[:, :, rows], expected)
     except torch.cuda.OutOfMemoryError as e:
-        return suite.row(c, p, "skipped", f"out of memory: {_first_line(e, 100)}")
+        return suite.row(c, p, "skipped", f"out of memory: {first_line(e, 100)}")
     except Exception as e:  # a provider that fails unexpectedly is reported, not dropped
-        return suite.row(c, p, "error", f"{type(e).__name__}: {_first_line(e)}")
+        return suite.row(c, p, "error", f"{type(e).__name__}: {first_line(e)}")
     if not err <= CHECK_TOL:
         return suite.row(c, p, "error", f"wrong result: relative error {err:.3g} on sampled rows (bound {CHECK_TOL})",
                          rel_err=err if math.isfinite(err) else None)
@@ -298,10 +299,10 @@ def run_case(c, providers, tensors, ref, timer, ceil, bar) -> list[dict]:
             try:
                 rounds[p].append(timer.samples(ready[p][0]))
             except torch.cuda.OutOfMemoryError as e:
-                rows[p] = suite.row(c, p, "skipped", f"out of memory: {_first_line(e, 100)}")
+                rows[p] = suite.row(c, p, "skipped", f"out of memory: {first_line(e, 100)}")
                 del ready[p]
             except Exception as e:
-                rows[p] = suite.row(c, p, "error", f"{type(e).__name__}: {_first_line(e)}")
+                rows[p] = suite.row(c, p, "error", f"{type(e).__name__}: {first_line(e)}")
                 del ready[p]
         if i == 0 and sum(statistics.median(r[0]) for r in rounds.values() if r) > SLOW_ROUND_MS:
             n_rounds = min(timer.rounds, 3)  # long calls: three rounds are enough to see a drift

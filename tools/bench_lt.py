@@ -59,9 +59,7 @@ from dataclasses import asdict, dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench import Timer  # noqa: E402  (the suite's timer: L2 flushed, rounds)
-
-from attn_lt.testing import events_ms  # noqa: E402
+from bench import Timer, ceilings, first_line, peak_mib, sdpa_reasons, warm_up  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SECTIONS = ("overlap", "wide", "mla_prefill", "mla_decode", "mass")
@@ -667,73 +665,12 @@ class Spec:
     need_what: str = ""
 
 
-def ceilings() -> dict:
-    """This GPU's bf16 GEMM rate (8192^3 through torch) and device-to-device copy rate (1 GiB, bytes read +
-    written), measured now (median of 20 calls each)."""
-    import torch
-
-    def gemm_ms():
-        a, b = (torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        return events_ms(lambda: a @ b)
-
-    def copy_ms():
-        x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-        y = torch.empty_like(x)
-        return events_ms(lambda: y.copy_(x))
-
-    gemm = 2 * 8192**3 / gemm_ms() / 1e9
-    copy = 2 * (1 << 30) / copy_ms() / 1e9
-    torch.cuda.empty_cache()
-    return {"gemm_tflops": round(gemm, 1), "copy_tbs": round(copy, 3)}
-
-
-def warm_up(seconds: float) -> None:
-    """Sustained bf16 GEMMs until the clocks and power have settled."""
-    import torch
-
-    if seconds <= 0:
-        return
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < seconds:
-        for _ in range(8):
-            a @ a
-        torch.cuda.synchronize()
-
-
-def peak_mib(fn):
-    """(result, extra MiB allocated at the peak of one call, its output included)."""
-    import torch
-
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    out = fn()
-    torch.cuda.synchronize()
-    return out, (torch.cuda.max_memory_allocated() - base) / 2**20
-
-
 def free_bytes() -> int:
     import torch
 
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     return torch.cuda.mem_get_info()[0]
-
-
-def _first_line(text, limit: int = 200) -> str:
-    return " ".join(str(text).split())[:limit]
-
-
-def sdpa_reasons(caught, exc) -> str:
-    """SDPA's reasons for refusing, from the warnings it gives before "No available kernel" (headers, source
-    locations and notes on backends the forcing context disabled left out)."""
-    said: list[str] = []
-    for w in caught:
-        m = _first_line(str(w.message).split("(Triggered internally")[0], 160)
-        if m and not m.endswith(":") and "runtime disabled" not in m and m not in said:
-            said.append(m)
-    return "; ".join(said[:3]) or _first_line(exc)
 
 
 def _gib(n: float) -> str:
@@ -753,13 +690,13 @@ def first_call(s: Shape, sp: Spec):
                                                       f"{_gib(free)} free")
         fn, info = sp.make()
     except Unavailable as e:
-        return row(s, sp.provider, "n/a", _first_line(e, 300))
+        return row(s, sp.provider, "n/a", first_line(e, 300))
     except Skipped as e:
-        return row(s, sp.provider, "skipped", _first_line(e, 300))
+        return row(s, sp.provider, "skipped", first_line(e, 300))
     except torch.cuda.OutOfMemoryError as e:
-        return row(s, sp.provider, "skipped", f"out of memory: {_first_line(e, 120)}")
+        return row(s, sp.provider, "skipped", f"out of memory: {first_line(e, 120)}")
     except Exception as e:
-        return row(s, sp.provider, "error", f"{type(e).__name__}: {_first_line(e)}")
+        return row(s, sp.provider, "error", f"{type(e).__name__}: {first_line(e)}")
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -776,9 +713,9 @@ def first_call(s: Shape, sp: Spec):
         del res
         _, peak = peak_mib(fn)
     except torch.cuda.OutOfMemoryError as e:
-        return row(s, sp.provider, "skipped", f"out of memory: {_first_line(e, 120)}")
+        return row(s, sp.provider, "skipped", f"out of memory: {first_line(e, 120)}")
     except Exception as e:
-        return row(s, sp.provider, "error", f"{type(e).__name__}: {_first_line(e)}")
+        return row(s, sp.provider, "error", f"{type(e).__name__}: {first_line(e)}")
     finally:
         torch.cuda.empty_cache()
     if not err <= CHECK_TOL:
@@ -807,10 +744,10 @@ def run_row(s: Shape, specs: list[Spec], timer: Timer, ceil: dict, log) -> tuple
             try:
                 samples[p].append(timer.samples(ready[p][0]))
             except torch.cuda.OutOfMemoryError as e:
-                rows[p] = row(s, p, "skipped", f"out of memory: {_first_line(e, 120)}")
+                rows[p] = row(s, p, "skipped", f"out of memory: {first_line(e, 120)}")
                 del ready[p]
             except Exception as e:
-                rows[p] = row(s, p, "error", f"{type(e).__name__}: {_first_line(e)}")
+                rows[p] = row(s, p, "error", f"{type(e).__name__}: {first_line(e)}")
                 del ready[p]
         if i == 0 and sum(statistics.median(r[0]) for r in samples.values() if r) > SLOW_ROUND_MS:
             n_rounds = min(n_rounds, 3)
@@ -1125,7 +1062,7 @@ def run(a, argv) -> int:
             import traceback
 
             log(traceback.format_exc(limit=3))
-            rows.append(row(s, "*", "error", f"{type(e).__name__}: {_first_line(e)}"))
+            rows.append(row(s, "*", "error", f"{type(e).__name__}: {first_line(e)}"))
         finally:  # the row's tensors (also held by its providers' closures) go before the next row's, but for
             del tensors, specs, fns, got  # the overlap calls kept for their profiles (about 1.5 GiB in all)
             keep.clear()
@@ -1138,7 +1075,7 @@ def run(a, argv) -> int:
         try:
             r["profile"] = profile_call(fn, r.get("chunks"))
         except Exception as e:
-            r["profile"] = {"error": f"{type(e).__name__}: {_first_line(e)}"}
+            r["profile"] = {"error": f"{type(e).__name__}: {first_line(e)}"}
     deferred.clear()
     meta["gpu_state_at_end"] = _smi("clocks.sm,clocks.max.sm,power.draw,temperature.gpu")
     save()

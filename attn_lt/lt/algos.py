@@ -154,7 +154,8 @@ def candidates(gemm, workspace_limit: int) -> list[tuple[AlgoConfig, np.ndarray,
     ids: tuple = ()
     try:  # nvmath returns the ids as a tuple
         ids = L.matmul_algo_get_ids(gemm.handle, compute_32f(), CUDA_R_32F,
-                                    CUDA_TYPES[k.dtype], CUDA_TYPES[k.dtype], CUDA_TYPES[k.out_dtype], CUDA_TYPES[k.out_dtype],
+                                    CUDA_TYPES[k.dtype], CUDA_TYPES[k.dtype], CUDA_TYPES[k.out_dtype],
+                                    CUDA_TYPES[k.out_dtype],
                                     MAX_ALGO_IDS)
     except L.cuBLASLtError as e:
         log.debug("cublasLtMatmulAlgoGetIds failed for %s: %s", k, e)
