@@ -86,7 +86,7 @@ def test_full_sweep_covers_the_protocol():
     fa3 = [c for c in cases if c.group == "fa3"]
     assert all(c.B * c.Sq == 16384 and c.Hq * c.D == 2048 and c.Sq == c.Sk for c in fa3)
     assert {(c.D, c.Sk, c.causal) for c in fa3 if not c.mask} == {
-        (d, s, cz) for d in (64, 128) for s in (512, 1024, 2048, 4096, 8192, 16384) for cz in (False, True)}
+        (d, s, cz) for d in (64, 128, 256) for s in (512, 1024, 2048, 4096, 8192, 16384) for cz in (False, True)}
     long = [c for c in cases if c.group == "long" and not c.mask]
     assert {(c.B, c.Hq, c.D) for c in long} == {(1, 32, 128)}
     assert {(c.Sk, c.causal) for c in long} == {(s, cz) for s in (32768, 65536, 131072) for cz in (False, True)}

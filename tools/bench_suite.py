@@ -91,6 +91,7 @@ def _k(n: int) -> str:
 
 FA3_TOKENS, FA3_HIDDEN = 16384, 2048
 FA3_S = (512, 1024, 2048, 4096, 8192, 16384)
+FA3_D = (64, 128, 256)  # head dims of the FA3 group (256: the Hopper fused kernel's; SDPA flash and cuDNN run it)
 LONG_S = (32768, 65536, 131072)
 DECODE_SK = (8192, 16384, 32768, 65536, 131072)
 DECODE_B, DECODE_HQ, DECODE_GQA_HKV, DECODE_SQ = 8, 32, 8, (1, 16)
@@ -121,7 +122,7 @@ def sweep(quick: bool = False, groups=GROUPS, with_masks: bool = True) -> list[C
                  long_case(32768, causal=True), decode_case(1, 32768, gqa=False), decode_case(16, 32768, gqa=True),
                  fa3_case(128, 4096, mask=True), decode_case(1, 32768, gqa=True, mask=True)]
     else:
-        plain = [fa3_case(D, S, c) for D in (64, 128) for c in (False, True) for S in FA3_S]
+        plain = [fa3_case(D, S, c) for D in FA3_D for c in (False, True) for S in FA3_S]
         plain += [long_case(S, c) for c in (False, True) for S in LONG_S]
         plain += [decode_case(sq, sk, gqa) for sq in DECODE_SQ for gqa in (False, True) for sk in DECODE_SK]
         masked = [Case(**{**asdict(c), "mask": True}) for c in plain if not c.causal]
