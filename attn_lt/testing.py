@@ -113,6 +113,26 @@ def events_ms(fn, reps: int = 20) -> float:
     return statistics.median(times)
 
 
+def host_us(fn, calls: int = 100) -> float:
+    """Host microseconds to issue one call of ``fn``: median of 5 batches of ``calls`` calls, each queued behind a
+    ~50 ms sleep kernel so that the launches only queue and the GPU's own time stays out of the figure."""
+    import statistics
+    import time
+
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(5):
+        torch.cuda._sleep(int(1e8))  # the GPU busy while the host issues the calls
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - t0) / calls * 1e6)
+        torch.cuda.synchronize()
+    return round(statistics.median(samples), 2)
+
+
 def time_ms(fn, warmup_ms: float = 25, rep_ms: float = 200) -> float:
     """Median milliseconds of ``fn()`` by CUDA events (triton's do_bench when installed)."""
     try:

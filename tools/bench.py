@@ -355,29 +355,16 @@ def host_cost() -> dict:
     import torch.nn.functional as F
 
     import attn_lt
+    from attn_lt import testing
 
     q = torch.randn(8, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(8, 8, 4096, 128, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
     p = attn_lt.plan(q, k, v, backend="lt").tune(q, k, v)
 
-    def host_us(fn, n=100):
-        for _ in range(5):
-            fn()
-        torch.cuda.synchronize()
-        samples = []
-        for _ in range(5):
-            torch.cuda._sleep(int(1e8))  # the GPU busy, so that the launches only queue
-            t0 = time.perf_counter()
-            for _ in range(n):
-                fn()
-            samples.append((time.perf_counter() - t0) / n * 1e6)
-            torch.cuda.synchronize()
-        return round(statistics.median(samples), 2)
-
-    return {"attention_us": host_us(lambda: attn_lt.attention(q, k, v, backend="lt")),
-            "plan_run_us": host_us(lambda: p.run(q, k, v)),
-            "sdpa_default_us": host_us(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))}
+    return {"attention_us": testing.host_us(lambda: attn_lt.attention(q, k, v, backend="lt")),
+            "plan_run_us": testing.host_us(lambda: p.run(q, k, v)),
+            "sdpa_default_us": testing.host_us(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))}
 
 
 def make_inputs(c):

@@ -59,7 +59,7 @@ from dataclasses import asdict, dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench import Timer, ceilings, first_line, peak_mib, sdpa_reasons, warm_up  # noqa: E402
+from bench import Timer, ceilings, first_line, peak_mib, sdpa_reasons, source_hash, warm_up  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SECTIONS = ("overlap", "wide", "mla_prefill", "mla_decode", "mass")
@@ -962,21 +962,6 @@ def _version(name: str) -> str:
         return str(__import__(name).__version__)
     except Exception:
         return "unavailable"
-
-
-def source_hash() -> str:
-    """12 hex digits of sha256 over attn_lt/, native/ and tools/bench*.py (as tools/bench.py names a run's code)."""
-    import glob
-    import hashlib
-
-    h = hashlib.sha256()
-    files = [*glob.glob("attn_lt/**/*.py", root_dir=REPO, recursive=True), *glob.glob("native/*", root_dir=REPO),
-             *glob.glob("tools/bench*.py", root_dir=REPO)]
-    for rel in sorted(files):
-        h.update(rel.encode() + b"\0")
-        with open(os.path.join(REPO, rel), "rb") as f:
-            h.update(f.read())
-    return h.hexdigest()[:12]
 
 
 def _smi(query: str) -> str:

@@ -96,28 +96,11 @@ def prefill_calls(calls: int, provider: str, S: int = 32768):
             "worst_after_first_over_steady": round(max(times[1:]) / steady, 3) if len(times) > 1 else None}
 
 
-def host_us(fn, n=100):
-    """Host microseconds per call while the GPU is busy (a long sleep kernel queued first)."""
-    import torch
-
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(5):
-        torch.cuda._sleep(int(2e9 * 0.05))  # keep the GPU busy, so that launches only queue
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        samples.append((time.perf_counter() - t0) / n * 1e6)
-        torch.cuda.synchronize()
-    return round(statistics.median(samples), 2)
-
-
 def host_costs():
     import torch
 
     import attn_lt
+    from attn_lt.testing import host_us
 
     rows = []
     for Sk in (4096, 16384):

@@ -10,28 +10,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def per_call_us(fn, n=100):
-    import torch
-
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(5):
-        torch.cuda._sleep(int(2e9 * 0.05))
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        samples.append((time.perf_counter() - t0) / n * 1e6)
-        torch.cuda.synchronize()
-    return round(statistics.median(samples), 2)
 
 
 def growth_profile(steps: int) -> dict:
@@ -122,6 +104,7 @@ def main(argv=None) -> int:
 
     import attn_lt
     from attn_lt import native
+    from attn_lt.testing import host_us
 
     q = torch.randn(8, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(8, 8, a.sk, 128, device="cuda", dtype=torch.bfloat16)
@@ -161,7 +144,7 @@ def main(argv=None) -> int:
                                  stream))
     if raw is not None:
         rows["qk GEMM, cublasLtMatmul by ctypes"] = raw
-    res = {name: per_call_us(fn) for name, fn in rows.items()}
+    res = {name: host_us(fn) for name, fn in rows.items()}
     kernels = kernel_us(lambda: p.run(q, k, v))
     print(f"host microseconds per call on {torch.cuda.get_device_name()}, decode B8 Hq32 Hkv8 Sk{a.sk} D128:")
     for name, us in res.items():

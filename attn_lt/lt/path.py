@@ -127,15 +127,6 @@ class Program:
         """(chunk, qk Gemm, pv Gemm) of every computed chunk."""
         return [(s.chunk, s.qk, s.pv) for s in self.steps]
 
-    def resolve_all(self, may_tune: bool = False) -> None:
-        """Apply the algorithm policy to every GEMM without running it (cache or heuristic; no tuning)."""
-        ws = self.plan.gemm_workspace
-        for s in self.steps:
-            for g in (s.qk, s.pv):
-                if not g.resolved:
-                    algos.resolve(g, self.policy, ws, None, may_tune=may_tune)
-        self.pending = any(not (s.qk.resolved and s.pv.resolved) for s in self.steps)
-
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, out: torch.Tensor,
             lse: torch.Tensor, workspace: torch.Tensor, stream: int, may_tune: bool = True,
             tune_budget_ms: float | None = None, key_mass: torch.Tensor | None = None,
