@@ -6,11 +6,15 @@ GENCODE ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_
 NVCCFLAGS ?= -O3 -std=c++17 -Xcompiler -fPIC,-Wall -Xptxas -warn-spills --expt-relaxed-constexpr
 # The build prints exactly these warnings (-warn-spills keeps them visible, so that a new or larger spill shows up);
 # each is known and measured, none is a defect:
-# * flash.cu, flash_fwd<128> (fp16 and bf16, sm_80 and sm_90): "48 bytes spill stores, 32 bytes spill loads". A
-#   thread holds two m16 tiles of the 128-wide FP32 output (128 registers) plus the score fragments and runs at the
-#   255-register ceiling (1 CTA of 4 warps an SM, __launch_bounds__(128, 1)); 12 words go to an L1-resident 16-byte
-#   stack frame. The measured D=128 throughput (README: 267-277 TFLOP/s at 32k-128k) includes them; removing them
-#   would take a different tiling (one m16 tile a warp), a kernel redesign rather than a build fix.
+# * flash.cu, flash_fwd<128, T, 2> (fp16 and bf16, sm_80 and sm_90): about 124 bytes spill stores, 236 bytes spill
+#   loads. A thread holds two m16 tiles of the 128-wide FP32 output (128 registers) plus the score fragments and the
+#   folded rows' positions, at the 255-register ceiling (1 CTA of 4 warps an SM); the spills go to an L1-resident
+#   stack frame. This instantiation runs only D = 128 row blocks of more than 64 rows without a mask, i.e. prefill
+#   off Hopper (on Hopper the wgmma kernel takes those); decode, masks and D = 256 use one m16 tile a warp (no spill).
+# * flash.cu, flash_fwd<256, T, 1, false> (fp16 and bf16): 16 bytes. Head dim 256 with 64-row blocks (17-64 rows a
+#   kv head, or a mask): the 256-wide FP32 output of one m16 tile (128 registers) plus the scores and the mask.
+# * flash.cu, merge_partials<256> (fp16 and bf16): 8 bytes, the split merge's 64-bit row arithmetic; it reads a few
+#   KB a row.
 # * softmax.cu, softmax_resident<512,4> and <128,8> (fp16 and bf16, sm_80 only): 12 and 20 bytes. Not register
 #   pressure (32 and 48 registers used, far under the cap): ptxas saves a few registers in an 8-byte stack frame
 #   around its out-of-line 64-bit integer division (the row index, once a CTA). The sm_90 build has none.

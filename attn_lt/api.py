@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import copy
 import logging
 import os
 import threading
@@ -17,8 +18,9 @@ import torch
 
 from . import config
 from .plan import Plan, make_plan, out_strides
-from .select import Decision, select
+from .select import Decision, route, select
 from .validate import Case, address_alignment, check_options, check_out, check_tensors
+from .wmma import FusedLaunch, device_facts, fused_launch
 
 log = logging.getLogger("attn_lt")
 
@@ -99,11 +101,14 @@ class Explanation:
     decision: Decision
     plan: Plan | None
     gemms: tuple[dict, ...] = ()
+    fused: FusedLaunch | None = None
 
     def __str__(self) -> str:
         lines = [f"case: {self.case}", str(self.decision)]
         if self.plan is not None:
             lines.append(f"plan: {self.plan.summary(self.case)}")
+        if self.fused is not None:
+            lines.append(f"kernel: {self.fused}")
         for g in self.gemms:
             n = g["gemms"]
             lines.append(f"  class {g['class']}: {n} GEMM shape{'' if n == 1 else 's'} (e.g. {g['example']})\n"
@@ -113,7 +118,8 @@ class Explanation:
     def to_dict(self) -> dict:
         return {"case": str(self.case), "backend": self.decision.backend, "reasons": list(self.decision.reasons),
                 "rejected": {n: list(r) for n, r in self.decision.rejected},
-                "plan": None if self.plan is None else self.plan.to_dict(), "gemms": list(self.gemms)}
+                "plan": None if self.plan is None else self.plan.to_dict(), "gemms": list(self.gemms),
+                "kernel": None if self.fused is None else self.fused.to_dict()}
 
 
 class AttentionPlan:
@@ -125,8 +131,9 @@ class AttentionPlan:
     workspace (which the caller may pass). Make one with :func:`plan`."""
 
     def __init__(self, case: Case, decision: Decision, chunks: Plan | None, signature: tuple | None,
-                 policy: str, out_align: int = 256, key_mass: bool = False, key_mass_window: int | None = None):
-        self.case, self.decision, self.chunks, self.policy = case, decision, chunks, policy
+                 policy: str, out_align: int = 256, key_mass: bool = False, key_mass_window: int | None = None,
+                 fused: FusedLaunch | None = None):
+        self.case, self.decision, self.chunks, self.policy, self.fused = case, decision, chunks, policy, fused
         self.signature, self.out_align = signature, out_align
         self.key_mass, self.key_mass_window = key_mass, key_mass_window
         self._program = None
@@ -144,8 +151,10 @@ class AttentionPlan:
 
     @property
     def workspace_bytes(self) -> int:
-        """Bytes of workspace ``run`` needs (0 for the fused path)."""
-        return 0 if self.chunks is None else self.chunks.workspace_bytes
+        """Bytes of workspace ``run`` needs (the long path's chunks, or the fused path's split partials)."""
+        if self.chunks is not None:
+            return self.chunks.workspace_bytes
+        return 0 if self.fused is None else self.fused.workspace_bytes
 
     def _prepared(self, device: int):
         p = self._program
@@ -156,12 +165,42 @@ class AttentionPlan:
                     if self.backend == "wmma":
                         from .wmma import Program as WmmaProgram
 
-                        p = WmmaProgram(self.case, out_strides(self.case), device)
+                        p = WmmaProgram(self.case, out_strides(self.case), self.fused)
                     else:
                         from .lt.path import Program as LtProgram
 
                         p = LtProgram(self.case, self.chunks, device, self.policy, self.out_align)
                     self._program = p
+        return p
+
+    def with_keys(self, k, v, signature: tuple, threshold) -> AttentionPlan | None:
+        """This plan for the same call with another key length (a decode step: the KV cache grew), derived
+        without planning anew, or None when that takes a full plan: only a fused plan without a mask derives, and
+        only while the selector still routes the new length to it and its kernel stays the same. What may differ
+        (the key length, K/V strides) is checked here; everything else is in ``signature``'s family."""
+        if self.backend != "wmma" or self.case.mask is not None or self.key_mass or self._program is None:
+            return None
+        Sk, ks, vs = k.shape[2], k.stride(), v.stride()
+        if Sk < 1 or ks[3] != 1 or vs[3] != 1 or any(st <= 0 or st % 8 for st in ks[:3] + vs[:3]):
+            return None
+        case = copy.copy(self.case)  # dataclasses.replace costs 16 µs; this is a decode step's hot path
+        object.__setattr__(case, "Sk", Sk)
+        object.__setattr__(case, "k_strides", ks)
+        object.__setattr__(case, "v_strides", vs)
+        if self.decision.reasons == ("forced by the caller",):
+            decision = self.decision
+        else:
+            prefer_lt, why = route(case, threshold)
+            if prefer_lt:
+                return None
+            decision = Decision("wmma", (why,), self.decision.rejected)
+        fused = fused_launch(case, device_facts(signature[9].index))
+        if fused.kernel != self.fused.kernel:
+            return None
+        p = AttentionPlan(case, decision, None, signature, self.policy, self.out_align, False, None, fused)
+        p._program = self._program.with_keys(case, fused)
+        if fused.workspace_bytes == self.fused.workspace_bytes:
+            p._scratch_views = self._scratch_views  # the same views of the stream's scratch buffer
         return p
 
     def run(self, q, k, v, attn_mask=None, *, out=None, return_lse: bool = False, workspace=None):
@@ -227,7 +266,8 @@ class AttentionPlan:
         switch = torch.cuda.current_device() != device
         with torch.cuda.device(device) if switch else contextlib.nullcontext():
             if self.backend == "wmma":
-                program.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), stream)
+                program.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), stream,
+                            0 if attn_mask is None else attn_mask.data_ptr(), ws.data_ptr())
             else:
                 mass = None
                 if self.key_mass:
@@ -279,7 +319,7 @@ class AttentionPlan:
                 rows.append({"role": row["role"], "class": row["class"], "gemms": len(row["keys"]),
                              "example": row["example"], "algorithm": algorithm})
             gemms = tuple(rows)
-        return Explanation(self.case, self.decision, self.chunks, gemms)
+        return Explanation(self.case, self.decision, self.chunks, gemms, self.fused)
 
     def __repr__(self) -> str:
         return f"AttentionPlan({self.case}, backend={self.backend!r})"
@@ -314,8 +354,12 @@ def _plan_case(case: Case, backend: str, workspace_bytes, threshold, algo_policy
     decision = select(case, backend, threshold, key_mass=bool(return_key_mass))
     policy = config.algo_policy(algo_policy)
     chunks = make_plan(case, workspace_bytes) if decision.backend == "lt" else None
+    fused = None
+    if decision.backend == "wmma":
+        device = None if signature is None else signature[9].index
+        fused = fused_launch(case, device_facts(device))
     return AttentionPlan(case, decision, chunks, signature, policy, out_align, bool(return_key_mass),
-                         key_mass_window)
+                         key_mass_window, fused)
 
 
 def plan(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | None = None, backend: str = "auto",
@@ -332,6 +376,8 @@ def plan(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | None =
 
 
 _plans: collections.OrderedDict = collections.OrderedDict()
+#: The last fused plan of each family (a signature without the key length): a decode step derives from it.
+_families: collections.OrderedDict = collections.OrderedDict()
 _plans_lock = threading.Lock()
 
 
@@ -339,6 +385,7 @@ def clear_plans() -> None:
     """Forget every plan ``attention()`` keeps (e.g. after a new calibration)."""
     with _plans_lock:
         _plans.clear()
+        _families.clear()
 
 
 def cached_plans() -> int:
@@ -406,23 +453,43 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
     try:
         out_align = 256 if out is None else address_alignment(out.data_ptr())
         env = os.environ.get
-        key = (_signature(q, k, v, attn_mask, out_align), causal, scale, backend, workspace_bytes, threshold,
-               algo_policy, return_key_mass, key_mass_window, env(_ENV_VARS[0]), env(_ENV_VARS[1]),
-               env(_ENV_VARS[2]), env(_ENV_VARS[3]), env(_ENV_VARS[4]), env(_ENV_VARS[5]), env(_ENV_VARS[6]))
+        sig = _signature(q, k, v, attn_mask, out_align)
+        options = (causal, scale, backend, workspace_bytes, threshold, algo_policy, return_key_mass,
+                   key_mass_window, env(_ENV_VARS[0]), env(_ENV_VARS[1]), env(_ENV_VARS[2]), env(_ENV_VARS[3]),
+                   env(_ENV_VARS[4]), env(_ENV_VARS[5]), env(_ENV_VARS[6]))
+        key = (sig, options)
         p = _plans.get(key)
     except (AttributeError, TypeError, RuntimeError):  # not tensors, unhashable options: validation explains
         check_tensors(q, k, v, attn_mask, causal, scale)
         raise
     if p is None:
-        p = plan(q, k, v, attn_mask=attn_mask, causal=causal, scale=scale, backend=backend,
-                 workspace_bytes=workspace_bytes, threshold=threshold, algo_policy=algo_policy,
-                 return_key_mass=return_key_mass, key_mass_window=key_mass_window, out=out)
+        # A decode step: the same call as one planned before but for the key length (the family drops it).
+        family = (_family(sig), options)
+        base = _families.get(family)
+        p = None if base is None else base.with_keys(k, v, sig, threshold)
+        if p is None:
+            p = plan(q, k, v, attn_mask=attn_mask, causal=causal, scale=scale, backend=backend,
+                     workspace_bytes=workspace_bytes, threshold=threshold, algo_policy=algo_policy,
+                     return_key_mass=return_key_mass, key_mass_window=key_mass_window, out=out)
+            log.debug("attention: new plan %s -> %s", p.case, p.backend)
         with _plans_lock:
             _plans[key] = p
             if len(_plans) > PLAN_CACHE_SIZE:
                 _plans.popitem(last=False)
-        log.debug("attention: new plan %s -> %s", p.case, p.backend)
+        out_t = p._execute(q, k, v, attn_mask, out, return_lse, None)
+        if p.backend == "wmma":
+            with _plans_lock:
+                _families[family] = p
+                if len(_families) > PLAN_CACHE_SIZE:
+                    _families.popitem(last=False)
+        return out_t
     return p._execute(q, k, v, attn_mask, out, return_lse, None)
+
+
+def _family(sig: tuple) -> tuple:
+    """A plan signature without the key length and the K/V strides (which follow it in a growing KV cache)."""
+    ks, vs = sig[2], sig[4]
+    return (sig[0], sig[1], ks[:2] + ks[3:], vs[:2] + vs[3:]) + sig[6:]
 
 
 def _attention_cupy(q, k, v, *, out=None, return_lse=False, attn_mask=None, **kw):

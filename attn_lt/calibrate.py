@@ -63,6 +63,9 @@ HEAD_DIMS = (64, 128, 256)
 CAUSAL_MIN_SQ = 16
 #: Bound on the K and V bytes of one measured case (the batch shrinks to stay below it).
 KV_BYTES_MAX = 8 << 30
+#: Masked cases (a dense (B, 1, Sq, Sk) additive mask in the input dtype; non-causal) are measured at the key
+#: lengths up to this one (the mask of a longer prefill alone would take gigabytes).
+MASK_SK_MAX = 16384
 
 
 # ---- the grid ----------------------------------------------------------------------------------------------------
@@ -88,20 +91,25 @@ def shape(D: int, Sq: int, Sk: int) -> tuple[int, int, int]:
     return B, Hq, Hkv
 
 
-def grid(dims=HEAD_DIMS, key_lengths=KEY_LENGTHS, query_lengths=QUERY_LENGTHS, prefill: bool = True) -> list[dict]:
-    """The cases ``attn-lt calibrate`` measures, as dicts with D, causal, Sq, Sk, B, Hq, Hkv: every head dim × key
-    length × query length (Sq <= Sk) and, with ``prefill``, Sq = Sk; causal as well where Sq >= 16. Ordered by
-    head dim, key length, query length; no case twice."""
+def grid(dims=HEAD_DIMS, key_lengths=KEY_LENGTHS, query_lengths=QUERY_LENGTHS, prefill: bool = True,
+         masks: bool = True) -> list[dict]:
+    """The cases ``attn-lt calibrate`` measures, as dicts with D, causal, mask, Sq, Sk, B, Hq, Hkv: every head
+    dim × key length × query length (Sq <= Sk) and, with ``prefill``, Sq = Sk; causal as well where Sq >= 16; with
+    ``masks``, the non-causal cases again with a dense mask at key lengths up to :data:`MASK_SK_MAX`. Ordered
+    by head dim, key length, query length; no case twice."""
     out, seen = [], set()
     for D in sorted(set(dims)):
         for Sk in sorted(set(key_lengths)):
             sqs = sorted({s for s in query_lengths if s <= Sk} | ({Sk} if prefill else set()))
             for Sq in sqs:
-                for causal in (False, True) if Sq >= CAUSAL_MIN_SQ else (False,):
-                    if (D, causal, Sq, Sk) not in seen:
-                        seen.add((D, causal, Sq, Sk))
+                variants = [(c, False) for c in ((False, True) if Sq >= CAUSAL_MIN_SQ else (False,))]
+                variants += [(False, True)] if masks and Sk <= MASK_SK_MAX else []
+                for causal, mask in variants:
+                    if (D, causal, mask, Sq, Sk) not in seen:
+                        seen.add((D, causal, mask, Sq, Sk))
                         B, Hq, Hkv = shape(D, Sq, Sk)
-                        out.append({"D": D, "causal": causal, "Sq": Sq, "Sk": Sk, "B": B, "Hq": Hq, "Hkv": Hkv})
+                        out.append({"D": D, "causal": causal, "mask": mask, "Sq": Sq, "Sk": Sk, "B": B, "Hq": Hq,
+                                    "Hkv": Hkv})
     return out
 
 
@@ -117,7 +125,8 @@ def _ms(v) -> bool:
 
 def _valid_point(p) -> bool:
     return (isinstance(p, dict) and all(_pos_int(p.get(n)) for n in ("D", "Sq", "Sk"))
-            and isinstance(p.get("causal", False), bool) and _ms(p.get("wmma_ms")) and _ms(p.get("lt_ms")))
+            and isinstance(p.get("causal", False), bool) and isinstance(p.get("mask", False), bool)
+            and _ms(p.get("wmma_ms")) and _ms(p.get("lt_ms")))
 
 
 @dataclass(frozen=True)
@@ -146,9 +155,10 @@ class Figure:
 
 @dataclass(frozen=True)
 class Rule:
-    """For cases of head dim ``D``, ``causal`` and the query-length bucket ``Sq`` (a measured query length, or
-    :data:`PREFILL` for Sq = Sk): ``lt`` from key length ``lt_from`` on (None: never). ``lt_wins``: the figures at
-    ``lt_from``; ``wmma_wins``: at the longest measured key length below it where the fused path was faster."""
+    """For cases of head dim ``D``, ``causal``, with a dense ``mask`` or not, and the query-length bucket ``Sq``
+    (a measured query length, or :data:`PREFILL` for Sq = Sk): ``lt`` from key length ``lt_from`` on (None: never).
+    ``lt_wins``: the figures at ``lt_from``; ``wmma_wins``: at the longest measured key length below it where the
+    fused path was faster."""
 
     D: int
     causal: bool
@@ -156,6 +166,7 @@ class Rule:
     lt_from: int | None
     lt_wins: Figure | None = None
     wmma_wins: Figure | None = None
+    mask: bool = False
 
     def prefers_lt(self, Sk: int) -> bool:
         return self.lt_from is not None and Sk >= self.lt_from
@@ -165,7 +176,7 @@ class Rule:
         return "Sq=Sk" if self.Sq == PREFILL else f"Sq{self.Sq}"
 
     def __str__(self) -> str:
-        where = f"D{self.D}{' causal' if self.causal else ''} {self.bucket}"
+        where = f"D{self.D}{' causal' if self.causal else ''}{' masked' if self.mask else ''} {self.bucket}"
         figs = [f"{f} at Sk {f.Sk}" for f in (self.lt_wins, self.wmma_wins) if f is not None]
         tail = f" ({'; '.join(figs)})" if figs else ""
         if self.lt_from is None:
@@ -173,7 +184,7 @@ class Rule:
         return f"at {where} lt wins from Sk {self.lt_from}{tail}"
 
     def to_dict(self) -> dict:
-        return {"D": self.D, "causal": self.causal, "Sq": self.Sq, "lt_from": self.lt_from,
+        return {"D": self.D, "causal": self.causal, "mask": self.mask, "Sq": self.Sq, "lt_from": self.lt_from,
                 "lt_wins": None if self.lt_wins is None else self.lt_wins.to_dict(),
                 "wmma_wins": None if self.wmma_wins is None else self.wmma_wins.to_dict()}
 
@@ -182,38 +193,39 @@ class Rule:
         """A rule from its stored form; ValueError naming what is wrong."""
         if not isinstance(d, dict):
             raise ValueError(f"a rule must be an object, got {str(d)[:80]!r}")
-        if not (_pos_int(d.get("D")) and isinstance(d.get("causal"), bool)
+        if not (_pos_int(d.get("D")) and isinstance(d.get("causal"), bool) and isinstance(d.get("mask", False), bool)
                 and (d.get("Sq") == PREFILL or _pos_int(d.get("Sq")))
                 and (d.get("lt_from") is None or _pos_int(d.get("lt_from")))):
             raise ValueError(f"bad rule {str(d)[:120]!r}")
         return cls(d["D"], d["causal"], d["Sq"], d.get("lt_from"), Figure.from_dict(d.get("lt_wins")),
-                   Figure.from_dict(d.get("wmma_wins")))
+                   Figure.from_dict(d.get("wmma_wins")), d.get("mask", False))
 
 
 def derive_rules(points: list[dict]) -> list[Rule]:
-    """The rules of measured points (dicts with D, causal, Sq, Sk, wmma_ms, lt_ms; others, e.g. failed
-    measurements, are skipped). Buckets per (D, causal): every Sq measured against a longer Sk, each with its
+    """The rules of measured points (dicts with D, causal, mask, Sq, Sk, wmma_ms, lt_ms; others, e.g. failed
+    measurements, are skipped). Buckets per (D, causal, mask): every Sq measured against a longer Sk, each with its
     points (Sq = Sk included), and :data:`PREFILL` with the points where Sq = Sk. In a bucket ``lt_from`` is the
     smallest Sk from which lt is faster (strictly) at every longer measured Sk; None when the fused path is as fast
     or faster at the longest — a point where lt wins below a longer point where it loses does not count."""
     good = [p for p in points if _valid_point(p)]
     groups: dict[tuple, dict[int, dict]] = {}
-    numeric = {(p["D"], p.get("causal", False), p["Sq"]) for p in good if p["Sq"] != p["Sk"]}
+    numeric = {(p["D"], p.get("causal", False), p.get("mask", False), p["Sq"]) for p in good if p["Sq"] != p["Sk"]}
     for p in good:
-        D, causal = p["D"], p.get("causal", False)
-        buckets = ([PREFILL] if p["Sq"] == p["Sk"] else []) + ([p["Sq"]] if (D, causal, p["Sq"]) in numeric else [])
+        D, causal, mask = p["D"], p.get("causal", False), p.get("mask", False)
+        buckets = ([PREFILL] if p["Sq"] == p["Sk"] else []) + \
+            ([p["Sq"]] if (D, causal, mask, p["Sq"]) in numeric else [])
         for b in buckets:
-            groups.setdefault((D, causal, b), {})[p["Sk"]] = p  # a repeated Sk: the later point
+            groups.setdefault((D, causal, mask, b), {})[p["Sk"]] = p  # a repeated Sk: the later point
     rules = []
-    for (D, causal, b), by_sk in groups.items():
+    for (D, causal, mask, b), by_sk in groups.items():
         rows = [by_sk[s] for s in sorted(by_sk)]
         i = len(rows)
         while i > 0 and rows[i - 1]["lt_ms"] < rows[i - 1]["wmma_ms"]:
             i -= 1
         fig = [Figure(p["Sk"], float(p["lt_ms"]), float(p["wmma_ms"])) for p in rows]
         rules.append(Rule(D, causal, b, rows[i]["Sk"] if i < len(rows) else None,
-                          fig[i] if i < len(rows) else None, fig[i - 1] if i > 0 else None))
-    return sorted(rules, key=lambda r: (r.D, r.causal, r.Sq == PREFILL, 0 if r.Sq == PREFILL else r.Sq))
+                          fig[i] if i < len(rows) else None, fig[i - 1] if i > 0 else None, mask))
+    return sorted(rules, key=lambda r: (r.D, r.mask, r.causal, r.Sq == PREFILL, 0 if r.Sq == PREFILL else r.Sq))
 
 
 # ---- a calibration and its lookup ----------------------------------------------------------------------------
@@ -239,12 +251,13 @@ class Calibration:
             return f"measured on this GPU ({self.gpu}{when})"
         return f"shipped calibration, measured on the {self.gpu}{when}"
 
-    def rule_for(self, D: int, causal: bool, Sq: int, Sk: int) -> Rule | None:
-        """The rule of a case: head dim ``D`` measured (else None); with ``Sq >= Sk`` the prefill rule when there
-        is one; else the nearest measured query length at or below ``Sq`` (a causal case below every causal
-        bucket takes the non-causal rule); None when no bucket is at or below ``Sq``."""
+    def rule_for(self, D: int, causal: bool, Sq: int, Sk: int, mask: bool = False) -> Rule | None:
+        """The rule of a case: head dim ``D`` measured (else None), and with ``mask`` the masked rules only (a
+        calibration without them decides no masked case); with ``Sq >= Sk`` the prefill rule when there is one;
+        else the nearest measured query length at or below ``Sq`` (a causal case below every causal bucket, or
+        masked, takes the non-causal rule); None when no bucket is at or below ``Sq``."""
         for c in (causal, False) if causal else (False,):
-            rules = [r for r in self.rules if r.D == D and r.causal == c]
+            rules = [r for r in self.rules if r.D == D and r.causal == c and r.mask == mask]
             if Sq >= Sk:
                 pre = [r for r in rules if r.Sq == PREFILL]
                 if pre:
@@ -267,8 +280,8 @@ def _entry_calibration(entry, origin: str, gpu: str, where: str) -> Calibration 
             if not isinstance(entry["rules"], list):
                 raise ValueError("rules must be a list")
             rules = tuple(Rule.from_dict(r) for r in entry["rules"])
-            if len({(r.D, r.causal, r.Sq) for r in rules}) != len(rules):
-                raise ValueError("two rules for one (D, causal, Sq)")
+            if len({(r.D, r.causal, r.mask, r.Sq) for r in rules}) != len(rules):
+                raise ValueError("two rules for one (D, causal, mask, Sq)")
         except ValueError as e:
             log.warning("attn_lt: the calibration of the %s in %s is unusable (%s); ignoring it", gpu, where, e)
             return None

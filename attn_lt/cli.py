@@ -379,27 +379,30 @@ def cmd_calibrate(a) -> int:
     if not runs:
         print("attn-lt calibrate: nothing to measure", file=sys.stderr)
         return EXIT_USAGE
-    jobs = calibrate.grid(runs, a.lengths, a.sq, prefill=not a.no_prefill)
+    jobs = calibrate.grid(runs, a.lengths, a.sq, prefill=not a.no_prefill, masks=not a.no_masks)
     points, first_s = [], {"wmma": 0.0, "lt": 0.0}
     for i, job in enumerate(jobs):
         D, causal, Sq, Sk, B, Hq, Hkv = (job[n] for n in ("D", "causal", "Sq", "Sk", "B", "Hq", "Hkv"))
-        _progress(i, len(jobs), f"D{D} Sq{Sq} Sk{Sk}{' causal' if causal else ''}")
+        masked = job.get("mask", False)
+        _progress(i, len(jobs), f"D{D} Sq{Sq} Sk{Sk}{' causal' if causal else ''}{' masked' if masked else ''}")
         point = dict(job)
         try:
             q = torch.randn(B, Hq, Sq, D, device="cuda", dtype=torch.bfloat16)
             k, v = (torch.randn(B, Hkv, Sk, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+            m = torch.randn(B, 1, Sq, Sk, device="cuda", dtype=torch.bfloat16) if masked else None
             out = torch.empty_like(q)
             for backend in ("wmma", "lt"):
-                pl = plan(q, k, v, causal=causal, backend=backend, algo_policy="tune", out=out)
+                pl = plan(q, k, v, attn_mask=m, causal=causal, backend=backend, algo_policy="tune", out=out)
                 t0 = time.perf_counter()
-                pl.run(q, k, v, out=out)  # the first call: for lt, algorithm tuning
+                pl.run(q, k, v, m, out=out)  # the first call: for lt, algorithm tuning
                 torch.cuda.synchronize()
                 first_s[backend] += time.perf_counter() - t0
-                point[f"{backend}_ms"] = round(time_ms(lambda: pl.run(q, k, v, out=out), warmup_ms=5, rep_ms=40), 5)
+                point[f"{backend}_ms"] = round(time_ms(lambda: pl.run(q, k, v, m, out=out), warmup_ms=5, rep_ms=40),
+                                               5)
         except Exception as e:  # out of memory, a refused case, a cuBLASLt error: recorded, the others go on
             point["error"] = f"{type(e).__name__}: {str(e)[:200]}"
         finally:
-            q = k = v = out = pl = None
+            q = k = v = m = out = pl = None
         if "error" in point:
             torch.cuda.empty_cache()
         points.append(point)
@@ -408,7 +411,7 @@ def cmd_calibrate(a) -> int:
     entry = calibrate.make_entry(points, gpu, cc, attn_lt=__version__, dtype="bf16", seconds=seconds,
                                  first_call_s={b: round(t, 1) for b, t in first_s.items()},
                                  grid={"dims": runs, "Sk": sorted(set(a.lengths)), "Sq": sorted(set(a.sq)),
-                                       "prefill": not a.no_prefill})
+                                       "prefill": not a.no_prefill, "masks": not a.no_masks})
     where = calibrate.store(current_env().key(), entry)
     shipped, ship_error = None, None
     if a.ship is not None:
@@ -423,7 +426,8 @@ def cmd_calibrate(a) -> int:
                          indent=1))
     else:
         for p in points:
-            name = f"D{p['D']:<4}{'causal' if p['causal'] else '':<7}Sq {p['Sq']:>6} Sk {p['Sk']:>6} " \
+            kind = "causal" if p["causal"] else "masked" if p.get("mask") else ""
+            name = f"D{p['D']:<4}{kind:<7}Sq {p['Sq']:>6} Sk {p['Sk']:>6} " \
                    f"B{p['B']} Hq{p['Hq']} Hkv{p['Hkv']}"
             print(safe(f"{name:<52} {p['error']}" if "error" in p else
                        f"{name:<52} wmma {p['wmma_ms']:>9.4f} ms  lt {p['lt_ms']:>9.4f} ms"))
@@ -510,6 +514,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sq", type=_int_list(), default=[1, 16, 128, 1024],
                    help="query lengths to measure, comma-separated (default 1,16,128,1024), besides Sq = Sk")
     s.add_argument("--no-prefill", action="store_true", help="do not measure Sq = Sk")
+    s.add_argument("--no-masks", action="store_true", help="do not measure cases with a dense mask")
     s.add_argument("--ship", metavar="DIR", default=None,
                    help="also write the calibration as package data for this GPU model into DIR "
                         "(e.g. attn_lt/calibrations)")

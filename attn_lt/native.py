@@ -16,7 +16,7 @@ from . import config
 
 log = logging.getLogger("attn_lt")
 
-ABI_VERSION = 7
+ABI_VERSION = 8
 _PKG = Path(__file__).resolve().parent
 _LIB_PATH = _PKG / "_native" / "libattn_lt.so"
 SOURCE_DIR = _PKG.parent / "native"
@@ -48,10 +48,12 @@ class SoftmaxArgs(ctypes.Structure):
 class FlashArgs(ctypes.Structure):
     """Mirror of ``attn_lt_flash_args`` in native/attn_lt.h."""
 
-    _fields_ = [(n, ctypes.c_void_p) for n in ("q", "k", "v", "o", "lse")] + [
+    _fields_ = [(n, ctypes.c_void_p) for n in ("q", "k", "v", "o", "lse", "mask", "o_part", "lse_part")] + [
         (n, ctypes.c_int64) for n in ("B", "Hq", "Hkv", "Sq", "Sk", "D", "q_sb", "q_sh", "q_ss", "k_sb", "k_sh",
-                                      "k_ss", "v_sb", "v_sh", "v_ss", "o_sb", "o_sh", "o_ss")] + [
-        ("scale", ctypes.c_float), ("causal", ctypes.c_int32), ("dtype", ctypes.c_int32), ("variant", ctypes.c_int32)]
+                                      "k_ss", "v_sb", "v_sh", "v_ss", "o_sb", "o_sh", "o_ss", "m_sb", "m_sh",
+                                      "m_sq", "m_sk")] + [
+        ("scale", ctypes.c_float)] + [
+        (n, ctypes.c_int32) for n in ("causal", "dtype", "variant", "mask_dtype", "splits")]
 
 
 def source_hash(src_dir: Path | None = None) -> str | None:
@@ -141,9 +143,11 @@ def softmax(args: SoftmaxArgs, stream: int) -> None:
 
 
 def flash(args: FlashArgs, stream: int) -> None:
-    """Launch the fused short-path kernel; raises :class:`CudaError` on failure."""
+    """Launch the fused kernel of native/flash.cu (mma.sync; masks; split over the keys, then the LSE merge);
+    raises :class:`CudaError` on failure."""
     _launch("attn_lt_flash_fwd", args, stream,
-            lambda a: f"B={a.B} Hq={a.Hq} Hkv={a.Hkv} Sq={a.Sq} Sk={a.Sk} D={a.D}")
+            lambda a: f"B={a.B} Hq={a.Hq} Hkv={a.Hkv} Sq={a.Sq} Sk={a.Sk} D={a.D} splits={a.splits} "
+                      f"mask_dtype={a.mask_dtype}")
 
 
 #: ``FlashArgs.variant`` values of :func:`flash_sm90` (``attn_lt_flash_sm90_variant`` in native/attn_lt.h).

@@ -4,7 +4,7 @@
 the case (else ``lt``). What decides, in order: the caller's threshold (argument, else ``ATTN_LT_THRESHOLD``:
 ``Sk >= threshold`` takes ``lt``); the calibration of this GPU (``attn-lt calibrate``); the calibration shipped for
 this GPU model; the design default ``Sk >= 4096``. A calibration decides a case by the rule of its head dim, causal
-flag and query length (``attn_lt.calibrate.Calibration.rule_for``); a case it has no rule for goes to the next
+flag, mask or not, and query length (``attn_lt.calibrate.Calibration.rule_for``); a case it has no rule for goes to the next
 source. A call that asks for the attention mass per key takes the path that can give it (``lt``). Forcing a path
 that cannot run a case raises ``ValueError`` with every reason. The reasons say which measurement decided.
 """
@@ -54,7 +54,7 @@ def route(case: Case, threshold: int | None = None) -> tuple[bool, str]:
         if cal.threshold is not None:
             t = cal.threshold
             return case.Sk >= t, f"Sk={case.Sk} {'>=' if case.Sk >= t else '<'} threshold {_shown(t)} ({cal.source})"
-        rule = cal.rule_for(case.D, case.causal, case.Sq, case.Sk)
+        rule = cal.rule_for(case.D, case.causal, case.Sq, case.Sk, mask=case.mask is not None)
         if rule is None:
             continue
         bucket = "" if rule.Sq == case.Sq or (rule.Sq == calibrate.PREFILL and case.Sq == case.Sk) else \
@@ -67,7 +67,8 @@ def route(case: Case, threshold: int | None = None) -> tuple[bool, str]:
     t = config.DEFAULT_THRESHOLD
     missing = ""
     if cals:
-        missing = f"; no calibration of this GPU covers D{case.D}{' causal' if case.causal else ''} Sq={case.Sq}"
+        missing = (f"; no calibration of this GPU covers D{case.D}{' causal' if case.causal else ''}"
+                   f"{' masked' if case.mask is not None else ''} Sq={case.Sq}")
     return case.Sk >= t, f"Sk={case.Sk} {'>=' if case.Sk >= t else '<'} threshold {t} (design default{missing})"
 
 

@@ -1,23 +1,41 @@
-"""The fused path ``wmma`` (the design card's name): its declaration and its launcher.
+"""The fused path ``wmma`` (the design card's name): its declaration, its launch plan and its launcher.
 
 One tensor-core kernel with an online softmax, no score matrix in memory; fp16/bf16, causal, GQA, any lengths,
-LSE; no user mask. Two kernels behind the one name:
+LSE, dense masks. Two kernels behind the one name:
 
-* on Hopper (sm_90, when the library holds the sm_90a build): ``native/flash_sm90.cu`` — TMA into an mbarrier
-  ring, ``wgmma`` for Q·Kᵀ and P·V with P from registers, a producer warpgroup and two consumer warpgroups with
-  register reallocation, the softmax overlapped with the next tile's GEMM; head dims 64, 128 and 256;
-* elsewhere (sm_80): ``native/flash.cu`` — FlashAttention-2 style, ``mma.sync`` fed by ``cp.async``; head dims
-  64 and 128.
+* ``native/flash_sm90.cu`` (Hopper, sm_90a): TMA into an mbarrier ring, ``wgmma`` for Q·Kᵀ and P·V with P from
+  registers, a producer warpgroup and two consumer warpgroups with register reallocation, the softmax overlapped
+  with the next tile's GEMM; head dims 64, 128 and 256; no mask. It runs prefill-sized row blocks on Hopper.
+* ``native/flash.cu`` (every GPU from sm_80): ``mma.sync`` fed by ``cp.async``; the query heads of one kv head
+  folded into the rows of a tile (each K/V tile read once per group); dense bool or additive masks read by strides;
+  and a split of the key range (flash-decoding): when the row blocks alone cannot fill the GPU — decode, a few query
+  rows against long keys — each block's keys are cut into ``splits`` parts whose FP32 partial outputs and LSEs a
+  merge kernel joins (the LSE merge of :mod:`attn_lt.merge`). It runs decode, masks, and everything off Hopper.
+
+:func:`fused_launch` is the one rule for which kernel, how many splits, and the workspace the partials take.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 from . import native
 from .backends import Backend
 from .validate import Case
+
+#: Row blocks of at most this many rows (query positions × query heads of one kv head) take native/flash.cu with
+#: one m16 tile a warp, and may split their keys; up to WARP_SPLIT_ROWS the four warps share 16 rows and split
+#: every key tile among them (native/flash.cu's launch_dim holds the same rule).
+DECODE_ROWS, WARP_SPLIT_ROWS = 64, 16
+#: Keys a tile of native/flash.cu; a split gets at least MIN_SPLIT_TILES of them.
+KEY_TILE, MIN_SPLIT_TILES = 64, 4
+MAX_SPLITS = 128
+#: Largest workspace the split partials may take (FP32 outputs and LSEs).
+MAX_SPLIT_BYTES = 256 << 20
+#: Shared memory a CTA of native/flash.cu needs at head dim 256 (64 query rows, two K and two V tiles of 64 keys).
+SMEM_D256 = (64 + 4 * KEY_TILE) * 256 * 2
 
 
 @functools.lru_cache(maxsize=8)
@@ -35,27 +53,123 @@ def hopper_kernel(device: int | None = None) -> bool:
 
 
 @dataclass(frozen=True)
-class FusedBackend(Backend):
-    """The fused path's declaration: head dim 256 only where the Hopper kernel runs."""
+class DeviceFacts:
+    """What the launch plan needs to know of a GPU."""
 
-    hopper_only_head_dims: tuple[int, ...] = (256,)
+    sms: int
+    hopper: bool  # the sm_90a kernel runs here
+    smem_optin: int  # shared memory a block may opt in to, bytes
+
+
+#: Assumed when planning without a GPU (``explain`` on a CPU machine): an H100 SXM.
+ASSUMED_DEVICE = DeviceFacts(132, True, 232448)
+
+
+@functools.lru_cache(maxsize=8)
+def device_facts(device: int | None = None) -> DeviceFacts | None:
+    """The facts of ``device`` (default: the current one), or None without a GPU."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        dev = torch.cuda.current_device() if device is None else device
+        props = torch.cuda.get_device_properties(dev)
+        smem = int(getattr(props, "shared_memory_per_block_optin", 0) or 0)
+        return DeviceFacts(int(props.multi_processor_count), hopper_kernel(dev), smem)
+    except (RuntimeError, AssertionError):
+        return None
+
+
+@dataclass(frozen=True)
+class FusedBackend(Backend):
+    """The fused path's declaration: head dim 256 where a CTA may take its shared memory (sm_80, sm_90)."""
 
     def not_supported_reasons(self, case: Case, key_mass: bool = False) -> list[str]:
         reasons = super().not_supported_reasons(case, key_mass)
-        if case.D in self.hopper_only_head_dims and not hopper_kernel():
-            reasons.append(f"head dim {case.D} needs the Hopper (sm_90a) kernel, which this GPU or build lacks")
+        facts = device_facts()
+        if case.D == 256 and facts is not None and not facts.hopper and facts.smem_optin < SMEM_D256:
+            reasons.append(f"head dim 256 needs {SMEM_D256} bytes of shared memory a block; this GPU allows "
+                           f"{facts.smem_optin}")
         return reasons
 
 
 #: What the fused kernels run.
-WMMA = FusedBackend("wmma", ("fp16", "bf16"), (64, 128, 256), 256, supports_mask=False, needs_aligned_rows=True,
+WMMA = FusedBackend("wmma", ("fp16", "bf16"), (64, 128, 256), 256, supports_mask=True, needs_aligned_rows=True,
                     max_batch_heads=65535)
+
+
+@dataclass(frozen=True)
+class FusedLaunch:
+    """How the fused path runs one case: ``kernel`` "sm90" (native/flash_sm90.cu) or "flash" (native/flash.cu),
+    rows a block, ``splits`` of the key range, and the bytes of workspace the split partials take."""
+
+    kernel: str
+    block_rows: int
+    splits: int
+    workspace_bytes: int
+    why: str
+
+    def __str__(self) -> str:
+        name = "native/flash_sm90.cu (wgmma, TMA)" if self.kernel == "sm90" else "native/flash.cu (mma.sync)"
+        split = f", keys split {self.splits} ways then merged by LSE" if self.splits > 1 else ""
+        return f"{name}, {self.block_rows}-row blocks{split} ({self.why})"
+
+    def to_dict(self) -> dict:
+        return {"kernel": self.kernel, "block_rows": self.block_rows, "splits": self.splits,
+                "workspace_bytes": self.workspace_bytes, "why": self.why}
+
+
+def split_count(blocks: int, slots: int, key_tiles: int) -> int:
+    """How many parts to cut each row block's keys into so that ``blocks`` CTAs fill ``slots`` (SMs × CTAs an SM):
+    FlashAttention-2's rule — the fewest splits whose last wave is at least 85 % as full as the best — with at
+    least MIN_SPLIT_TILES key tiles a split; 1 when the blocks already fill 80 % of the slots."""
+    if blocks >= 0.8 * slots:
+        return 1
+    return _split_count(blocks, slots, min(MAX_SPLITS, key_tiles // MIN_SPLIT_TILES))
+
+
+@functools.lru_cache(maxsize=1024)
+def _split_count(blocks: int, slots: int, most: int) -> int:
+    if most <= 1:
+        return 1
+    fills = [blocks * s / slots / math.ceil(blocks * s / slots) for s in range(1, most + 1)]
+    best = max(fills)
+    return next(s for s, f in enumerate(fills, 1) if f >= 0.85 * best)
+
+
+def fused_launch(case: Case, facts: DeviceFacts | None = None) -> FusedLaunch:
+    """The one rule for the fused path's kernel, block rows and key splits of ``case`` on a GPU with ``facts``
+    (default: the current GPU, else :data:`ASSUMED_DEVICE`)."""
+    assumed = ""
+    if facts is None:
+        facts = device_facts()
+        if facts is None:
+            facts, assumed = ASSUMED_DEVICE, "; no GPU here: planned for a 132-SM Hopper GPU"
+    rows = case.Sq * case.group  # query positions x the query heads of one kv head
+    if facts.hopper and case.mask is None and rows > DECODE_ROWS:
+        return FusedLaunch("sm90", 128, 1, 0, f"{rows} rows a kv head, no mask{assumed}")
+    one = case.D == 256 or case.mask is not None or rows <= DECODE_ROWS
+    block_rows = 16 if rows <= WARP_SPLIT_ROWS else 64 if one else 128
+    # CTAs an SM the split rule fills: one for the warp-split decode blocks (memory-bound, two tiles in flight
+    # each; measured on the H100, two a SM split too finely), two where registers and shared memory allow it
+    per_sm = 1 if block_rows == 16 else 2 if one and case.D <= 128 or case.D == 64 else 1
+    blocks = -(-rows // block_rows) * case.B * case.Hkv
+    splits = split_count(blocks, facts.sms * per_sm, -(-case.Sk // KEY_TILE))
+    part = case.B * case.Hq * case.Sq * (case.Dv + 1) * 4
+    while splits > 1 and splits * part > MAX_SPLIT_BYTES:
+        splits //= 2
+    per_head = f"{rows} row{'' if rows == 1 else 's'} a kv head"
+    why = "a mask" if case.mask is not None else per_head if rows <= DECODE_ROWS else "no Hopper kernel here"
+    if splits > 1:
+        why += f"; {blocks} row blocks for {facts.sms} SMs"
+    return FusedLaunch("flash", block_rows, splits, splits * part if splits > 1 else 0, why + assumed)
 
 
 class Program:
     """The fused kernel's launch for one case, its arguments built once; ``run`` sets the addresses."""
 
-    def __init__(self, case: Case, out_strides: tuple[int, ...], device: int | None = None):
+    def __init__(self, case: Case, out_strides: tuple[int, ...], launch: FusedLaunch):
         a = self.args = native.FlashArgs()
         a.B, a.Hq, a.Hkv, a.Sq, a.Sk, a.D = case.B, case.Hq, case.Hkv, case.Sq, case.Sk, case.D
         a.q_sb, a.q_sh, a.q_ss = case.q_strides[:3]
@@ -64,11 +178,32 @@ class Program:
         a.o_sb, a.o_sh, a.o_ss = out_strides[:3]
         a.scale, a.causal, a.dtype = case.scale, int(case.causal), native.DTYPE_CODES[case.dtype]
         a.variant = native.FLASH_SM90_VARIANTS["default"]
-        self.kernel = "sm90" if hopper_kernel(device) else "sm80"
-        self._launch = native.flash_sm90 if self.kernel == "sm90" else native.flash
+        if case.mask is not None:
+            a.mask_dtype = native.DTYPE_CODES[case.mask.dtype]
+            a.m_sb, a.m_sh, a.m_sq, a.m_sk = case.mask.strides
+        a.splits = launch.splits
+        self.launch = launch
+        self.kernel = launch.kernel
+        self._lse_part_offset = launch.splits * case.B * case.Hq * case.Sq * case.Dv * 4
+        self._launch = native.flash_sm90 if launch.kernel == "sm90" else native.flash
 
-    def run(self, q: int, k: int, v: int, o: int, lse: int, stream: int) -> None:
-        """Launch on ``stream`` with the device addresses of q, k, v, the output and the FP32 LSE."""
+    def with_keys(self, case: Case, launch: FusedLaunch) -> Program:
+        """This launch for ``case``, which differs from this program's only in its key length and K/V strides (a
+        decode step): the arguments copied, not rebuilt."""
+        p = Program.__new__(Program)
+        a = p.args = native.FlashArgs.from_buffer_copy(self.args)
+        a.Sk, a.splits = case.Sk, launch.splits
+        a.k_sb, a.k_sh, a.k_ss = case.k_strides[:3]
+        a.v_sb, a.v_sh, a.v_ss = case.v_strides[:3]
+        p.launch, p.kernel, p._launch = launch, launch.kernel, self._launch
+        p._lse_part_offset = self._lse_part_offset // max(1, self.launch.splits) * launch.splits
+        return p
+
+    def run(self, q: int, k: int, v: int, o: int, lse: int, stream: int, mask: int = 0, workspace: int = 0) -> None:
+        """Launch on ``stream`` with the device addresses of q, k, v, the output, the FP32 LSE, the mask (0: none)
+        and the workspace (the split partials; ``launch.workspace_bytes``)."""
         a = self.args
-        a.q, a.k, a.v, a.o, a.lse = q, k, v, o, lse
+        a.q, a.k, a.v, a.o, a.lse, a.mask = q, k, v, o, lse, mask
+        if self.launch.splits > 1:
+            a.o_part, a.lse_part = workspace, workspace + self._lse_part_offset
         self._launch(a, stream)

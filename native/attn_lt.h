@@ -8,7 +8,7 @@
 #define ATTN_LT_H
 #include <stdint.h>
 
-#define ATTN_LT_ABI_VERSION 7
+#define ATTN_LT_ABI_VERSION 8
 
 #ifdef __cplusplus
 extern "C" {
@@ -24,7 +24,7 @@ enum attn_lt_status {
     ATTN_LT_ERR_ALIGNMENT = 10005,  /* an address not aligned as the kernel's vector loads need */
     ATTN_LT_ERR_STRIDES = 10006,    /* a stride the kernel cannot take (row strides, multiples of 8 or 4) */
     ATTN_LT_ERR_DTYPE = 10007,      /* a dtype code the kernel does not take */
-    ATTN_LT_ERR_MASK = 10008,       /* a mask dtype without a mask pointer */
+    ATTN_LT_ERR_MASK = 10008,       /* a mask dtype without a mask pointer, or one the kernel does not take */
     ATTN_LT_ERR_VARIANT = 10009,    /* a forced kernel variant that cannot run these arguments */
     ATTN_LT_ERR_SCALE = 10010,      /* scale not positive */
     ATTN_LT_ERR_TENSOR_MAP = 10011  /* the driver refused a TMA tensor map for this layout */
@@ -63,21 +63,31 @@ enum attn_lt_softmax_variant {
                                      ring: up to 28160 columns a CTA, 225280 a cluster */
 };
 
-/* The fused short path (FlashAttention-2 style, mma.sync m16n8k16): q (B, Hq, Sq, D), k and v (B, Hkv, Sk, D) with
- * element strides (batch, head, row; the last dimension contiguous), o (B, Hq, Sq, D) and lse FP32 (B, Hq, Sq).
- * D is 64 or 128; rows and bases 16-byte aligned. Causal is bottom-right aligned. */
+/* The fused path: q (B, Hq, Sq, D), k and v (B, Hkv, Sk, D) with element strides (batch, head, row; the last
+ * dimension contiguous), o (B, Hq, Sq, D) and lse FP32 (B, Hq, Sq) contiguous (lse may be null).
+ * attn_lt_flash_fwd (native/flash.cu, mma.sync, sm_80 and later): D 64, 128 or 256; rows and bases 16-byte aligned;
+ * an optional dense mask (mask_dtype ATTN_LT_BOOL, true = attend, or F16/BF16/F32, added to the scaled scores)
+ * indexed with element strides over (B, Hq, Sq, Sk), 0 for broadcast dimensions; `splits` > 1 cuts the key range
+ * into that many parts (flash-decoding), each writing FP32 partials o_part [splits][B][Hq][Sq][D] and lse_part
+ * [splits][B][Hq][Sq] that a merge kernel joins into o and lse. Causal is bottom-right aligned. */
 typedef struct attn_lt_flash_args {
     const void* q;
     const void* k;
     const void* v;
     void* o;
     float* lse;
+    const void* mask;
+    float* o_part;
+    float* lse_part;
     int64_t B, Hq, Hkv, Sq, Sk, D;
     int64_t q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, o_sb, o_sh, o_ss;
+    int64_t m_sb, m_sh, m_sq, m_sk;
     float scale;
     int32_t causal;
-    int32_t dtype;   /* ATTN_LT_F16 or ATTN_LT_BF16 */
-    int32_t variant; /* attn_lt_flash_sm90_fwd: an attn_lt_flash_sm90_variant; attn_lt_flash_fwd ignores it */
+    int32_t dtype;      /* ATTN_LT_F16 or ATTN_LT_BF16 */
+    int32_t variant;    /* attn_lt_flash_sm90_fwd: an attn_lt_flash_sm90_variant; attn_lt_flash_fwd ignores it */
+    int32_t mask_dtype; /* ATTN_LT_NONE unless a mask is given (attn_lt_flash_fwd only) */
+    int32_t splits;     /* parts of the key range; 0 or 1: one (attn_lt_flash_fwd only; the sm_90a kernel takes 1) */
 } attn_lt_flash_args;
 
 enum attn_lt_flash_sm90_variant {

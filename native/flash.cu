@@ -1,11 +1,17 @@
-// The fused short path: FlashAttention-2 style forward with warp-level tensor-core MMA (mma.sync m16n8k16).
+// The fused kernel for every GPU from sm_80 (FlashAttention-2 style, warp-level tensor-core MMA, mma.sync
+// m16n8k16), and on Hopper the kernel for what the wgmma kernel does not run: decode and short query blocks (split
+// over the keys), and dense masks.
 //
-// A CTA of 4 warps owns 128 query rows (two m16 tiles a warp, so every K and V fragment feeds two MMAs) of one
-// (batch, query head); Q fragments are re-read from shared memory at each k step.
-// K and V tiles of 64 keys stream through a double-buffered, XOR-swizzled shared-memory ring by cp.async
-// (zero-filled past Sk). Per tile: S = Q K^T (fp32), scale and mask, online softmax in the exp2 domain, P converted
-// in registers to the A operand of O += P V (V read with ldmatrix.trans). GQA reads the kv head h / (Hq / Hkv)
-// without copying; causal is bottom-right aligned and stops at the last key tile a block needs.
+// Rows. The query heads of one kv head are folded into the rows of one tile (GQA without copies, every K/V tile
+// read once for the whole group): row r of kv head hk is query position r / g of query head hk * g + r % g. A CTA of
+// 4 warps owns 64 * MT rows (MT m16 tiles a warp, so every K and V fragment feeds MT MMAs).
+// Keys. K and V tiles of 64 keys stream through a 2- or 3-stage XOR-swizzled shared-memory ring by cp.async
+// (zero-filled past Sk). Per tile: S = Q K^T (fp32), scale, mask (causal bottom-right, the key tail, a dense bool or
+// additive mask read by element strides), online softmax in the exp2 domain, P converted in registers to the A
+// operand of O += P V (V read with ldmatrix.trans).
+// Split over the keys (flash-decoding). With splits > 1, grid.z cuts each row block's key tiles into `splits`
+// ranges; each writes its normalised FP32 partial output and LSE, and merge_partials joins them by LSE (the same
+// merge context parallelism uses), so a decode step with a few rows per kv head still fills every SM.
 #include "attn_lt.h"
 
 #include <cuda_bf16.h>
@@ -18,8 +24,6 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
-constexpr int kMT = 2;                      // m16 row tiles a warp owns: each K/V fragment feeds kMT MMAs
-constexpr int kBlockM = kWarps * 16 * kMT;  // 128 query rows a CTA
 constexpr int kBlockN = 64;
 #include "common.cuh"
 
@@ -83,106 +87,205 @@ __device__ __forceinline__ void load_tile(T* dst, const T* src, int64_t stride, 
     }
 }
 
-template <int D, typename T>
-__global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) flash_fwd(const attn_lt_flash_args a) {
+// One element of the user mask in the exp2 domain: 0 or -inf for a bool mask (true = attend), else the additive
+// value times log2(e).
+__device__ __forceinline__ float mask_value(const void* mask, int dtype, int64_t idx) {
+    switch (dtype) {
+        case ATTN_LT_BOOL:
+            return static_cast<const unsigned char*>(mask)[idx] ? 0.f : -INFINITY;
+        case ATTN_LT_F16:
+            return __half2float(static_cast<const __half*>(mask)[idx]) * kLog2e;
+        case ATTN_LT_BF16:
+            return __bfloat162float(static_cast<const __nv_bfloat16*>(mask)[idx]) * kLog2e;
+        default:
+            return static_cast<const float*>(mask)[idx] * kLog2e;
+    }
+}
+
+// Stages of the K/V ring: three where two CTAs an SM still fit (one m16 tile a warp, D <= 128), so that a
+// memory-bound block (decode) keeps two tiles in flight; else two.
+template <int D, int MT>
+constexpr int stages() { return MT == 1 && D <= 128 ? 3 : 2; }
+
+// W (decode, at most 16 rows a block): the four warps share the block's 16 rows and split each 64-key tile into four
+// 16-key slices, each warp with its own online softmax; the warps' (max, sum, O) are joined through shared memory at
+// the end. Without W a warp owns MT m16 row tiles and every key of a tile.
+template <int D, typename T, int MT, bool W>
+__global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_fwd(const attn_lt_flash_args a) {
+    static_assert(!W || MT == 1, "the warp-split mode has one m16 tile");
+    constexpr int kBlockM = W ? 16 : kWarps * 16 * MT;
+    constexpr int kNW = W ? kBlockN / kWarps : kBlockN;  // keys of a tile a warp takes
+    constexpr int kStages = stages<D, MT>();
     extern __shared__ __align__(128) unsigned char smem[];
     T* sQ = reinterpret_cast<T*>(smem);
-    T* sK = sQ + kBlockM * D;      // [2][kBlockN * D]
-    T* sV = sK + 2 * kBlockN * D;  // [2][kBlockN * D]
+    T* sK = sQ + kBlockM * D;            // [kStages][kBlockN * D]
+    T* sV = sK + kStages * kBlockN * D;  // [kStages][kBlockN * D]
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int m_block = gridDim.x - 1 - blockIdx.x;  // heaviest (causal) blocks first
-    const int64_t bh = blockIdx.y, b = bh / a.Hq, h = bh % a.Hq, hk = h / (a.Hq / a.Hkv);
-    const int m0 = m_block * kBlockM;  // lengths are below 2^31 (checked on the host)
-    const T* q = static_cast<const T*>(a.q) + b * a.q_sb + h * a.q_sh + int64_t(m0) * a.q_ss;
+    const int64_t bk = blockIdx.y, b = bk / a.Hkv, hk = bk % a.Hkv;
+    const int g = static_cast<int>(a.Hq / a.Hkv);
+    const int Sq = static_cast<int>(a.Sq), Sk = static_cast<int>(a.Sk);
+    const int rows_all = g * Sq;  // below 2^31 (checked on the host)
+    const int m0 = m_block * kBlockM;
+    const int m_valid = min(kBlockM, rows_all - m0);
+    const int shift = Sk - Sq;  // causal: key j visible to query position i iff j <= i + shift
     const T* k = static_cast<const T*>(a.k) + b * a.k_sb + hk * a.k_sh;
     const T* v = static_cast<const T*>(a.v) + b * a.v_sb + hk * a.v_sh;
-    const int Sq = static_cast<int>(a.Sq), Sk = static_cast<int>(a.Sk);
-    const int m_valid = min(kBlockM, Sq - m0);
-    const int shift = Sk - Sq;  // causal: key j visible to query i iff j <= i + shift
+    const T* qb = static_cast<const T*>(a.q) + b * a.q_sb + hk * g * a.q_sh;
+
+    // This block's key tiles (causal: up to the last position of its last row), then this split's share of them.
     int n_tiles = (Sk + kBlockN - 1) / kBlockN;
-    if (a.causal) n_tiles = m0 + m_valid - 1 + shift < 0 ? 0 : min(n_tiles, (m0 + m_valid - 1 + shift) / kBlockN + 1);
+    if (a.causal) {
+        const int last = (m0 + m_valid - 1) / g + shift;
+        n_tiles = last < 0 ? 0 : min(n_tiles, last / kBlockN + 1);
+    }
+    const int per_split = (n_tiles + gridDim.z - 1) / gridDim.z;
+    const int t_begin = min(n_tiles, static_cast<int>(blockIdx.z) * per_split);
+    const int t_end = min(n_tiles, t_begin + per_split);
 
-    // Rows of this thread: for m tile t, row (warp * kMT + t) * 16 + lane / 4 and that + 8.
-    int row[kMT][2];
+    // Rows of this thread: for m tile t, tile row (warp * MT + t) * 16 + lane / 4 and that + 8; their query
+    // position, and (masks run with MT = 1 only) the mask's offset of that (b, h, position).
+    constexpr bool kMaskable = MT == 1;
+    const bool has_mask = kMaskable && a.mask_dtype != ATTN_LT_NONE;
+    int pos[MT][2];
+    int64_t moff[MT][2];
 #pragma unroll
-    for (int t = 0; t < kMT; ++t) {
-        row[t][0] = m0 + (warp * kMT + t) * 16 + lane / 4;
-        row[t][1] = row[t][0] + 8;
+    for (int t = 0; t < MT; ++t)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int r = min(m0 + (W ? 0 : (warp * MT + t) * 16) + lane / 4 + e * 8, rows_all - 1);  // rows past the end:
+            pos[t][e] = r / g;                                                                  // results unused
+            if (kMaskable) moff[t][e] = b * a.m_sb + (hk * g + r % g) * a.m_sh + int64_t(pos[t][e]) * a.m_sq;
+        }
+
+    {  // Q rows (folded heads), zero past the last row.
+        constexpr int kChunks = D / 8;
+        for (int i = threadIdx.x; i < kBlockM * kChunks; i += kThreads) {
+            const int r = i / kChunks, c = (i % kChunks) * 8;
+            const bool ok = r < m_valid;
+            const int rr = ok ? m0 + r : 0;
+            cp_async16(sQ + swz<D>(r, c), qb + (rr % g) * a.q_sh + int64_t(rr / g) * a.q_ss + c, ok ? 16 : 0);
+        }
+    }
+    // Prologue: tiles t_begin .. t_begin + kStages - 2, one commit group each (the first also holds Q).
+#pragma unroll
+    for (int st = 0; st < kStages - 1; ++st) {
+        const int n0 = (t_begin + st) * kBlockN;
+        if (t_begin + st < t_end) {
+            load_tile<D>(sK + st * kBlockN * D, k + int64_t(n0) * a.k_ss, a.k_ss, kBlockN, min(kBlockN, Sk - n0));
+            load_tile<D>(sV + st * kBlockN * D, v + int64_t(n0) * a.v_ss, a.v_ss, kBlockN, min(kBlockN, Sk - n0));
+        }
+        cp_async_commit();
     }
 
-    load_tile<D>(sQ, q, a.q_ss, kBlockM, m_valid);
-    if (n_tiles > 0) {
-        load_tile<D>(sK, k, a.k_ss, kBlockN, min(kBlockN, Sk));
-        load_tile<D>(sV, v, a.v_ss, kBlockN, min(kBlockN, Sk));
-    }
-    cp_async_commit();
-
-    float o[kMT][D / 8][4];
-    float m[kMT][2], l[kMT][2];
+    float o[MT][D / 8][4];
+    float m[MT][2], l[MT][2];
 #pragma unroll
-    for (int t = 0; t < kMT; ++t) {
+    for (int t = 0; t < MT; ++t) {
 #pragma unroll
         for (int d = 0; d < D / 8; ++d) o[t][d][0] = o[t][d][1] = o[t][d][2] = o[t][d][3] = 0.f;
         m[t][0] = m[t][1] = -INFINITY;
         l[t][0] = l[t][1] = 0.f;
     }
     const float sl2 = a.scale * kLog2e;
+    const bool warp_active = W || warp * MT * 16 < m_valid;
+    const int wrow = W ? 0 : warp * MT * 16;  // this warp's first row in the block
+    const int wkey = W ? warp * kNW : 0;      // and first key in a tile
+    float mk_next[MT][kNW / 8][4];            // W: the user mask of the next tile (exp2 domain)
+    if (W && has_mask) {
+#pragma unroll
+        for (int t = 0; t < MT; ++t)
+#pragma unroll
+            for (int j = 0; j < kNW / 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int key = t_begin * kBlockN + wkey + j * 8 + (lane % 4) * 2 + (e & 1);
+                    mk_next[t][j][e] = t_begin < t_end && key < Sk
+                                           ? mask_value(a.mask, a.mask_dtype, moff[t][e >> 1] + key * a.m_sk)
+                                           : 0.f;
+                }
+    }
 
-    for (int it = 0; it < n_tiles; ++it) {
-        const int buf = it & 1;
-        cp_async_wait<0>();
+    for (int it = t_begin; it < t_end; ++it) {
+        const int buf = (it - t_begin) % kStages;
+        cp_async_wait<kStages - 2>();
         __syncthreads();  // tile it (and Q) is in; every warp is done with tile it - 1's buffer
-        if (it + 1 < n_tiles) {  // prefetch tile it + 1 into the other buffer
-            const int n1 = (it + 1) * kBlockN;
-            const int valid = min(kBlockN, Sk - n1);
-            load_tile<D>(sK + (buf ^ 1) * kBlockN * D, k + int64_t(n1) * a.k_ss, a.k_ss, kBlockN, valid);
-            load_tile<D>(sV + (buf ^ 1) * kBlockN * D, v + int64_t(n1) * a.v_ss, a.v_ss, kBlockN, valid);
+        {  // prefetch tile it + kStages - 1 into the buffer tile it - 1 used (an empty group past the end)
+            const int n1 = (it + kStages - 1) * kBlockN;
+            if (it + kStages - 1 < t_end) {
+                const int nb = (buf + kStages - 1) % kStages;
+                const int valid = min(kBlockN, Sk - n1);
+                load_tile<D>(sK + nb * kBlockN * D, k + int64_t(n1) * a.k_ss, a.k_ss, kBlockN, valid);
+                load_tile<D>(sV + nb * kBlockN * D, v + int64_t(n1) * a.v_ss, a.v_ss, kBlockN, valid);
+            }
             cp_async_commit();
         }
+        if (!warp_active) continue;  // this warp's rows are all past the end (decode: a few rows a block)
         const T* tK = sK + buf * kBlockN * D;
         const T* tV = sV + buf * kBlockN * D;
         const int n0 = it * kBlockN;
 
-        // S = Q K^T: kMT x (16 rows x 64 keys) a warp; Q fragments re-read from shared memory every k step.
-        float s[kMT][kBlockN / 8][4];
+        // The user mask. W (a short tile of work a warp): this tile's values were loaded one tile ahead and the
+        // next tile's are loaded now, so that their latency hides behind this tile's work; otherwise this tile's,
+        // loaded before Q K^T (holding two tiles' worth would spill at D = 256).
+        float mk[MT][kNW / 8][4];
+        if (has_mask) {
 #pragma unroll
-        for (int t = 0; t < kMT; ++t)
+            for (int t = 0; t < MT; ++t)
 #pragma unroll
-            for (int j = 0; j < kBlockN / 8; ++j) s[t][j][0] = s[t][j][1] = s[t][j][2] = s[t][j][3] = 0.f;
+                for (int j = 0; j < kNW / 8; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int key = n0 + (W ? kBlockN : 0) + wkey + j * 8 + (lane % 4) * 2 + (e & 1);
+                        const bool in = (!W || it + 1 < t_end) && key < Sk;
+                        const float x = in ? mask_value(a.mask, a.mask_dtype, moff[t][e >> 1] + key * a.m_sk) : 0.f;
+                        if constexpr (W) {
+                            mk[t][j][e] = mk_next[t][j][e];
+                            mk_next[t][j][e] = x;
+                        } else {
+                            mk[t][j][e] = x;
+                        }
+                    }
+        }
+        // S = Q K^T: MT x (16 rows x kNW keys) a warp; Q fragments re-read from shared memory every k step.
+        float s[MT][kNW / 8][4];
+#pragma unroll
+        for (int t = 0; t < MT; ++t)
+#pragma unroll
+            for (int j = 0; j < kNW / 8; ++j) s[t][j][0] = s[t][j][1] = s[t][j][2] = s[t][j][3] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
-            unsigned qf[kMT][4];
+            unsigned qf[MT][4];
 #pragma unroll
-            for (int t = 0; t < kMT; ++t)
+            for (int t = 0; t < MT; ++t)
                 ldsm_x4(qf[t][0], qf[t][1], qf[t][2], qf[t][3],
-                        sQ + swz<D>((warp * kMT + t) * 16 + (lane % 16), kk * 16 + (lane / 16) * 8));
+                        sQ + swz<D>(wrow + t * 16 + (lane % 16), kk * 16 + (lane / 16) * 8));
 #pragma unroll
-            for (int j = 0; j < kBlockN / 8; j += 2) {
+            for (int j = 0; j < kNW / 8; j += 2) {
                 unsigned b0, b1, b2, b3;
-                ldsm_x4(b0, b1, b2, b3, tK + swz<D>(j * 8 + (lane % 8) + (lane / 16) * 8,
+                ldsm_x4(b0, b1, b2, b3, tK + swz<D>(wkey + j * 8 + (lane % 8) + (lane / 16) * 8,
                                                    kk * 16 + ((lane / 8) % 2) * 8));
 #pragma unroll
-                for (int t = 0; t < kMT; ++t) {
+                for (int t = 0; t < MT; ++t) {
                     mma<T>(s[t][j], qf[t], b0, b1);
                     mma<T>(s[t][j + 1], qf[t], b2, b3);
                 }
             }
         }
-        // Scale to the exp2 domain, mask the key tail and the causal triangle, online softmax.
-        const bool need_mask = n0 + kBlockN > Sk || (a.causal && n0 + kBlockN - 1 > m0 + shift);
-        unsigned pf[kMT][kBlockN / 16][4];
+        // Scale to the exp2 domain, add the user mask, mask the key tail and the causal triangle, online softmax.
+        const bool need_mask = n0 + kBlockN > Sk || (a.causal && n0 + kBlockN - 1 > m0 / g + shift);
+        unsigned pf[MT][kNW / 16][4];
 #pragma unroll
-        for (int t = 0; t < kMT; ++t) {
+        for (int t = 0; t < MT; ++t) {
             float mx[2] = {m[t][0], m[t][1]};
 #pragma unroll
-            for (int j = 0; j < kBlockN / 8; ++j) {
+            for (int j = 0; j < kNW / 8; ++j) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     float x = s[t][j][e] * sl2;
-                    if (need_mask) {
-                        const int key = n0 + j * 8 + (lane % 4) * 2 + (e & 1);
-                        if (key >= Sk || (a.causal && key > row[t][e >> 1] + shift)) x = -INFINITY;
-                    }
+                    const int key = n0 + wkey + j * 8 + (lane % 4) * 2 + (e & 1);
+                    if (need_mask && (key >= Sk || (a.causal && key > pos[t][e >> 1] + shift))) x = -INFINITY;
+                    else if (has_mask) x += mk[t][j][e];
                     s[t][j][e] = x;
                 }
                 mx[0] = fmaxf(mx[0], fmaxf(s[t][j][0], s[t][j][1]));
@@ -211,7 +314,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) flash_fwd(const att
             }
             // P = exp2(S - m), straight into A fragments (two n8 tiles = one k16 step of P V).
 #pragma unroll
-            for (int j = 0; j < kBlockN / 8; ++j) {
+            for (int j = 0; j < kNW / 8; ++j) {
                 const float p0 = ex2(s[t][j][0] - ref[0]), p1 = ex2(s[t][j][1] - ref[0]);
                 const float p2 = ex2(s[t][j][2] - ref[1]), p3 = ex2(s[t][j][3] - ref[1]);
                 l[t][0] += p0 + p1;
@@ -220,59 +323,195 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) flash_fwd(const att
                 pf[t][j / 2][(j % 2) * 2 + 1] = pack2<T>(p2, p3);
             }
         }
-        // O += P V: V as the B operand, transposed by ldmatrix; each fragment feeds kMT row tiles.
+        // O += P V: V as the B operand, transposed by ldmatrix; each fragment feeds MT row tiles.
 #pragma unroll
-        for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        for (int kk = 0; kk < kNW / 16; ++kk) {
 #pragma unroll
             for (int d = 0; d < D / 8; d += 2) {
                 unsigned b0, b1, b2, b3;
-                ldsm_x4_t(b0, b1, b2, b3, tV + swz<D>(kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8,
+                ldsm_x4_t(b0, b1, b2, b3, tV + swz<D>(wkey + kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8,
                                                      d * 8 + (lane / 16) * 8));
 #pragma unroll
-                for (int t = 0; t < kMT; ++t) {
+                for (int t = 0; t < MT; ++t) {
                     mma<T>(o[t][d], pf[t][kk], b0, b1);
                     mma<T>(o[t][d + 1], pf[t][kk], b2, b3);
                 }
             }
         }
     }
-    // Row sums across the quad, normalise, store O and LSE.
-    T* out = static_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh;
-    float* lse = a.lse + (b * a.Hq + h) * a.Sq;
+    const bool split = gridDim.z > 1;
+    const int64_t rows_out = a.B * a.Hq * a.Sq;
+    if constexpr (W) {
+        // Join the four warps' online softmaxes of the same 16 rows: every warp puts its row max, row sum and
+        // unnormalised O in shared memory (over the K/V ring, now idle); then thread t finishes row t / 8, columns
+        // (t % 8) * D / 8 onwards.
+        cp_async_wait<0>();
+        __syncthreads();
+        float* red_o = reinterpret_cast<float*>(sK);  // [4 warps][16 rows][D]
+        float* red_m = red_o + kWarps * 16 * D;       // [4][16]
+        float* red_l = red_m + kWarps * 16;           // [4][16]
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            l[0][r] += __shfl_xor_sync(0xffffffffu, l[0][r], 1);
+            l[0][r] += __shfl_xor_sync(0xffffffffu, l[0][r], 2);
+            const int row = lane / 4 + r * 8;
+            if (lane % 4 == 0) {
+                red_m[warp * 16 + row] = m[0][r];
+                red_l[warp * 16 + row] = l[0][r];
+            }
+#pragma unroll
+            for (int d = 0; d < D / 8; ++d)
+                *reinterpret_cast<float2*>(red_o + (warp * 16 + row) * D + d * 8 + (lane % 4) * 2) =
+                    make_float2(o[0][d][2 * r], o[0][d][2 * r + 1]);
+        }
+        __syncthreads();
+        constexpr int kCols = D / 8;
+        const int row = threadIdx.x / 8, c0 = (threadIdx.x % 8) * kCols;
+        const int rr = m0 + row;
+        if (rr >= rows_all) return;
+        float mx = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, red_m[w * 16 + row]);
+        float wt[kWarps], lsum = 0.f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) {
+            const float mw = red_m[w * 16 + row];
+            wt[w] = mw == -INFINITY ? 0.f : ex2(mw - mx);
+            lsum += wt[w] * red_l[w * 16 + row];
+        }
+        const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+        const float lse = lsum > 0.f ? (mx + log2f(lsum)) * kLn2 : -INFINITY;
+        const int64_t head = hk * g + rr % g, p = rr / g;
+        const int64_t orow = (b * a.Hq + head) * a.Sq + p;
+        float* op = split ? a.o_part + (blockIdx.z * rows_out + orow) * D + c0 : nullptr;
+        T* out = static_cast<T*>(a.o) + b * a.o_sb + head * a.o_sh + p * a.o_ss + c0;
+#pragma unroll
+        for (int c = 0; c < kCols; c += 2) {
+            float x0 = 0.f, x1 = 0.f;
+#pragma unroll
+            for (int w = 0; w < kWarps; ++w) {
+                const float2 ow = *reinterpret_cast<const float2*>(red_o + (w * 16 + row) * D + c0 + c);
+                x0 += wt[w] * ow.x;
+                x1 += wt[w] * ow.y;
+            }
+            if (split) *reinterpret_cast<float2*>(op + c) = make_float2(x0 * inv, x1 * inv);
+            else *reinterpret_cast<unsigned*>(out + c) = pack2<T>(x0 * inv, x1 * inv);
+        }
+        if (threadIdx.x % 8 == 0) {
+            if (split) a.lse_part[blockIdx.z * rows_out + orow] = lse;
+            else if (a.lse != nullptr) a.lse[orow] = lse;
+        }
+        return;
+    }
+    // Row sums across the quad, normalise, store O and LSE (or this split's FP32 partial and its LSE).
     const int col = (lane % 4) * 2;
 #pragma unroll
-    for (int t = 0; t < kMT; ++t) {
+    for (int t = 0; t < MT; ++t) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             l[t][r] += __shfl_xor_sync(0xffffffffu, l[t][r], 1);
             l[t][r] += __shfl_xor_sync(0xffffffffu, l[t][r], 2);
         }
-        const float inv0 = l[t][0] > 0.f ? 1.f / l[t][0] : 0.f, inv1 = l[t][1] > 0.f ? 1.f / l[t][1] : 0.f;
 #pragma unroll
-        for (int d = 0; d < D / 8; ++d) {
-            if (row[t][0] < Sq)
-                *reinterpret_cast<unsigned*>(out + int64_t(row[t][0]) * a.o_ss + d * 8 + col) =
-                    pack2<T>(o[t][d][0] * inv0, o[t][d][1] * inv0);
-            if (row[t][1] < Sq)
-                *reinterpret_cast<unsigned*>(out + int64_t(row[t][1]) * a.o_ss + d * 8 + col) =
-                    pack2<T>(o[t][d][2] * inv1, o[t][d][3] * inv1);
-        }
-        if (lane % 4 == 0) {
+        for (int r = 0; r < 2; ++r) {
+            const int rr = m0 + (warp * MT + t) * 16 + lane / 4 + r * 8;
+            if (rr >= rows_all) continue;
+            const float inv = l[t][r] > 0.f ? 1.f / l[t][r] : 0.f;
+            const float lse = l[t][r] > 0.f ? (m[t][r] + log2f(l[t][r])) * kLn2 : -INFINITY;
+            const int64_t head = hk * g + rr % g;
+            const int64_t row = (b * a.Hq + head) * a.Sq + pos[t][r];  // (b, h, position) in (B, Hq, Sq)
+            if (split) {
+                float* op = a.o_part + (blockIdx.z * rows_out + row) * D + col;
 #pragma unroll
-            for (int r = 0; r < 2; ++r)
-                if (row[t][r] < Sq) lse[row[t][r]] = l[t][r] > 0.f ? (m[t][r] + log2f(l[t][r])) * kLn2 : -INFINITY;
+                for (int d = 0; d < D / 8; ++d)
+                    *reinterpret_cast<float2*>(op + d * 8) = make_float2(o[t][d][2 * r] * inv, o[t][d][2 * r + 1] * inv);
+                if (lane % 4 == 0) a.lse_part[blockIdx.z * rows_out + row] = lse;
+            } else {
+                T* out = static_cast<T*>(a.o) + b * a.o_sb + head * a.o_sh + int64_t(pos[t][r]) * a.o_ss;
+#pragma unroll
+                for (int d = 0; d < D / 8; ++d)
+                    *reinterpret_cast<unsigned*>(out + d * 8 + col) = pack2<T>(o[t][d][2 * r] * inv, o[t][d][2 * r + 1] * inv);
+                if (lane % 4 == 0 && a.lse != nullptr) a.lse[row] = lse;
+            }
         }
     }
 }
 
+// Join `splits` partials by their LSE: one warp a row (b, h, position), D / 32 columns a lane. A partial with LSE
+// -inf (no visible key in its range) weighs nothing; a row with no visible key at all gives 0 and LSE -inf.
 template <int D, typename T>
+__global__ void __launch_bounds__(128) merge_partials(const attn_lt_flash_args a) {
+    constexpr int kPer = D / 32;
+    const int64_t rows = a.B * a.Hq * a.Sq;
+    const int64_t row = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;
+    if (row >= rows) return;
+    const int lane = threadIdx.x % 32;
+    const int n = a.splits;
+    float mx = -INFINITY;
+    for (int i = 0; i < n; ++i) mx = fmaxf(mx, a.lse_part[i * rows + row]);
+    float acc[kPer] = {};
+    float wsum = 0.f;
+    if (mx != -INFINITY) {
+        for (int i = 0; i < n; ++i) {
+            const float li = a.lse_part[i * rows + row];
+            if (li == -INFINITY) continue;
+            const float w = ex2((li - mx) * kLog2e);
+            wsum += w;
+            const float* op = a.o_part + (i * rows + row) * D + lane * kPer;
+#pragma unroll
+            for (int c = 0; c < kPer; c += 2) {
+                const float2 x = *reinterpret_cast<const float2*>(op + c);
+                acc[c] += w * x.x;
+                acc[c + 1] += w * x.y;
+            }
+        }
+    }
+    const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+    const int64_t pos = row % a.Sq, bh = row / a.Sq, h = bh % a.Hq, b = bh / a.Hq;
+    T* out = static_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh + pos * a.o_ss + lane * kPer;
+#pragma unroll
+    for (int c = 0; c < kPer; c += 2) *reinterpret_cast<unsigned*>(out + c) = pack2<T>(acc[c] * inv, acc[c + 1] * inv);
+    if (lane == 0 && a.lse != nullptr) a.lse[row] = wsum > 0.f ? mx + logf(wsum) : -INFINITY;
+}
+
+template <int D, typename T, int MT, bool W = false>
 cudaError_t launch(const attn_lt_flash_args& a, cudaStream_t stream) {
-    const size_t smem = size_t(kBlockM + 4 * kBlockN) * D * sizeof(T);
-    cudaError_t err = cudaFuncSetAttribute(flash_fwd<D, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    constexpr int kBlockM = W ? 16 : kWarps * 16 * MT;
+    const size_t smem = size_t(kBlockM + 2 * stages<D, MT>() * kBlockN) * D * sizeof(T);
+    const auto kernel = flash_fwd<D, T, MT, W>;
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
     if (err != cudaSuccess) return err;
-    const dim3 grid(static_cast<unsigned>((a.Sq + kBlockM - 1) / kBlockM), static_cast<unsigned>(a.B * a.Hq));
-    flash_fwd<D, T><<<grid, kThreads, smem, stream>>>(a);
+    const int64_t rows = a.Sq * (a.Hq / a.Hkv);
+    const dim3 grid(static_cast<unsigned>((rows + kBlockM - 1) / kBlockM), static_cast<unsigned>(a.B * a.Hkv),
+                    static_cast<unsigned>(a.splits));
+    kernel<<<grid, kThreads, smem, stream>>>(a);
+    err = cudaGetLastError();
+    if (err != cudaSuccess || a.splits == 1) return err;
+    const int64_t out_rows = a.B * a.Hq * a.Sq;
+    merge_partials<D, T><<<static_cast<unsigned>((out_rows + 3) / 4), 128, 0, stream>>>(a);
     return cudaGetLastError();
+}
+
+// The tiling (attn_lt/wmma.py's fused_launch mirrors it): at most 16 rows a kv head (decode), 16-row blocks whose
+// warps split the keys; else one m16 tile a warp (64 rows a CTA, 2 CTAs an SM) for row counts up to 64, dense
+// masks, and D = 256 (whose shared memory allows no more); else two (128 rows), each K/V fragment feeding two MMAs.
+template <int D, typename T>
+cudaError_t launch_dim(const attn_lt_flash_args& a, cudaStream_t stream) {
+    const int64_t rows = a.Sq * (a.Hq / a.Hkv);
+    if (rows <= 16) return launch<D, T, 1, true>(a, stream);
+    if constexpr (D == 256) {
+        return launch<D, T, 1>(a, stream);
+    } else {
+        const bool one = a.mask_dtype != ATTN_LT_NONE || rows <= 64;
+        return one ? launch<D, T, 1>(a, stream) : launch<D, T, 2>(a, stream);
+    }
+}
+
+template <typename T>
+cudaError_t launch_type(const attn_lt_flash_args& a, cudaStream_t stream) {
+    if (a.D == 64) return launch_dim<64, T>(a, stream);
+    if (a.D == 128) return launch_dim<128, T>(a, stream);
+    return launch_dim<256, T>(a, stream);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -280,18 +519,25 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }  // namespace
 
 extern "C" int attn_lt_flash_fwd(const attn_lt_flash_args* a, void* stream) {
-    if (a == nullptr || a->B <= 0 || a->Hq <= 0 || a->Hkv <= 0 || a->Sq <= 0 || a->Sk <= 0) return ATTN_LT_ERR_ARGS;
-    if (a->Hq % a->Hkv || a->B * a->Hq > 65535) return ATTN_LT_ERR_HEADS;
-    if (a->D != 64 && a->D != 128) return ATTN_LT_ERR_HEAD_DIM;
-    if (a->Sq >= (1LL << 30) || a->Sk >= (1LL << 30)) return ATTN_LT_ERR_LENGTH;
+    if (a == nullptr || a->B <= 0 || a->Hq <= 0 || a->Hkv <= 0 || a->Sq <= 0 || a->Sk <= 0 || a->o == nullptr)
+        return ATTN_LT_ERR_ARGS;
+    if (a->Hq % a->Hkv || a->B * a->Hkv > 65535) return ATTN_LT_ERR_HEADS;
+    if (a->D != 64 && a->D != 128 && a->D != 256) return ATTN_LT_ERR_HEAD_DIM;
+    if (a->Sq >= (1LL << 30) || a->Sk >= (1LL << 30) || a->Sq * (a->Hq / a->Hkv) >= (1LL << 30))
+        return ATTN_LT_ERR_LENGTH;
+    if (!(a->scale > 0.f)) return ATTN_LT_ERR_SCALE;
     if (!aligned16(a->q) || !aligned16(a->k) || !aligned16(a->v) || !aligned16(a->o)) return ATTN_LT_ERR_ALIGNMENT;
-    if ((a->q_ss | a->k_ss | a->v_ss | a->o_ss) % 8 != 0 ||
-        (a->q_sb | a->q_sh | a->k_sb | a->k_sh | a->v_sb | a->v_sh | a->o_sb | a->o_sh) % 8 != 0)
+    if ((a->q_ss | a->k_ss | a->v_ss | a->q_sb | a->q_sh | a->k_sb | a->k_sh | a->v_sb | a->v_sh) % 8 != 0 ||
+        (a->o_ss | a->o_sb | a->o_sh) % 2 != 0)
         return ATTN_LT_ERR_STRIDES;
+    if (a->mask_dtype != ATTN_LT_NONE && a->mask == nullptr) return ATTN_LT_ERR_MASK;
+    if (a->mask_dtype < ATTN_LT_NONE || a->mask_dtype > ATTN_LT_BOOL) return ATTN_LT_ERR_MASK;
+    if (a->splits < 0 || a->splits > 65535 || (a->splits > 1 && (a->o_part == nullptr || a->lse_part == nullptr)))
+        return ATTN_LT_ERR_VARIANT;
+    attn_lt_flash_args c = *a;
+    c.splits = a->splits > 1 ? a->splits : 1;
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
-    if (a->dtype == ATTN_LT_BF16)
-        return static_cast<int>(a->D == 64 ? launch<64, __nv_bfloat16>(*a, s) : launch<128, __nv_bfloat16>(*a, s));
-    if (a->dtype == ATTN_LT_F16)
-        return static_cast<int>(a->D == 64 ? launch<64, __half>(*a, s) : launch<128, __half>(*a, s));
+    if (c.dtype == ATTN_LT_BF16) return static_cast<int>(launch_type<__nv_bfloat16>(c, s));
+    if (c.dtype == ATTN_LT_F16) return static_cast<int>(launch_type<__half>(c, s));
     return ATTN_LT_ERR_DTYPE;
 }

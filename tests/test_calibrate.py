@@ -110,8 +110,13 @@ def test_rules_round_trip_and_refuse_bad_fields():
 
 def test_default_grid():
     g = calibrate.grid((64, 128, 256))
-    keys = [(c["D"], c["causal"], c["Sq"], c["Sk"]) for c in g]
-    assert len(keys) == len(set(keys)) == 3 * (7 + 3 * 9)
+    keys = [(c["D"], c["causal"], c["mask"], c["Sq"], c["Sk"]) for c in g]
+    # per head dim: 7 + 3 * 9 plain and causal cases; masked (non-causal): Sq 1, 16, 128, 1024 and Sk at
+    # Sk 1024 (4 cases), 4096 and 16384 (5 each)
+    assert len(keys) == len(set(keys)) == 3 * (7 + 3 * 9 + 4 + 5 + 5)
+    masked = [c for c in g if c["mask"]]
+    assert not any(c["causal"] for c in masked) and {c["Sk"] for c in masked} == {1024, 4096, 16384}
+    assert len(calibrate.grid((64,), masks=False)) == 7 + 3 * 9
     assert all(c["Sq"] >= calibrate.CAUSAL_MIN_SQ for c in g if c["causal"])
     assert all(c["Sq"] <= c["Sk"] for c in g)
     assert {c["Sk"] for c in g} == {1024, 4096, 16384, 65536}
@@ -127,9 +132,9 @@ def test_default_grid():
 
 
 def test_grid_options():
-    g = calibrate.grid([64], [1024, 8192], [1], prefill=False)
+    g = calibrate.grid([64], [1024, 8192], [1], prefill=False, masks=False)
     assert [(c["Sq"], c["Sk"], c["causal"]) for c in g] == [(1, 1024, False), (1, 8192, False)]
-    g = calibrate.grid([64], [1024], [1, 16, 4096])  # Sq > Sk is not measured
+    g = calibrate.grid([64], [1024], [1, 16, 4096], masks=False)  # Sq > Sk is not measured
     assert [(c["Sq"], c["causal"]) for c in g] == [(1, False), (16, False), (16, True), (1024, False),
                                                      (1024, True)]
 
@@ -209,10 +214,10 @@ def test_reasons_show_the_figures_behind_the_choice(isolated):
         "longest measured Sk (wmma 5 ms vs lt 9 ms at Sk 65536))",)
     assert "at D128 Sq=Sk" in select(case(Sq=1024, Sk=1024)).reasons[0]
     # a path the case cannot take: the measured preference, and why it was overridden
-    from attn_lt.validate import MaskInfo
+    import dataclasses
 
-    masked = case(Sq=1, Sk=1024, mask=MaskInfo("bool", "bool", (1, 1, 1, 1024), (0, 0, 1024, 1)))
-    d = select(masked)
+    unaligned = dataclasses.replace(case(Sq=1, Sk=1024), ptr_align=8)  # the fused kernels need 16-byte rows
+    d = select(unaligned)
     assert d.backend == "lt" and d.reasons[0].startswith("Sk=1024 < 4096 (") and \
         d.reasons[0].endswith(", but wmma cannot run it")
     # explain prints the reasons
@@ -365,3 +370,23 @@ def test_package_data_lists_the_shipped_calibrations():
     data = re.search(r"\[tool.setuptools.package-data\]\s*attn_lt = \[([^]]*)\]", text).group(1)
     assert '"calibrations/*.json"' in data
     assert pathlib.Path(calibrate.__file__).parent / "calibrations" == root / "attn_lt" / "calibrations"
+
+
+def test_masked_rules_decide_masked_cases_only(isolated):
+    plain = pts(Sq=1024, rows=[(1024, 1, 2), (16384, 5, 9)])
+    masked = [dict(p, mask=True) for p in pts(Sq=1024, rows=[(1024, 3, 2), (16384, 20, 9)])]
+    rules = calibrate.derive_rules(plain + masked)
+    assert {(r.mask, r.lt_from) for r in rules} == {(False, None), (True, 1024)}
+    assert any("masked" in str(r) for r in rules)
+    calibrate.store(H100.env_key, entry(LOCAL + plain + masked))
+    from attn_lt.validate import MaskInfo
+
+    m = MaskInfo("float", "bf16", (1, 1, 2000, 16384), (0, 0, 16384, 1))
+    assert select(case(Sq=2000, Sk=16384)).backend == "wmma"
+    d = select(case(Sq=2000, Sk=16384, mask=m))
+    assert d.backend == "lt" and "masked" in d.reasons[0]
+    # a calibration without masked rules decides no masked case: the design default does
+    calibrate.store(H100.env_key, entry(LOCAL + plain))
+    calibrate.clear_cache()
+    d = select(case(Sq=2000, Sk=16384, mask=m))
+    assert "design default" in d.reasons[0] and "masked" in d.reasons[0]

@@ -36,16 +36,20 @@ def test_short_keys_take_wmma_when_it_can_run_them():
 
 
 @pytest.mark.parametrize("kw,why", [(dict(D=80), "head dim 80 not in (64, 128, 256)"),
-                                    (dict(D=512), "head dim 512"),
-                                    (dict(mask="m"), "attn_mask is not supported")])
+                                    (dict(D=512), "head dim 512")])
 def test_short_keys_fall_back_to_lt_with_wmma_reasons(kw, why):
-    from attn_lt.validate import MaskInfo
-
-    if kw.get("mask"):
-        kw["mask"] = MaskInfo("bool", "bool", (1, 1, 128, 100), (0, 0, 100, 1))
     d = select(case(100, **kw))
     assert d.backend == "lt" and "wmma cannot run it" in d.reasons[0]
     assert any(why in r for r in dict(d.rejected)["wmma"])
+
+
+def test_masks_run_on_both_paths():
+    from attn_lt.validate import MaskInfo
+
+    masked = case(100, mask=MaskInfo("bool", "bool", (1, 1, 128, 100), (0, 0, 100, 1)))
+    d = select(masked)
+    assert d.backend == "wmma" and not dict(d.rejected).get("wmma")
+    assert select(masked, backend="lt").backend == "lt"
 
 
 def test_wmma_needs_aligned_layouts():

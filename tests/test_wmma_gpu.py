@@ -1,4 +1,4 @@
-"""The fused short path (native/flash.cu) against the FP32 reference with the long path's tolerances, and the
+"""The fused path (native/flash_sm90.cu on Hopper, native/flash.cu elsewhere) against the FP32 reference with the long path's tolerances, and the
 hybrid selector agreeing with both forced paths around the threshold."""
 
 import pytest
@@ -46,11 +46,11 @@ def test_auto_agrees_with_both_paths_around_the_threshold(Sk, causal):
         assert rel_error(auto, other.float()) < 1e-2
 
 
-def test_mask_routes_to_lt_with_the_reason():
+def test_mask_runs_on_the_fused_kernel():
     q, k, v = rand_qkv(1, 2, 2, 64, 256, 64, "bf16")
     m = torch.rand(64, 256, device="cuda") > 0.2
     e = attn_lt.explain(q, k, v, attn_mask=m)
-    assert e.decision.backend == "lt" and "attn_mask is not supported" in dict(e.decision.rejected)["wmma"]
+    assert e.decision.backend == "wmma" and e.fused.kernel == "flash"
     check(q, k, v, attn_mask=m, backend="auto")
 
 
@@ -95,9 +95,11 @@ def test_calibrate_stores_rules_that_select_uses(tmp_path, monkeypatch, capsys):
     assert main(["calibrate", "--dims", "64", "--lengths", "1024,8192", "--sq", "1", "--ship", str(tmp_path / "ship"),
                  "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
-    # Sq 1 and Sq = Sk (causal too) at two key lengths; every point timed on both paths
-    assert len(d["points"]) == 6 and all(p["wmma_ms"] > 0 and p["lt_ms"] > 0 for p in d["points"])
-    assert {(r["causal"], r["Sq"]) for r in d["rules"]} == {(False, 1), (False, "Sk"), (True, "Sk")}
+    # Sq 1 and Sq = Sk (causal too) at two key lengths, and masked (non-causal) at both; every point timed on both
+    # paths
+    assert len(d["points"]) == 10 and all(p["wmma_ms"] > 0 and p["lt_ms"] > 0 for p in d["points"])
+    assert {(r["causal"], r["mask"], r["Sq"]) for r in d["rules"]} == {
+        (False, False, 1), (False, False, "Sk"), (True, False, "Sk"), (False, True, 1), (False, True, "Sk")}
     assert (tmp_path / "cache" / "calibration.json").exists() and d["file"] and d["shipped"]
     name = torch.cuda.get_device_name()
     decode = Case.contiguous(4, 32, 8, 1, 8192, 64)

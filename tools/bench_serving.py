@@ -65,12 +65,24 @@ def decode_loop(steps: int, provider: str, start: int = 32768):
     loop_s = time.perf_counter() - t_loop
     n = start + steps - 1
     k, v = kc[:, :, :n], vc[:, :, :n]
-    steady = events_ms((lambda: attn_lt.attention(q, k, v)) if provider == "attn_lt" else (lambda: sdpa_call(q, k, v)))
+    call = (lambda: attn_lt.attention(q, k, v)) if provider == "attn_lt" else (lambda: sdpa_call(q, k, v))
+    steady = events_ms(call)
+    walls = []  # the same synchronised step, repeated at one length (plan cached): the loop's own steady state
+    for _ in range(50):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        call()
+        torch.cuda.synchronize()
+        walls.append((time.perf_counter() - t0) * 1e3)
+    steady_wall = statistics.median(walls)
     tuned = {x: algos.stats[x] - tuned0[x] for x in algos.stats}
     later = times[1:]
-    return {"provider": provider, "steps": steps, "first_ms": round(times[0], 3),
+    route = attn_lt.explain(q, k, v).decision.backend if provider == "attn_lt" else "sdpa"
+    return {"provider": provider, "route": route, "steps": steps, "first_ms": round(times[0], 3),
             "median_ms": round(statistics.median(later), 4), "worst_after_first_ms": round(max(later), 3),
-            "steady_ms": round(steady, 4), "median_over_steady": round(statistics.median(later) / steady, 3),
+            "steady_ms": round(steady, 4), "steady_wall_ms": round(steady_wall, 4),
+            "median_over_steady": round(statistics.median(later) / steady, 3),
+            "median_over_steady_wall": round(statistics.median(later) / steady_wall, 3),
             "worst_over_steady": round(max(later) / steady, 2), "loop_s": round(loop_s, 2), "resolve": tuned,
             "times_ms": [round(t, 4) for t in times]}
 
@@ -97,6 +109,8 @@ def prefill_calls(calls: int, provider: str, S: int = 32768):
 
 
 def host_costs():
+    """Host µs of a cached decode call (B8 Hq32 Hkv8, Sk 4k and 16k): ``attention()`` and ``plan.run`` on the
+    path ``auto`` takes and on the long path, beside SDPA's default."""
     import torch
 
     import attn_lt
@@ -107,11 +121,15 @@ def host_costs():
         q = torch.randn(8, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(8, 8, Sk, 128, device="cuda", dtype=torch.bfloat16)
         v = torch.randn_like(k)
-        p = attn_lt.plan(q, k, v, backend="lt").tune(q, k, v)
-        attn_lt.attention(q, k, v, backend="lt")
-        rows.append({"Sk": Sk, "attention_us": host_us(lambda: attn_lt.attention(q, k, v, backend="lt")),
-                     "plan_run_us": host_us(lambda: p.run(q, k, v)),
-                     "sdpa_default_us": host_us(lambda: sdpa_call(q, k, v))})
+        row = {"Sk": Sk}
+        for backend in ("auto", "lt"):
+            p = attn_lt.plan(q, k, v, backend=backend).tune(q, k, v)
+            attn_lt.attention(q, k, v, backend=backend)
+            row[f"{backend}_route"] = p.backend
+            row[f"attention_{backend}_us"] = host_us(lambda: attn_lt.attention(q, k, v, backend=backend))
+            row[f"plan_run_{backend}_us"] = host_us(lambda: p.run(q, k, v))
+        row["sdpa_default_us"] = host_us(lambda: sdpa_call(q, k, v))
+        rows.append(row)
     return rows
 
 
@@ -168,18 +186,22 @@ def main(argv=None) -> int:
     with open(os.path.join(a.out, "serving.json"), "w") as f:
         json.dump(res, f, indent=1)
     print(f"\n== serving loop on {res['gpu']} ({res['date']})")
-    print(f"{'decode loop':<14}{'first ms':>10}{'median':>10}{'worst>1':>10}{'steady':>10}{'med/st':>8}"
-          f"{'worst/st':>9}{'loop s':>8}  resolve")
+    print("steady: the call repeated at one length, GPU time by CUDA events; steady wall: the same synchronised "
+          "step as the loop's, plan cached")
+    print(f"{'decode loop':<14}{'route':>6}{'first ms':>10}{'median':>10}{'worst>1':>10}{'steady':>10}{'st.wall':>9}"
+          f"{'med/st':>8}{'med/wall':>9}{'worst/st':>9}{'loop s':>8}  resolve")
     for r in res["decode_loop"]:
-        print(f"{r['provider']:<14}{r['first_ms']:>10.2f}{r['median_ms']:>10.4f}{r['worst_after_first_ms']:>10.3f}"
-              f"{r['steady_ms']:>10.4f}{r['median_over_steady']:>8.3f}{r['worst_over_steady']:>9.2f}"
+        print(f"{r['provider']:<14}{r['route']:>6}{r['first_ms']:>10.2f}{r['median_ms']:>10.4f}"
+              f"{r['worst_after_first_ms']:>10.3f}{r['steady_ms']:>10.4f}{r['steady_wall_ms']:>9.4f}"
+              f"{r['median_over_steady']:>8.3f}{r['median_over_steady_wall']:>9.3f}{r['worst_over_steady']:>9.2f}"
               f"{r['loop_s']:>8.2f}  {r['resolve'] if r['provider'] == 'attn_lt' else ''}")
     for r in res["prefill"]:
         print(f"prefill {r['provider']:<14} calls ms {r['calls_ms']}  steady {r['steady_ms']}  "
               f"worst-after-first/steady {r['worst_after_first_over_steady']}")
     for r in res["host"]:
-        print(f"host us/call Sk={r['Sk']:<6} attention {r['attention_us']:>7}  plan.run {r['plan_run_us']:>7}  "
-              f"sdpa default {r['sdpa_default_us']:>7}")
+        print(f"host us/call Sk={r['Sk']:<6} auto ({r['auto_route']}): attention {r['attention_auto_us']:>6} "
+              f"plan.run {r['plan_run_auto_us']:>6} | lt: attention {r['attention_lt_us']:>6} plan.run "
+              f"{r['plan_run_lt_us']:>6} | sdpa default {r['sdpa_default_us']:>6}")
     print(f"graph: {res['graph']}")
     return 0
 

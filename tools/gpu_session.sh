@@ -2,10 +2,12 @@
 # One GPU-machine session: carried wheels, the build, then the phases named in PHASES, each logged under
 # ${OUT:-results}/<phase>.log with its last lines printed (a short table last).
 #   PHASES="tests sanitize calibrate sm90 serving lt suite generate cp" bash tools/gpu_session.sh
-#   tests      every GPU test (pytest -m gpu)                      sanitize  compute-sanitizer on the Hopper kernel
+#   tests      every GPU test (pytest -m gpu)                      sanitize  compute-sanitizer on both fused kernels
+#   sanitize-flash  compute-sanitizer on native/flash.cu only
 #   calibrate  attn-lt calibrate --ship attn_lt/calibrations       sm90      the FA3 protocol vs SDPA (bench_flash_sm90)
 #   serving    decode loop, prefill, host cost (bench_serving)     lt        the long path's figures (bench_lt)
 #   suite      tools/bench.py run $SUITE_ARGS (default --quick)    generate  Hugging Face generate() (bench_generate)
+#   decode     the suite's decode group (masks too) vs cuDNN       masked    dense (B, 1, S, S) masks vs cuDNN
 #   cp         context parallelism on every GPU (tests + bench_cp)
 set -uo pipefail
 OUT=${OUT:-results}
@@ -34,7 +36,11 @@ for p in ${PHASES:-tests}; do
     tests) phase tests 300 python3 -m pytest -q -m gpu -rfs tests ;;
     sanitize)
       phase memcheck 150 compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitize_flash_sm90.py
-      phase racecheck 150 compute-sanitizer --tool racecheck --error-exitcode 9 python3 tools/sanitize_flash_sm90.py ;;
+      phase racecheck 150 compute-sanitizer --tool racecheck --error-exitcode 9 python3 tools/sanitize_flash_sm90.py
+      ;&
+    sanitize-flash)
+      phase memcheck-flash 150 compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitize_flash.py
+      phase racecheck-flash 150 compute-sanitizer --tool racecheck --error-exitcode 9 python3 tools/sanitize_flash.py ;;
     calibrate) phase calibrate 200 python3 -m attn_lt calibrate --ship attn_lt/calibrations
       cp attn_lt/calibrations/*.json "$OUT/" 2>/dev/null ;;
     sm90) phase sm90 240 python3 tools/bench_flash_sm90.py --out "$OUT/sm90" ;;
@@ -42,6 +48,10 @@ for p in ${PHASES:-tests}; do
     host) phase host 120 python3 tools/host_breakdown.py --sk 4096 --growth 300 --json "$OUT/host.json" ;;
     lt) phase lt 260 python3 tools/bench_lt.py ${LT_ARGS:-} --out "$OUT/lt" ;;
     suite) phase suite 560 python3 tools/bench.py run ${SUITE_ARGS:---quick} --out "$OUT/suite" ;;
+    decode) phase decode 400 python3 tools/bench.py run --groups decode --providers auto,lt,wmma,cudnn,flash,efficient \
+      --rep-ms 60 --rounds 5 --out "$OUT/decode" ;;
+    masked) phase masked 400 python3 tools/bench.py run --groups fa3,long --providers auto,lt,wmma,cudnn,efficient \
+      --cases fa3-d128-s4k-mask,fa3-d128-s8k-mask,fa3-d128-s16k-mask,long-s32k-mask --out "$OUT/masked" ;;
     generate) phase generate 300 python3 tools/bench_generate.py ${GENERATE_ARGS:-} --out "$OUT/generate" ;;
     cp)
       n=$(python3 -c 'import torch; print(torch.cuda.device_count())')

@@ -1,0 +1,151 @@
+"""native/flash.cu, the fused kernel of every GPU: GQA heads folded into rows, the key range split and merged by LSE
+(flash-decoding), dense masks of every broadcast shape — forced kernel and split count, against the FP32 reference
+with PyTorch's own error as the bound, outputs poisoned first; and the same cases through ``attention()``."""
+
+import math
+
+import pytest
+import torch
+from conftest import DT, check, rand_qkv
+
+import attn_lt
+from attn_lt.plan import out_strides
+from attn_lt.testing import reference, rel_error, sdpa, tolerance
+from attn_lt.validate import check_tensors
+from attn_lt.wmma import FusedLaunch, Program
+
+pytestmark = pytest.mark.gpu
+
+
+def flash(q, k, v, attn_mask=None, causal=False, splits=1):
+    """native/flash.cu forced, ``splits`` parts of the key range; returns (out, lse), both poisoned first."""
+    case = check_tensors(q, k, v, attn_mask, causal)
+    rows = case.Sq * case.group
+    block_rows = 16 if rows <= 16 else 64 if case.D == 256 or attn_mask is not None or rows <= 64 else 128
+    ws_bytes = splits * case.B * case.Hq * case.Sq * (case.D + 1) * 4 if splits > 1 else 0
+    program = Program(case, out_strides(case), FusedLaunch("flash", block_rows, splits, ws_bytes, "test"))
+    out = torch.full((case.B, case.Hq, case.Sq, case.D), math.nan, dtype=q.dtype, device=q.device)
+    lse = torch.full((case.B, case.Hq, case.Sq), math.nan, dtype=torch.float32, device=q.device)
+    ws = torch.full((max(ws_bytes, 1) // 4,), math.nan, dtype=torch.float32, device=q.device)
+    program.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
+                torch.cuda.current_stream().cuda_stream, 0 if attn_mask is None else attn_mask.data_ptr(),
+                ws.data_ptr())
+    return out, lse
+
+
+def check_flash(q, k, v, attn_mask=None, causal=False, splits=1):
+    o, lse = flash(q, k, v, attn_mask, causal, splits)
+    ref, ref_lse = reference(q, k, v, attn_mask, causal)
+    # SDPA's memory-efficient kernel faults on a bf16 mask view at a 6-byte offset: it gets an aligned copy
+    m = None if attn_mask is None else attn_mask.clone()
+    err, torch_err = rel_error(o, ref), rel_error(sdpa(q, k, v, m, causal), ref)
+    assert err <= tolerance(torch_err), f"flash error {err:.3e}, PyTorch {torch_err:.3e}"
+    assert not torch.isnan(o).any() and not torch.isnan(lse).any()
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse))
+    fin = torch.isfinite(ref_lse)
+    if fin.any():
+        assert (lse[fin] - ref_lse[fin]).abs().max().item() <= 1e-3 * (1 + ref_lse[fin].abs().max().item())
+    return o, lse
+
+
+@pytest.mark.parametrize("splits", [1, 3, 8])
+@pytest.mark.parametrize("Sk", [1, 97, 4095, 4097, 33000])
+@pytest.mark.parametrize("Sq,Hkv", [(1, 32), (1, 8), (1, 1), (4, 8), (16, 8), (16, 32)])
+def test_decode_splits(Sq, Hkv, Sk, splits):
+    check_flash(*rand_qkv(2, 32, Hkv, Sq, Sk, 128, "bf16"), causal=Sq > 1, splits=splits)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("Sq,Sk", [(1, 4096), (17, 1000), (97, 4097), (1000, 1000), (4095, 333)])
+def test_sizes_and_head_dims(Sq, Sk, D, dtype):
+    check_flash(*rand_qkv(1, 8, 2, Sq, Sk, D, dtype), splits=1 if Sq * 4 > 64 else 4)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("Sq,Sk", [(300, 97), (97, 300), (1000, 4096), (64, 64)])
+@pytest.mark.parametrize("Hkv", [8, 2, 1], ids=["mha", "gqa4", "mqa8"])
+def test_gqa_folding_and_causal(Hkv, Sq, Sk, causal):
+    check_flash(*rand_qkv(2, 8, Hkv, Sq, Sk, 128, "bf16"), causal=causal, splits=2)
+
+
+def test_views():
+    check_flash(*rand_qkv(2, 8, 2, 7, 5000, 64, "fp16", layout="bshd"), causal=True, splits=5)
+
+
+def _mask(kind, shape, dtype):
+    if kind == "bool":
+        m = torch.rand(shape, device="cuda") > 0.3
+        return m
+    return (torch.randn(shape, device="cuda") * 2).to(DT.get(dtype, torch.float32) if kind == "q" else torch.float32)
+
+
+@pytest.mark.parametrize("kind", ["bool", "fp32", "q"])
+@pytest.mark.parametrize("shape", ["B1SqSk", "11SqSk", "B11Sk", "BHSqSk", "11Sk-view"])
+@pytest.mark.parametrize("Sq,Sk,splits", [(1, 4097, 6), (16, 2000, 3), (300, 1000, 1)])
+def test_masks_every_broadcast_shape(kind, shape, Sq, Sk, splits):
+    B, Hq, Hkv = 2, 8, 2
+    q, k, v = rand_qkv(B, Hq, Hkv, Sq, Sk, 128, "bf16")
+    full = {"B1SqSk": (B, 1, Sq, Sk), "11SqSk": (1, 1, Sq, Sk), "B11Sk": (B, 1, 1, Sk), "BHSqSk": (B, Hq, Sq, Sk),
+            "11Sk-view": (1, 1, Sq, Sk + 8)}[shape]
+    m = _mask(kind, full, "bf16")
+    if shape == "11Sk-view":
+        m = m[..., 3:Sk + 3]  # a strided view: rows of Sk + 8, offset 3
+    check_flash(q, k, v, attn_mask=m, causal=Sq > 1 and Sq <= Sk, splits=splits)
+
+
+def test_all_masked_rows_give_zeros_and_minus_inf():
+    q, k, v = rand_qkv(1, 4, 2, 16, 3000, 64, "bf16")
+    m = torch.rand(1, 1, 16, 3000, device="cuda") > 0.5
+    m[..., 5, :] = False
+    m[..., 6, 1000:] = False  # every split but the first sees nothing of row 6
+    o, lse = check_flash(q, k, v, attn_mask=m, splits=4)
+    assert (o[:, :, 5] == 0).all() and torch.isneginf(lse[:, :, 5]).all()
+
+
+@pytest.mark.parametrize("Sq,Hkv,Sk", [(1, 8, 32768), (1, 32, 8192), (16, 8, 20000), (1, 1, 100000)])
+def test_decode_through_attention(Sq, Hkv, Sk):
+    """The production call: auto-planned splits, the shared scratch, and the fused path's explanation."""
+    q, k, v = rand_qkv(2, 32, Hkv, Sq, Sk, 128, "bf16")
+    check(q, k, v, causal=Sq > 1, backend="wmma")
+    e = attn_lt.explain(q, k, v, causal=Sq > 1, backend="wmma")
+    assert e.fused is not None and e.fused.kernel == "flash" and "flash.cu" in str(e)
+
+
+def test_masked_prefill_through_attention():
+    q, k, v = rand_qkv(1, 8, 8, 1024, 1024, 128, "bf16")
+    bias = torch.randn(1, 1, 1024, 1024, device="cuda", dtype=torch.bfloat16)
+    check(q, k, v, attn_mask=bias, backend="wmma")
+    assert attn_lt.explain(q, k, v, attn_mask=bias, backend="wmma").fused.kernel == "flash"
+
+
+def test_graph_capture_of_a_split_decode():
+    q, k, v = rand_qkv(1, 32, 8, 1, 16384, 128, "bf16")
+    p = attn_lt.plan(q, k, v, backend="wmma")
+    assert p.fused.splits > 1 and p.workspace_bytes > 0
+    out = torch.empty(1, 32, 1, 128, dtype=q.dtype, device="cuda")
+    p.run(q, k, v, out=out)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        p.run(q, k, v, out=out)
+    for _ in range(2):
+        q.copy_(torch.randn_like(q))
+        k.copy_(torch.randn_like(k))
+        g.replay()
+        ref, _ = reference(q, k, v)
+        assert rel_error(out, ref) <= tolerance(rel_error(sdpa(q, k, v), ref))
+
+
+@pytest.mark.parametrize("backend", ["wmma", "auto"])
+def test_growing_kv_cache_derives_each_step_and_stays_correct(backend):
+    """A decode loop over a static cache (views of growing length, fixed strides) and over a cache that is
+    reallocated each step (new strides): every step correct, whichever plan it derives from."""
+    q = torch.randn(2, 32, 1, 128, dtype=torch.bfloat16, device="cuda")
+    kc, vc = (torch.randn(2, 8, 9000, 128, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    for n in (4000, 4001, 4002, 4100, 8191, 8999, 1):
+        k, v = kc[:, :, :n], vc[:, :, :n]
+        for kk, vv in ((k, v), (k.contiguous(), v.contiguous())):
+            out = attn_lt.attention(q, kk, vv, backend=backend)
+            ref, _ = reference(q, kk, vv)
+            assert rel_error(out, ref) <= tolerance(rel_error(sdpa(q, kk, vv), ref)), n

@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""A few small shapes through native/flash.cu (the mma.sync kernel: GQA folded into rows, the key range split and
+merged by LSE, dense masks of several broadcast shapes; D 64/128/256; fp16/bf16; tails; causal with Sq != Sk; a
+(B, S, H, D) view), each run once, for compute-sanitizer. Exits 1 when an output is wrong, 2 without a GPU.
+
+    compute-sanitizer --tool memcheck  python tools/sanitize_flash.py
+    compute-sanitizer --tool racecheck python tools/sanitize_flash.py
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import torch
+
+from attn_lt.plan import out_strides
+from attn_lt.testing import reference, rel_error
+from attn_lt.validate import check_tensors
+from attn_lt.wmma import FusedLaunch, Program
+
+# (B, Hq, Hkv, Sq, Sk, D, dtype, causal, layout, mask, splits)
+CASES = [
+    (1, 4, 1, 1, 700, 128, torch.bfloat16, False, "bhsd", None, 3),
+    (2, 8, 2, 3, 333, 64, torch.float16, True, "bhsd", None, 2),
+    (1, 2, 2, 97, 130, 128, torch.bfloat16, True, "bshd", None, 1),
+    (1, 2, 1, 100, 200, 64, torch.bfloat16, False, "bhsd", None, 1),  # 200 rows: two m16 tiles a warp
+    (1, 2, 2, 5, 300, 256, torch.float16, False, "bhsd", "bool-B1SqSk", 2),
+    (2, 4, 2, 16, 257, 128, torch.bfloat16, False, "bhsd", "fp32-11SqSk", 4),
+    (2, 4, 4, 40, 90, 64, torch.bfloat16, True, "bhsd", "bool-B11Sk", 1),
+]
+
+
+def make_mask(spec, B, Hq, Sq, Sk, dt):
+    if spec is None:
+        return None
+    kind, shape = spec.split("-")
+    full = {"B1SqSk": (B, 1, Sq, Sk), "11SqSk": (1, 1, Sq, Sk), "B11Sk": (B, 1, 1, Sk)}[shape]
+    return torch.rand(full, device="cuda") > 0.3 if kind == "bool" else torch.randn(full, device="cuda")
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("sanitize_flash: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    torch.manual_seed(0)
+    bad = 0
+    for B, Hq, Hkv, Sq, Sk, D, dt, causal, layout, mspec, splits in CASES:
+        if layout == "bshd":
+            q = torch.randn(B, Sq, Hq, D, dtype=dt, device="cuda").transpose(1, 2)
+            k, v = (torch.randn(B, Sk, Hkv, D, dtype=dt, device="cuda").transpose(1, 2) for _ in range(2))
+        else:
+            q = torch.randn(B, Hq, Sq, D, dtype=dt, device="cuda")
+            k, v = (torch.randn(B, Hkv, Sk, D, dtype=dt, device="cuda") for _ in range(2))
+        m = make_mask(mspec, B, Hq, Sq, Sk, dt)
+        case = check_tensors(q, k, v, m, causal)
+        rows = Sq * Hq // Hkv
+        block_rows = 16 if rows <= 16 else 64 if D == 256 or m is not None or rows <= 64 else 128
+        ws_bytes = splits * B * Hq * Sq * (D + 1) * 4 if splits > 1 else 0
+        prog = Program(case, out_strides(case), FusedLaunch("flash", block_rows, splits, ws_bytes, "sanitize"))
+        out = torch.full((B, Hq, Sq, D), math.nan, dtype=dt, device="cuda")
+        lse = torch.full((B, Hq, Sq), math.nan, device="cuda")
+        ws = torch.empty(max(ws_bytes, 4), dtype=torch.uint8, device="cuda")
+        prog.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
+                 torch.cuda.current_stream().cuda_stream, 0 if m is None else m.data_ptr(), ws.data_ptr())
+        torch.cuda.synchronize()
+        ref, _ = reference(q, k, v, m, causal=causal)
+        err = rel_error(out, ref)
+        ok = err < 2e-2 and not torch.isnan(lse).any() and not torch.isnan(out).any()
+        bad += not ok
+        print(f"B{B} Hq{Hq} Hkv{Hkv} Sq{Sq} Sk{Sk} D{D} {str(dt)[6:]} causal={causal} {layout} mask={mspec} "
+              f"splits={splits}: rel err {err:.2e} {'ok' if ok else 'WRONG'}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
