@@ -173,12 +173,13 @@ class AttentionPlan:
                     self._program = p
         return p
 
-    def with_keys(self, k, v, signature: tuple, threshold) -> AttentionPlan | None:
+    def with_keys(self, k, v, signature: tuple, backend: str, threshold) -> AttentionPlan | None:
         """This plan for the same call with another key length (a decode step: the KV cache grew), derived
         without planning anew, or None when that takes a full plan: only a fused plan without a mask derives, and
-        only while the selector still routes the new length to it and its kernel stays the same. What may differ
-        (the key length, K/V strides) is checked here; everything else is in ``signature``'s family."""
-        if self.backend != "wmma" or self.case.mask is not None or self.key_mass or self._program is None:
+        only while the selector still routes the new length to it (``backend`` "auto") and its kernel stays the
+        same. What may differ (the key length, K/V strides) is checked here; everything else is in
+        ``signature``'s family."""
+        if self.backend != "wmma" or self.case.mask is not None or self.key_mass:
             return None
         Sk, ks, vs = k.shape[2], k.stride(), v.stride()
         if Sk < 1 or ks[3] != 1 or vs[3] != 1 or any(st <= 0 or st % 8 for st in ks[:3] + vs[:3]):
@@ -187,7 +188,7 @@ class AttentionPlan:
         object.__setattr__(case, "Sk", Sk)
         object.__setattr__(case, "k_strides", ks)
         object.__setattr__(case, "v_strides", vs)
-        if self.decision.reasons == ("forced by the caller",):
+        if backend != "auto":
             decision = self.decision
         else:
             prefer_lt, why = route(case, threshold)
@@ -198,7 +199,8 @@ class AttentionPlan:
         if fused.kernel != self.fused.kernel:
             return None
         p = AttentionPlan(case, decision, None, signature, self.policy, self.out_align, False, None, fused)
-        p._program = self._program.with_keys(case, fused)
+        if self._program is not None:  # else the new plan prepares its own on its first run
+            p._program = self._program.with_keys(case, fused)
         if fused.workspace_bytes == self.fused.workspace_bytes:
             p._scratch_views = self._scratch_views  # the same views of the stream's scratch buffer
         return p
@@ -466,7 +468,7 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
         # A decode step: the same call as one planned before but for the key length (the family drops it).
         family = (_family(sig), options)
         base = _families.get(family)
-        p = None if base is None else base.with_keys(k, v, sig, threshold)
+        p = None if base is None else base.with_keys(k, v, sig, backend, threshold)
         if p is None:
             p = plan(q, k, v, attn_mask=attn_mask, causal=causal, scale=scale, backend=backend,
                      workspace_bytes=workspace_bytes, threshold=threshold, algo_policy=algo_policy,

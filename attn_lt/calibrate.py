@@ -63,9 +63,9 @@ HEAD_DIMS = (64, 128, 256)
 CAUSAL_MIN_SQ = 16
 #: Bound on the K and V bytes of one measured case (the batch shrinks to stay below it).
 KV_BYTES_MAX = 8 << 30
-#: Masked cases (a dense (B, 1, Sq, Sk) additive mask in the input dtype; non-causal) are measured at the key
-#: lengths up to this one (the mask of a longer prefill alone would take gigabytes).
-MASK_SK_MAX = 16384
+#: Masked cases (a dense (B, 1, Sq, Sk) additive mask in the input dtype; non-causal) are measured where the mask
+#: takes at most this many bytes (a long prefill's mask alone would take gigabytes).
+MASK_BYTES_MAX = 1 << 30
 
 
 # ---- the grid ----------------------------------------------------------------------------------------------------
@@ -95,19 +95,19 @@ def grid(dims=HEAD_DIMS, key_lengths=KEY_LENGTHS, query_lengths=QUERY_LENGTHS, p
          masks: bool = True) -> list[dict]:
     """The cases ``attn-lt calibrate`` measures, as dicts with D, causal, mask, Sq, Sk, B, Hq, Hkv: every head
     dim × key length × query length (Sq <= Sk) and, with ``prefill``, Sq = Sk; causal as well where Sq >= 16; with
-    ``masks``, the non-causal cases again with a dense mask at key lengths up to :data:`MASK_SK_MAX`. Ordered
+    ``masks``, the non-causal cases again with a dense mask of at most :data:`MASK_BYTES_MAX`. Ordered
     by head dim, key length, query length; no case twice."""
     out, seen = [], set()
     for D in sorted(set(dims)):
         for Sk in sorted(set(key_lengths)):
             sqs = sorted({s for s in query_lengths if s <= Sk} | ({Sk} if prefill else set()))
             for Sq in sqs:
+                B, Hq, Hkv = shape(D, Sq, Sk)
                 variants = [(c, False) for c in ((False, True) if Sq >= CAUSAL_MIN_SQ else (False,))]
-                variants += [(False, True)] if masks and Sk <= MASK_SK_MAX else []
+                variants += [(False, True)] if masks and B * Sq * Sk * 2 <= MASK_BYTES_MAX else []
                 for causal, mask in variants:
                     if (D, causal, mask, Sq, Sk) not in seen:
                         seen.add((D, causal, mask, Sq, Sk))
-                        B, Hq, Hkv = shape(D, Sq, Sk)
                         out.append({"D": D, "causal": causal, "mask": mask, "Sq": Sq, "Sk": Sk, "B": B, "Hq": Hq,
                                     "Hkv": Hkv})
     return out

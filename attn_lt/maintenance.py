@@ -34,7 +34,8 @@ def environment() -> dict:
                           f"{p.total_memory / 2**30:.0f} GiB)"
             from .wmma import hopper_kernel
 
-            info["fused_kernel"] = "sm_90a (wgmma + TMA)" if hopper_kernel() else "sm_80 (mma.sync)"
+            info["fused_kernel"] = ("sm_90a (wgmma + TMA) for prefill; mma.sync (split keys) for decode and masks"
+                                    if hopper_kernel() else "mma.sync (split keys for decode)")
         else:
             info["gpu"] = "none visible"
     except ImportError as e:

@@ -151,9 +151,9 @@ def fused_launch(case: Case, facts: DeviceFacts | None = None) -> FusedLaunch:
         return FusedLaunch("sm90", 128, 1, 0, f"{rows} rows a kv head, no mask{assumed}")
     one = case.D == 256 or case.mask is not None or rows <= DECODE_ROWS
     block_rows = 16 if rows <= WARP_SPLIT_ROWS else 64 if one else 128
-    # CTAs an SM the split rule fills: one for the warp-split decode blocks (memory-bound, two tiles in flight
-    # each; measured on the H100, two a SM split too finely), two where registers and shared memory allow it
-    per_sm = 1 if block_rows == 16 else 2 if one and case.D <= 128 or case.D == 64 else 1
+    # CTAs an SM the split rule fills: two where registers and shared memory allow it (a decode block keeps two
+    # K/V tiles in flight; two such blocks an SM are what the H200's bandwidth needs), else one
+    per_sm = 2 if one and case.D <= 128 or case.D == 64 else 1
     blocks = -(-rows // block_rows) * case.B * case.Hkv
     splits = split_count(blocks, facts.sms * per_sm, -(-case.Sk // KEY_TILE))
     part = case.B * case.Hq * case.Sq * (case.Dv + 1) * 4

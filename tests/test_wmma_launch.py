@@ -43,3 +43,40 @@ def test_prefill_takes_the_hopper_kernel_unless_masked_or_not_hopper():
 def test_partials_stay_within_their_budget():
     f = fused_launch(Case.contiguous(1, 1, 1, 64, 2**24, 256), H100)
     assert f.workspace_bytes <= 256 << 20
+
+
+def _decode_plan(Sk=32768, mask=None):
+    import torch
+
+    from attn_lt.api import AttentionPlan
+    from attn_lt.select import select
+
+    case = Case.contiguous(8, 32, 8, 1, Sk, 128, mask=mask)
+    sig = (None,) * 9 + (torch.device("cuda", 0),)  # what with_keys reads of a signature: the device
+    return AttentionPlan(case, select(case, "wmma"), None, sig, "heuristic", fused=fused_launch(case, H100)), sig
+
+
+def test_a_decode_step_derives_its_plan_from_the_last_one():
+    import torch
+
+    p, sig = _decode_plan()
+    k = torch.empty(8, 8, 40000, 128)[:, :, :32769]  # a static cache: the strides stay, the length grows
+    q = p.with_keys(k, k, sig, "wmma", None)
+    assert q is not None and q.case.Sk == 32769 and q.case.k_strides == k.stride() and q.backend == "wmma"
+    assert q.fused.kernel == "flash" and q.workspace_bytes == q.fused.workspace_bytes
+    assert p.case.Sk == 32768  # the base plan is unchanged
+    fresh = torch.empty(8, 8, 50000, 128)  # a cache reallocated: new strides too
+    assert p.with_keys(fresh, fresh, sig, "wmma", None).case.k_strides == fresh.stride()
+
+
+def test_what_does_not_derive_takes_a_full_plan():
+    import torch
+
+    p, sig = _decode_plan()
+    k = torch.empty(8, 8, 40000, 128)[:, :, :32769]
+    assert p.with_keys(k, k, sig, "auto", 4096) is None  # the route now prefers lt (threshold 4096)
+    assert p.with_keys(k.transpose(2, 3), k, sig, "wmma", None) is None  # not rows of contiguous elements
+    assert p.with_keys(torch.empty(8, 8, 40000, 130)[..., :128], k, sig, "wmma", None) is None  # strides % 8
+    m = MaskInfo("bool", "bool", (8, 1, 1, 32768), (32768, 0, 0, 1))
+    masked, sig = _decode_plan(mask=m)
+    assert masked.with_keys(k, k, sig, "wmma", None) is None
