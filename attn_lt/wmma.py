@@ -120,18 +120,17 @@ class FusedLaunch:
                 "workspace_bytes": self.workspace_bytes, "why": self.why}
 
 
-def split_count(blocks: int, slots: int, key_tiles: int) -> int:
-    """How many parts to cut each row block's keys into so that ``blocks`` CTAs fill ``slots`` (SMs × CTAs an SM):
-    FlashAttention-2's rule — the fewest splits whose last wave is at least 85 % as full as the best — with at
-    least MIN_SPLIT_TILES key tiles a split; 1 when the blocks already fill 80 % of the slots."""
-    if blocks >= 0.8 * slots:
-        return 1
-    return _split_count(blocks, slots, min(MAX_SPLITS, key_tiles // MIN_SPLIT_TILES))
+def most_splits(Sk: int) -> int:
+    """The most parts ``Sk`` keys may be split into: MIN_SPLIT_TILES key tiles a part at least, MAX_SPLITS at most."""
+    return min(MAX_SPLITS, -(-Sk // KEY_TILE) // MIN_SPLIT_TILES)
 
 
 @functools.lru_cache(maxsize=1024)
-def _split_count(blocks: int, slots: int, most: int) -> int:
-    if most <= 1:
+def split_count(blocks: int, slots: int, most: int) -> int:
+    """How many parts (at most ``most``) to cut each row block's keys into so that ``blocks`` CTAs fill ``slots``
+    (SMs × CTAs an SM): FlashAttention-2's rule — the fewest splits whose last wave is at least 85 % as full as the
+    best — and 1 when the blocks already fill 80 % of the slots."""
+    if blocks >= 0.8 * slots or most <= 1:
         return 1
     fills = [blocks * s / slots / math.ceil(blocks * s / slots) for s in range(1, most + 1)]
     best = max(fills)
@@ -141,29 +140,38 @@ def _split_count(blocks: int, slots: int, most: int) -> int:
 def fused_launch(case: Case, facts: DeviceFacts | None = None) -> FusedLaunch:
     """The one rule for the fused path's kernel, block rows and key splits of ``case`` on a GPU with ``facts``
     (default: the current GPU, else :data:`ASSUMED_DEVICE`)."""
-    assumed = ""
+    assumed = False
     if facts is None:
         facts = device_facts()
         if facts is None:
-            facts, assumed = ASSUMED_DEVICE, "; no GPU here: planned for a 132-SM Hopper GPU"
-    rows = case.Sq * case.group  # query positions x the query heads of one kv head
-    if facts.hopper and case.mask is None and rows > DECODE_ROWS:
-        return FusedLaunch("sm90", 128, 1, 0, f"{rows} rows a kv head, no mask{assumed}")
-    one = case.D == 256 or case.mask is not None or rows <= DECODE_ROWS
+            facts, assumed = ASSUMED_DEVICE, True
+    # the key length matters only through the most splits it allows: a decode loop's steps share one result
+    return _fused_launch(case.B, case.Hq, case.Hkv, case.Sq, case.D, case.Dv, case.mask is not None,
+                         most_splits(case.Sk), facts, assumed)
+
+
+@functools.lru_cache(maxsize=4096)
+def _fused_launch(B: int, Hq: int, Hkv: int, Sq: int, D: int, Dv: int, masked: bool, most: int,
+                  facts: DeviceFacts, assumed: bool) -> FusedLaunch:
+    note = "; no GPU here: planned for a 132-SM Hopper GPU" if assumed else ""
+    rows = Sq * (Hq // Hkv)  # query positions x the query heads of one kv head
+    if facts.hopper and not masked and rows > DECODE_ROWS:
+        return FusedLaunch("sm90", 128, 1, 0, f"{rows} rows a kv head, no mask{note}")
+    one = D == 256 or masked or rows <= DECODE_ROWS
     block_rows = 16 if rows <= WARP_SPLIT_ROWS else 64 if one else 128
     # CTAs an SM the split rule fills: two where registers and shared memory allow it (a decode block keeps two
     # K/V tiles in flight; two such blocks an SM are what the H200's bandwidth needs), else one
-    per_sm = 2 if one and case.D <= 128 or case.D == 64 else 1
-    blocks = -(-rows // block_rows) * case.B * case.Hkv
-    splits = split_count(blocks, facts.sms * per_sm, -(-case.Sk // KEY_TILE))
-    part = case.B * case.Hq * case.Sq * (case.Dv + 1) * 4
+    per_sm = 2 if one and D <= 128 or D == 64 else 1
+    blocks = -(-rows // block_rows) * B * Hkv
+    splits = split_count(blocks, facts.sms * per_sm, most)
+    part = B * Hq * Sq * (Dv + 1) * 4
     while splits > 1 and splits * part > MAX_SPLIT_BYTES:
         splits //= 2
     per_head = f"{rows} row{'' if rows == 1 else 's'} a kv head"
-    why = "a mask" if case.mask is not None else per_head if rows <= DECODE_ROWS else "no Hopper kernel here"
+    why = "a mask" if masked else per_head if rows <= DECODE_ROWS else "no Hopper kernel here"
     if splits > 1:
         why += f"; {blocks} row blocks for {facts.sms} SMs"
-    return FusedLaunch("flash", block_rows, splits, splits * part if splits > 1 else 0, why + assumed)
+    return FusedLaunch("flash", block_rows, splits, splits * part if splits > 1 else 0, why + note)
 
 
 class Program:

@@ -3,19 +3,19 @@
 import pytest
 
 from attn_lt.validate import Case, MaskInfo
-from attn_lt.wmma import ASSUMED_DEVICE, DeviceFacts, fused_launch, split_count
+from attn_lt.wmma import ASSUMED_DEVICE, DeviceFacts, fused_launch, most_splits, split_count
 
 H100 = ASSUMED_DEVICE
 A100 = DeviceFacts(108, False, 166912)
 
 
 def test_split_count_fills_the_gpu_and_never_splits_a_full_grid():
-    assert split_count(264, 264, 1000) == 1
-    assert split_count(64, 264, 512) == 4  # 256 CTAs: one nearly full wave
-    s = split_count(8, 264, 512)
-    assert 8 * s >= 0.85 * 264 and s <= 512 // 4
-    assert split_count(8, 264, 6) == 1  # too few key tiles to split
-    assert 100 <= split_count(1, 264, 10**6) <= 128  # capped at MAX_SPLITS
+    assert split_count(264, 264, most_splits(64000)) == 1
+    assert split_count(64, 264, most_splits(32768)) == 4  # 256 CTAs: one nearly full wave
+    s = split_count(8, 264, most_splits(32768))
+    assert 8 * s >= 0.85 * 264 and s <= 128
+    assert most_splits(6 * 64) == 1 and split_count(8, 264, most_splits(6 * 64)) == 1  # too few key tiles
+    assert most_splits(10**9) == 128 and 100 <= split_count(1, 264, most_splits(10**9)) <= 128  # capped
 
 
 @pytest.mark.parametrize("B,Hq,Hkv,Sq,Sk", [(8, 32, 8, 1, 32768), (1, 32, 8, 1, 32768), (8, 32, 32, 1, 8192),
