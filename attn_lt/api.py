@@ -464,27 +464,36 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
         check_tensors(q, k, v, attn_mask, causal, scale)
         raise
     if p is None:
-        # A decode step: the same call as one planned before but for the key length (the family drops it).
+        # A decode step: the same call as one planned before but for the key length (the family drops it). The
+        # family keeps the last plan it derived, which the other layers of the same step reuse; derived plans do
+        # not enter the plan cache, so that a decode loop does not push the other plans out of it.
         family = (_family(sig), options)
         base = _families.get(family)
-        p = None if base is None else base.with_keys(k, v, sig, backend, threshold)
-        if p is None:
-            p = plan(q, k, v, attn_mask=attn_mask, causal=causal, scale=scale, backend=backend,
-                     workspace_bytes=workspace_bytes, threshold=threshold, algo_policy=algo_policy,
-                     return_key_mass=return_key_mass, key_mass_window=key_mass_window, out=out)
-            log.debug("attention: new plan %s -> %s", p.case, p.backend)
-        with _plans_lock:
-            _plans[key] = p
-            if len(_plans) > PLAN_CACHE_SIZE:
-                _plans.popitem(last=False)
-        out_t = p._execute(q, k, v, attn_mask, out, return_lse, None)
-        if p.backend == "wmma":
-            with _plans_lock:
-                _families[family] = p
-                if len(_families) > PLAN_CACHE_SIZE:
-                    _families.popitem(last=False)
-        return out_t
+        if base is not None and base.signature == sig:
+            p = base
+        else:
+            p = None if base is None else base.with_keys(k, v, sig, backend, threshold)
+            if p is None:
+                p = plan(q, k, v, attn_mask=attn_mask, causal=causal, scale=scale, backend=backend,
+                         workspace_bytes=workspace_bytes, threshold=threshold, algo_policy=algo_policy,
+                         return_key_mass=return_key_mass, key_mass_window=key_mass_window, out=out)
+                log.debug("attention: new plan %s -> %s", p.case, p.backend)
+                _remember(_plans, key, p)
+            if p.backend == "wmma":
+                _remember(_families, family, p)
+    else:
+        try:
+            _plans.move_to_end(key)  # least recently used first out
+        except KeyError:  # evicted by another thread meanwhile
+            pass
     return p._execute(q, k, v, attn_mask, out, return_lse, None)
+
+
+def _remember(cache: collections.OrderedDict, key, p: AttentionPlan) -> None:
+    with _plans_lock:
+        cache[key] = p
+        if len(cache) > PLAN_CACHE_SIZE:
+            cache.popitem(last=False)
 
 
 def _family(sig: tuple) -> tuple:

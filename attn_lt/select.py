@@ -4,8 +4,8 @@
 the case (else ``lt``). What decides, in order: the caller's threshold (argument, else ``ATTN_LT_THRESHOLD``:
 ``Sk >= threshold`` takes ``lt``); the calibration of this GPU (``attn-lt calibrate``); the calibration shipped for
 this GPU model; the design default ``Sk >= 4096``. A calibration decides a case by the rule of its head dim, causal
-flag, mask or not, and query length (``attn_lt.calibrate.Calibration.rule_for``); a case it has no rule for goes to the next
-source. A call that asks for the attention mass per key takes the path that can give it (``lt``). Forcing a path
+flag, mask or not, and query length (``attn_lt.calibrate.Calibration.rule_for``); a case it has no rule for goes
+to the next source. A call that asks for the attention mass per key takes the path that can give it (``lt``). Forcing a path
 that cannot run a case raises ``ValueError`` with every reason. The reasons say which measurement decided.
 """
 

@@ -102,15 +102,17 @@ def events_ms(fn, reps: int = 20) -> float:
 
     fn()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    return statistics.median(times)
+    return statistics.median(_event_ms(fn) for _ in range(reps))
+
+
+def _event_ms(fn) -> float:
+    """Milliseconds of one call of ``fn`` between two CUDA events on the current stream."""
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    fn()
+    e.record()
+    e.synchronize()
+    return s.elapsed_time(e)
 
 
 def host_us(fn, calls: int = 100) -> float:
@@ -145,12 +147,7 @@ def time_ms(fn, warmup_ms: float = 25, rep_ms: float = 200) -> float:
     torch.cuda.synchronize()
     times = []
     for _ in range(max(3, int(rep_ms // 10))):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
+        times.append(_event_ms(fn))
         if sum(times) > rep_ms and len(times) >= 3:
             break
     return sorted(times)[len(times) // 2]
@@ -180,3 +177,27 @@ def attention_reference(q, k, v, *, attn_mask=None, causal=False, scale=None, re
     out = (p.reshape(B, Hkv, Hq // Hkv, Sq, Sk) @ v.to(dtype)[:, :, None]).reshape(B, Hq, Sq, v.shape[3])
     out, lse = out.to(q.dtype), lse.to(torch.float32)
     return (out, lse) if return_lse else out
+
+
+def forced_flash(q, k, v, attn_mask=None, causal=False, splits: int = 1):
+    """native/flash.cu forced, its keys split ``splits`` ways (tests, benchmarks, sanitizer runs), on the current
+    stream: returns ``(run, out, lse)``; ``run()`` launches without allocating. out, lse and the workspace are
+    poisoned with NaN first, so that whatever the kernel leaves unwritten shows."""
+    from .plan import out_strides
+    from .validate import check_tensors
+    from .wmma import Program, fused_launch
+
+    case = check_tensors(q, k, v, attn_mask, causal)
+    launch = fused_launch(case, kernel="flash", splits=splits)
+    program = Program(case, out_strides(case), launch)
+    out = torch.full((case.B, case.Hq, case.Sq, case.Dv), math.nan, dtype=q.dtype, device=q.device)
+    lse = torch.full((case.B, case.Hq, case.Sq), math.nan, dtype=torch.float32, device=q.device)
+    ws = torch.full((max(launch.workspace_bytes, 4) // 4,), math.nan, dtype=torch.float32, device=q.device)
+    stream = torch.cuda.current_stream().cuda_stream
+    mask = 0 if attn_mask is None else attn_mask.data_ptr()
+
+    def run():
+        program.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), stream, mask,
+                    ws.data_ptr())
+
+    return run, out, lse

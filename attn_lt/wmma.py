@@ -10,7 +10,8 @@ LSE, dense masks. Two kernels behind the one name:
   folded into the rows of a tile (each K/V tile read once per group); dense bool or additive masks read by strides;
   and a split of the key range (flash-decoding): when the row blocks alone cannot fill the GPU — decode, a few query
   rows against long keys — each block's keys are cut into ``splits`` parts whose FP32 partial outputs and LSEs a
-  merge kernel joins (the LSE merge of :mod:`attn_lt.merge`). It runs decode, masks, and everything off Hopper.
+  merge kernel joins (the same LSE merge as :mod:`attn_lt.merge`, in CUDA). It runs decode, masks, and everything
+  off Hopper.
 
 :func:`fused_launch` is the one rule for which kernel, how many splits, and the workspace the partials take.
 """
@@ -38,15 +39,30 @@ MAX_SPLIT_BYTES = 256 << 20
 SMEM_D256 = (64 + 4 * KEY_TILE) * 256 * 2
 
 
-@functools.lru_cache(maxsize=8)
-def hopper_kernel(device: int | None = None) -> bool:
-    """Whether the Hopper kernel runs on ``device`` (default: the current one); False without a GPU or library."""
+def _device_index(device: int | None) -> int | None:
+    """``device``, or the current CUDA device when None; None without a GPU."""
+    if device is not None:
+        return device
     try:
         import torch
 
-        if not torch.cuda.is_available():
-            return False
-        with torch.cuda.device(torch.cuda.current_device() if device is None else device):
+        return torch.cuda.current_device() if torch.cuda.is_available() else None
+    except (RuntimeError, AssertionError):
+        return None
+
+
+def hopper_kernel(device: int | None = None) -> bool:
+    """Whether the Hopper kernel runs on ``device`` (default: the current one); False without a GPU or library."""
+    dev = _device_index(device)
+    return dev is not None and _hopper_kernel(dev)
+
+
+@functools.lru_cache(maxsize=16)
+def _hopper_kernel(device: int) -> bool:
+    try:
+        import torch
+
+        with torch.cuda.device(device):
             return native.flash_sm90_supported()
     except (native.NativeLibraryError, RuntimeError, OSError):
         return False
@@ -65,18 +81,20 @@ class DeviceFacts:
 ASSUMED_DEVICE = DeviceFacts(132, True, 232448)
 
 
-@functools.lru_cache(maxsize=8)
 def device_facts(device: int | None = None) -> DeviceFacts | None:
-    """The facts of ``device`` (default: the current one), or None without a GPU."""
+    """The facts of ``device`` (default: the current one; each device looked up once), or None without a GPU."""
+    dev = _device_index(device)
+    return None if dev is None else _device_facts(dev)
+
+
+@functools.lru_cache(maxsize=16)
+def _device_facts(device: int) -> DeviceFacts | None:
     try:
         import torch
 
-        if not torch.cuda.is_available():
-            return None
-        dev = torch.cuda.current_device() if device is None else device
-        props = torch.cuda.get_device_properties(dev)
+        props = torch.cuda.get_device_properties(device)
         smem = int(getattr(props, "shared_memory_per_block_optin", 0) or 0)
-        return DeviceFacts(int(props.multi_processor_count), hopper_kernel(dev), smem)
+        return DeviceFacts(int(props.multi_processor_count), hopper_kernel(device), smem)
     except (RuntimeError, AssertionError):
         return None
 
@@ -137,9 +155,13 @@ def split_count(blocks: int, slots: int, most: int) -> int:
     return next(s for s, f in enumerate(fills, 1) if f >= 0.85 * best)
 
 
-def fused_launch(case: Case, facts: DeviceFacts | None = None) -> FusedLaunch:
+def fused_launch(case: Case, facts: DeviceFacts | None = None, *, kernel: str | None = None,
+                 splits: int | None = None) -> FusedLaunch:
     """The one rule for the fused path's kernel, block rows and key splits of ``case`` on a GPU with ``facts``
-    (default: the current GPU, else :data:`ASSUMED_DEVICE`)."""
+    (default: the current GPU, else :data:`ASSUMED_DEVICE`). ``kernel`` ("sm90" or "flash") and ``splits`` force
+    a choice (tests, benchmarks, sanitizer runs); the tiling and the workspace still follow the rule."""
+    if kernel not in (None, "sm90", "flash") or (splits is not None and splits < 1):
+        raise ValueError(f"kernel must be 'sm90' or 'flash' and splits >= 1; got {kernel!r}, {splits!r}")
     assumed = False
     if facts is None:
         facts = device_facts()
@@ -147,15 +169,15 @@ def fused_launch(case: Case, facts: DeviceFacts | None = None) -> FusedLaunch:
             facts, assumed = ASSUMED_DEVICE, True
     # the key length matters only through the most splits it allows: a decode loop's steps share one result
     return _fused_launch(case.B, case.Hq, case.Hkv, case.Sq, case.D, case.Dv, case.mask is not None,
-                         most_splits(case.Sk), facts, assumed)
+                         most_splits(case.Sk), facts, assumed, kernel, splits)
 
 
 @functools.lru_cache(maxsize=4096)
 def _fused_launch(B: int, Hq: int, Hkv: int, Sq: int, D: int, Dv: int, masked: bool, most: int,
-                  facts: DeviceFacts, assumed: bool) -> FusedLaunch:
+                  facts: DeviceFacts, assumed: bool, kernel: str | None, forced_splits: int | None) -> FusedLaunch:
     note = "; no GPU here: planned for a 132-SM Hopper GPU" if assumed else ""
     rows = Sq * (Hq // Hkv)  # query positions x the query heads of one kv head
-    if facts.hopper and not masked and rows > DECODE_ROWS:
+    if kernel == "sm90" or kernel is None and facts.hopper and not masked and rows > DECODE_ROWS:
         return FusedLaunch("sm90", 128, 1, 0, f"{rows} rows a kv head, no mask{note}")
     one = D == 256 or masked or rows <= DECODE_ROWS
     block_rows = 16 if rows <= WARP_SPLIT_ROWS else 64 if one else 128
@@ -163,13 +185,18 @@ def _fused_launch(B: int, Hq: int, Hkv: int, Sq: int, D: int, Dv: int, masked: b
     # K/V tiles in flight; two such blocks an SM are what the H200's bandwidth needs), else one
     per_sm = 2 if one and D <= 128 or D == 64 else 1
     blocks = -(-rows // block_rows) * B * Hkv
-    splits = split_count(blocks, facts.sms * per_sm, most)
     part = B * Hq * Sq * (Dv + 1) * 4
-    while splits > 1 and splits * part > MAX_SPLIT_BYTES:
-        splits //= 2
+    if forced_splits is not None:
+        splits = forced_splits
+    else:
+        splits = split_count(blocks, facts.sms * per_sm, most)
+        while splits > 1 and splits * part > MAX_SPLIT_BYTES:
+            splits //= 2
     per_head = f"{rows} row{'' if rows == 1 else 's'} a kv head"
     why = "a mask" if masked else per_head if rows <= DECODE_ROWS else "no Hopper kernel here"
-    if splits > 1:
+    if forced_splits is not None or kernel is not None:
+        why = "forced by the caller"
+    elif splits > 1:
         why += f"; {blocks} row blocks for {facts.sms} SMs"
     return FusedLaunch("flash", block_rows, splits, splits * part if splits > 1 else 0, why + note)
 

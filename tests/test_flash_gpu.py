@@ -2,34 +2,20 @@
 (flash-decoding), dense masks of every broadcast shape — forced kernel and split count, against the FP32 reference
 with PyTorch's own error as the bound, outputs poisoned first; and the same cases through ``attention()``."""
 
-import math
-
 import pytest
 import torch
 from conftest import DT, check, rand_qkv
 
 import attn_lt
-from attn_lt.plan import out_strides
-from attn_lt.testing import reference, rel_error, sdpa, tolerance
-from attn_lt.validate import check_tensors
-from attn_lt.wmma import FusedLaunch, Program
+from attn_lt.testing import forced_flash, reference, rel_error, sdpa, tolerance
 
 pytestmark = pytest.mark.gpu
 
 
 def flash(q, k, v, attn_mask=None, causal=False, splits=1):
     """native/flash.cu forced, ``splits`` parts of the key range; returns (out, lse), both poisoned first."""
-    case = check_tensors(q, k, v, attn_mask, causal)
-    rows = case.Sq * case.group
-    block_rows = 16 if rows <= 16 else 64 if case.D == 256 or attn_mask is not None or rows <= 64 else 128
-    ws_bytes = splits * case.B * case.Hq * case.Sq * (case.D + 1) * 4 if splits > 1 else 0
-    program = Program(case, out_strides(case), FusedLaunch("flash", block_rows, splits, ws_bytes, "test"))
-    out = torch.full((case.B, case.Hq, case.Sq, case.D), math.nan, dtype=q.dtype, device=q.device)
-    lse = torch.full((case.B, case.Hq, case.Sq), math.nan, dtype=torch.float32, device=q.device)
-    ws = torch.full((max(ws_bytes, 1) // 4,), math.nan, dtype=torch.float32, device=q.device)
-    program.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
-                torch.cuda.current_stream().cuda_stream, 0 if attn_mask is None else attn_mask.data_ptr(),
-                ws.data_ptr())
+    run, out, lse = forced_flash(q, k, v, attn_mask, causal, splits)
+    run()
     return out, lse
 
 

@@ -80,3 +80,17 @@ def test_what_does_not_derive_takes_a_full_plan():
     m = MaskInfo("bool", "bool", (8, 1, 1, 32768), (32768, 0, 0, 1))
     masked, sig = _decode_plan(mask=m)
     assert masked.with_keys(k, k, sig, "wmma", None) is None
+
+
+def test_a_forced_launch_keeps_the_rules_tiling_and_workspace():
+    c = Case.contiguous(2, 32, 8, 16, 4097, 128)  # 64 rows a kv head
+    f = fused_launch(c, H100, kernel="flash", splits=3)
+    assert (f.kernel, f.block_rows, f.splits) == ("flash", 64, 3) and f.why == "forced by the caller"
+    assert f.workspace_bytes == 3 * 2 * 32 * 16 * 129 * 4
+    assert fused_launch(c, H100, kernel="flash", splits=1).workspace_bytes == 0
+    assert fused_launch(Case.contiguous(2, 32, 8, 1, 4097, 128), H100, kernel="flash").block_rows == 16
+    assert fused_launch(c, A100, kernel="sm90").kernel == "sm90"
+    with pytest.raises(ValueError):
+        fused_launch(c, H100, kernel="wgmma")
+    with pytest.raises(ValueError):
+        fused_launch(c, H100, splits=0)

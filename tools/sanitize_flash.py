@@ -9,15 +9,11 @@ merged by LSE, dense masks of several broadcast shapes; D 64/128/256; fp16/bf16;
 
 from __future__ import annotations
 
-import math
 import sys
 
 import torch
 
-from attn_lt.plan import out_strides
-from attn_lt.testing import reference, rel_error
-from attn_lt.validate import check_tensors
-from attn_lt.wmma import FusedLaunch, Program
+from attn_lt.testing import forced_flash, reference, rel_error
 
 # (B, Hq, Hkv, Sq, Sk, D, dtype, causal, layout, mask, splits)
 CASES = [
@@ -53,16 +49,8 @@ def main() -> int:
             q = torch.randn(B, Hq, Sq, D, dtype=dt, device="cuda")
             k, v = (torch.randn(B, Hkv, Sk, D, dtype=dt, device="cuda") for _ in range(2))
         m = make_mask(mspec, B, Hq, Sq, Sk, dt)
-        case = check_tensors(q, k, v, m, causal)
-        rows = Sq * Hq // Hkv
-        block_rows = 16 if rows <= 16 else 64 if D == 256 or m is not None or rows <= 64 else 128
-        ws_bytes = splits * B * Hq * Sq * (D + 1) * 4 if splits > 1 else 0
-        prog = Program(case, out_strides(case), FusedLaunch("flash", block_rows, splits, ws_bytes, "sanitize"))
-        out = torch.full((B, Hq, Sq, D), math.nan, dtype=dt, device="cuda")
-        lse = torch.full((B, Hq, Sq), math.nan, device="cuda")
-        ws = torch.empty(max(ws_bytes, 4), dtype=torch.uint8, device="cuda")
-        prog.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
-                 torch.cuda.current_stream().cuda_stream, 0 if m is None else m.data_ptr(), ws.data_ptr())
+        run, out, lse = forced_flash(q, k, v, m, causal, splits)
+        run()
         torch.cuda.synchronize()
         ref, _ = reference(q, k, v, m, causal=causal)
         err = rel_error(out, ref)
