@@ -102,10 +102,10 @@ def events_ms(fn, reps: int = 20) -> float:
 
     fn()
     torch.cuda.synchronize()
-    return statistics.median(_event_ms(fn) for _ in range(reps))
+    return statistics.median(event_ms(fn) for _ in range(reps))
 
 
-def _event_ms(fn) -> float:
+def event_ms(fn) -> float:
     """Milliseconds of one call of ``fn`` between two CUDA events on the current stream."""
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     s.record()
@@ -147,7 +147,7 @@ def time_ms(fn, warmup_ms: float = 25, rep_ms: float = 200) -> float:
     torch.cuda.synchronize()
     times = []
     for _ in range(max(3, int(rep_ms // 10))):
-        times.append(_event_ms(fn))
+        times.append(event_ms(fn))
         if sum(times) > rep_ms and len(times) >= 3:
             break
     return sorted(times)[len(times) // 2]

@@ -121,15 +121,10 @@ class Timer:
         self.flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
 
     def once(self, fn) -> float:
-        import torch
+        from attn_lt.testing import event_ms
 
         self.flush.zero_()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        return s.elapsed_time(e)
+        return event_ms(fn)
 
     def samples(self, fn) -> list[float]:
         """One round: at least one call, as many as fit in rep_ms / rounds, at most 100 / rounds."""

@@ -60,6 +60,7 @@ from dataclasses import asdict, dataclass
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench import Timer, ceilings, first_line, peak_mib, sdpa_reasons, source_hash, warm_up  # noqa: E402
+from bench_suite import markdown_tables  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SECTIONS = ("overlap", "wide", "mla_prefill", "mla_decode", "mass")
@@ -481,10 +482,7 @@ def render_text(meta: dict, rows: list[dict]) -> str:
 def render_markdown(meta: dict, rows: list[dict]) -> str:
     buf = io.StringIO()
     buf.write(describe(meta) + "\n")
-    for title, header, lines in table(rows):
-        buf.write(f"\n**{title}**\n\n| " + " | ".join(header) + " |\n|" + "---|" * len(header) + "\n")
-        for ln in lines:
-            buf.write("| " + " | ".join(ln) + " |\n")
+    markdown_tables(buf, table(rows))
     t = _target_lines(rows)
     if t:
         buf.write("\nTargets:\n\n" + "".join(f"- {x}\n" for x in t))

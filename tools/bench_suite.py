@@ -387,13 +387,18 @@ def describe(meta: dict) -> str:
     return "; ".join(parts) + "."
 
 
-def render_markdown(meta: dict, rows: list[dict]) -> str:
-    buf = io.StringIO()
-    buf.write(describe(meta) + "\n")
-    for title, header, lines in table(rows):
+def markdown_tables(buf, tables) -> None:
+    """Write (title, header, lines) tables to ``buf`` as Markdown."""
+    for title, header, lines in tables:
         buf.write(f"\n**{title}**\n\n| " + " | ".join(header) + " |\n|" + "---|" * len(header) + "\n")
         for ln in lines:
             buf.write("| " + " | ".join(ln) + " |\n")
+
+
+def render_markdown(meta: dict, rows: list[dict]) -> str:
+    buf = io.StringIO()
+    buf.write(describe(meta) + "\n")
+    markdown_tables(buf, table(rows))
     why = reasons(rows)
     if why:
         buf.write("\nNot run (provider, status: reason [cases]):\n\n" + "".join(f"- {x}\n" for x in why))
