@@ -31,6 +31,17 @@ PLAN_CACHE_SIZE = 256
 #: Environment variables a plan depends on (part of the key of ``attention()``'s plan cache).
 _ENV_VARS = ("ATTN_LT_WORKSPACE_MB", "ATTN_LT_THRESHOLD", "ATTN_LT_ALGO_POLICY", "ATTN_LT_SOFTMAX",
              "ATTN_LT_CACHE_DIR", "XDG_CACHE_HOME", "ATTN_LT_LANES")
+# CPython keeps os.environ in a dict of encoded names and values, which every write to os.environ updates; one
+# lookup there costs a tenth of os.environ.get (which encodes the name and decodes the value each time).
+_environ = getattr(os.environ, "_data", None)
+_ENV_KEYS = tuple(map(os.environ.encodekey, _ENV_VARS)) if _environ is not None else ()
+
+
+def _env_key() -> tuple:
+    """The values of :data:`_ENV_VARS` now (raw), for the plan cache's key."""
+    if _environ is not None:
+        return tuple(map(_environ.get, _ENV_KEYS))
+    return tuple(map(os.environ.get, _ENV_VARS))  # pragma: no cover - other Pythons
 
 
 try:  # the cudaStream_t of the current stream in one call (PyTorch's own, used by its extensions)
@@ -453,11 +464,9 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
                                key_mass_window=key_mass_window)
     try:
         out_align = 256 if out is None else address_alignment(out.data_ptr())
-        env = os.environ.get
         sig = _signature(q, k, v, attn_mask, out_align)
         options = (causal, scale, backend, workspace_bytes, threshold, algo_policy, return_key_mass,
-                   key_mass_window, env(_ENV_VARS[0]), env(_ENV_VARS[1]), env(_ENV_VARS[2]), env(_ENV_VARS[3]),
-                   env(_ENV_VARS[4]), env(_ENV_VARS[5]), env(_ENV_VARS[6]))
+                   key_mass_window, _env_key())
         key = (sig, options)
         p = _plans.get(key)
     except (AttributeError, TypeError, RuntimeError):  # not tensors, unhashable options: validation explains

@@ -176,6 +176,9 @@ class Rule:
         return "Sq=Sk" if self.Sq == PREFILL else f"Sq{self.Sq}"
 
     def __str__(self) -> str:
+        return _rule_text(self)
+
+    def _text(self) -> str:
         where = f"D{self.D}{' causal' if self.causal else ''}{' masked' if self.mask else ''} {self.bucket}"
         figs = [f"{f} at Sk {f.Sk}" for f in (self.lt_wins, self.wmma_wins) if f is not None]
         tail = f" ({'; '.join(figs)})" if figs else ""
@@ -199,6 +202,12 @@ class Rule:
             raise ValueError(f"bad rule {str(d)[:120]!r}")
         return cls(d["D"], d["causal"], d["Sq"], d.get("lt_from"), Figure.from_dict(d.get("lt_wins")),
                    Figure.from_dict(d.get("wmma_wins")), d.get("mask", False))
+
+
+@functools.lru_cache(maxsize=1024)
+def _rule_text(rule: Rule) -> str:
+    """A rule in words, made once per rule (the selector quotes it on every decode step)."""
+    return rule._text()
 
 
 def derive_rules(points: list[dict]) -> list[Rule]:
@@ -459,13 +468,21 @@ def _gpu(device: int) -> Gpu:
     return Gpu(p.name, f"{p.major}.{p.minor}", env_key)
 
 
+@functools.lru_cache(maxsize=1)
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def current_gpu() -> Gpu | None:
-    """The current CUDA device (looked up once per device), or None without one (a CPU build of torch)."""
+    """The current CUDA device (looked up once per device), or None without one (a CPU build of torch; whether
+    CUDA is available is asked once per process: ``auto`` asks for the GPU on every decode step)."""
     try:
+        if not _cuda_available():
+            return None
         import torch
 
-        if not torch.cuda.is_available():
-            return None
         return _gpu(torch.cuda.current_device())
     except Exception:  # a broken CUDA setup: no GPU, no calibration
         return None

@@ -1,5 +1,6 @@
-// Device helpers every kernel of the library shares: constants, shared-memory addresses, exp2, cp.async.
-// Included inside each file's anonymous namespace (internal linkage per translation unit).
+// Device helpers every kernel of the library shares: constants, shared-memory addresses, exp2, cp.async, packing.
+// Included inside each file's anonymous namespace (internal linkage per translation unit), after cuda_bf16.h and
+// cuda_fp16.h.
 #ifndef ATTN_LT_COMMON_CUH
 #define ATTN_LT_COMMON_CUH
 
@@ -30,6 +31,20 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Two floats rounded to one 32-bit pair of T (bf16 or fp16), `lo` in the low half: an MMA operand or two outputs.
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+template <>
+__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
 }
 
 #endif

@@ -7,8 +7,9 @@
 // 4 warps owns 64 * MT rows (MT m16 tiles a warp, so every K and V fragment feeds MT MMAs).
 // Keys. K and V tiles of 64 keys stream through a 2- or 3-stage XOR-swizzled shared-memory ring by cp.async
 // (zero-filled past Sk). Per tile: S = Q K^T (fp32), scale, mask (causal bottom-right, the key tail, a dense bool or
-// additive mask read by element strides), online softmax in the exp2 domain, P converted in registers to the A
-// operand of O += P V (V read with ldmatrix.trans).
+// additive mask: decode blocks stage its aligned rows with the K/V tile, others read it by element strides),
+// online softmax in the exp2 domain, P converted in registers to the A operand of O += P V (V read with
+// ldmatrix.trans).
 // Split over the keys (flash-decoding). With splits > 1, grid.z cuts each row block's key tiles into `splits`
 // ranges; each writes its normalised FP32 partial output and LSE, and merge_partials joins them by LSE (the same
 // merge context parallelism uses), so a decode step with a few rows per kv head still fills every SM.
@@ -56,19 +57,6 @@ __device__ __forceinline__ void mma<__half>(float* c, const unsigned* a, unsigne
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-template <typename T>
-__device__ __forceinline__ unsigned pack2(float lo, float hi);
-template <>
-__device__ __forceinline__ unsigned pack2<__nv_bfloat16>(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<unsigned*>(&v);
-}
-template <>
-__device__ __forceinline__ unsigned pack2<__half>(float lo, float hi) {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<unsigned*>(&v);
-}
-
 // Element offset of (row, col) in a tile of rows of D elements whose 16-byte chunks are XOR-swizzled by row % 8,
 // so that ldmatrix's 8 rows of one chunk land in 8 different bank groups.
 template <int D>
@@ -102,20 +90,78 @@ __device__ __forceinline__ float mask_value(const void* mask, int dtype, int64_t
     }
 }
 
-// Stages of the K/V ring: three where two CTAs an SM still fit (one m16 tile a warp, D <= 128), so that a
-// memory-bound block (decode) keeps two tiles in flight; else two.
-template <int D, int MT>
-constexpr int stages() { return MT == 1 && D <= 128 ? 3 : 2; }
+// Two adjacent keys of a mask row staged in shared memory (p: the first), in the exp2 domain.
+__device__ __forceinline__ float2 mask_pair(const unsigned char* p, int dtype) {
+    switch (dtype) {
+        case ATTN_LT_BOOL:
+            return make_float2(p[0] ? 0.f : -INFINITY, p[1] ? 0.f : -INFINITY);
+        case ATTN_LT_F16: {
+            const float2 x = __half22float2(*reinterpret_cast<const __half2*>(p));
+            return make_float2(x.x * kLog2e, x.y * kLog2e);
+        }
+        case ATTN_LT_BF16: {
+            const float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+            return make_float2(x.x * kLog2e, x.y * kLog2e);
+        }
+        default: {
+            const float2 x = *reinterpret_cast<const float2*>(p);
+            return make_float2(x.x * kLog2e, x.y * kLog2e);
+        }
+    }
+}
+
+// Short blocks stage the mask tile in shared memory beside each K/V tile, by cp.async in the same commit group, when
+// the mask's rows are 16-byte aligned runs of keys (m_sk == 1) and at most 16 of them serve the block: its rows'
+// query positions when the mask is the same for every head (m_sh == 0: a GQA group's heads share them), else its
+// rows (decode blocks of 16 rows). [stage][16 rows][kMaskPitch bytes], each row padded by 16 bytes so that the 8
+// rows of an MMA fragment read different banks.
+constexpr int kMaskPitch = kBlockN * 4 + 16;
+constexpr int kMaskStage = 16 * kMaskPitch;
+
+__host__ __device__ __forceinline__ int mask_elem_bytes(int dtype) {
+    return dtype == ATTN_LT_BOOL ? 1 : dtype == ATTN_LT_F32 ? 4 : 2;
+}
+
+// Whether the mask's rows can be copied in 16-byte chunks: key stride 1, every row start 16-byte aligned.
+__host__ __device__ __forceinline__ bool mask_rows_aligned(const attn_lt_flash_args& a) {
+    const int es = mask_elem_bytes(a.mask_dtype);
+    return a.mask_dtype != ATTN_LT_NONE && a.m_sk == 1 &&
+           (reinterpret_cast<uintptr_t>(a.mask) | uint64_t((a.m_sb | a.m_sh | a.m_sq) * es)) % 16 == 0;
+}
+
+// Copy keys [n0, n0 + kBlockN) of the staged rows into `dst`: this thread's chunks u = 0, 1 are chunk
+// threadIdx.x + u * kThreads of the tile, of row off[u] (element offset; ok[u] false past the last row: zeros);
+// keys past Sk are zero-filled (the key tail is masked anyway).
+__device__ __forceinline__ void load_mask_tile(unsigned char* dst, const unsigned char* mask, const int64_t* off,
+                                               const bool* ok, int es, int n0, int Sk) {
+    const int per_row = kBlockN * es / 16;  // 16-byte chunks a row: 4, 8 or 16
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+        const int i = threadIdx.x + u * kThreads;
+        if (i >= 16 * per_row) break;
+        const int row = i / per_row, key = n0 + (i % per_row) * (16 / es);
+        const int bytes = ok[u] ? max(0, min(16, (Sk - key) * es)) : 0;
+        cp_async16(dst + row * kMaskPitch + (i % per_row) * 16, mask + (bytes ? (off[u] + key) * es : 0), bytes);
+    }
+}
+
+// Stages of the K/V ring: three where two CTAs an SM still fit (one m16 tile a warp, D <= 128; a 64-row block
+// staging its mask tiles has no room left for a third), so that a memory-bound block (decode) keeps two tiles in
+// flight; else two.
+template <int D, int MT, bool W, bool SM>
+constexpr int stages() { return MT == 1 && D <= 128 && (W || !SM) ? 3 : 2; }
 
 // W (decode, at most 16 rows a block): the four warps share the block's 16 rows and split each 64-key tile into four
 // 16-key slices, each warp with its own online softmax; the warps' (max, sum, O) are joined through shared memory at
 // the end. Without W a warp owns MT m16 row tiles and every key of a tile.
-template <int D, typename T, int MT, bool W>
+// SM: shared memory holds mask stages (the launcher reserves them for masked short blocks; see kMaskStage).
+template <int D, typename T, int MT, bool W, bool SM>
 __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_fwd(const attn_lt_flash_args a) {
     static_assert(!W || MT == 1, "the warp-split mode has one m16 tile");
+    static_assert(!SM || MT == 1, "masks run with one m16 tile a warp");
     constexpr int kBlockM = W ? 16 : kWarps * 16 * MT;
     constexpr int kNW = W ? kBlockN / kWarps : kBlockN;  // keys of a tile a warp takes
-    constexpr int kStages = stages<D, MT>();
+    constexpr int kStages = stages<D, MT, W, SM>();
     extern __shared__ __align__(128) unsigned char smem[];
     T* sQ = reinterpret_cast<T*>(smem);
     T* sK = sQ + kBlockM * D;            // [kStages][kBlockN * D]
@@ -132,6 +178,11 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
     const T* k = static_cast<const T*>(a.k) + b * a.k_sb + hk * a.k_sh;
     const T* v = static_cast<const T*>(a.v) + b * a.v_sb + hk * a.v_sh;
     const T* qb = static_cast<const T*>(a.q) + b * a.q_sb + hk * g * a.q_sh;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // The merge of the splits (a dependent grid, see merge) launches once every CTA of this grid got here or
+    // exited; it waits in griddepcontrol.wait until this grid has finished and its writes are visible.
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
 
     // This block's key tiles (causal: up to the last position of its last row), then this split's share of them.
     int n_tiles = (Sk + kBlockN - 1) / kBlockN;
@@ -147,6 +198,25 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
     // position, and (masks run with MT = 1 only) the mask's offset of that (b, h, position).
     constexpr bool kMaskable = MT == 1;
     const bool has_mask = kMaskable && a.mask_dtype != ATTN_LT_NONE;
+    // Staged mask rows (see kMaskStage): the block's query positions p0 .. p0 + n_pos - 1 (by_pos), else its rows.
+    const int mes = mask_elem_bytes(a.mask_dtype);
+    const bool by_pos = a.m_sh == 0;
+    const int p0 = m0 / g, n_pos = (m0 + m_valid - 1) / g - p0 + 1;
+    const bool staged = SM && mask_rows_aligned(a) && (by_pos ? n_pos <= 16 : W);
+    unsigned char* sM = reinterpret_cast<unsigned char*>(sV + kStages * kBlockN * D);  // [kStages][kMaskStage]
+    const unsigned char* mask_bytes = static_cast<const unsigned char*>(a.mask);
+    int64_t ld_off[2] = {0, 0};  // staged: the mask rows of this thread's chunks of a tile
+    bool ld_ok[2] = {false, false};
+    if (staged) {
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            const int row = (threadIdx.x + u * kThreads) / (kBlockN * mes / 16), r = m0 + row;
+            ld_ok[u] = row < (by_pos ? n_pos : m_valid);
+            if (ld_ok[u])
+                ld_off[u] = b * a.m_sb + (by_pos ? int64_t(p0 + row) * a.m_sq
+                                                 : (hk * g + r % g) * a.m_sh + int64_t(r / g) * a.m_sq);
+        }
+    }
     int pos[MT][2];
     int64_t moff[MT][2];
 #pragma unroll
@@ -174,6 +244,7 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
         if (t_begin + st < t_end) {
             load_tile<D>(sK + st * kBlockN * D, k + int64_t(n0) * a.k_ss, a.k_ss, kBlockN, min(kBlockN, Sk - n0));
             load_tile<D>(sV + st * kBlockN * D, v + int64_t(n0) * a.v_ss, a.v_ss, kBlockN, min(kBlockN, Sk - n0));
+            if (staged) load_mask_tile(sM + st * kMaskStage, mask_bytes, ld_off, ld_ok, mes, n0, Sk);
         }
         cp_async_commit();
     }
@@ -191,20 +262,6 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
     const bool warp_active = W || warp * MT * 16 < m_valid;
     const int wrow = W ? 0 : warp * MT * 16;  // this warp's first row in the block
     const int wkey = W ? warp * kNW : 0;      // and first key in a tile
-    float mk_next[MT][kNW / 8][4];            // W: the user mask of the next tile (exp2 domain)
-    if (W && has_mask) {
-#pragma unroll
-        for (int t = 0; t < MT; ++t)
-#pragma unroll
-            for (int j = 0; j < kNW / 8; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int key = t_begin * kBlockN + wkey + j * 8 + (lane % 4) * 2 + (e & 1);
-                    mk_next[t][j][e] = t_begin < t_end && key < Sk
-                                           ? mask_value(a.mask, a.mask_dtype, moff[t][e >> 1] + key * a.m_sk)
-                                           : 0.f;
-                }
-    }
 
     for (int it = t_begin; it < t_end; ++it) {
         const int buf = (it - t_begin) % kStages;
@@ -217,6 +274,7 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
                 const int valid = min(kBlockN, Sk - n1);
                 load_tile<D>(sK + nb * kBlockN * D, k + int64_t(n1) * a.k_ss, a.k_ss, kBlockN, valid);
                 load_tile<D>(sV + nb * kBlockN * D, v + int64_t(n1) * a.v_ss, a.v_ss, kBlockN, valid);
+                if (staged) load_mask_tile(sM + nb * kMaskStage, mask_bytes, ld_off, ld_ok, mes, n1, Sk);
             }
             cp_async_commit();
         }
@@ -225,26 +283,30 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
         const T* tV = sV + buf * kBlockN * D;
         const int n0 = it * kBlockN;
 
-        // The user mask. W (a short tile of work a warp): this tile's values were loaded one tile ahead and the
-        // next tile's are loaded now, so that their latency hides behind this tile's work; otherwise this tile's,
-        // loaded before Q K^T (holding two tiles' worth would spill at D = 256).
+        // The user mask of this tile (exp2 domain): from its staged copy (it came with the K/V tile), else element
+        // by element, loaded before Q K^T so that the MMAs hide part of the latency.
         float mk[MT][kNW / 8][4];
-        if (has_mask) {
+        if (staged) {
+            const unsigned char* tM = sM + buf * kMaskStage;
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const unsigned char* mrow = tM + (by_pos ? pos[0][r] - p0 : lane / 4 + r * 8) * kMaskPitch;
+#pragma unroll
+                for (int j = 0; j < kNW / 8; ++j) {
+                    const float2 x = mask_pair(mrow + (wkey + j * 8 + (lane % 4) * 2) * mes, a.mask_dtype);
+                    mk[0][j][2 * r] = x.x;
+                    mk[0][j][2 * r + 1] = x.y;
+                }
+            }
+        } else if (has_mask) {
 #pragma unroll
             for (int t = 0; t < MT; ++t)
 #pragma unroll
                 for (int j = 0; j < kNW / 8; ++j)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
-                        const int key = n0 + (W ? kBlockN : 0) + wkey + j * 8 + (lane % 4) * 2 + (e & 1);
-                        const bool in = (!W || it + 1 < t_end) && key < Sk;
-                        const float x = in ? mask_value(a.mask, a.mask_dtype, moff[t][e >> 1] + key * a.m_sk) : 0.f;
-                        if constexpr (W) {
-                            mk[t][j][e] = mk_next[t][j][e];
-                            mk_next[t][j][e] = x;
-                        } else {
-                            mk[t][j][e] = x;
-                        }
+                        const int key = n0 + wkey + j * 8 + (lane % 4) * 2 + (e & 1);
+                        mk[t][j][e] = key < Sk ? mask_value(a.mask, a.mask_dtype, moff[t][e >> 1] + key * a.m_sk) : 0.f;
                     }
         }
         // S = Q K^T: MT x (16 rows x kNW keys) a warp; Q fragments re-read from shared memory every k step.
@@ -441,6 +503,9 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
 // -inf (no visible key in its range) weighs nothing; a row with no visible key at all gives 0 and LSE -inf.
 template <int D, typename T>
 __global__ void __launch_bounds__(128) merge_partials(const attn_lt_flash_args a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");  // launched early (see merge): wait for the partials
+#endif
     constexpr int kPer = D / 32;
     const int64_t rows = a.B * a.Hq * a.Sq;
     const int64_t row = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;
@@ -474,11 +539,34 @@ __global__ void __launch_bounds__(128) merge_partials(const attn_lt_flash_args a
     if (lane == 0 && a.lse != nullptr) a.lse[row] = wsum > 0.f ? mx + logf(wsum) : -INFINITY;
 }
 
-template <int D, typename T, int MT, bool W = false>
+// Join the splits. From sm_90 as a programmatic dependent launch: its launch overlaps the split kernel's last
+// blocks (a decode step is a few tens of microseconds, of which a dependent launch's latency is several).
+template <int D, typename T>
+cudaError_t merge(const attn_lt_flash_args& a, cudaStream_t stream) {
+    int dev = 0, major = 0;
+    cudaError_t err = cudaGetDevice(&dev);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    if (err != cudaSuccess) return err;
+    const int64_t out_rows = a.B * a.Hq * a.Sq;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(static_cast<unsigned>((out_rows + 3) / 4));
+    cfg.blockDim = dim3(128);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = major >= 9 ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, merge_partials<D, T>, a);
+}
+
+template <int D, typename T, int MT, bool W = false, bool SM = false>
 cudaError_t launch(const attn_lt_flash_args& a, cudaStream_t stream) {
     constexpr int kBlockM = W ? 16 : kWarps * 16 * MT;
-    const size_t smem = size_t(kBlockM + 2 * stages<D, MT>() * kBlockN) * D * sizeof(T);
-    const auto kernel = flash_fwd<D, T, MT, W>;
+    constexpr int kStages = stages<D, MT, W, SM>();
+    const size_t smem = size_t(kBlockM + 2 * kStages * kBlockN) * D * sizeof(T) + (SM ? size_t(kStages) * kMaskStage : 0);
+    const auto kernel = flash_fwd<D, T, MT, W, SM>;
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
     if (err != cudaSuccess) return err;
     const int64_t rows = a.Sq * (a.Hq / a.Hkv);
@@ -487,22 +575,25 @@ cudaError_t launch(const attn_lt_flash_args& a, cudaStream_t stream) {
     kernel<<<grid, kThreads, smem, stream>>>(a);
     err = cudaGetLastError();
     if (err != cudaSuccess || a.splits == 1) return err;
-    const int64_t out_rows = a.B * a.Hq * a.Sq;
-    merge_partials<D, T><<<static_cast<unsigned>((out_rows + 3) / 4), 128, 0, stream>>>(a);
-    return cudaGetLastError();
+    return merge<D, T>(a, stream);
 }
 
 // The tiling (attn_lt/wmma.py's fused_launch mirrors it): at most 16 rows a kv head (decode), 16-row blocks whose
 // warps split the keys; else one m16 tile a warp (64 rows a CTA, 2 CTAs an SM) for row counts up to 64, dense
 // masks, and D = 256 (whose shared memory allows no more); else two (128 rows), each K/V fragment feeding two MMAs.
+// Masked blocks reserve mask stages where the kernel stages: every decode block, and (D <= 128, for shared memory)
+// 64-row blocks of aligned masks shared by the heads of a group of at least 4 (at most 16 positions a block).
 template <int D, typename T>
 cudaError_t launch_dim(const attn_lt_flash_args& a, cudaStream_t stream) {
     const int64_t rows = a.Sq * (a.Hq / a.Hkv);
-    if (rows <= 16) return launch<D, T, 1, true>(a, stream);
+    const bool masked = a.mask_dtype != ATTN_LT_NONE;
+    if (rows <= 16) return masked ? launch<D, T, 1, true, true>(a, stream) : launch<D, T, 1, true>(a, stream);
     if constexpr (D == 256) {
         return launch<D, T, 1>(a, stream);
     } else {
-        const bool one = a.mask_dtype != ATTN_LT_NONE || rows <= 64;
+        if (masked && a.m_sh == 0 && a.Hq / a.Hkv >= 4 && mask_rows_aligned(a))
+            return launch<D, T, 1, false, true>(a, stream);
+        const bool one = masked || rows <= 64;
         return one ? launch<D, T, 1>(a, stream) : launch<D, T, 2>(a, stream);
     }
 }

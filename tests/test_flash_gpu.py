@@ -80,6 +80,31 @@ def test_masks_every_broadcast_shape(kind, shape, Sq, Sk, splits):
     check_flash(q, k, v, attn_mask=m, causal=Sq > 1 and Sq <= Sk, splits=splits)
 
 
+@pytest.mark.parametrize("D,dtype", [(64, "bf16"), (128, "fp16"), (256, "bf16")])
+@pytest.mark.parametrize("kind", ["bool", "fp32", "q"])
+@pytest.mark.parametrize("Sq,Hkv,Sk,splits,per_head", [(1, 8, 4112, 5, False), (4, 2, 1040, 1, True),
+                                                         (16, 8, 208, 2, False)])
+def test_decode_masks_staged_with_the_key_tiles(D, dtype, kind, Sq, Hkv, Sk, splits, per_head):
+    """Decode blocks (16 rows or fewer a kv head) copy mask rows that are 16-byte aligned into shared memory with
+    each K/V tile; the key tail of the last tile and the rows past the end are zero-filled."""
+    B, Hq = 2, 8
+    q, k, v = rand_qkv(B, Hq, Hkv, Sq, Sk, D, dtype)
+    m = _mask(kind, (B, Hq if per_head else 1, Sq, Sk), dtype)
+    check_flash(q, k, v, attn_mask=m, splits=splits)
+
+
+@pytest.mark.parametrize("kind", ["bool", "q"])
+@pytest.mark.parametrize("Hq,Hkv,Sq,Sk,causal,splits", [(32, 8, 16, 4160, False, 3), (16, 2, 5, 1040, False, 1),
+                                                        (12, 2, 100, 640, True, 1), (8, 2, 30, 2048, False, 2),
+                                                        (8, 4, 40, 512, False, 1)])
+def test_group_masks_staged_by_position(kind, Hq, Hkv, Sq, Sk, causal, splits):
+    """64-row blocks whose mask the heads of a group share ((B, 1, Sq, Sk), group of 4 or more) stage one mask row
+    per query position with each K/V tile, also when a block's rows straddle positions (group 6); a group of 2
+    reads the mask element by element."""
+    q, k, v = rand_qkv(2, Hq, Hkv, Sq, Sk, 128, "bf16")
+    check_flash(q, k, v, attn_mask=_mask(kind, (2, 1, Sq, Sk), "bf16"), causal=causal, splits=splits)
+
+
 def test_all_masked_rows_give_zeros_and_minus_inf():
     q, k, v = rand_qkv(1, 4, 2, 16, 3000, 64, "bf16")
     m = torch.rand(1, 1, 16, 3000, device="cuda") > 0.5

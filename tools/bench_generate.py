@@ -17,9 +17,13 @@ time per new token = the gaps between stamps (median, p90, worst and where), tot
 the memory floor of a decode step: weights plus the K/V cache read once at the HBM bandwidth measured in the run.
 Tokens and first-step logits are compared with ``sdpa``'s (random weights: near-ties may part the sequences).
 
+The decode loop of ``generate()`` is bound by the host (Python), whose speed drifts for seconds at a time on a
+shared machine; ``--interleave ROUNDS`` runs every provider in one process, in turn, ROUNDS times (a provider's
+first round is its cold one), so that such spells fall on all providers alike.
+
     python tools/bench_generate.py [--prompt 32768[,131072]] [--new 256] [--layers 8] [--out DIR] [--quick]
                                    [--providers attn_lt,sdpa,sdpa-nocudnn] [--repeat 2] [--cache dynamic|static]
-                                   [--algo-policy tune] [--timeout-s 600]
+                                   [--algo-policy tune] [--timeout-s 600] [--profile N] [--interleave ROUNDS]
 
 Writes DIR/results.json (metadata, one row per prompt × provider × run with every step's time) and a log per
 process; prints a short table last. Exit codes: 0 ok, 1 a provider failed, 2 no GPU or bad arguments.
@@ -126,12 +130,17 @@ def summarise(stamps: list[float], t0: float, t1: float) -> dict:
 
 
 def worker(a) -> int:
+    """One process: the model once, then ``generate()`` per entry of the schedule: ``--repeat`` runs of one
+    provider, or (``--interleave``) rounds of every provider in turn, so that the host's slow spells fall on all of
+    them alike. A provider's first run is ``cold``, later ones ``warm``."""
     import logging
 
     import torch
     import transformers
 
     logging.basicConfig(level=logging.WARNING)
+    providers = a.providers if a.worker == "interleaved" else [a.worker]
+    schedule = [p for _ in range(a.repeat) for p in providers]
     res = {"provider": a.worker, "prompt": a.prompt, "status": "ok", "runs": []}
 
     def save():
@@ -157,8 +166,6 @@ def worker(a) -> int:
             res["status"] = f"skipped: needs about {need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free"
             save()
             return 0
-        if a.worker == "sdpa-nocudnn":
-            torch.backends.cuda.enable_cudnn_sdp(False)
         gen = torch.Generator().manual_seed(a.seed + 1)
         ids = torch.randint(3, a.vocab, (a.batch, a.prompt), generator=gen).to(a.device)
         kw = dict(do_sample=False, pad_token_id=0, use_cache=True)
@@ -169,21 +176,25 @@ def worker(a) -> int:
         with torch.no_grad():
             model.generate(warm_ids, attention_mask=torch.ones_like(warm_ids), max_new_tokens=4, min_new_tokens=4,
                            **kw)
-        if a.worker == "attn_lt":
+        if "attn_lt" in providers:
             import attn_lt.integrations.transformers as attn_lt_hf
 
             attn_lt_hf.register()
-            use(model, "attn_lt")
             res["attn_lt_paths"] = attn_lt_paths(a)
             res["algo_cache_dir"] = os.environ.get("ATTN_LT_CACHE_DIR")
             res["algo_policy"] = os.environ.get("ATTN_LT_ALGO_POLICY")
+
+        def switch(provider: str) -> None:
+            torch.backends.cuda.enable_cudnn_sdp(provider != "sdpa-nocudnn")
+            use(model, "attn_lt" if provider == "attn_lt" else "sdpa")
 
         class Clock(transformers.LogitsProcessor):
             """Stamps the time after every forward (synchronised); saves a partial row every few seconds, so
             that a run stopped by the parent's timeout still shows its steps."""
 
-            def __init__(self, t0: float, run: str):
-                self.t0, self.run, self.stamps, self.first, self.saved = t0, run, [], None, time.perf_counter()
+            def __init__(self, t0: float, run: str, provider: str):
+                self.t0, self.run, self.provider = t0, run, provider
+                self.stamps, self.first, self.saved = [], None, time.perf_counter()
 
             def __call__(self, input_ids, scores):
                 sync(a.device)
@@ -193,17 +204,19 @@ def worker(a) -> int:
                     self.first = scores[0].float().cpu()
                 if now - self.saved > 5:
                     res["runs"][-1] = dict(summarise(self.stamps, self.t0, now), run=f"{self.run} (partial)",
-                                           peak_gib=None, tokens=[])
+                                           provider=self.provider, peak_gib=None, tokens=[])
                     save()
                     self.saved = now
                 return scores
 
-        for r in range(a.repeat):
+        seen = set()
+        for provider in schedule:
+            switch(provider)
             sync(a.device)
             if a.device == "cuda":
                 torch.cuda.reset_peak_memory_stats()
             t0 = time.perf_counter()
-            clock = Clock(t0, "cold" if r == 0 else "warm")
+            clock = Clock(t0, "warm" if provider in seen else "cold", provider)
             res["runs"].append({})
             with torch.no_grad():
                 out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=a.new,
@@ -213,15 +226,22 @@ def worker(a) -> int:
             t1 = time.perf_counter()
             row = summarise(clock.stamps, t0, t1)
             peak = torch.cuda.max_memory_allocated() / 2**30 if a.device == "cuda" else None
-            row.update(run=clock.run, peak_gib=peak, tokens=out[0, a.prompt:].tolist())
+            row.update(run=clock.run, provider=provider, peak_gib=peak, tokens=out[0, a.prompt:].tolist())
             res["runs"][-1] = row
-            if r == 0:
-                torch.save(clock.first, a.result + ".logits0.pt")
+            if provider not in seen:
+                torch.save(clock.first, logits_path(a.result, provider, a.worker))
+            seen.add(provider)
             save()
-            print(f"{a.worker} S={a.prompt} {row['run']}: prefill {row['prefill_ms']:.0f} ms, "
+            print(f"{provider} S={a.prompt} {row['run']}: prefill {row['prefill_ms']:.0f} ms, "
                   f"median {row['median_ms']:.2f} ms/token, worst {row['worst_ms']:.1f}", flush=True)
             del out
-        if a.worker == "attn_lt" and res.get("algo_cache_dir"):
+        if a.profile:
+            res["profile"] = {}
+            for provider in providers:
+                switch(provider)
+                res["profile"][provider] = profile_generate(model, ids, a.profile, kw,
+                                                            f"{a.result}.{provider}.profile.txt")
+        if "attn_lt" in providers and res.get("algo_cache_dir"):
             d = res["algo_cache_dir"]
             res["algo_cache_files"] = {f: os.path.getsize(os.path.join(d, f)) for f in sorted(os.listdir(d))}
     except torch.cuda.OutOfMemoryError as e:
@@ -233,6 +253,44 @@ def worker(a) -> int:
         res["status"] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
     save()
     return 0 if res["status"] == "ok" or res["status"].startswith(("skipped", "oom")) else 1
+
+
+def logits_path(result: str, provider: str, worker: str) -> str:
+    """Where a worker keeps a provider's first-step logits (one file per provider when interleaved)."""
+    return result + (f".{provider}" if worker == "interleaved" else "") + ".logits0.pt"
+
+
+def profile_generate(model, ids, new: int, kw: dict, path: str) -> dict:
+    """One more ``generate()`` of ``new`` tokens under cProfile (host time: where a CPU-bound decode loop spends
+    it); the top functions by own time go to ``path``. Returns per-token host ms of the attention function, the
+    synchronisations and the whole call."""
+    import cProfile
+    import io
+    import pstats
+
+    import torch
+
+    prof = cProfile.Profile()
+    with torch.no_grad():
+        prof.enable()
+        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new, **kw)
+        if ids.is_cuda:
+            torch.cuda.synchronize()
+        prof.disable()
+    buf = io.StringIO()
+    st = pstats.Stats(prof, stream=buf)
+    st.sort_stats("tottime").print_stats(35)
+    st.sort_stats("cumulative").print_stats(45)
+    with open(path, "w") as f:
+        f.write(buf.getvalue())
+    per = {}
+    for (file, _, fn), (cc, nc, tt, ct, _) in st.stats.items():
+        if fn in ("attention_forward", "sdpa_attention_forward", "synchronize", "generate", "forward") or \
+                fn.startswith("_scaled_dot_product") or fn in ("attention", "_execute", "run", "with_keys"):
+            key = f"{os.path.basename(file)}:{fn}"
+            per[key] = {"calls": nc, "cum_ms_per_token": ct * 1e3 / new, "own_ms_per_token": tt * 1e3 / new}
+    print("profile (ms per new token):", json.dumps(per, indent=1), flush=True)
+    return per
 
 
 # ---- the parent: one process per (prompt, provider), then the table --------------------------------------------
@@ -315,6 +373,19 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def pooled(rows: list[dict]) -> str:
+    """Per prompt and provider: the median ms per token over every step of every run, and of its cold run."""
+    lines = ["| prompt | provider | runs | median ms/tok, all runs | cold run |", "|---|---|---|---|---|"]
+    for r in rows:
+        runs = [x for x in r["runs"] if "step_ms" in x]
+        if not runs:
+            continue
+        steps = [t for x in runs for t in x["step_ms"]]
+        lines.append(f"| {r['prompt']} | {r['provider']} | {len(runs)} | {statistics.median(steps):.2f} | "
+                     f"{runs[0]['median_ms']:.2f} |")
+    return "\n".join(lines)
+
+
 def parent(a, argv) -> int:
     import torch
 
@@ -330,21 +401,23 @@ def parent(a, argv) -> int:
     os.makedirs(out_dir, exist_ok=True)
     meta = metadata(argv)
     meta["model"] = {k: getattr(a, k) for k in ("layers", "hidden", "heads", "kv_heads", "head_dim",
-                                                "intermediate", "vocab", "batch", "new", "repeat", "cache",
-                                                "algo_policy", "seed")}
+                                                "intermediate", "vocab", "batch", "new", "repeat", "interleave",
+                                                "cache", "algo_policy", "seed")}
     rows = []
     t_start = time.time()
+    workers = ["interleaved"] if a.interleave else a.providers
     for S in a.prompts:
-        for p in a.providers:
+        for p in workers:
             stem = os.path.join(out_dir, f"s{S}-{p}")
             cmd = [sys.executable, os.path.abspath(__file__), "--worker", p, "--result", stem + ".json",
-                   "--prompt", str(S)] + [f"--{k.replace('_', '-')}={getattr(a, k)}" for k in
-                                          ("new", "layers", "hidden", "heads", "kv_heads", "head_dim",
-                                           "intermediate", "vocab", "batch", "repeat", "cache", "seed",
-                                           "device")]
+                   "--prompt", str(S), "--providers", ",".join(a.providers),
+                   "--repeat", str(a.interleave or a.repeat)] + [
+                f"--{k.replace('_', '-')}={getattr(a, k)}" for k in
+                ("new", "layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab", "batch",
+                 "cache", "seed", "device", "profile")]
             env = dict(os.environ)
             tmp = None
-            if p == "attn_lt":
+            if p in ("attn_lt", "interleaved") and "attn_lt" in a.providers:
                 tmp = tempfile.mkdtemp(prefix="attn-lt-cold-cache-")
                 env["ATTN_LT_CACHE_DIR"] = tmp  # a cold algorithm cache
                 env["ATTN_LT_ALGO_POLICY"] = a.algo_policy
@@ -368,6 +441,12 @@ def parent(a, argv) -> int:
                 row["status"] = f"exit {rc}"
             if tmp is not None:
                 row["cold_cache_dir"] = tmp
+            if p == "interleaved":  # one row per provider, as the separate processes give
+                for q in a.providers:
+                    rows.append(dict(row, provider=q, result=f"{stem}.json.{q}",
+                                     runs=[r for r in row["runs"] if r.get("provider") == q]))
+                compare(rows, out_dir)
+                continue
             rows.append(row)
             compare(rows, out_dir)
             with open(os.path.join(out_dir, "results.json"), "w") as f:
@@ -376,7 +455,7 @@ def parent(a, argv) -> int:
     compare(rows, out_dir)
     with open(os.path.join(out_dir, "results.json"), "w") as f:
         json.dump({"metadata": meta, "rows": rows}, f, indent=1)
-    text = table(rows)
+    text = table(rows) + "\n\n" + pooled(rows)
     with open(os.path.join(out_dir, "summary.md"), "w") as f:
         f.write(f"{meta.get('gpu', '')}; {meta.get('versions', {})}\n\n{text}\n")
     print(f"\n{meta.get('gpu', '')}, transformers {meta.get('versions', {}).get('transformers')}; model: "
@@ -402,15 +481,21 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--providers", default=",".join(PROVIDERS), help="comma separated: " + ", ".join(PROVIDERS))
     ap.add_argument("--repeat", type=int, default=2, help="generate() calls per process: 1 cold, then warm")
+    ap.add_argument("--interleave", type=int, default=0, metavar="ROUNDS",
+                    help="one process, ROUNDS rounds of every provider in turn (the host's slow spells fall on all "
+                         "alike); a provider's first round is cold")
     ap.add_argument("--cache", choices=("dynamic", "static"), default="dynamic", help="transformers' KV cache")
     ap.add_argument("--algo-policy", default="tune", choices=("tune", "cache", "heuristic"),
                     help="attn_lt's ATTN_LT_ALGO_POLICY for its run (default tune)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout-s", type=int, default=600, help="per process (default 600)")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="after the timed runs, one generate() of N tokens under cProfile (host time per function "
+                         "to <out>/s<prompt>-<provider>.json.profile.txt)")
     ap.add_argument("--out", help="directory for results.json, summary.md and the logs")
     ap.add_argument("--quick", action="store_true", help="prompt 8192, 32 new tokens, 2 layers, one repeat")
     ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # "cpu": the script's own smoke test
-    ap.add_argument("--worker", choices=PROVIDERS, help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=PROVIDERS + ("interleaved",), help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
     return ap
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A few small shapes through native/flash.cu (the mma.sync kernel: GQA folded into rows, the key range split and
-merged by LSE, dense masks of several broadcast shapes; D 64/128/256; fp16/bf16; tails; causal with Sq != Sk; a
+merged by LSE, dense masks of several broadcast shapes, read by strides or staged with the K/V tiles; D 64/128/256; fp16/bf16; tails; causal with Sq != Sk; a
 (B, S, H, D) view), each run once, for compute-sanitizer. Exits 1 when an output is wrong, 2 without a GPU.
 
     compute-sanitizer --tool memcheck  python tools/sanitize_flash.py
@@ -24,6 +24,13 @@ CASES = [
     (1, 2, 2, 5, 300, 256, torch.float16, False, "bhsd", "bool-B1SqSk", 2),
     (2, 4, 2, 16, 257, 128, torch.bfloat16, False, "bhsd", "fp32-11SqSk", 4),
     (2, 4, 4, 40, 90, 64, torch.bfloat16, True, "bhsd", "bool-B11Sk", 1),
+    # decode blocks staging aligned mask rows with the K/V tiles (key tails inside the last tile, rows past the end)
+    (2, 4, 1, 4, 272, 128, torch.bfloat16, False, "bhsd", "bool-B1SqSk", 3),
+    (1, 2, 2, 3, 200, 256, torch.float16, False, "bhsd", "fp32-11SqSk", 2),
+    (2, 4, 4, 1, 520, 64, torch.bfloat16, False, "bhsd", "q-B11Sk", 1),
+    # 64-row blocks staging one mask row per query position (a group of 4, and of 6 straddling positions)
+    (1, 8, 2, 30, 272, 128, torch.bfloat16, False, "bhsd", "bool-B1SqSk", 2),
+    (1, 12, 2, 20, 200, 64, torch.float16, True, "bhsd", "q-11SqSk", 1),
 ]
 
 
@@ -32,7 +39,9 @@ def make_mask(spec, B, Hq, Sq, Sk, dt):
         return None
     kind, shape = spec.split("-")
     full = {"B1SqSk": (B, 1, Sq, Sk), "11SqSk": (1, 1, Sq, Sk), "B11Sk": (B, 1, 1, Sk)}[shape]
-    return torch.rand(full, device="cuda") > 0.3 if kind == "bool" else torch.randn(full, device="cuda")
+    if kind == "bool":
+        return torch.rand(full, device="cuda") > 0.3
+    return torch.randn(full, device="cuda").to(dt if kind == "q" else torch.float32)
 
 
 def main() -> int:
