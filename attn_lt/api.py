@@ -9,7 +9,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
-import os
 import threading
 from dataclasses import dataclass
 
@@ -31,17 +30,6 @@ PLAN_CACHE_SIZE = 256
 #: Environment variables a plan depends on (part of the key of ``attention()``'s plan cache).
 _ENV_VARS = ("ATTN_LT_WORKSPACE_MB", "ATTN_LT_THRESHOLD", "ATTN_LT_ALGO_POLICY", "ATTN_LT_SOFTMAX",
              "ATTN_LT_CACHE_DIR", "XDG_CACHE_HOME", "ATTN_LT_LANES")
-# CPython keeps os.environ in a dict of encoded names and values, which every write to os.environ updates; one
-# lookup there costs a tenth of os.environ.get (which encodes the name and decodes the value each time).
-_environ = getattr(os.environ, "_data", None)
-_ENV_KEYS = tuple(map(os.environ.encodekey, _ENV_VARS)) if _environ is not None else ()
-
-
-def _env_key() -> tuple:
-    """The values of :data:`_ENV_VARS` now (raw), for the plan cache's key."""
-    if _environ is not None:
-        return tuple(map(_environ.get, _ENV_KEYS))
-    return tuple(map(os.environ.get, _ENV_VARS))  # pragma: no cover - other Pythons
 
 
 try:  # the cudaStream_t of the current stream in one call (PyTorch's own, used by its extensions)
@@ -146,6 +134,7 @@ class AttentionPlan:
         self.case, self.decision, self.chunks, self.policy, self.fused = case, decision, chunks, policy, fused
         self.signature, self.out_align = signature, out_align
         self.key_mass, self.key_mass_window = key_mass, key_mass_window
+        self.derived = False  # made by with_keys from another plan of its family
         self._program = None
         self._scratch_views = None
         self._lock = threading.Lock()
@@ -209,6 +198,7 @@ class AttentionPlan:
         if fused.kernel != self.fused.kernel:
             return None
         p = AttentionPlan(case, decision, None, signature, self.policy, self.out_align, False, None, fused)
+        p.derived = True
         if self._program is not None:  # else the new plan prepares its own on its first run
             p._program = self._program.with_keys(case, fused)
         if fused.workspace_bytes == self.fused.workspace_bytes:
@@ -390,6 +380,8 @@ def plan(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | None =
 _plans: collections.OrderedDict = collections.OrderedDict()
 #: The last fused plan of each family (a signature without the key length): a decode step derives from it.
 _families: collections.OrderedDict = collections.OrderedDict()
+#: The key of each family's derived plan in the plan cache (one a family).
+_derived: collections.OrderedDict = collections.OrderedDict()
 _plans_lock = threading.Lock()
 
 
@@ -398,6 +390,7 @@ def clear_plans() -> None:
     with _plans_lock:
         _plans.clear()
         _families.clear()
+        _derived.clear()
 
 
 def cached_plans() -> int:
@@ -466,7 +459,7 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
         out_align = 256 if out is None else address_alignment(out.data_ptr())
         sig = _signature(q, k, v, attn_mask, out_align)
         options = (causal, scale, backend, workspace_bytes, threshold, algo_policy, return_key_mass,
-                   key_mass_window, _env_key())
+                   key_mass_window, config.env_snapshot(_ENV_VARS))
         key = (sig, options)
         p = _plans.get(key)
     except (AttributeError, TypeError, RuntimeError):  # not tensors, unhashable options: validation explains
@@ -474,22 +467,21 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
         raise
     if p is None:
         # A decode step: the same call as one planned before but for the key length (the family drops it). The
-        # family keeps the last plan it derived, which the other layers of the same step reuse; derived plans do
-        # not enter the plan cache, so that a decode loop does not push the other plans out of it.
+        # plan cache holds one derived plan a family, the newest (the other layers of the same step hit it), so
+        # that a decode loop does not push the other plans out of it.
         family = (_family(sig), options)
         base = _families.get(family)
-        if base is not None and base.signature == sig:
-            p = base
+        p = None if base is None else base.with_keys(k, v, sig, backend, threshold)
+        if p is None:
+            p = plan(q, k, v, attn_mask=attn_mask, causal=causal, scale=scale, backend=backend,
+                     workspace_bytes=workspace_bytes, threshold=threshold, algo_policy=algo_policy,
+                     return_key_mass=return_key_mass, key_mass_window=key_mass_window, out=out)
+            log.debug("attention: new plan %s -> %s", p.case, p.backend)
+            _remember(_plans, key, p)
         else:
-            p = None if base is None else base.with_keys(k, v, sig, backend, threshold)
-            if p is None:
-                p = plan(q, k, v, attn_mask=attn_mask, causal=causal, scale=scale, backend=backend,
-                         workspace_bytes=workspace_bytes, threshold=threshold, algo_policy=algo_policy,
-                         return_key_mass=return_key_mass, key_mass_window=key_mass_window, out=out)
-                log.debug("attention: new plan %s -> %s", p.case, p.backend)
-                _remember(_plans, key, p)
-            if p.backend == "wmma":
-                _remember(_families, family, p)
+            _remember_derived(family, key, p)
+        if p.backend == "wmma":
+            _remember(_families, family, p)
     else:
         try:
             _plans.move_to_end(key)  # least recently used first out
@@ -503,6 +495,20 @@ def _remember(cache: collections.OrderedDict, key, p: AttentionPlan) -> None:
         cache[key] = p
         if len(cache) > PLAN_CACHE_SIZE:
             cache.popitem(last=False)
+
+
+def _remember_derived(family: tuple, key, p: AttentionPlan) -> None:
+    """Cache a derived plan in place of its family's previous one."""
+    with _plans_lock:
+        old = _derived.pop(family, None)
+        if old is not None and old != key and _plans.get(old) is not None and _plans[old].derived:
+            del _plans[old]
+        _derived[family] = key
+        if len(_derived) > PLAN_CACHE_SIZE:
+            _derived.popitem(last=False)
+        _plans[key] = p
+        if len(_plans) > PLAN_CACHE_SIZE:
+            _plans.popitem(last=False)
 
 
 def _family(sig: tuple) -> tuple:

@@ -33,8 +33,34 @@ DEFAULT_THRESHOLD = 4096
 GEMM_WORKSPACE_MAX = 32 << 20
 
 
+# CPython keeps os.environ in a dict of encoded names and values that every write to os.environ updates. A lookup
+# there costs a tenth of os.environ.get (which encodes the name and decodes the value each time), and ``auto`` reads
+# the environment on every call.
+_environ = getattr(os.environ, "_data", None)
+
+
+@functools.lru_cache(maxsize=None)
+def _encoded(name: str):
+    return os.environ.encodekey(name)
+
+
+def env(name: str, default: str | None = None) -> str | None:
+    """``os.environ.get(name, default)``, cheaper."""
+    if _environ is None:  # pragma: no cover - other Pythons
+        return os.environ.get(name, default)
+    raw = _environ.get(_encoded(name))
+    return default if raw is None else os.environ.decodevalue(raw)
+
+
+def env_snapshot(names: tuple[str, ...]) -> tuple:
+    """The values of the variables ``names`` now, raw (equal snapshots: equal settings), for a cache key."""
+    if _environ is None:  # pragma: no cover - other Pythons
+        return tuple(map(os.environ.get, names))
+    return tuple(map(_environ.get, map(_encoded, names)))
+
+
 def _env_int(name: str, default: int, minimum: int) -> int:
-    raw = os.environ.get(name)
+    raw = env(name)
     if raw is None or raw.strip() == "":
         return default
     try:
@@ -62,7 +88,7 @@ def threshold_setting(override: int | None = None) -> tuple[int, str] | None:
         if isinstance(override, bool) or not isinstance(override, int) or override < 1:
             raise ValueError(f"threshold must be a positive int, got {override!r}")
         return override, "threshold argument"
-    if os.environ.get("ATTN_LT_THRESHOLD", "").strip():
+    if env("ATTN_LT_THRESHOLD", "").strip():
         return _env_int("ATTN_LT_THRESHOLD", DEFAULT_THRESHOLD, 1), "ATTN_LT_THRESHOLD"
     return None
 
@@ -77,7 +103,7 @@ def lanes() -> int:
 
 
 def library_override() -> str | None:
-    return os.environ.get("ATTN_LT_LIB") or None
+    return env("ATTN_LT_LIB") or None
 
 
 SOFTMAX_VARIANTS = ("auto", "row", "two_pass", "pipe")  # codes 0.. of attn_lt_softmax_variant
@@ -85,7 +111,7 @@ SOFTMAX_VARIANTS = ("auto", "row", "two_pass", "pipe")  # codes 0.. of attn_lt_s
 
 def softmax_variant() -> str:
     """The softmax kernel to use: ``ATTN_LT_SOFTMAX`` or "auto" (by row length and GPU)."""
-    v = os.environ.get("ATTN_LT_SOFTMAX", "auto").strip() or "auto"
+    v = env("ATTN_LT_SOFTMAX", "auto").strip() or "auto"
     if v not in SOFTMAX_VARIANTS:
         raise ValueError(f"environment variable ATTN_LT_SOFTMAX={v!r} must be one of {SOFTMAX_VARIANTS}")
     return v
@@ -96,7 +122,7 @@ ALGO_POLICIES = ("tune", "cache", "heuristic")
 
 def algo_policy(override: str | None = None) -> str:
     """How the long path picks cuBLASLt algorithms: argument, else ``ATTN_LT_ALGO_POLICY``, else "tune"."""
-    v = override if override is not None else (os.environ.get("ATTN_LT_ALGO_POLICY", "").strip() or "tune")
+    v = override if override is not None else (env("ATTN_LT_ALGO_POLICY", "").strip() or "tune")
     if v not in ALGO_POLICIES:
         raise ValueError(f"algo_policy must be one of {ALGO_POLICIES}, got {v!r}")
     return v
@@ -117,8 +143,7 @@ def tune_call_ms() -> int:
 def cache_dir():
     """Directory of the algorithm cache: ``ATTN_LT_CACHE_DIR``, else the user's cache directory. Resolved once
     per value of the variables it depends on (``auto`` asks on every call, for the calibration file)."""
-    env = os.environ
-    return _cache_dir(env.get("ATTN_LT_CACHE_DIR"), env.get("XDG_CACHE_HOME"), env.get("HOME"))
+    return _cache_dir(env("ATTN_LT_CACHE_DIR"), env("XDG_CACHE_HOME"), env("HOME"))
 
 
 @functools.lru_cache(maxsize=8)

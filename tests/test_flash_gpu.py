@@ -148,6 +148,22 @@ def test_graph_capture_of_a_split_decode():
         assert rel_error(out, ref) <= tolerance(rel_error(sdpa(q, k, v), ref))
 
 
+def test_decode_loop_keeps_one_derived_plan_a_family():
+    """Each step derives one plan, which the step's other layers hit; the cache keeps only the newest derived plan
+    of the family, beside the full plan it came from."""
+    attn_lt.api.clear_plans()
+    q = torch.randn(2, 32, 1, 128, dtype=torch.bfloat16, device="cuda")
+    kc, vc = (torch.randn(2, 8, 4100, 128, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    attn_lt.attention(q, kc[:, :, :4000], vc[:, :, :4000], backend="wmma")
+    n = attn_lt.api.cached_plans()
+    for step in range(1, 40):
+        for _layer in range(3):
+            out = attn_lt.attention(q, kc[:, :, :4000 + step], vc[:, :, :4000 + step], backend="wmma")
+        assert attn_lt.api.cached_plans() == n + 1
+    ref, _ = reference(q, kc[:, :, :4039], vc[:, :, :4039])
+    assert rel_error(out, ref) <= tolerance(rel_error(sdpa(q, kc[:, :, :4039], vc[:, :, :4039]), ref))
+
+
 @pytest.mark.parametrize("backend", ["wmma", "auto"])
 def test_growing_kv_cache_derives_each_step_and_stays_correct(backend):
     """A decode loop over a static cache (views of growing length, fixed strides) and over a cache that is
