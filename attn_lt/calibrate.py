@@ -35,7 +35,7 @@ import math
 import os
 import re
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import config
@@ -248,8 +248,10 @@ class Calibration:
     date: str | None
     rules: tuple[Rule, ...] = ()
     threshold: int | None = None
+    # rule_for's answers, per (D, causal, Sq, Sq >= Sk, mask): a decode step asks on every new key length
+    _found: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
 
-    @property
+    @functools.cached_property
     def source(self) -> str:
         """Where the figures come from, in words."""
         if self.threshold is not None:
@@ -265,6 +267,14 @@ class Calibration:
         calibration without them decides no masked case); with ``Sq >= Sk`` the prefill rule when there is one;
         else the nearest measured query length at or below ``Sq`` (a causal case below every causal bucket, or
         masked, takes the non-causal rule); None when no bucket is at or below ``Sq``."""
+        key = (D, causal, Sq, Sq >= Sk, mask)
+        try:
+            return self._found[key]
+        except KeyError:
+            rule = self._found[key] = self._rule_for(D, causal, Sq, Sk, mask)
+            return rule
+
+    def _rule_for(self, D: int, causal: bool, Sq: int, Sk: int, mask: bool) -> Rule | None:
         for c in (causal, False) if causal else (False,):
             rules = [r for r in self.rules if r.D == D and r.causal == c and r.mask == mask]
             if Sq >= Sk:

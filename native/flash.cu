@@ -7,7 +7,7 @@
 // 4 warps owns 64 * MT rows (MT m16 tiles a warp, so every K and V fragment feeds MT MMAs).
 // Keys. K and V tiles of 64 keys stream through a 2- or 3-stage XOR-swizzled shared-memory ring by cp.async
 // (zero-filled past Sk). Per tile: S = Q K^T (fp32), scale, mask (causal bottom-right, the key tail, a dense bool or
-// additive mask: decode blocks stage its aligned rows with the K/V tile, others read it by element strides),
+// additive mask: short blocks stage its aligned rows with the K/V tile (see kMaskStage), others read it by strides),
 // online softmax in the exp2 domain, P converted in registers to the A operand of O += P V (V read with
 // ldmatrix.trans).
 // Split over the keys (flash-decoding). With splits > 1, grid.z cuts each row block's key tiles into `splits`
