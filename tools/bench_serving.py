@@ -4,7 +4,8 @@
 1. **decode loop**: B8 Hq32 Hkv8 D128 bf16, a KV cache of fixed capacity whose valid length grows by one key a
    step from 32768, ``--steps`` steps (default 1000), from a fresh algorithm cache with the default policy; each
    step's wall time (synchronised); the steady state (the same call repeated once tuned, CUDA events); total
-   tuning time. SDPA's default backend runs the same loop.
+   tuning time. SDPA's default backend runs the same loop, and so does ``attn_lt_preplanned``: every step's plan
+   made before the loop, the loop calling ``plan.run`` only (what the loop costs without deriving a plan a step).
 2. **repeated causal prefill**: B1 H32 S32768 D128 causal, called back to back from a fresh cache.
 3. **host cost**: microseconds to issue one cached call (decode B8 Hq32 Hkv8 Sk 4k and 16k) through
    ``attention()``, ``plan.run`` and SDPA's default, GPU work queued behind a long kernel so that the host alone is
@@ -49,6 +50,9 @@ def decode_loop(steps: int, provider: str, start: int = 32768):
     vc = torch.randn(B, Hkv, cap, D, device="cuda", dtype=torch.bfloat16)
     q = torch.randn(B, Hq, 1, D, device="cuda", dtype=torch.bfloat16)
     tuned0 = dict(algos.stats)
+    plans = {}
+    if provider == "attn_lt_preplanned":  # every step's plan made before the loop: the loop pays launches only
+        plans = {n: attn_lt.plan(q, kc[:, :, :n], vc[:, :, :n]) for n in range(start, start + steps)}
     times, gpu = [], []
     ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(steps)]
     t_loop = time.perf_counter()
@@ -60,6 +64,8 @@ def decode_loop(steps: int, provider: str, start: int = 32768):
         ev[i][0].record()
         if provider == "attn_lt":
             attn_lt.attention(q, k, v)
+        elif plans:
+            plans[n].run(q, k, v)
         else:
             sdpa_call(q, k, v)
         ev[i][1].record()
@@ -69,7 +75,8 @@ def decode_loop(steps: int, provider: str, start: int = 32768):
     gpu = [s.elapsed_time(e) for s, e in ev[1:]]  # event to event: the step's GPU work plus any host gap inside
     n = start + steps - 1
     k, v = kc[:, :, :n], vc[:, :, :n]
-    call = (lambda: attn_lt.attention(q, k, v)) if provider == "attn_lt" else (lambda: sdpa_call(q, k, v))
+    call = {"attn_lt": lambda: attn_lt.attention(q, k, v), "attn_lt_preplanned": lambda: plans[n].run(q, k, v),
+            "sdpa_default": lambda: sdpa_call(q, k, v)}[provider]
     steady = events_ms(call)
     walls = []  # the same synchronised step, repeated at one length (plan cached): the loop's own steady state
     for _ in range(50):
@@ -81,7 +88,7 @@ def decode_loop(steps: int, provider: str, start: int = 32768):
     steady_wall = statistics.median(walls)
     tuned = {x: algos.stats[x] - tuned0[x] for x in algos.stats}
     later = times[1:]
-    route = attn_lt.explain(q, k, v).decision.backend if provider == "attn_lt" else "sdpa"
+    route = "sdpa" if provider == "sdpa_default" else attn_lt.explain(q, k, v).decision.backend
     return {"provider": provider, "route": route, "steps": steps, "first_ms": round(times[0], 3),
             "median_ms": round(statistics.median(later), 4), "median_events_ms": round(statistics.median(gpu), 4),
             "worst_after_first_ms": round(max(later), 3),
@@ -183,7 +190,7 @@ def main(argv=None) -> int:
     os.environ.pop("ATTN_LT_ALGO_POLICY", None)
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    res["decode_loop"] = [decode_loop(a.steps, "attn_lt"), decode_loop(a.steps, "sdpa_default")]
+    res["decode_loop"] = [decode_loop(a.steps, p) for p in ("attn_lt", "attn_lt_preplanned", "sdpa_default")]
     res["prefill"] = [prefill_calls(a.prefill_calls, "attn_lt"), prefill_calls(a.prefill_calls, "sdpa_default")]
     res["host"] = host_costs()
     res["graph"] = graph_replay()
@@ -194,10 +201,10 @@ def main(argv=None) -> int:
     print("steady: the call repeated at one length, GPU time by CUDA events; steady wall: the same synchronised "
           "step as the loop's, plan cached")
     print("events: the loop steps' median from an event before the call to one after it (GPU work and host gaps)")
-    print(f"{'decode loop':<14}{'route':>6}{'first ms':>10}{'median':>10}{'events':>9}{'worst>1':>10}{'steady':>10}"
+    print(f"{'decode loop':<20}{'route':>6}{'first ms':>10}{'median':>10}{'events':>9}{'worst>1':>10}{'steady':>10}"
           f"{'st.wall':>9}{'med/st':>8}{'med/wall':>9}{'worst/st':>9}{'loop s':>8}  resolve")
     for r in res["decode_loop"]:
-        print(f"{r['provider']:<14}{r['route']:>6}{r['first_ms']:>10.2f}{r['median_ms']:>10.4f}"
+        print(f"{r['provider']:<20}{r['route']:>6}{r['first_ms']:>10.2f}{r['median_ms']:>10.4f}"
               f"{r['median_events_ms']:>9.4f}{r['worst_after_first_ms']:>10.3f}{r['steady_ms']:>10.4f}{r['steady_wall_ms']:>9.4f}"
               f"{r['median_over_steady']:>8.3f}{r['median_over_steady_wall']:>9.3f}{r['worst_over_steady']:>9.2f}"
               f"{r['loop_s']:>8.2f}  {r['resolve'] if r['provider'] == 'attn_lt' else ''}")
