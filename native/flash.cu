@@ -7,7 +7,7 @@
 // 4 warps owns 64 * MT rows (MT m16 tiles a warp, so every K and V fragment feeds MT MMAs).
 // Keys. K and V tiles of 64 keys stream through a 2- or 3-stage XOR-swizzled shared-memory ring by cp.async
 // (zero-filled past Sk). Per tile: S = Q K^T (fp32), scale, mask (causal bottom-right, the key tail, a dense bool or
-// additive mask: short blocks stage its aligned rows with the K/V tile (see kMaskStage), others read it by strides),
+// additive mask: aligned masks are staged with the K/V tile (see mask_stage_rows), others read by strides),
 // online softmax in the exp2 domain, P converted in registers to the A operand of O += P V (V read with
 // ldmatrix.trans).
 // Split over the keys (flash-decoding). With splits > 1, grid.z cuts each row block's key tiles into `splits`
@@ -110,17 +110,12 @@ __device__ __forceinline__ float2 mask_pair(const unsigned char* p, int dtype) {
     }
 }
 
-// Short blocks stage the mask tile in shared memory beside each K/V tile, by cp.async in the same commit group, when
-// the mask's rows are 16-byte aligned runs of keys (m_sk == 1) and at most 16 of them serve the block: its rows'
-// query positions when the mask is the same for every head (m_sh == 0: a GQA group's heads share them), else its
-// rows (decode blocks of 16 rows). [stage][16 rows][kMaskPitch bytes], each row padded by 16 bytes so that the 8
-// rows of an MMA fragment read different banks.
-constexpr int kMaskPitch = kBlockN * 4 + 16;
-constexpr int kMaskStage = 16 * kMaskPitch;
-
 __host__ __device__ __forceinline__ int mask_elem_bytes(int dtype) {
     return dtype == ATTN_LT_BOOL ? 1 : dtype == ATTN_LT_F32 ? 4 : 2;
 }
+
+// A staged mask row: the tile's 64 keys plus 16 bytes, so that the 8 rows of an MMA fragment read different banks.
+__host__ __device__ __forceinline__ int mask_pitch(int es) { return kBlockN * es + 16; }
 
 // Whether the mask's rows can be copied in 16-byte chunks: key stride 1, every row start 16-byte aligned.
 __host__ __device__ __forceinline__ bool mask_rows_aligned(const attn_lt_flash_args& a) {
@@ -129,19 +124,34 @@ __host__ __device__ __forceinline__ bool mask_rows_aligned(const attn_lt_flash_a
            (reinterpret_cast<uintptr_t>(a.mask) | uint64_t((a.m_sb | a.m_sh | a.m_sq) * es)) % 16 == 0;
 }
 
-// Copy keys [n0, n0 + kBlockN) of the staged rows into `dst`: this thread's chunks u = 0, 1 are chunk
-// threadIdx.x + u * kThreads of the tile, of row off[u] (element offset; ok[u] false past the last row: zeros);
-// keys past Sk are zero-filled (the key tail is masked anyway).
+// Mask rows a block stages in shared memory with each K/V tile (cp.async, same commit group), or 0 where it reads
+// the mask by element strides; one rule for the launcher (which reserves [stages][rows][mask_pitch] bytes) and the
+// kernel. Aligned masks only; decode blocks (W): their 16 rows, or their query positions when every head shares
+// the mask (m_sh == 0); 64-row blocks (D <= 128, for shared memory): one row per query position when a group of 4
+// or more heads shares the mask (at most 16 positions a block), else their 64 rows when an element takes at most
+// 2 bytes (fp32 rows would leave no room for two CTAs an SM).
+__host__ __device__ __forceinline__ int mask_stage_rows(const attn_lt_flash_args& a, bool W, int D) {
+    if (!mask_rows_aligned(a)) return 0;
+    if (W) return 16;
+    if (D > 128) return 0;
+    if (a.m_sh == 0 && a.Hq / a.Hkv >= 4) return 16;
+    return mask_elem_bytes(a.mask_dtype) <= 2 ? 64 : 0;
+}
+
+// Copy keys [n0, n0 + kBlockN) of the `rows` staged rows into `dst` (rows `pitch` bytes apart): this thread's
+// chunks u < U are chunk threadIdx.x + u * kThreads of the tile, of mask row off[u] (element offset; ok[u] false
+// past the last row: zeros); keys past Sk are zero-filled (the key tail is masked anyway).
+template <int U>
 __device__ __forceinline__ void load_mask_tile(unsigned char* dst, const unsigned char* mask, const int64_t* off,
-                                               const bool* ok, int es, int n0, int Sk) {
+                                               const bool* ok, int es, int pitch, int rows, int n0, int Sk) {
     const int per_row = kBlockN * es / 16;  // 16-byte chunks a row: 4, 8 or 16
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
+    for (int u = 0; u < U; ++u) {
         const int i = threadIdx.x + u * kThreads;
-        if (i >= 16 * per_row) break;
-        const int row = i / per_row, key = n0 + (i % per_row) * (16 / es);
+        if (i >= rows * per_row) break;
+        const int row = i / per_row, c = i % per_row, key = n0 + c * (16 / es);
         const int bytes = ok[u] ? max(0, min(16, (Sk - key) * es)) : 0;
-        cp_async16(dst + row * kMaskPitch + (i % per_row) * 16, mask + (bytes ? (off[u] + key) * es : 0), bytes);
+        cp_async16(dst + row * pitch + c * 16, mask + (bytes ? (off[u] + key) * es : 0), bytes);
     }
 }
 
@@ -154,7 +164,7 @@ constexpr int stages() { return MT == 1 && D <= 128 && (W || !SM) ? 3 : 2; }
 // W (decode, at most 16 rows a block): the four warps share the block's 16 rows and split each 64-key tile into four
 // 16-key slices, each warp with its own online softmax; the warps' (max, sum, O) are joined through shared memory at
 // the end. Without W a warp owns MT m16 row tiles and every key of a tile.
-// SM: shared memory holds mask stages (the launcher reserves them for masked short blocks; see kMaskStage).
+// SM: shared memory holds mask stages (the launcher reserves them where mask_stage_rows says so).
 template <int D, typename T, int MT, bool W, bool SM>
 __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_fwd(const attn_lt_flash_args a) {
     static_assert(!W || MT == 1, "the warp-split mode has one m16 tile");
@@ -198,24 +208,25 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
     // position, and (masks run with MT = 1 only) the mask's offset of that (b, h, position).
     constexpr bool kMaskable = MT == 1;
     const bool has_mask = kMaskable && a.mask_dtype != ATTN_LT_NONE;
-    // Staged mask rows (see kMaskStage): the block's query positions p0 .. p0 + n_pos - 1 (by_pos), else its rows.
-    const int mes = mask_elem_bytes(a.mask_dtype);
-    const bool by_pos = a.m_sh == 0;
+    // Staged mask rows (mask_stage_rows): the block's query positions p0 .. p0 + n_pos - 1 (by_pos), else its rows.
+    constexpr int kMU = W ? 2 : 4;  // 16-byte chunks of a mask tile a thread copies, at most
+    const int mes = mask_elem_bytes(a.mask_dtype), mpitch = mask_pitch(mes);
+    const int n_stage = SM ? mask_stage_rows(a, W, D) : 0;
+    const bool staged = n_stage > 0;
+    const bool by_pos = staged && (W ? a.m_sh == 0 : n_stage == 16);
     const int p0 = m0 / g, n_pos = (m0 + m_valid - 1) / g - p0 + 1;
-    const bool staged = SM && mask_rows_aligned(a) && (by_pos ? n_pos <= 16 : W);
-    unsigned char* sM = reinterpret_cast<unsigned char*>(sV + kStages * kBlockN * D);  // [kStages][kMaskStage]
+    const int stage_bytes = n_stage * mpitch;
+    unsigned char* sM = reinterpret_cast<unsigned char*>(sV + kStages * kBlockN * D);  // [kStages][stage_bytes]
     const unsigned char* mask_bytes = static_cast<const unsigned char*>(a.mask);
-    int64_t ld_off[2] = {0, 0};  // staged: the mask rows of this thread's chunks of a tile
-    bool ld_ok[2] = {false, false};
-    if (staged) {
+    int64_t ld_off[kMU];  // staged: the mask rows of this thread's chunks of a tile
+    bool ld_ok[kMU];
 #pragma unroll
-        for (int u = 0; u < 2; ++u) {
-            const int row = (threadIdx.x + u * kThreads) / (kBlockN * mes / 16), r = m0 + row;
-            ld_ok[u] = row < (by_pos ? n_pos : m_valid);
-            if (ld_ok[u])
-                ld_off[u] = b * a.m_sb + (by_pos ? int64_t(p0 + row) * a.m_sq
-                                                 : (hk * g + r % g) * a.m_sh + int64_t(r / g) * a.m_sq);
-        }
+    for (int u = 0; u < kMU; ++u) {
+        const int row = (threadIdx.x + u * kThreads) / (kBlockN * mes / 16), r = m0 + row;
+        ld_ok[u] = staged && row < (by_pos ? n_pos : m_valid);
+        ld_off[u] = !ld_ok[u] ? 0
+                    : b * a.m_sb + (by_pos ? int64_t(p0 + row) * a.m_sq
+                                           : (hk * g + r % g) * a.m_sh + int64_t(r / g) * a.m_sq);
     }
     int pos[MT][2];
     int64_t moff[MT][2];
@@ -244,7 +255,8 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
         if (t_begin + st < t_end) {
             load_tile<D>(sK + st * kBlockN * D, k + int64_t(n0) * a.k_ss, a.k_ss, kBlockN, min(kBlockN, Sk - n0));
             load_tile<D>(sV + st * kBlockN * D, v + int64_t(n0) * a.v_ss, a.v_ss, kBlockN, min(kBlockN, Sk - n0));
-            if (staged) load_mask_tile(sM + st * kMaskStage, mask_bytes, ld_off, ld_ok, mes, n0, Sk);
+            if (staged)
+                load_mask_tile<kMU>(sM + st * stage_bytes, mask_bytes, ld_off, ld_ok, mes, mpitch, n_stage, n0, Sk);
         }
         cp_async_commit();
     }
@@ -274,7 +286,8 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
                 const int valid = min(kBlockN, Sk - n1);
                 load_tile<D>(sK + nb * kBlockN * D, k + int64_t(n1) * a.k_ss, a.k_ss, kBlockN, valid);
                 load_tile<D>(sV + nb * kBlockN * D, v + int64_t(n1) * a.v_ss, a.v_ss, kBlockN, valid);
-                if (staged) load_mask_tile(sM + nb * kMaskStage, mask_bytes, ld_off, ld_ok, mes, n1, Sk);
+                if (staged)
+                    load_mask_tile<kMU>(sM + nb * stage_bytes, mask_bytes, ld_off, ld_ok, mes, mpitch, n_stage, n1, Sk);
             }
             cp_async_commit();
         }
@@ -287,10 +300,10 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
         // by element, loaded before Q K^T so that the MMAs hide part of the latency.
         float mk[MT][kNW / 8][4];
         if (staged) {
-            const unsigned char* tM = sM + buf * kMaskStage;
+            const unsigned char* tM = sM + buf * stage_bytes;
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
-                const unsigned char* mrow = tM + (by_pos ? pos[0][r] - p0 : lane / 4 + r * 8) * kMaskPitch;
+                const unsigned char* mrow = tM + (by_pos ? pos[0][r] - p0 : wrow + lane / 4 + r * 8) * mpitch;
 #pragma unroll
                 for (int j = 0; j < kNW / 8; ++j) {
                     const float2 x = mask_pair(mrow + (wkey + j * 8 + (lane % 4) * 2) * mes, a.mask_dtype);
@@ -565,7 +578,8 @@ template <int D, typename T, int MT, bool W = false, bool SM = false>
 cudaError_t launch(const attn_lt_flash_args& a, cudaStream_t stream) {
     constexpr int kBlockM = W ? 16 : kWarps * 16 * MT;
     constexpr int kStages = stages<D, MT, W, SM>();
-    const size_t smem = size_t(kBlockM + 2 * kStages * kBlockN) * D * sizeof(T) + (SM ? size_t(kStages) * kMaskStage : 0);
+    const size_t smem = size_t(kBlockM + 2 * kStages * kBlockN) * D * sizeof(T) +
+                        (SM ? size_t(kStages) * mask_stage_rows(a, W, D) * mask_pitch(mask_elem_bytes(a.mask_dtype)) : 0);
     const auto kernel = flash_fwd<D, T, MT, W, SM>;
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
     if (err != cudaSuccess) return err;
@@ -581,18 +595,19 @@ cudaError_t launch(const attn_lt_flash_args& a, cudaStream_t stream) {
 // The tiling (attn_lt/wmma.py's fused_launch mirrors it): at most 16 rows a kv head (decode), 16-row blocks whose
 // warps split the keys; else one m16 tile a warp (64 rows a CTA, 2 CTAs an SM) for row counts up to 64, dense
 // masks, and D = 256 (whose shared memory allows no more); else two (128 rows), each K/V fragment feeding two MMAs.
-// Masked blocks reserve mask stages where the kernel stages: every decode block, and (D <= 128, for shared memory)
-// 64-row blocks of aligned masks shared by the heads of a group of at least 4 (at most 16 positions a block).
+// Masked blocks reserve mask stages where they stage the mask (mask_stage_rows).
 template <int D, typename T>
 cudaError_t launch_dim(const attn_lt_flash_args& a, cudaStream_t stream) {
     const int64_t rows = a.Sq * (a.Hq / a.Hkv);
     const bool masked = a.mask_dtype != ATTN_LT_NONE;
-    if (rows <= 16) return masked ? launch<D, T, 1, true, true>(a, stream) : launch<D, T, 1, true>(a, stream);
+    if (rows <= 16) {
+        if (masked && mask_stage_rows(a, true, D)) return launch<D, T, 1, true, true>(a, stream);
+        return launch<D, T, 1, true>(a, stream);
+    }
     if constexpr (D == 256) {
         return launch<D, T, 1>(a, stream);
     } else {
-        if (masked && a.m_sh == 0 && a.Hq / a.Hkv >= 4 && mask_rows_aligned(a))
-            return launch<D, T, 1, false, true>(a, stream);
+        if (masked && mask_stage_rows(a, false, D)) return launch<D, T, 1, false, true>(a, stream);
         const bool one = masked || rows <= 64;
         return one ? launch<D, T, 1>(a, stream) : launch<D, T, 2>(a, stream);
     }

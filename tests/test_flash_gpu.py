@@ -105,6 +105,19 @@ def test_group_masks_staged_by_position(kind, Hq, Hkv, Sq, Sk, causal, splits):
     check_flash(q, k, v, attn_mask=_mask(kind, (2, 1, Sq, Sk), "bf16"), causal=causal, splits=splits)
 
 
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("kind", ["bool", "q", "fp32"])
+@pytest.mark.parametrize("Hq,Hkv,Sq,Sk,causal,shape", [(4, 4, 1024, 1024, False, "B1"), (4, 4, 200, 1040, True, "B1"),
+                                                       (8, 2, 97, 528, False, "BH"), (2, 2, 300, 4112, True, "11")])
+def test_prefill_masks_staged_by_row(D, kind, Hq, Hkv, Sq, Sk, causal, shape):
+    """64-row blocks whose rows need their own mask rows (no group of 4 sharing them) stage the block's 64 rows
+    when an element takes at most 2 bytes (fp32 masks: read by strides); key tails, causal, a mask per head."""
+    B = 2
+    q, k, v = rand_qkv(B, Hq, Hkv, Sq, Sk, D, "fp16" if D == 64 else "bf16")
+    full = {"B1": (B, 1, Sq, Sk), "BH": (B, Hq, Sq, Sk), "11": (1, 1, Sq, Sk)}[shape]
+    check_flash(q, k, v, attn_mask=_mask(kind, full, "fp16" if D == 64 else "bf16"), causal=causal)
+
+
 def test_all_masked_rows_give_zeros_and_minus_inf():
     q, k, v = rand_qkv(1, 4, 2, 16, 3000, 64, "bf16")
     m = torch.rand(1, 1, 16, 3000, device="cuda") > 0.5

@@ -31,6 +31,9 @@ CASES = [
     # 64-row blocks staging one mask row per query position (a group of 4, and of 6 straddling positions)
     (1, 8, 2, 30, 272, 128, torch.bfloat16, False, "bhsd", "bool-B1SqSk", 2),
     (1, 12, 2, 20, 200, 64, torch.float16, True, "bhsd", "q-11SqSk", 1),
+    # 64-row blocks staging their own 64 mask rows (bool and q's dtype; a key tail; causal)
+    (1, 2, 2, 100, 208, 128, torch.bfloat16, True, "bhsd", "q-B1SqSk", 1),
+    (2, 2, 1, 70, 144, 64, torch.float16, False, "bhsd", "bool-B1SqSk", 1),
 ]
 
 
