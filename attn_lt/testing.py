@@ -15,6 +15,21 @@ import torch
 ERROR_FLOOR = 1e-3
 
 
+def random_qkv(B: int, Hq: int, Hkv: int, Sq: int, Sk: int, D: int, dtype: torch.dtype, layout: str = "bhsd",
+               device="cuda") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fresh random q (B, Hq, Sq, D), k and v (B, Hkv, Sk, D); ``layout`` "bshd": each a transposed view of a
+    (B, S, H, D) tensor, as models hold them."""
+    if layout == "bshd":
+        return (torch.randn(B, Sq, Hq, D, dtype=dtype, device=device).transpose(1, 2),
+                torch.randn(B, Sk, Hkv, D, dtype=dtype, device=device).transpose(1, 2),
+                torch.randn(B, Sk, Hkv, D, dtype=dtype, device=device).transpose(1, 2))
+    if layout != "bhsd":
+        raise ValueError(f"layout must be 'bhsd' or 'bshd', got {layout!r}")
+    return (torch.randn(B, Hq, Sq, D, dtype=dtype, device=device),
+            torch.randn(B, Hkv, Sk, D, dtype=dtype, device=device),
+            torch.randn(B, Hkv, Sk, D, dtype=dtype, device=device))
+
+
 def causal_mask(Sq: int, Sk: int, device=None) -> torch.Tensor:
     """Bool (Sq, Sk), True where query i may see key j: j <= i + Sk - Sq (bottom-right aligned)."""
     i = torch.arange(Sq, device=device)[:, None]

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import attn_lt
-from attn_lt.testing import reference, rel_error, sdpa, tolerance
+from attn_lt.testing import random_qkv, reference, rel_error, sdpa, tolerance
 
 
 @functools.lru_cache(maxsize=1)
@@ -67,13 +67,7 @@ DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def rand_qkv(B, Hq, Hkv, Sq, Sk, D, dtype, layout="bhsd"):
-    dt, dev = DT[dtype], "cuda"
-    if layout == "bshd":
-        return (torch.randn(B, Sq, Hq, D, dtype=dt, device=dev).transpose(1, 2),
-                torch.randn(B, Sk, Hkv, D, dtype=dt, device=dev).transpose(1, 2),
-                torch.randn(B, Sk, Hkv, D, dtype=dt, device=dev).transpose(1, 2))
-    return (torch.randn(B, Hq, Sq, D, dtype=dt, device=dev), torch.randn(B, Hkv, Sk, D, dtype=dt, device=dev),
-            torch.randn(B, Hkv, Sk, D, dtype=dt, device=dev))
+    return random_qkv(B, Hq, Hkv, Sq, Sk, D, DT[dtype], layout)
 
 
 def check(q, k, v, attn_mask=None, causal=False, backend="lt", **kw):

@@ -9,7 +9,7 @@ import torch
 
 from attn_lt import config
 from attn_lt.plan import KEY_BLOCK, chunk_layout, make_plan, out_strides, score_ld
-from attn_lt.testing import reference
+from attn_lt.testing import random_qkv, reference
 from attn_lt.validate import Case, check_tensors
 
 MiB = 1 << 20
@@ -134,16 +134,9 @@ def emulate(case, plan, q, k, v, mask):
 
 
 def make_inputs(B, Hq, Hkv, Sq, Sk, D, layout):
-    if layout == "bshd":
-        q = torch.randn(B, Sq, Hq, D, dtype=torch.bfloat16).transpose(1, 2)
-        k = torch.randn(B, Sk, Hkv, D, dtype=torch.bfloat16).transpose(1, 2)
-        v = torch.randn(B, Sk, Hkv, D, dtype=torch.bfloat16).transpose(1, 2)
-    else:
-        q = torch.randn(B, Hq, Sq, D, dtype=torch.bfloat16)
-        k = torch.randn(B, Hkv, Sk, D, dtype=torch.bfloat16)
-        v = torch.randn(B, Hkv, Sk, D, dtype=torch.bfloat16)
-        if layout == "padded":  # rows longer than D, heads not adjacent
-            q = torch.randn(B, Hq, Sq, D + 8, dtype=torch.bfloat16)[..., :D]
+    q, k, v = random_qkv(B, Hq, Hkv, Sq, Sk, D, torch.bfloat16, "bshd" if layout == "bshd" else "bhsd", "cpu")
+    if layout == "padded":  # rows longer than D, heads not adjacent
+        q = torch.randn(B, Hq, Sq, D + 8, dtype=torch.bfloat16)[..., :D]
     return q, k, v
 
 

@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from attn_lt.testing import forced_flash, reference, rel_error
+from attn_lt.testing import forced_flash, random_qkv, reference, rel_error
 
 # (B, Hq, Hkv, Sq, Sk, D, dtype, causal, layout, mask, splits)
 CASES = [
@@ -54,12 +54,7 @@ def main() -> int:
     torch.manual_seed(0)
     bad = 0
     for B, Hq, Hkv, Sq, Sk, D, dt, causal, layout, mspec, splits in CASES:
-        if layout == "bshd":
-            q = torch.randn(B, Sq, Hq, D, dtype=dt, device="cuda").transpose(1, 2)
-            k, v = (torch.randn(B, Sk, Hkv, D, dtype=dt, device="cuda").transpose(1, 2) for _ in range(2))
-        else:
-            q = torch.randn(B, Hq, Sq, D, dtype=dt, device="cuda")
-            k, v = (torch.randn(B, Hkv, Sk, D, dtype=dt, device="cuda") for _ in range(2))
+        q, k, v = random_qkv(B, Hq, Hkv, Sq, Sk, D, dt, layout)
         m = make_mask(mspec, B, Hq, Sq, Sk, dt)
         run, out, lse = forced_flash(q, k, v, m, causal, splits)
         run()

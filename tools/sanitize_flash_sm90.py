@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from bench_flash_sm90 import sm90_call  # noqa: E402
 
 from attn_lt import native  # noqa: E402
-from attn_lt.testing import reference, rel_error  # noqa: E402
+from attn_lt.testing import random_qkv, reference, rel_error  # noqa: E402
 
 # (B, Hq, Hkv, Sq, Sk, D, dtype, causal, layout, variant)
 CASES = [
@@ -43,12 +43,7 @@ def main() -> int:
     torch.manual_seed(0)
     bad = 0
     for B, Hq, Hkv, Sq, Sk, D, dt, causal, layout, variant in CASES:
-        if layout == "bshd":
-            q = torch.randn(B, Sq, Hq, D, dtype=dt, device="cuda").transpose(1, 2)
-            k, v = (torch.randn(B, Sk, Hkv, D, dtype=dt, device="cuda").transpose(1, 2) for _ in range(2))
-        else:
-            q = torch.randn(B, Hq, Sq, D, dtype=dt, device="cuda")
-            k, v = (torch.randn(B, Hkv, Sk, D, dtype=dt, device="cuda") for _ in range(2))
+        q, k, v = random_qkv(B, Hq, Hkv, Sq, Sk, D, dt, layout)
         out = torch.full((B, Hq, Sq, D), math.nan, dtype=dt, device="cuda")
         lse = torch.full((B, Hq, Sq), math.nan, device="cuda")
         run, out, lse = sm90_call(q, k, v, causal, variant=variant, out=out, lse=lse)
