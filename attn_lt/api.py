@@ -380,8 +380,6 @@ def plan(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | None =
 _plans: collections.OrderedDict = collections.OrderedDict()
 #: The last fused plan of each family (a signature without the key length): a decode step derives from it.
 _families: collections.OrderedDict = collections.OrderedDict()
-#: The key of each family's derived plan in the plan cache (one a family).
-_derived: collections.OrderedDict = collections.OrderedDict()
 _plans_lock = threading.Lock()
 
 
@@ -390,7 +388,6 @@ def clear_plans() -> None:
     with _plans_lock:
         _plans.clear()
         _families.clear()
-        _derived.clear()
 
 
 def cached_plans() -> int:
@@ -498,14 +495,14 @@ def _remember(cache: collections.OrderedDict, key, p: AttentionPlan) -> None:
 
 
 def _remember_derived(family: tuple, key, p: AttentionPlan) -> None:
-    """Cache a derived plan in place of its family's previous one."""
+    """Cache a derived plan in place of its family's previous derived plan (the family's last plan, whose key is
+    its signature and the family's options)."""
     with _plans_lock:
-        old = _derived.pop(family, None)
-        if old is not None and old != key and _plans.get(old) is not None and _plans[old].derived:
-            del _plans[old]
-        _derived[family] = key
-        if len(_derived) > PLAN_CACHE_SIZE:
-            _derived.popitem(last=False)
+        last = _families.get(family)
+        if last is not None and last.derived:
+            old = (last.signature, family[1])
+            if _plans.get(old) is last:
+                del _plans[old]
         _plans[key] = p
         if len(_plans) > PLAN_CACHE_SIZE:
             _plans.popitem(last=False)
