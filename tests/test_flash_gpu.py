@@ -61,8 +61,7 @@ def test_views():
 
 def _mask(kind, shape, dtype):
     if kind == "bool":
-        m = torch.rand(shape, device="cuda") > 0.3
-        return m
+        return torch.rand(shape, device="cuda") > 0.3
     return (torch.randn(shape, device="cuda") * 2).to(DT.get(dtype, torch.float32) if kind == "q" else torch.float32)
 
 

@@ -53,7 +53,7 @@ def decode_loop(steps: int, provider: str, start: int = 32768):
     plans = {}
     if provider == "attn_lt_preplanned":  # every step's plan made before the loop: the loop pays launches only
         plans = {n: attn_lt.plan(q, kc[:, :, :n], vc[:, :, :n]) for n in range(start, start + steps)}
-    times, gpu = [], []
+    times = []
     ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(steps)]
     t_loop = time.perf_counter()
     for i in range(steps):
