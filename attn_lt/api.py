@@ -29,7 +29,7 @@ _NO_BACKWARD = ("attn_lt.attention has no backward pass (forward and inference o
 PLAN_CACHE_SIZE = 256
 #: Environment variables a plan depends on (part of the key of ``attention()``'s plan cache).
 _ENV_VARS = ("ATTN_LT_WORKSPACE_MB", "ATTN_LT_THRESHOLD", "ATTN_LT_ALGO_POLICY", "ATTN_LT_SOFTMAX",
-             "ATTN_LT_CACHE_DIR", "XDG_CACHE_HOME", "ATTN_LT_LANES")
+             "ATTN_LT_CACHE_DIR", "XDG_CACHE_HOME", "ATTN_LT_LANES", "ATTN_LT_KEY_TILES")
 
 
 try:  # the cudaStream_t of the current stream in one call (PyTorch's own, used by its extensions)
@@ -104,7 +104,7 @@ class Explanation:
     def __str__(self) -> str:
         lines = [f"case: {self.case}", str(self.decision)]
         if self.plan is not None:
-            lines.append(f"plan: {self.plan.summary(self.case)}")
+            lines.append(f"plan: {self.plan.summary()}")
         if self.fused is not None:
             lines.append(f"kernel: {self.fused}")
         for g in self.gemms:
@@ -113,10 +113,11 @@ class Explanation:
                          f"       algorithm: {g['algorithm']}")
         return "\n".join(lines)
 
-    def to_dict(self) -> dict:
+    def to_dict(self, chunks: bool = False) -> dict:
+        """As a dict; the plan's chunks counted, or (``chunks``) listed."""
         return {"case": str(self.case), "backend": self.decision.backend, "reasons": list(self.decision.reasons),
                 "rejected": {n: list(r) for n, r in self.decision.rejected},
-                "plan": None if self.plan is None else self.plan.to_dict(), "gemms": list(self.gemms),
+                "plan": None if self.plan is None else self.plan.to_dict(chunks), "gemms": list(self.gemms),
                 "kernel": None if self.fused is None else self.fused.to_dict()}
 
 
@@ -355,7 +356,9 @@ def _plan_case(case: Case, backend: str, workspace_bytes, threshold, algo_policy
                   key_mass_window=key_mass_window)
     decision = select(case, backend, threshold, key_mass=bool(return_key_mass))
     policy = config.algo_policy(algo_policy)
-    chunks = make_plan(case, workspace_bytes) if decision.backend == "lt" else None
+    chunks = None
+    if decision.backend == "lt":
+        chunks = make_plan(case, workspace_bytes, key_tiles=config.key_tiles() and not return_key_mass)
     fused = None
     if decision.backend == "wmma":
         device = None if signature is None else signature[9].index

@@ -139,14 +139,11 @@ def cmd_explain(a) -> int:
     case = _case(a)
     e = explain_case(case, a.backend, _budget(a), a.threshold)
     if a.json:
-        d = e.to_dict()
-        if d["plan"] is not None and not a.chunks:
-            d["plan"]["chunks"] = len(d["plan"]["chunks"])
-        print(json.dumps(d, indent=2))
+        print(json.dumps(e.to_dict(chunks=a.chunks), indent=2))
     else:
         print("\n".join(safe(line) for line in str(e).splitlines()))
         if a.chunks and e.plan is not None:
-            for c in e.plan.chunks:
+            for c in e.plan.iter_chunks():
                 print(f"  {c}")
     return EXIT_OK
 

@@ -9,6 +9,8 @@ variable                       default      meaning
                                             case (default: the rules ``attn-lt calibrate`` measured, else 4096)
 ``ATTN_LT_LANES``              2            lanes of the long path: 2 overlaps a chunk's softmax with the next
                                             chunk's GEMMs (two streams, half the budget each); 1 runs in series
+``ATTN_LT_KEY_TILES``          1            0: never tile the keys of the long path (each chunk over whole key rows,
+                                            as before key tiles; for comparisons)
 ``ATTN_LT_LIB``                (package)    path of ``libattn_lt.so`` to load instead of the packaged build
 ``ATTN_LT_SOFTMAX``            auto         force a softmax kernel: ``pipe``, ``row``, ``two_pass``
 ``ATTN_LT_CACHE_DIR``          (user cache) directory of the algorithm cache ``algos.sqlite``
@@ -100,6 +102,14 @@ def lanes() -> int:
     if v > 2:
         raise ValueError(f"environment variable ATTN_LT_LANES={v} must be 1 or 2")
     return v
+
+
+def key_tiles() -> bool:
+    """Whether the long path may tile the keys of long rows (``ATTN_LT_KEY_TILES``, default 1)."""
+    v = _env_int("ATTN_LT_KEY_TILES", 1, 0)
+    if v not in (0, 1):
+        raise ValueError(f"environment variable ATTN_LT_KEY_TILES={v} must be 0 or 1")
+    return bool(v)
 
 
 def library_override() -> str | None:

@@ -16,7 +16,7 @@ from . import config
 
 log = logging.getLogger("attn_lt")
 
-ABI_VERSION = 8
+ABI_VERSION = 9
 _PKG = Path(__file__).resolve().parent
 _LIB_PATH = _PKG / "_native" / "libattn_lt.so"
 SOURCE_DIR = _PKG.parent / "native"
@@ -41,8 +41,17 @@ class SoftmaxArgs(ctypes.Structure):
     _fields_ = [("scores", ctypes.c_void_p), ("probs", ctypes.c_void_p), ("lse", ctypes.c_void_p),
                 ("mask", ctypes.c_void_p)] + [
         (n, ctypes.c_int64) for n in ("rows", "cols", "batch", "ld_s", "bs_s", "ld_p", "bs_p", "row0", "gi0",
-                                      "e0", "Sq", "Sk", "g", "Hkv", "Hq", "m_sb", "m_sh", "m_sq", "m_sk")] + [
-        (n, ctypes.c_int32) for n in ("causal", "out_dtype", "mask_dtype", "variant")]
+                                      "e0", "Sq", "Sk", "g", "Hkv", "Hq", "m_sb", "m_sh", "m_sq", "m_sk", "k0")] + [
+        (n, ctypes.c_int32) for n in ("causal", "out_dtype", "mask_dtype", "variant", "lse_local")]
+
+
+class TileMergeArgs(ctypes.Structure):
+    """Mirror of ``attn_lt_tile_merge_args`` in native/attn_lt.h."""
+
+    _fields_ = [(n, ctypes.c_void_p) for n in ("acc_o", "acc_lse", "part_o", "part_lse", "o", "lse")] + [
+        (n, ctypes.c_int64) for n in ("rows", "batch", "Dv", "o_ld", "o_bs", "row0", "gi0", "e0", "Sq", "g", "Hkv",
+                                      "Hq")] + [
+        (n, ctypes.c_int32) for n in ("out_dtype", "last")]
 
 
 class FlashArgs(ctypes.Structure):
@@ -90,6 +99,8 @@ def load() -> ctypes.CDLL:
     lib.attn_lt_softmax_max_resident_cols.restype = ctypes.c_int64
     lib.attn_lt_softmax.restype = ctypes.c_int
     lib.attn_lt_softmax.argtypes = [ctypes.POINTER(SoftmaxArgs), ctypes.c_void_p]
+    lib.attn_lt_tile_merge.restype = ctypes.c_int
+    lib.attn_lt_tile_merge.argtypes = [ctypes.POINTER(TileMergeArgs), ctypes.c_void_p]
     lib.attn_lt_flash_fwd.restype = ctypes.c_int
     lib.attn_lt_flash_fwd.argtypes = [ctypes.POINTER(FlashArgs), ctypes.c_void_p]
     lib.attn_lt_flash_sm90_fwd.restype = ctypes.c_int
@@ -140,6 +151,12 @@ def softmax(args: SoftmaxArgs, stream: int) -> None:
     err = _softmax_fn()(ctypes.byref(args), stream)  # the hot path: one foreign call
     if err:
         _raise("attn_lt_softmax", err, f"rows={args.rows} cols={args.cols} batch={args.batch} ld_s={args.ld_s}")
+
+
+def tile_merge(args: TileMergeArgs, stream: int) -> None:
+    """Launch the LSE merge of a key tile of the long path; raises :class:`CudaError` on failure."""
+    _launch("attn_lt_tile_merge", args, stream,
+            lambda a: f"rows={a.rows} batch={a.batch} Dv={a.Dv} last={a.last}")
 
 
 def flash(args: FlashArgs, stream: int) -> None:

@@ -6,14 +6,28 @@ Vocabulary. A *batch entry* E = b * Hkv + hkv is one kv head of one sequence; on
 (grouped-query attention then reads K and V once per kv head). Its *keys* are ``[0, kend)``: with ``causal`` the
 key blocks that every row of the chunk masks out are never computed.
 
+A plan is a regular grid, not a list: *row blocks* (query rows [s0, s1) of one group member, or the folded
+group), each cut into *entry groups* of ``ne`` entries, and — once rows get long — each cut into *key tiles*.
+
+Key tiles. A chunk's FP32 scores must fit the budget, so as ``Sk`` grows a whole-row chunk keeps fewer query
+rows; below :data:`TILE_MIN_ROWS` its GEMMs become slivers that re-read K and V for every few rows (at 1M keys and
+a 1 GiB budget, 64 rows: 8 bytes of K/V traffic a score on top of the path's 12). Such plans tile the keys
+instead: row blocks keep their size, each covers its keys ``key_tile`` at a time, every tile writes an FP32
+partial output and its LSE, and a merge kernel joins them by LSE (the same merge as context parallelism's), the
+last tile writing the output. The chunk sizes and the set of GEMM shapes then stay the same at any length; only
+the number of chunks grows, and nothing here lists them unless asked (``explain`` at 10M keys reads the grid).
+
 Memory: a plan uses one workspace of ``workspace_bytes`` = per lane, cuBLASLt workspace + the largest chunk's FP32
-score block; P is written in place over the scores. That is bounded by the budget whatever the sequence length.
+score block (+ the key tiles' accumulators); P is written in place over the scores. That is bounded by the budget
+whatever the sequence length.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict, dataclass
+import math
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
 
 from . import config
 from .validate import Case
@@ -28,6 +42,8 @@ FOLD_CAUSAL_MAX_ROWS = 128
 KEY_BLOCK = 256
 #: Score rows are padded to this many floats (128 bytes) for aligned, vectorised access.
 LD_ALIGN = 32
+#: Plans whose whole-row chunks would hold fewer query rows than this tile the keys (see the module docstring).
+TILE_MIN_ROWS = 512
 
 
 def _round_up(x: int, m: int) -> int:
@@ -42,7 +58,9 @@ def score_ld(n: int) -> int:
 @dataclass(frozen=True)
 class Chunk:
     """One step of the long path: QK^T, softmax, PV over ``ne`` batch entries, query rows [s0, s1), keys
-    [0, kend). ``gi`` is the query head inside the kv group, or None when the group is folded into the rows."""
+    [k0, kend). ``gi`` is the query head inside the kv group, or None when the group is folded into the rows.
+    ``tile`` is "" when the chunk covers its rows' whole key range, else "first", "mid" or "last" of its row
+    block's key tiles (partial results merged by LSE; "last" writes the output)."""
 
     e0: int
     ne: int
@@ -50,53 +68,220 @@ class Chunk:
     s0: int
     s1: int
     kend: int
+    k0: int = 0
+    tile: str = ""
+
+    @property
+    def keys(self) -> int:
+        return self.kend - self.k0
 
     def __str__(self) -> str:
         g = "all" if self.gi is None else self.gi
-        return f"entries {self.e0}..{self.e0 + self.ne - 1} group {g} rows {self.s0}:{self.s1} keys 0:{self.kend}"
+        t = f" ({self.tile} key tile)" if self.tile else ""
+        return (f"entries {self.e0}..{self.e0 + self.ne - 1} group {g} rows {self.s0}:{self.s1} "
+                f"keys {self.k0}:{self.kend}{t}")
+
+
+@dataclass(frozen=True)
+class RowBlock:
+    """Query rows [s0, s1) of group member ``gi`` (None: the group folded), keys [0, kend), in GEMMs of up to
+    ``ne`` entries each."""
+
+    gi: int | None
+    s0: int
+    s1: int
+    kend: int
+    ne: int
 
 
 @dataclass(frozen=True)
 class Plan:
     """How one :class:`Case` runs on the long path (see the module docstring)."""
 
+    case: Case = field(repr=False)
     budget: int
     gemm_workspace: int
-    score_bytes: int
+    score_bytes: int  # the largest chunk's FP32 scores (one lane)
     fold_group: bool
     combine_batch: bool
-    chunks: tuple[Chunk, ...]
-    lanes: int = 1  # 2: chunk i runs on lane i % 2, each lane with its own region and stream
+    row_block: int  # query rows a row block (the group folded: all g * Sq rows)
+    key_tile: int = 0  # keys a tile; 0: every chunk covers its rows' whole key range
+    tile_bytes: int = 0  # one lane's FP32 accumulators of key tiles (after its scores)
+    lanes: int = 1  # 2: chunk groups alternate between two lanes, each with its own region and stream
+    score_budget: int = 0  # bytes the scores of one chunk may take (sets the entries a GEMM)
 
     @property
     def lane_bytes(self) -> int:
-        """Bytes of one lane's region: its cuBLASLt workspace, then its score region."""
-        return self.gemm_workspace + self.score_bytes
+        """Bytes of one lane's region: its cuBLASLt workspace, its score region, its tile accumulators."""
+        return self.gemm_workspace + self.score_bytes + self.tile_bytes
 
     @property
     def workspace_bytes(self) -> int:
         return self.lanes * self.lane_bytes
 
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["chunks"] = [asdict(c) for c in self.chunks]
-        return d
+    # -- the grid ----------------------------------------------------------------------------------------------
+    def row_blocks(self) -> Iterator[RowBlock]:
+        case, g = self.case, self.case.group
+        if self.fold_group:
+            kend = _kend_of(case, case.Sq)
+            yield RowBlock(None, 0, case.Sq, kend, self._entries_a_gemm(g * case.Sq, kend))
+            return
+        m = self.row_block
+        for s0 in range(0, case.Sq, m):
+            s1 = min(case.Sq, s0 + m)
+            kend = _kend_of(case, s1)
+            ne = self._entries_a_gemm(s1 - s0, kend)
+            for gi in range(g):
+                yield RowBlock(gi, s0, s1, kend, ne)
 
-    def rows(self, case: Case, c: Chunk) -> int:
+    def _entries_a_gemm(self, rows: int, kend: int) -> int:
+        span = self._span
+        if not kend:
+            return span
+        if self.key_tile and kend > self.key_tile:
+            ne_max = self._tiled_entries
+        else:  # whole key rows: the scores share the budget with the tiles' accumulators, if any
+            room = self.score_budget - (self._acc_reserve if self.key_tile else 0)
+            ne_max = max(1, min(span, room // (rows * score_ld(kend) * 4)))
+        return -(-span // -(-span // ne_max))  # the same number of GEMMs, evenly filled
+
+    @functools.cached_property
+    def _tiled_entries(self) -> int:
+        """Entries a key-tiled GEMM may cover: its scores and accumulators (+ their padding) within the budget."""
+        per_entry = self.row_block * score_ld(self.key_tile) * 4 + _tile_acc_bytes(self.row_block, self.case.Dv)
+        return max(1, min(self._span, (self.score_budget - _ACC_PAD) // per_entry))
+
+    @property
+    def _acc_reserve(self) -> int:
+        return self._tiled_entries * _tile_acc_bytes(self.row_block, self.case.Dv) + _ACC_PAD
+
+    @property
+    def _span(self) -> int:
+        """Entries one GEMM may cover: all (B, Hkv) when one stride reaches them, else one sequence's Hkv."""
+        return self.case.B * self.case.Hkv if self.combine_batch else self.case.Hkv
+
+    def tiles(self, kend: int) -> list[tuple[int, int]]:
+        """The key ranges [k0, k1) a row block with keys [0, kend) is computed in."""
+        t = self.key_tile
+        if not t or kend <= t:
+            return [(0, kend)]
+        return [(k0, min(kend, k0 + t)) for k0 in range(0, kend, t)]
+
+    def entry_groups(self, ne: int) -> Iterator[tuple[int, int]]:
+        """(e0, ne) of each GEMM's entries, for GEMMs of up to ``ne`` entries."""
+        entries, span = self.case.B * self.case.Hkv, self._span
+        for base in range(0, entries, span):
+            for e0 in range(base, base + span, ne):
+                yield e0, min(ne, base + span - e0)
+
+    def chunks_of(self, rb: RowBlock) -> Iterator[Chunk]:
+        """Row block ``rb``'s chunks in order (a group's key tiles one after the other)."""
+        tiles = self.tiles(rb.kend)
+        for e0, ne in self.entry_groups(rb.ne):
+            if len(tiles) == 1:
+                yield Chunk(e0, ne, rb.gi, rb.s0, rb.s1, rb.kend)
+                continue
+            last = len(tiles) - 1
+            for i, (k0, k1) in enumerate(tiles):
+                yield Chunk(e0, ne, rb.gi, rb.s0, rb.s1, k1, k0, "first" if i == 0 else "last" if i == last else "mid")
+
+    def iter_chunks(self) -> Iterator[Chunk]:
+        """Every chunk in order (generated: a plan of 10M keys has millions)."""
+        for rb in self.row_blocks():
+            yield from self.chunks_of(rb)
+
+    @functools.cached_property
+    def chunks(self) -> tuple[Chunk, ...]:
+        """Every chunk, listed (use :meth:`iter_chunks` or :meth:`shapes` where a plan may be very large)."""
+        return tuple(self.iter_chunks())
+
+    def rows(self, c: Chunk) -> int:
         """GEMM rows (M) of chunk ``c``."""
-        return case.group * case.Sq if c.gi is None else c.s1 - c.s0
+        return self.case.group * self.case.Sq if c.gi is None else c.s1 - c.s0
 
-    def summary(self, case: Case) -> str:
+    def shapes(self) -> dict[tuple, tuple[Chunk, int]]:
+        """Per chunk shape (rows, entries, keys, tile role): its first chunk and how many chunks have it, counted
+        from the row blocks without listing the chunks."""
+        return self._shapes
+
+    @functools.cached_property
+    def _shapes(self) -> dict[tuple, tuple[Chunk, int]]:
+        out: dict[tuple, list] = {}
+        groups_of: dict[int, dict[int, tuple[int, int]]] = {}  # ne -> {GEMM size: (its first e0, how many)}
+        for rb in self.row_blocks():
+            groups = groups_of.get(rb.ne)
+            if groups is None:
+                groups = groups_of[rb.ne] = {}
+                for e0, ne in self.entry_groups(rb.ne):
+                    first, n = groups.get(ne, (e0, 0))
+                    groups[ne] = (first, n + 1)
+            t = self.key_tile
+            n = -(-rb.kend // t) if t and rb.kend > t else 1  # key tiles
+            if n == 1:
+                roles = (("", 0, rb.kend, 1),)
+            else:
+                roles = (("first", 0, t, 1), ("mid", t, 2 * t, n - 2), ("last", (n - 1) * t, rb.kend, 1))
+            for role, k0, k1, n_tiles in roles:
+                if not n_tiles:
+                    continue
+                for ne, (e0, n_groups) in groups.items():
+                    key = (rb.s1 - rb.s0 if rb.gi is not None else None, ne, k1 - k0, role)
+                    got = out.get(key)
+                    if got is None:
+                        out[key] = [Chunk(e0, ne, rb.gi, rb.s0, rb.s1, k1, k0, role), n_tiles * n_groups]
+                    else:
+                        got[1] += n_tiles * n_groups
+        return {k: (c, n) for k, (c, n) in out.items()}
+
+    def summary(self) -> str:
+        case = self.case
         full = case.B * case.Hq * case.Sq * case.Sk
-        done = sum(c.ne * self.rows(case, c) * c.kend for c in self.chunks)
-        biggest = max(self.chunks, key=lambda c: c.ne * self.rows(case, c) * c.kend)
-        n = len(self.chunks)
-        return (f"{n} chunk{'' if n == 1 else 's'} (largest: {biggest.ne} entries x {self.rows(case, biggest)} rows x "
-                f"{biggest.kend} keys), GQA group {'folded into rows' if self.fold_group else 'one head a GEMM'}, "
-                f"batch {'(B, Hkv) in one stride' if self.combine_batch else 'one sequence a GEMM'}; "
+        shapes = self.shapes()
+        n = sum(cnt for _, cnt in shapes.values())
+        done = sum(cnt * c.ne * self.rows(c) * c.keys for c, cnt in shapes.values())
+        biggest = max((c for c, _ in shapes.values()), key=lambda c: c.ne * self.rows(c) * c.keys)
+        tiles = (f"keys in tiles of {self.key_tile} merged by LSE" if self.key_tile
+                 else "each chunk over its rows' whole key range")
+        return (f"{n} chunk{'' if n == 1 else 's'} (largest: {biggest.ne} entries x {self.rows(biggest)} rows x "
+                f"{biggest.keys} keys), GQA group {'folded into rows' if self.fold_group else 'one head a GEMM'}, "
+                f"batch {'(B, Hkv) in one stride' if self.combine_batch else 'one sequence a GEMM'}, {tiles}; "
                 f"{done / full:.1%} of the {case.Sq}x{case.Sk} score matrices computed; "
                 f"{'two lanes (softmax beside the next GEMMs)' if self.lanes == 2 else 'one lane'}; workspace "
                 f"{self.workspace_bytes / 2**20:.1f} MiB of a {self.budget / 2**20:.0f} MiB budget")
+
+    def to_dict(self, chunks: bool = False) -> dict:
+        """The plan's parameters, its chunk count, and (``chunks``) every chunk."""
+        d = {k: v for k, v in asdict(self).items() if k != "case"}
+        d["chunks"] = ([asdict(c) for c in self.iter_chunks()] if chunks
+                       else sum(cnt for _, cnt in self.shapes().values()))
+        return d
+
+
+_ACC_PAD = 1024  # the 256-byte padding of a chunk's four accumulators
+
+
+def _tile_acc_bytes(rows: int, Dv: int) -> int:
+    """FP32 accumulators one entry of a key-tiled chunk needs: output and LSE, running and partial."""
+    return 2 * rows * (Dv + 1) * 4
+
+
+def tile_regions(plan: Plan, c: Chunk) -> tuple[tuple[int, int, int, int], int]:
+    """Byte offsets, from the start of a lane's tile accumulators, of key-tiled chunk ``c``'s running output,
+    running LSE, partial output and partial LSE (FP32 [ne][rows][Dv] or [ne][rows], 256-byte aligned), and the
+    bytes they take."""
+    n = c.ne * plan.rows(c)
+    o = _round_up(n * plan.case.Dv * 4, 256)
+    lse = _round_up(n * 4, 256)
+    return (0, o, o + lse, 2 * o + lse), 2 * (o + lse)
+
+
+def _kend_of(case: Case, s1: int) -> int:
+    """Keys a row block ending at query row ``s1`` computes: all of them, or with causal masking up to its last
+    row's last visible key, rounded up to :data:`KEY_BLOCK` (0: every key of every row is masked)."""
+    if not case.causal:
+        return case.Sk
+    k = s1 + case.Sk - case.Sq
+    return 0 if k <= 0 else min(case.Sk, _round_up(k, KEY_BLOCK))
 
 
 def _entry_stride(strides, Hkv: int, unit: int) -> int:
@@ -117,76 +302,91 @@ def _foldable(case: Case) -> bool:
 LANE_MIN_CHUNKS = 4
 
 
-def make_plan(case: Case, budget: int | None = None, lanes: int | None = None) -> Plan:
+def make_plan(case: Case, budget: int | None = None, lanes: int | None = None, key_tiles: bool | None = None) -> Plan:
     """Chunk ``case`` so that its FP32 score blocks plus the cuBLASLt workspace fit ``budget`` bytes (default
-    ``ATTN_LT_WORKSPACE_MB``).
+    ``ATTN_LT_WORKSPACE_MB``). ``key_tiles``: allow key tiles (default ``ATTN_LT_KEY_TILES``; see the module
+    docstring; a call that returns the attention mass per key needs each chunk's P normalised over all its keys,
+    so it passes False).
 
     Lanes: a case of several chunks runs them on two lanes (``ATTN_LT_LANES``, default 2), each with its own
     score region and cuBLASLt workspace in half the budget, on two CUDA streams, so that one chunk's
     memory-bound softmax runs beside the next chunk's GEMMs instead of after them."""
-    return _make_plan(case, config.workspace_bytes(budget), config.lanes() if lanes is None else lanes)
+    return _make_plan(case, config.workspace_bytes(budget), config.lanes() if lanes is None else lanes,
+                      config.key_tiles() if key_tiles is None else key_tiles)
 
 
 @functools.lru_cache(maxsize=256)
-def _make_plan(case: Case, budget: int, lanes: int) -> Plan:
+def _make_plan(case: Case, budget: int, lanes: int, key_tiles: bool) -> Plan:
     gemm_ws = min(config.GEMM_WORKSPACE_MAX, (budget // 8) // 256 * 256)
     one_row = score_ld(case.Sk) * 4
-    if budget - gemm_ws < one_row:
+    if budget - gemm_ws < one_row and not key_tiles:
         raise ValueError(f"workspace budget of {budget} bytes is too small for {case}: one row of FP32 scores "
                          f"needs {one_row} bytes plus the cuBLASLt workspace; raise ATTN_LT_WORKSPACE_MB or "
                          "workspace_bytes")
-    fold, combine, chunks, used = _chunking(case, budget - gemm_ws)
+    plan = _grid(case, budget, gemm_ws, budget - gemm_ws, 1, key_tiles)
     lane_scores = (budget - 2 * gemm_ws) // 2 // 256 * 256
-    if lanes > 1 and sum(1 for c in chunks if c.kend) >= LANE_MIN_CHUNKS and lane_scores >= one_row:
-        fold, combine, chunks, used = _chunking(case, lane_scores)
-        return Plan(budget, gemm_ws, _round_up(used, 256), fold, combine, chunks, 2)
-    return Plan(budget, gemm_ws, used, fold, combine, chunks, 1)
+    if lanes > 1 and _computed_chunks(plan) >= LANE_MIN_CHUNKS:
+        try:
+            return _grid(case, budget, gemm_ws, lane_scores, 2, key_tiles)
+        except ValueError:
+            pass  # half the budget is too small: one lane
+    return plan
 
 
-def _chunking(case: Case, scores: int) -> tuple[bool, bool, tuple[Chunk, ...], int]:
-    """(fold the group, one stride over (B, Hkv), the chunks, the largest chunk's score bytes) when each chunk's
-    FP32 scores may take ``scores`` bytes."""
+def _computed_chunks(plan: Plan) -> int:
+    return sum(n for c, n in plan.shapes().values() if c.kend)
+
+
+def _grid(case: Case, budget: int, gemm_ws: int, scores: int, lanes: int, key_tiles: bool) -> Plan:
+    """The plan whose chunks' FP32 scores (and key tiles' accumulators) take at most ``scores`` bytes a lane."""
     one_row = score_ld(case.Sk) * 4
     g = case.group
     combine = all(_combinable(s, case.B, case.Hkv, u)
                   for s, u in ((case.q_strides, g), (case.k_strides, 1), (case.v_strides, 1)))
-    entries = case.B * case.Hkv
-    span = entries if combine else case.Hkv  # entries one GEMM may cover
-
-    def kend_of(s1: int) -> int:
-        if not case.causal:
-            return case.Sk
-        k = s1 + case.Sk - case.Sq
-        return 0 if k <= 0 else min(case.Sk, _round_up(k, KEY_BLOCK))
-
     fold = (_foldable(case) and g * case.Sq * one_row <= scores
             and (not case.causal or g * case.Sq <= FOLD_CAUSAL_MAX_ROWS))
-    chunks: list[Chunk] = []
-
-    def add_entries(rows: int, kend: int, gi: int | None, s0: int, s1: int) -> None:
-        per_entry = max(1, rows * score_ld(kend) * 4) if kend else 1
-        ne_max = max(1, min(span, scores // per_entry))
-        ne_max = -(-span // -(-span // ne_max))  # the same number of GEMMs, evenly filled
-        for base in range(0, entries, span):
-            for e0 in range(base, base + span, ne_max):
-                chunks.append(Chunk(e0, min(ne_max, base + span - e0), gi, s0, s1, kend))
-
-    if fold:
-        add_entries(g * case.Sq, kend_of(case.Sq), None, 0, case.Sq)
-    else:
+    m, tile = g * case.Sq, 0
+    if not fold:
         m = min(case.Sq, CAUSAL_ROW_BLOCK if case.causal else ROW_BLOCK)
-        m = min(m, scores // one_row)
-        if m >= 64:
-            m -= m % 64
-        for s0 in range(0, case.Sq, m):
-            s1 = min(case.Sq, s0 + m)
-            for gi in range(g):
-                add_entries(s1 - s0, kend_of(s1), gi, s0, s1)
+        whole = min(m, scores // one_row)  # rows of a chunk over whole key rows
+        if whole >= 64:
+            whole -= whole % 64
+        rows, tile = _key_tiling(case, scores, m) if key_tiles and whole < min(m, TILE_MIN_ROWS) else (0, 0)
+        if rows > whole:
+            m = rows
+        else:
+            m, tile = whole, 0
+        if m < 1:
+            raise ValueError(f"workspace budget of {budget} bytes is too small for {case}: one row of FP32 scores "
+                             f"needs {one_row} bytes plus the cuBLASLt workspace; raise ATTN_LT_WORKSPACE_MB or "
+                             "workspace_bytes")
+    plan = Plan(case, budget, gemm_ws, 0, fold, combine, m, tile, 0, lanes, scores)
+    used = acc = 0
+    for c, _ in plan.shapes().values():
+        if c.kend:
+            used = max(used, c.ne * plan.rows(c) * score_ld(c.keys) * 4)
+        if c.tile:
+            acc = max(acc, tile_regions(plan, c)[1])
+    used = _round_up(used, 256) if lanes > 1 else used
+    assert used + acc <= scores, (used, acc, scores)
+    return Plan(case, budget, gemm_ws, used, fold, combine, m, tile, acc, lanes, scores)
 
-    rows = g * case.Sq if fold else None
-    used = max((c.ne * (rows or c.s1 - c.s0) * score_ld(c.kend) * 4 for c in chunks if c.kend), default=0)
-    assert used <= scores, (used, scores)
-    return fold, combine, tuple(chunks), used
+
+def _key_tiling(case: Case, scores: int, m: int) -> tuple[int, int]:
+    """(rows a row block, keys a tile) for key-tiled chunks within ``scores`` bytes: the most rows up to ``m``
+    (a multiple of 64), then the longest tile that is a multiple of both the rows and :data:`KEY_BLOCK` (so that
+    causal row blocks meet a bounded set of tile lengths); (0, 0) when no tile of 64 rows (``m`` if fewer) fits."""
+    rows = m - m % 64 if m >= 64 else m
+    while rows >= min(m, 64):
+        unit = math.lcm(rows, KEY_BLOCK)
+        room = scores - _tile_acc_bytes(rows, case.Dv) - _ACC_PAD
+        tile = room // (rows * 4) // unit * unit if room > 0 else 0
+        while tile and rows * score_ld(tile) * 4 > room:
+            tile -= unit
+        if tile >= unit:
+            return rows, min(tile, _round_up(case.Sk, unit))
+        rows = rows - 64 if rows > 64 else rows // 2
+    return 0, 0
 
 
 @dataclass(frozen=True)
@@ -205,7 +405,10 @@ class MatrixView:
 @dataclass(frozen=True)
 class ChunkLayout:
     """Where one chunk's operands live: q (M x D), k (N x D), v (N x Dv), o (M x Dv), s the (M x N) FP32 scores in
-    the score region (P, in the input dtype, uses twice the row and batch strides at the same addresses)."""
+    the score region (P, in the input dtype, uses twice the row and batch strides at the same addresses). ``col0``
+    is the first key's index (key tiles); ``part`` is where a key-tiled chunk's P@V goes instead of ``o``: an FP32
+    view from the start of the lane's tile accumulators (the running output for a first tile, else the partial
+    one; :func:`tile_regions`)."""
 
     q: MatrixView
     k: MatrixView
@@ -214,6 +417,8 @@ class ChunkLayout:
     s: MatrixView
     row0: int  # first row's index in the flattened (group, Sq) rows, for the softmax kernel
     gi0: int
+    col0: int = 0
+    part: MatrixView | None = None
 
 
 def out_strides(case: Case) -> tuple[int, int, int, int]:
@@ -242,8 +447,13 @@ def chunk_layout(case: Case, plan: Plan, c: Chunk) -> ChunkLayout:
         q = view(case.q_strides, g, M, D, case.q_strides[2], c.gi * case.q_strides[1] + c.s0 * case.q_strides[2])
         o = view(os_, g, M, Dv, Dv, c.gi * os_[1] + c.s0 * Dv)
         row0, gi0 = c.s0, c.gi
-    k = view(case.k_strides, 1, c.kend, D, case.k_strides[2], 0)
-    v = view(case.v_strides, 1, c.kend, Dv, case.v_strides[2], 0)
-    ld = score_ld(c.kend)
-    s = MatrixView(0, M, c.kend, ld, c.ne, M * ld)
-    return ChunkLayout(q, k, v, o, s, row0, gi0)
+    N = c.keys
+    k = view(case.k_strides, 1, N, D, case.k_strides[2], c.k0 * case.k_strides[2])
+    v = view(case.v_strides, 1, N, Dv, case.v_strides[2], c.k0 * case.v_strides[2])
+    ld = score_ld(N)
+    s = MatrixView(0, M, N, ld, c.ne, M * ld)
+    part = None
+    if c.tile:
+        offsets, _ = tile_regions(plan, c)
+        part = MatrixView((offsets[0] if c.tile == "first" else offsets[2]) // 4, M, Dv, Dv, c.ne, M * Dv)
+    return ChunkLayout(q, k, v, o, s, row0, gi0, c.k0, part)

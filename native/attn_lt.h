@@ -8,7 +8,7 @@
 #define ATTN_LT_H
 #include <stdint.h>
 
-#define ATTN_LT_ABI_VERSION 8
+#define ATTN_LT_ABI_VERSION 9
 
 #ifdef __cplusplus
 extern "C" {
@@ -34,10 +34,11 @@ enum attn_lt_dtype { ATTN_LT_NONE = 0, ATTN_LT_F16 = 1, ATTN_LT_BF16 = 2, ATTN_L
 
 /* One chunk of the long path: `batch` score blocks of `rows` x `cols` FP32 scores (already scaled).
  * Row r of block e is query position (row0 + r) % Sq of query head (hkv*g + gi0 + (row0 + r) / Sq), where
- * E = e0 + e, b = E / Hkv, hkv = E % Hkv. Key column j is absolute key index j (chunks start at key 0).
+ * E = e0 + e, b = E / Hkv, hkv = E % Hkv. Key column j is key index k0 + j (a key tile starts at k0; the mask
+ * pointer is the mask's start, the kernel adds k0).
  * P (out_dtype) is written row by row; it may alias the scores (P row r at the byte address of score row r).
- * lse is FP32 (B, Hq, Sq) contiguous. The mask (optional) is indexed with element strides over (B, Hq, Sq, Sk),
- * 0 for broadcast dimensions. */
+ * lse is FP32 (B, Hq, Sq) contiguous, or with lse_local FP32 [batch][rows] (a key tile's partial LSE). The mask
+ * (optional) is indexed with element strides over (B, Hq, Sq, Sk), 0 for broadcast dimensions. */
 typedef struct attn_lt_softmax_args {
     const float* scores;
     void* probs;
@@ -49,11 +50,31 @@ typedef struct attn_lt_softmax_args {
     int64_t row0, gi0, e0;
     int64_t Sq, Sk, g, Hkv, Hq;
     int64_t m_sb, m_sh, m_sq, m_sk;
+    int64_t k0;           /* the first column's key index */
     int32_t causal;       /* bottom-right aligned: key j visible to query i iff j <= i + Sk - Sq */
     int32_t out_dtype;    /* ATTN_LT_F16 or ATTN_LT_BF16 */
     int32_t mask_dtype;   /* ATTN_LT_NONE, ATTN_LT_BOOL (true = attend) or F16/BF16/F32 (added to scores) */
     int32_t variant;      /* ATTN_LT_SOFTMAX_AUTO, or a kernel forced for tests and benchmarks */
+    int32_t lse_local;    /* 1: lse is [batch][rows] */
 } attn_lt_softmax_args;
+
+/* The LSE merge of a key-tiled chunk of the long path: `batch` blocks of `rows` rows (rows mapped to (b, head,
+ * position) as in attn_lt_softmax_args). acc (running) and part (this tile) are FP32 outputs [batch][rows][Dv],
+ * normalised over their own keys, with their LSE [batch][rows]. Without `last`, acc becomes their merge; with it,
+ * the merge is written to o (out_dtype, row stride o_ld and block stride o_bs in elements) and lse (FP32 (B, Hq,
+ * Sq) contiguous, may be null). Rows whose keys were all masked (both LSE -inf) get 0 and -inf. */
+typedef struct attn_lt_tile_merge_args {
+    float* acc_o;
+    float* acc_lse;
+    const float* part_o;
+    const float* part_lse;
+    void* o;
+    float* lse;
+    int64_t rows, batch, Dv, o_ld, o_bs;
+    int64_t row0, gi0, e0, Sq, g, Hkv, Hq;
+    int32_t out_dtype;    /* ATTN_LT_F16 or ATTN_LT_BF16 */
+    int32_t last;
+} attn_lt_tile_merge_args;
 
 enum attn_lt_softmax_variant {
     ATTN_LT_SOFTMAX_AUTO = 0,
@@ -110,6 +131,7 @@ const char* attn_lt_error_string(int err);
  * longer rows take two passes. */
 int64_t attn_lt_softmax_max_resident_cols(void);
 int attn_lt_softmax(const attn_lt_softmax_args* args, void* stream);
+int attn_lt_tile_merge(const attn_lt_tile_merge_args* args, void* stream);
 
 #ifdef __cplusplus
 }

@@ -41,23 +41,31 @@ struct Row {
     bool mask_vec;     // mask keys contiguous and 4-key aligned: 4 keys in one load
 };
 
-__device__ __forceinline__ Row row_info(const attn_lt_softmax_args& a, int64_t e, int64_t r) {
+// Query position and head of row r of block e (the long path's row mapping), shared by the softmax and the merge.
+struct RowPlace {
+    int64_t b, h, q;
+};
+
+template <typename Args>
+__device__ __forceinline__ RowPlace row_place(const Args& a, int64_t e, int64_t r) {
     const int64_t R = a.row0 + r;
-    const int64_t q = R % a.Sq;
-    const int64_t h = (a.e0 + e) % a.Hkv * a.g + a.gi0 + R / a.Sq;
-    const int64_t b = (a.e0 + e) / a.Hkv;
+    return {(a.e0 + e) / a.Hkv, (a.e0 + e) % a.Hkv * a.g + a.gi0 + R / a.Sq, R % a.Sq};
+}
+
+__device__ __forceinline__ Row row_info(const attn_lt_softmax_args& a, int64_t e, int64_t r) {
+    const RowPlace at = row_place(a, e, r);
     Row w;
     w.s = a.scores + e * a.bs_s + r * a.ld_s;
     w.p = static_cast<char*>(a.probs) + (e * a.bs_p + r * a.ld_p) * 2;
-    w.lse = a.lse + (b * a.Hq + h) * a.Sq + q;
+    w.lse = a.lse_local ? a.lse + e * a.rows + r : a.lse + (at.b * a.Hq + at.h) * a.Sq + at.q;
     int64_t limit = a.cols - 1;
-    if (a.causal) limit = min(limit, q + a.Sk - a.Sq);
+    if (a.causal) limit = min(limit, at.q + a.Sk - a.Sq - a.k0);
     w.limit = limit;
     w.mask = nullptr;
     w.mask_vec = false;
     if (a.mask_dtype != ATTN_LT_NONE) {
         const int esize = a.mask_dtype == ATTN_LT_BOOL ? 1 : (a.mask_dtype == ATTN_LT_F32 ? 4 : 2);
-        w.mask = static_cast<const char*>(a.mask) + (b * a.m_sb + h * a.m_sh + q * a.m_sq) * esize;
+        w.mask = static_cast<const char*>(a.mask) + (at.b * a.m_sb + at.h * a.m_sh + at.q * a.m_sq + a.k0 * a.m_sk) * esize;
         w.mask_vec = a.m_sk == 1 && reinterpret_cast<uintptr_t>(w.mask) % (4 * esize) == 0;
     }
     return w;
@@ -546,6 +554,45 @@ cudaError_t launch(const attn_lt_softmax_args& a, cudaStream_t stream) {
     return cudaGetLastError();
 }
 
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half(x); }
+
+// One CTA a row: the running and the partial output of a key tile joined by their LSE.
+template <typename OutT>
+__global__ void __launch_bounds__(128) tile_merge(const attn_lt_tile_merge_args a) {
+    const int64_t e = blockIdx.x % a.batch, r = blockIdx.x / a.batch;
+    const int64_t row = e * a.rows + r;
+    const float la = a.acc_lse[row], lp = a.part_lse[row];
+    const float m = fmaxf(la, lp);
+    float wa = 0.f, wp = 0.f, lse = -INFINITY;
+    if (m != -INFINITY) {
+        wa = __expf(la - m);
+        wp = __expf(lp - m);
+        const float s = wa + wp;
+        lse = m + __logf(s);
+        wa /= s;
+        wp /= s;
+    }
+    float* acc = a.acc_o + row * a.Dv;
+    const float* part = a.part_o + row * a.Dv;
+    if (a.last) {
+        OutT* o = static_cast<OutT*>(a.o) + e * a.o_bs + r * a.o_ld;
+        for (int64_t d = threadIdx.x; d < a.Dv; d += blockDim.x) o[d] = from_float<OutT>(wa * acc[d] + wp * part[d]);
+        if (threadIdx.x == 0 && a.lse != nullptr) {
+            const RowPlace at = row_place(a, e, r);
+            a.lse[(at.b * a.Hq + at.h) * a.Sq + at.q] = lse;
+        }
+    } else {
+        for (int64_t d = threadIdx.x; d < a.Dv; d += blockDim.x) acc[d] = wa * acc[d] + wp * part[d];
+        if (threadIdx.x == 0) a.acc_lse[row] = lse;
+    }
+}
+
 }  // namespace
 
 extern "C" {
@@ -589,6 +636,22 @@ int attn_lt_softmax(const attn_lt_softmax_args* a, void* stream) {
         case ATTN_LT_F16: return static_cast<int>(launch<__half>(*a, s));
         default: return ATTN_LT_ERR_DTYPE;
     }
+}
+
+int attn_lt_tile_merge(const attn_lt_tile_merge_args* a, void* stream) {
+    if (a == nullptr || a->acc_o == nullptr || a->acc_lse == nullptr || a->part_o == nullptr ||
+        a->part_lse == nullptr || (a->last && a->o == nullptr) || a->rows <= 0 || a->batch <= 0 || a->Dv <= 0 ||
+        a->Sq <= 0 || a->Hkv <= 0 || a->g <= 0)
+        return ATTN_LT_ERR_ARGS;
+    if (a->rows * a->batch > 0x7fffffffLL) return ATTN_LT_ERR_LENGTH;
+    const unsigned grid = static_cast<unsigned>(a->rows * a->batch);
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    switch (a->out_dtype) {
+        case ATTN_LT_BF16: tile_merge<__nv_bfloat16><<<grid, 128, 0, s>>>(*a); break;
+        case ATTN_LT_F16: tile_merge<__half><<<grid, 128, 0, s>>>(*a); break;
+        default: return ATTN_LT_ERR_DTYPE;
+    }
+    return static_cast<int>(cudaGetLastError());
 }
 
 }  // extern "C"

@@ -120,6 +120,64 @@ def test_cupy_in_cupy_out():
 def test_errors_before_gpu_work():
     q, k, v = rand_qkv(1, 2, 2, 16, 100000, 64, "bf16")
     with pytest.raises(ValueError, match="too small"):
-        attn_lt.attention(q, k, v, workspace_bytes=100_000)
+        attn_lt.attention(q, k, v, workspace_bytes=10_000)  # not even a key tile of 16 rows
     with pytest.raises(ValueError, match="out must be"):
         attn_lt.attention(q, k, v, out=torch.empty(1, 2, 16, 32, dtype=torch.bfloat16, device="cuda"))
+
+
+# ---- key tiles: a budget too small for whole rows makes the planner tile the keys and merge the tiles by LSE -----
+KEY_TILE_CASES = [
+    # B, Hq, Hkv, Sq, Sk, D, causal, dtype, budget
+    (1, 4, 4, 2048, 9000, 128, False, "bf16", 6 << 20),
+    (2, 8, 2, 1500, 6000, 64, True, "bf16", 3 << 20),       # GQA, causal, Sq < Sk
+    (1, 4, 1, 4097, 4095, 80, True, "fp16", 3 << 20),       # Sq > Sk: leading rows fully masked
+    (1, 2, 2, 700, 12345, 256, False, "fp16", 8 << 20),
+    (1, 2, 2, 1000, 5000, 512, True, "bf16", 6 << 20),
+]
+
+
+@pytest.mark.parametrize("B,Hq,Hkv,Sq,Sk,D,causal,dtype,budget", KEY_TILE_CASES)
+@pytest.mark.parametrize("lanes", ["1", "2"])
+def test_key_tiles(monkeypatch, B, Hq, Hkv, Sq, Sk, D, causal, dtype, budget, lanes):
+    from attn_lt.plan import make_plan
+
+    monkeypatch.setenv("ATTN_LT_LANES", lanes)
+    q, k, v = rand_qkv(B, Hq, Hkv, Sq, Sk, D, dtype)
+    p = attn_lt.plan(q, k, v, causal=causal, backend="lt", workspace_bytes=budget)
+    assert p.chunks.key_tile and any(c.tile == "mid" for c in p.chunks.chunks), p.chunks.summary()
+    check(q, k, v, causal=causal, workspace_bytes=budget)
+    assert make_plan(p.case, budget, key_tiles=False).key_tile == 0
+
+
+@pytest.mark.parametrize("mshape", ["1,1,Sq,Sk", "B,1,1,Sk", "B,Hq,Sq,Sk"])
+@pytest.mark.parametrize("kind", ["bool", "bf16", "fp32"])
+def test_key_tiles_with_masks(mshape, kind):
+    B, Hq, Sq, Sk = 2, 4, 1111, 7001
+    dims = {"B": B, "Hq": Hq, "Sq": Sq, "Sk": Sk, "1": 1}
+    shape = [dims[x] for x in mshape.split(",")]
+    if kind == "bool":
+        m = torch.rand(shape, device="cuda") > 0.25
+    else:
+        m = torch.randn(shape, device="cuda", dtype=torch.float32 if kind == "fp32" else torch.bfloat16)
+    m_rows = m if m.dim() == 4 else m[None, None]
+    if m_rows.shape[2] == Sq:  # a row masked out in one tile only, and a row masked out everywhere
+        m_rows[..., 7, :3000] = False if kind == "bool" else float("-inf")
+        m_rows[..., 9, :] = False if kind == "bool" else float("-inf")
+    q, k, v = rand_qkv(B, Hq, 2, Sq, Sk, 64, "bf16")
+    assert attn_lt.plan(q, k, v, attn_mask=m, backend="lt", workspace_bytes=2 << 20).chunks.key_tile
+    check(q, k, v, attn_mask=m, causal=True, workspace_bytes=2 << 20)
+
+
+def test_key_tiles_transposed_views_and_repeat_calls():
+    q, k, v = rand_qkv(1, 8, 2, 3000, 9000, 128, "bf16", layout="bshd")
+    for _ in range(2):  # the second call runs the prepared (resolved) plan
+        check(q, k, v, causal=True, workspace_bytes=4 << 20)
+
+
+def test_key_mass_plans_are_not_tiled():
+    q, k, v = rand_qkv(1, 2, 2, 600, 9000, 64, "bf16")
+    p = attn_lt.plan(q, k, v, backend="lt", workspace_bytes=4 << 20, return_key_mass=True)
+    assert p.chunks.key_tile == 0
+    out, mass = p.run(q, k, v)
+    assert torch.isfinite(mass).all()
+    torch.testing.assert_close(mass.sum(-1), torch.full_like(mass[..., 0], 600.0), rtol=1e-3, atol=1e-2)

@@ -19,6 +19,8 @@ def covered_rows(case, plan):
     """How often each (b, query head, s) row is computed, and the keys each chunk computes for it."""
     count = torch.zeros(case.B, case.Hq, case.Sq, dtype=torch.int64)
     for c in plan.chunks:
+        if c.tile in ("first", "mid"):  # a row block's key tiles count once, at the last
+            continue
         for e in range(c.e0, c.e0 + c.ne):
             b, h = divmod(e, case.Hkv)
             heads = range(h * case.group, (h + 1) * case.group) if c.gi is None else [h * case.group + c.gi]
@@ -44,9 +46,16 @@ def test_every_row_once_and_within_budget(case, budget_mib):
     plan = make_plan(case, budget_mib * MiB)
     assert plan.workspace_bytes <= budget_mib * MiB
     assert (covered_rows(case, plan) == 1).all()
+    next_key = 0  # a row block's key tiles follow each other from key 0
     for c in plan.chunks:
         assert 0 <= c.s0 < c.s1 <= case.Sq and 1 <= c.ne and c.e0 + c.ne <= case.B * case.Hkv
-        assert c.ne * plan.rows(case, c) * score_ld(c.kend) * 4 <= plan.score_bytes
+        assert c.ne * plan.rows(c) * score_ld(c.keys) * 4 <= plan.score_bytes
+        assert c.k0 == (next_key if c.tile in ("mid", "last") else 0) and c.k0 < c.kend or c.kend == 0
+        next_key = c.kend
+        if c.tile:
+            assert c.keys <= plan.key_tile and (c.keys == plan.key_tile or c.tile == "last")
+        if c.tile in ("first", "mid"):
+            continue
         last_visible = c.s1 - 1 + case.Sk - case.Sq if case.causal else case.Sk - 1
         assert min(case.Sk, last_visible + 1) <= c.kend <= case.Sk  # every visible key of the chunk is computed
         if case.causal and c.kend < case.Sk:
@@ -56,7 +65,7 @@ def test_every_row_once_and_within_budget(case, budget_mib):
 def test_causal_skips_about_half():
     case = Case.contiguous(1, 32, 32, 32768, 32768, 128, causal=True)
     plan = make_plan(case, 1024 * MiB)
-    done = sum(c.ne * plan.rows(case, c) * c.kend for c in plan.chunks)
+    done = sum(c.ne * plan.rows(c) * c.keys for c in plan.chunks)
     assert done / (32 * 32768**2) < 0.54  # the ideal is 0.5 + 1/(2 S)
 
 
@@ -71,7 +80,11 @@ def test_budget_from_environment_and_too_small(monkeypatch):
     monkeypatch.setenv("ATTN_LT_WORKSPACE_MB", "3")
     assert make_plan(case).budget == 3 * MiB
     with pytest.raises(ValueError, match="too small.*Sk65536"):
-        make_plan(case, 200 * 1024)
+        make_plan(case, 200 * 1024, key_tiles=False)  # one row of scores does not fit
+    tiled = make_plan(case, 200 * 1024)  # key tiles do
+    assert tiled.key_tile and tiled.workspace_bytes <= 200 * 1024
+    with pytest.raises(ValueError, match="too small.*Sk65536"):
+        make_plan(case, 4 * 1024)  # not even a tile
     monkeypatch.setenv("ATTN_LT_WORKSPACE_MB", "0")
     with pytest.raises(ValueError, match="ATTN_LT_WORKSPACE_MB"):
         config.workspace_bytes()
@@ -99,11 +112,13 @@ def view(t, mv, cols=None):
 
 def emulate(case, plan, q, k, v, mask):
     """Run ``plan`` the way the GPU path does, in float64: QK^T per chunk into a score block, the softmax
-    kernel's row -> (b, head, position) mapping, P@V into a contiguous output."""
+    kernel's row -> (b, head, position) mapping, P@V into a contiguous output; key tiles' partial outputs merged by
+    their LSE, the last tile writing the output."""
     out = torch.full((case.B, case.Hq, case.Sq, case.D), math.nan, dtype=torch.float64)
     lse = torch.full((case.B, case.Hq, case.Sq), math.nan, dtype=torch.float64)
     assert out.stride() == out_strides(case)
     mexp = None if mask is None else mask.expand(case.B, case.Hq, case.Sq, case.Sk)
+    running = None  # a row block's merged key tiles so far: (output, LSE)
     for c in plan.chunks:
         if c.kend == 0:
             for e in range(c.e0, c.e0 + c.ne):
@@ -115,21 +130,40 @@ def emulate(case, plan, q, k, v, mask):
         lay = chunk_layout(case, plan, c)
         Q, K, V = view(q, lay.q).double(), view(k, lay.k).double(), view(v, lay.v).double()
         S = case.scale * Q @ K.transpose(1, 2)  # (ne, M, N)
+        L = torch.empty(S.shape[:2], dtype=torch.float64)
+        places = {}
         for e, r in itertools.product(range(lay.s.batch), range(lay.s.rows)):
             R = lay.row0 + r
             pos, gi = R % case.Sq, lay.gi0 + R // case.Sq
             b, hkv = divmod(c.e0 + e, case.Hkv)
             h = hkv * case.group + gi
+            places[e, r] = (b, h, pos)
             row = S[e, r].clone()
             if case.causal:
-                row[max(0, pos + case.Sk - case.Sq + 1):] = -math.inf
+                row[max(0, pos + case.Sk - case.Sq + 1 - lay.col0):] = -math.inf
             if mexp is not None:
-                m = mexp[b, h, pos, : c.kend]
+                m = mexp[b, h, pos, lay.col0:c.kend]
                 row = row.masked_fill(~m, -math.inf) if m.dtype == torch.bool else row + m.double()
             l = torch.logsumexp(row, 0)
             S[e, r] = torch.exp(row - (0 if math.isinf(l) else l))
-            lse[b, h, pos] = l
-        view(out, lay.o).copy_(S @ V)
+            L[e, r] = l
+        O = S @ V
+        if c.tile == "first":
+            running = (O, L)
+            continue
+        if c.tile:  # merge this tile into the running result by LSE
+            o0, l0 = running
+            lm = torch.logaddexp(l0, L)
+            safe = torch.where(torch.isinf(lm), 0, lm)
+            O = torch.exp(l0 - safe)[..., None] * o0 + torch.exp(L - safe)[..., None] * O
+            O[torch.isinf(lm)] = 0
+            L = lm
+            if c.tile == "mid":
+                running = (O, L)
+                continue
+        view(out, lay.o).copy_(O)
+        for (e, r), (b, h, pos) in places.items():
+            lse[b, h, pos] = L[e, r]
     return out, lse
 
 
@@ -166,3 +200,32 @@ def test_emulated_plan_matches_reference(B, Hq, Hkv, Sq, Sk, D, causal, mask, la
     torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-9)
     torch.testing.assert_close(lse, ref_lse, rtol=1e-9, atol=1e-9)
 
+
+
+@pytest.mark.parametrize("S,causal", [(1 << 20, True), (10_000_000, True), (10_000_000, False)])
+def test_long_keys_are_tiled_and_the_grid_stays_bounded(S, causal):
+    """Past a few hundred thousand keys whole-row chunks would be slivers: the keys are tiled instead, the chunk
+    shapes stay few whatever the length, and the plan is read (summary, shapes) without listing its chunks."""
+    import time
+
+    case = Case.contiguous(1, 32, 32, S, S, 128, causal=causal)
+    t0 = time.perf_counter()
+    plan = make_plan(case, 1024 * MiB)
+    summary = plan.summary()
+    elapsed = time.perf_counter() - t0
+    assert plan.key_tile and plan.row_block >= 1024 and "tiles of" in summary
+    assert len(plan.shapes()) < 400
+    assert elapsed < 5  # about 0.3 s here; generous for slow CI machines
+    assert plan.workspace_bytes <= 1024 * MiB
+
+
+def test_shapes_count_what_the_chunks_list():
+    case = Case.contiguous(2, 8, 2, 3000, 9000, 64, causal=True)
+    plan = make_plan(case, 6 * MiB)
+    assert plan.key_tile
+    counted = {}
+    for c in plan.iter_chunks():
+        k = (plan.rows(c) if c.gi is not None else None, c.ne, c.keys, c.tile)
+        counted[k] = counted.get(k, 0) + 1
+    assert counted == {k: n for k, (_, n) in plan.shapes().items()}
+    assert plan.to_dict()["chunks"] == len(plan.chunks) == sum(counted.values())

@@ -809,10 +809,10 @@ def plan_info(p) -> dict:
     """Chunks (computed ones), lanes, the scores they compute and the plan's summary, from ``explain()``."""
     e = p.explain()
     pl = e.plan
-    computed = [c for c in pl.chunks if c.kend]
-    return {"chunks": len(computed), "lanes": pl.lanes,
-            "computed_scores": float(sum(c.ne * pl.rows(e.case, c) * c.kend for c in computed)),
-            "plan": pl.summary(e.case)}
+    computed = [(c, n) for c, n in pl.shapes().values() if c.kend]
+    return {"chunks": sum(n for _, n in computed), "lanes": pl.lanes, "key_tile": pl.key_tile,
+            "computed_scores": float(sum(n * c.ne * pl.rows(c) * c.keys for c, n in computed)),
+            "plan": pl.summary()}
 
 
 # ---- the sections' providers (GPU) ------------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 # ${OUT:-results}/<phase>.log with its last lines printed (a short table last).
 #   PHASES="tests sanitize calibrate sm90 serving lt suite generate cp" bash tools/gpu_session.sh
 #   tests      every GPU test (pytest -m gpu)                      sanitize  compute-sanitizer on both fused kernels
-#   sanitize-flash  compute-sanitizer on native/flash.cu only
+#   sanitize-flash  compute-sanitizer on native/flash.cu only     sanitize-lt  on the long path (softmax, merge)
+#   tiles      long keys: key tiles vs whole rows vs SDPA (bench_key_tiles)
 #   calibrate  attn-lt calibrate --ship attn_lt/calibrations       sm90      the FA3 protocol vs SDPA (bench_flash_sm90)
 #   serving    decode loop, prefill, host cost (bench_serving)     lt        the long path's figures (bench_lt)
 #   suite      tools/bench.py run $SUITE_ARGS (default --quick)    generate  Hugging Face generate() (bench_generate)
@@ -46,6 +47,10 @@ for p in ${PHASES:-tests}; do
     sm90) phase sm90 240 python3 tools/bench_flash_sm90.py --out "$OUT/sm90" ;;
     serving) phase serving 200 python3 tools/bench_serving.py ${SERVING_ARGS:---steps 1000} --out "$OUT/serving" ;;
     host) phase host 120 python3 tools/host_breakdown.py --sk 4096 --growth 300 --json "$OUT/host.json" ;;
+    sanitize-lt)
+      phase memcheck-lt 200 compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitize_lt.py
+      phase racecheck-lt 200 compute-sanitizer --tool racecheck --error-exitcode 9 python3 tools/sanitize_lt.py ;;
+    tiles) phase tiles 420 python3 tools/bench_key_tiles.py ${TILES_ARGS:-} --out "$OUT/tiles" ;;
     lt) phase lt 260 python3 tools/bench_lt.py ${LT_ARGS:-} --out "$OUT/lt" ;;
     suite) phase suite 560 python3 tools/bench.py run ${SUITE_ARGS:---quick} --out "$OUT/suite" ;;
     decode) phase decode 400 python3 tools/bench.py run --groups decode --providers auto,lt,wmma,cudnn,flash,efficient \

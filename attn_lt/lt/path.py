@@ -1,7 +1,8 @@
 """The long path ``lt``: its declaration and its executor.
 
 Per chunk of a :class:`~attn_lt.plan.Plan`: Q@K^T into the FP32 score region (cuBLASLt), the native softmax (P in
-place over the scores, LSE), P@V into the output (cuBLASLt), all on the caller's current stream. A
+place over the scores, LSE), P@V into the output (cuBLASLt), all on the caller's current stream; a key tile's P@V
+goes to an FP32 partial output instead, which the native merge joins by LSE (the last tile writes the output). A
 :class:`Program` prepares one plan once — every chunk's operand offsets, both GEMMs with their descriptors and
 algorithms, the softmax arguments — so that a call only adds base addresses and launches.
 """
@@ -16,7 +17,7 @@ import torch
 
 from .. import config, native
 from ..backends import Backend
-from ..plan import Chunk, ChunkLayout, Plan, chunk_layout
+from ..plan import Chunk, ChunkLayout, Plan, chunk_layout, tile_regions
 from ..validate import Case, address_alignment
 from . import algos, cublaslt
 from .cublaslt import GemmKey
@@ -29,28 +30,32 @@ _ESIZE = 2  # bytes per fp16/bf16 element
 
 
 def gemm_keys(case: Case, lay: ChunkLayout, ptrs: tuple[int, int, int, int, int]) -> tuple[GemmKey, GemmKey]:
-    """The (qk, pv) GEMM keys of one chunk; ``ptrs`` are the device addresses of q, k, v, o and the scores."""
+    """The (qk, pv) GEMM keys of one chunk; ``ptrs`` are the device addresses of q, k, v, P@V's output (the
+    output, or a key tile's FP32 partial) and the scores."""
     q, k, v, o, s = ptrs
     qk = GemmKey("qk", case.dtype, m=lay.k.rows, n=lay.q.rows, k=case.D, batch=lay.s.batch,
                  trans_a=True, trans_b=False, lda=lay.k.row_stride, ldb=lay.q.row_stride, ldc=lay.s.row_stride,
                  stride_a=lay.k.batch_stride, stride_b=lay.q.batch_stride, stride_c=lay.s.batch_stride,
                  align_a=address_alignment(k), align_b=address_alignment(q), align_c=address_alignment(s))
+    o_view = lay.o if lay.part is None else lay.part
     pv = GemmKey("pv", case.dtype, m=case.Dv, n=lay.q.rows, k=lay.k.rows, batch=lay.s.batch,
                  trans_a=False, trans_b=False, lda=lay.v.row_stride, ldb=2 * lay.s.row_stride,
-                 ldc=lay.o.row_stride, stride_a=lay.v.batch_stride, stride_b=2 * lay.s.batch_stride,
-                 stride_c=lay.o.batch_stride, align_a=address_alignment(v), align_b=address_alignment(s),
-                 align_c=address_alignment(o))
+                 ldc=o_view.row_stride, stride_a=lay.v.batch_stride, stride_b=2 * lay.s.batch_stride,
+                 stride_c=o_view.batch_stride, align_a=address_alignment(v), align_b=address_alignment(s),
+                 align_c=address_alignment(o), out="" if lay.part is None else "fp32")
     return qk, pv
 
 
 def chunk_gemms(case: Case, plan: Plan, c: Chunk, bases: tuple[int, int, int, int, int]):
     """(layout, operand addresses of q, k, v, o and the scores, (qk, pv) keys) of chunk ``c``, given the base
-    addresses of q, k, v, out and the score region."""
+    addresses of q, k, v, out and the score region (a key tile's partial output lies in the lane's tile
+    accumulators, which start 256-byte aligned after the scores)."""
     lay = chunk_layout(case, plan, c)
     qb, kb, vb, ob, sb = bases
     ptrs = (qb + lay.q.offset * _ESIZE, kb + lay.k.offset * _ESIZE, vb + lay.v.offset * _ESIZE,
             ob + lay.o.offset * _ESIZE, sb)
-    return lay, ptrs, gemm_keys(case, lay, ptrs)
+    pv_out = ptrs[3] if lay.part is None else sb + plan.score_bytes + lay.part.offset * 4
+    return lay, ptrs, gemm_keys(case, lay, ptrs[:3] + (pv_out, sb))
 
 
 def model_bases(case: Case, out_align: int = 256) -> tuple[int, int, int, int, int]:
@@ -66,20 +71,28 @@ def model_bases(case: Case, out_align: int = 256) -> tuple[int, int, int, int, i
 
 
 def plan_gemm_keys(case: Case, plan: Plan, out_align: int = 256) -> list[tuple[GemmKey, GemmKey]]:
-    """The (qk, pv) keys of every computed chunk of ``plan``, in order."""
+    """The (qk, pv) keys of one computed chunk of each shape of ``plan`` (:meth:`Plan.shapes`), in plan order."""
     bases = model_bases(case, out_align)
-    return [chunk_gemms(case, plan, c, bases)[2] for c in plan.chunks if c.kend]
+    return [chunk_gemms(case, plan, c, bases)[2] for c, _ in plan.shapes().values() if c.kend]
+
+
+#: Plans of at most this many computed chunks are prepared whole (every chunk's GEMMs and arguments built once);
+#: larger ones (long keys: hundreds of thousands of chunks) build each chunk's step as it runs, some 30 µs of host
+#: time against the hundreds of µs of GPU work of a chunk that size.
+PREPARED_MAX_CHUNKS = 4096
 
 
 class _Step:
-    """One computed chunk: byte offsets of its operands from the bases, its GEMMs and softmax arguments."""
+    """One computed chunk: byte offsets of its operands from the bases, its GEMMs and softmax arguments; for a key
+    tile, byte offsets from the lane's tile accumulators of its LSE and P@V output, and its merge's arguments."""
 
-    __slots__ = ("chunk", "q", "k", "v", "o", "qk", "pv", "args", "lane")
+    __slots__ = ("chunk", "q", "k", "v", "o", "qk", "pv", "args", "lane", "tile_lse", "tile_out", "merge")
 
-    def __init__(self, chunk, offsets, qk, pv, args, lane):
+    def __init__(self, chunk, offsets, qk, pv, args, lane, tile_lse=None, tile_out=None, merge=None):
         self.chunk = chunk
         self.q, self.k, self.v, self.o = offsets
         self.qk, self.pv, self.args, self.lane = qk, pv, args, lane
+        self.tile_lse, self.tile_out, self.merge = tile_lse, tile_out, merge
 
 
 class Program:
@@ -95,17 +108,45 @@ class Program:
         self._alpha = np.array([case.scale], dtype=np.float32)
         self._one = np.array([1.0], dtype=np.float32)
         self._alpha_ptr, self._one_ptr = self._alpha.ctypes.data, self._one.ctypes.data
-        self.empty_chunks = tuple(c for c in plan.chunks if c.kend == 0)
-        self.steps: list[_Step] = []
-        model = model_bases(case, out_align)
-        for c in plan.chunks:
-            if c.kend == 0:
-                continue
-            lay, ptrs, (qk_key, pv_key) = chunk_gemms(case, plan, c, model)
-            offsets = tuple(p - b for p, b in zip(ptrs[:4], model[:4]))
-            self.steps.append(_Step(c, offsets, cublaslt.gemm(device, qk_key), cublaslt.gemm(device, pv_key),
-                                    self._softmax_args(lay, c), len(self.steps) % plan.lanes))
-        self.pending = any(not (s.qk.resolved and s.pv.resolved) for s in self.steps)
+        self._model = model_bases(case, out_align)
+        self.empty_chunks = tuple(c for rb in plan.row_blocks() if not rb.kend for c in plan.chunks_of(rb))
+        computed = sum(n for c, n in plan.shapes().values() if c.kend)
+        #: every computed chunk's step, or None when the plan is too large to list (steps made as they run)
+        self.steps: list[_Step] | None = list(self._steps()) if computed <= PREPARED_MAX_CHUNKS else None
+        self._lean = self.steps is not None and not plan.key_tile
+        self.pending = self.steps is None or any(not (s.qk.resolved and s.pv.resolved) for s in self.steps)
+
+    def _steps(self):
+        """Every computed chunk's step, in plan order; a row block's key tiles stay on one lane."""
+        group = -1
+        for c in self.plan.iter_chunks():
+            if c.tile in ("", "first"):
+                group += 1
+            if c.kend:
+                yield self._step(c, group % self.plan.lanes)
+
+    def _step(self, c: Chunk, lane: int) -> _Step:
+        lay, ptrs, (qk_key, pv_key) = chunk_gemms(self.case, self.plan, c, self._model)
+        offsets = tuple(p - b for p, b in zip(ptrs[:4], self._model[:4]))
+        qk, pv = cublaslt.gemm(self.device, qk_key), cublaslt.gemm(self.device, pv_key)
+        args = self._softmax_args(lay, c)
+        if not c.tile:
+            return _Step(c, offsets, qk, pv, args, lane)
+        regions, _ = tile_regions(self.plan, c)
+        first = c.tile == "first"
+        args.lse_local = 1
+        merge = None
+        if not first:
+            case = self.case
+            merge = native.TileMergeArgs()
+            merge.rows, merge.batch, merge.Dv = lay.s.rows, lay.s.batch, case.Dv
+            merge.o_ld, merge.o_bs = lay.o.row_stride, lay.o.batch_stride
+            merge.row0, merge.gi0, merge.e0 = lay.row0, lay.gi0, c.e0
+            merge.Sq, merge.g, merge.Hkv, merge.Hq = case.Sq, case.group, case.Hkv, case.Hq
+            merge.out_dtype = native.DTYPE_CODES[case.dtype]
+            merge.last = int(c.tile == "last")
+        return _Step(c, offsets, qk, pv, args, lane, regions[1] if first else regions[3],
+                     regions[0] if first else regions[2], merge)
 
     def _softmax_args(self, lay: ChunkLayout, c: Chunk) -> native.SoftmaxArgs:
         case = self.case
@@ -120,12 +161,16 @@ class Program:
         a.rows, a.cols, a.batch = lay.s.rows, lay.s.cols, lay.s.batch
         a.ld_s, a.bs_s = lay.s.row_stride, lay.s.batch_stride
         a.ld_p, a.bs_p = 2 * lay.s.row_stride, 2 * lay.s.batch_stride
-        a.row0, a.gi0, a.e0 = lay.row0, lay.gi0, c.e0
+        a.row0, a.gi0, a.e0, a.k0 = lay.row0, lay.gi0, c.e0, lay.col0
         return a
 
     def gemms(self) -> list[tuple[Chunk, object, object]]:
-        """(chunk, qk Gemm, pv Gemm) of every computed chunk."""
-        return [(s.chunk, s.qk, s.pv) for s in self.steps]
+        """(chunk, qk Gemm, pv Gemm) of every computed chunk (of one chunk a shape when the plan is too large to
+        list)."""
+        steps = self.steps
+        if steps is None:
+            steps = [self._step(c, 0) for c, _ in self.plan.shapes().values() if c.kend]
+        return [(s.chunk, s.qk, s.pv) for s in steps]
 
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, out: torch.Tensor,
             lse: torch.Tensor, workspace: torch.Tensor, stream: int, may_tune: bool = True,
@@ -133,14 +178,17 @@ class Program:
             key_mass_window: int | None = None) -> None:
         """Run every chunk on ``stream`` (and, with two lanes, a second stream forked from and joined back to it).
         ``workspace``: a CUDA uint8 tensor of at least ``plan.workspace_bytes`` bytes (per lane, cuBLASLt's share
-        then the score region). ``tune_budget_ms``: tuning time this call may spend (default
-        ``ATTN_LT_TUNE_CALL_MS``). ``key_mass``: a zeroed FP32 (B, Hq, Sk) tensor that receives the sum of P over
-        the query rows (the last ``key_mass_window`` rows of each head when given)."""
+        then the score region, then the key tiles' accumulators). ``tune_budget_ms``: tuning time this call may
+        spend (default ``ATTN_LT_TUNE_CALL_MS``). ``key_mass``: a zeroed FP32 (B, Hq, Sk) tensor that receives the
+        sum of P over the query rows (the last ``key_mass_window`` rows of each head when given; plans without
+        key tiles only)."""
         plan = self.plan
         gws = plan.gemm_workspace
         ws0 = workspace.data_ptr()
         bases = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())
         lse_ptr, mask_ptr = lse.data_ptr(), (0 if mask is None else mask.data_ptr())
+        if key_mass is not None and plan.key_tile:
+            raise ValueError("the attention mass per key needs a plan without key tiles (make_plan(key_tiles=False))")
         with self._lock:
             for c in self.empty_chunks:
                 _zero_masked_chunk(self.case, c, out, lse)
@@ -148,7 +196,7 @@ class Program:
             streams = (stream,) if lanes is None else (stream, lanes.side_ptr)
             if lanes is not None:
                 lanes.fork()
-            if self.pending or key_mass is not None:
+            if self.pending or key_mass is not None or not self._lean:
                 deadline = 0.0
                 if self.pending:
                     budget = config.tune_call_ms() if tune_budget_ms is None else tune_budget_ms
@@ -174,24 +222,26 @@ class Program:
 
     def _run_general(self, bases, lse_ptr, mask_ptr, workspace, streams, may_tune, deadline, key_mass, window,
                      lanes) -> None:
-        """The loop with algorithm resolution (first runs) and the attention mass per key."""
+        """The loop with algorithm resolution (first runs), key tiles and the attention mass per key."""
         qb, kb, vb, ob = bases
         gws = self.plan.gemm_workspace
         ws0 = workspace.data_ptr()
+        tile_base = gws + self.plan.score_bytes
         masses = [key_mass] if key_mass is not None else []
         if key_mass is not None and lanes is not None:  # lanes add into their own sums (no cross-stream race)
             masses.append(torch.zeros_like(key_mass))
-        for s in self.steps:
+        for s in self.steps if self.steps is not None else self._steps():
             st = streams[s.lane]
             w = ws0 + s.lane * self.plan.lane_bytes
-            scores = w + gws
+            scores, tiles = w + gws, w + tile_base
             qk_ops = (kb + s.k, qb + s.q, scores, self._alpha_ptr, w, gws, st)
             if not s.qk.resolved:
                 algos.resolve(s.qk, self.policy, gws, qk_ops, deadline, may_tune)
             s.qk.run(*qk_ops)
             a = s.args
             a.scores = a.probs = scores
-            a.lse, a.mask = lse_ptr, mask_ptr
+            a.lse = lse_ptr if s.tile_lse is None else tiles + s.tile_lse
+            a.mask = mask_ptr
             native.softmax(a, st)
             if masses:
                 region = workspace[w - ws0 + gws:]
@@ -200,14 +250,21 @@ class Program:
                 else:
                     with torch.cuda.stream(lanes.side):
                         self._add_key_mass(s, region, masses[1], window)
-            pv_ops = (vb + s.v, scores, ob + s.o, self._one_ptr, w, gws, st)
+            pv_ops = (vb + s.v, scores, ob + s.o if s.tile_out is None else tiles + s.tile_out, self._one_ptr, w,
+                      gws, st)
             if not s.pv.resolved:  # tuned on the real P; the run below writes the same result again
                 algos.resolve(s.pv, self.policy, gws, pv_ops, deadline, may_tune)
             s.pv.run(*pv_ops)
+            m = s.merge
+            if m is not None:
+                regions, _ = tile_regions(self.plan, s.chunk)
+                m.acc_o, m.acc_lse, m.part_o, m.part_lse = (tiles + r for r in regions)
+                m.o, m.lse = (ob + s.o, lse_ptr) if m.last else (0, 0)
+                native.tile_merge(m, st)
         if len(masses) == 2:
             lanes.join()
             masses[0] += masses[1]
-        self.pending = any(not (s.qk.resolved and s.pv.resolved) for s in self.steps)
+        self.pending = self.steps is None or any(not (s.qk.resolved and s.pv.resolved) for s in self.steps)
 
     def _add_key_mass(self, s: _Step, region: torch.Tensor, key_mass: torch.Tensor, window: int | None) -> None:
         """key_mass[b, h, :kend] += the sum of this chunk's P rows (those in the window) of query head h;
