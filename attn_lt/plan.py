@@ -44,6 +44,11 @@ KEY_BLOCK = 256
 LD_ALIGN = 32
 #: Plans whose whole-row chunks would hold fewer query rows than this tile the keys (see the module docstring).
 TILE_MIN_ROWS = 512
+#: Query rows of a key-tiled row block (causal too: beside keys this long its masked corner is a sliver), and the
+#: longest key tile. Measured on the H100 (B1 H4 S512k causal, tools/probe_tiles.py): 1024 rows x 121856 keys
+#: 94 TFLOP/s, 2048 x 59392 98, 2048 x 32768 (at most; 4 entries a GEMM) 101, 4096 x 28672 99.
+TILE_ROWS = 2048
+KEY_TILE_MAX = 32768
 
 
 def _round_up(x: int, m: int) -> int:
@@ -351,7 +356,8 @@ def _grid(case: Case, budget: int, gemm_ws: int, scores: int, lanes: int, key_ti
         whole = min(m, scores // one_row)  # rows of a chunk over whole key rows
         if whole >= 64:
             whole -= whole % 64
-        rows, tile = _key_tiling(case, scores, m) if key_tiles and whole < min(m, TILE_MIN_ROWS) else (0, 0)
+        tiled = key_tiles and whole < min(m, TILE_MIN_ROWS)
+        rows, tile = _key_tiling(case, scores, min(case.Sq, TILE_ROWS)) if tiled else (0, 0)
         if rows > whole:
             m = rows
         else:
@@ -384,7 +390,7 @@ def _key_tiling(case: Case, scores: int, m: int) -> tuple[int, int]:
         while tile and rows * score_ld(tile) * 4 > room:
             tile -= unit
         if tile >= unit:
-            return rows, min(tile, _round_up(case.Sk, unit))
+            return rows, min(tile, max(unit, KEY_TILE_MAX // unit * unit), _round_up(case.Sk, unit))
         rows = rows - 64 if rows > 64 else rows // 2
     return 0, 0
 
