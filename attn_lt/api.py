@@ -274,7 +274,7 @@ class AttentionPlan:
             else:
                 mass = None
                 if self.key_mass:
-                    mass = torch.zeros((case.B, case.Hq, case.Sk), dtype=torch.float32, device=dev)
+                    mass = program.key_mass_buffer(dev)
                 program.run(q, k, v, attn_mask, out, lse, ws, stream, not capturing, tune_budget_ms, mass,
                             self.key_mass_window)
                 if mass is not None:

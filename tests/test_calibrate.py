@@ -111,9 +111,9 @@ def test_rules_round_trip_and_refuse_bad_fields():
 def test_default_grid():
     g = calibrate.grid((64, 128, 256))
     keys = [(c["D"], c["causal"], c["mask"], c["Sq"], c["Sk"]) for c in g]
-    # per head dim: 7 + 3 * 9 plain and causal cases; masked (non-causal, mask <= 1 GiB): Sq 1, 16, 128, 1024 and
-    # Sq = Sk at Sk 1024 (4 cases), 4096 and 16384 (5 each), all but the 64k prefill at Sk 65536 (4)
-    assert len(keys) == len(set(keys)) == 3 * (7 + 3 * 9 + 4 + 5 + 5 + 4)
+    # per head dim: 7 + 3 * 9 plain and causal cases; masked (non-causal, mask <= 8 GiB): Sq 1, 16, 128, 1024 and
+    # Sq = Sk at Sk 1024 (4 cases), 4096, 16384 and 65536 (5 each)
+    assert len(keys) == len(set(keys)) == 3 * (7 + 3 * 9 + 4 + 5 + 5 + 5)
     masked = [c for c in g if c["mask"]]
     assert not any(c["causal"] for c in masked) and {c["Sk"] for c in masked} == {1024, 4096, 16384, 65536}
     assert all(c["B"] * c["Sq"] * c["Sk"] * 2 <= calibrate.MASK_BYTES_MAX for c in masked)

@@ -114,6 +114,10 @@ class Program:
         #: every computed chunk's step, or None when the plan is too large to list (steps made as they run)
         self.steps: list[_Step] | None = list(self._steps()) if computed <= PREPARED_MAX_CHUNKS else None
         self._lean = self.steps is not None and not plan.key_tile
+        #: each (entry, query head) has one chunk, over every key and every query row: the attention mass per key
+        #: is written once (no zeroing, no accumulation; what decode needs), not summed chunk by chunk
+        self.mass_written_once = self.steps is not None and not self.empty_chunks and not plan.key_tile and all(
+            s.chunk.kend == case.Sk and s.chunk.s0 == 0 and s.chunk.s1 == case.Sq for s in self.steps)
         self.pending = self.steps is None or any(not (s.qk.resolved and s.pv.resolved) for s in self.steps)
 
     def _steps(self):
@@ -164,6 +168,13 @@ class Program:
         a.row0, a.gi0, a.e0, a.k0 = lay.row0, lay.gi0, c.e0, lay.col0
         return a
 
+    def key_mass_buffer(self, device: torch.device) -> torch.Tensor:
+        """The FP32 (B, Hq, Sk) tensor ``run`` takes as ``key_mass``: uninitialised when the plan writes every
+        element once (:attr:`mass_written_once`), else zeroed."""
+        case = self.case
+        make = torch.empty if self.mass_written_once else torch.zeros
+        return make((case.B, case.Hq, case.Sk), dtype=torch.float32, device=device)
+
     def gemms(self) -> list[tuple[Chunk, object, object]]:
         """(chunk, qk Gemm, pv Gemm) of every computed chunk (of one chunk a shape when the plan is too large to
         list)."""
@@ -179,9 +190,9 @@ class Program:
         """Run every chunk on ``stream`` (and, with two lanes, a second stream forked from and joined back to it).
         ``workspace``: a CUDA uint8 tensor of at least ``plan.workspace_bytes`` bytes (per lane, cuBLASLt's share
         then the score region, then the key tiles' accumulators). ``tune_budget_ms``: tuning time this call may
-        spend (default ``ATTN_LT_TUNE_CALL_MS``). ``key_mass``: a zeroed FP32 (B, Hq, Sk) tensor that receives the
-        sum of P over the query rows (the last ``key_mass_window`` rows of each head when given; plans without
-        key tiles only)."""
+        spend (default ``ATTN_LT_TUNE_CALL_MS``). ``key_mass``: an FP32 (B, Hq, Sk) tensor from
+        :meth:`key_mass_buffer` that receives the sum of P over the query rows (the last ``key_mass_window`` rows
+        of each head when given; plans without key tiles only)."""
         plan = self.plan
         gws = plan.gemm_workspace
         ws0 = workspace.data_ptr()
@@ -228,8 +239,8 @@ class Program:
         ws0 = workspace.data_ptr()
         tile_base = gws + self.plan.score_bytes
         masses = [key_mass] if key_mass is not None else []
-        if key_mass is not None and lanes is not None:  # lanes add into their own sums (no cross-stream race)
-            masses.append(torch.zeros_like(key_mass))
+        if key_mass is not None and lanes is not None:  # lanes write disjoint slices once, or add into their own sums
+            masses.append(key_mass if self.mass_written_once else torch.zeros_like(key_mass))
         for s in self.steps if self.steps is not None else self._steps():
             st = streams[s.lane]
             w = ws0 + s.lane * self.plan.lane_bytes
@@ -263,12 +274,14 @@ class Program:
                 native.tile_merge(m, st)
         if len(masses) == 2:
             lanes.join()
-            masses[0] += masses[1]
+            if masses[1] is not masses[0]:
+                masses[0] += masses[1]
         self.pending = self.steps is None or any(not (s.qk.resolved and s.pv.resolved) for s in self.steps)
 
     def _add_key_mass(self, s: _Step, region: torch.Tensor, key_mass: torch.Tensor, window: int | None) -> None:
-        """key_mass[b, h, :kend] += the sum of this chunk's P rows (those in the window) of query head h;
-        ``region`` is the chunk's score region (uint8), where P lies in the input dtype."""
+        """key_mass[b, h, :kend] += the sum of this chunk's P rows (those in the window) of query head h (``=``
+        when the plan writes the mass once); ``region`` is the chunk's score region (uint8), where P lies in the
+        input dtype."""
         case, c, a = self.case, s.chunk, s.args
         dt = torch.bfloat16 if case.dtype == "bf16" else torch.float16
         p_all = region.view(dt)
@@ -278,13 +291,29 @@ class Program:
         if c.gi is None:  # rows are (gi, s) of the whole group
             p = p_all.as_strided((c.ne, case.group, case.Sq - first, c.kend),
                                  (a.bs_p, case.Sq * a.ld_p, a.ld_p, 1), base + first * a.ld_p)
-            mass3[c.e0:c.e0 + c.ne, :, :c.kend] += p.sum(dim=2, dtype=torch.float32)
+            _sum_into(p, 2, mass3[c.e0:c.e0 + c.ne, :, :c.kend], self.mass_written_once)
             return
         lo = max(c.s0, first)
         if lo >= c.s1:
             return
         p = p_all.as_strided((c.ne, c.s1 - lo, c.kend), (a.bs_p, a.ld_p, 1), base + (lo - c.s0) * a.ld_p)
-        mass3[c.e0:c.e0 + c.ne, c.gi, :c.kend] += p.sum(dim=1, dtype=torch.float32)
+        _sum_into(p, 1, mass3[c.e0:c.e0 + c.ne, c.gi, :c.kend], self.mass_written_once)
+
+
+def _sum_into(p: torch.Tensor, dim: int, dest: torch.Tensor, write: bool) -> None:
+    """dest (a view of the mass) = or += the FP32 sum of P over ``dim``; a single query row is converted, not
+    summed."""
+    if p.shape[dim] == 1:
+        p = p.squeeze(dim)
+        if write:
+            dest.copy_(p)
+        else:
+            dest += p
+    elif write:
+        assert dest.shape == p.shape[:dim] + p.shape[dim + 1:]  # out= would resize (and leave the mass) otherwise
+        torch.sum(p, dim=dim, dtype=torch.float32, out=dest)
+    else:
+        dest += p.sum(dim=dim, dtype=torch.float32)
 
 
 class _Lanes:
