@@ -2,11 +2,13 @@
 SDPA's backends, side by side in one process on one GPU.
 
     python tools/bench_key_tiles.py [--shapes 1x4x262144,1x4x524288c,1x2x1048576c] [--reps 3] [--out DIR]
+                                    [--profile]
 
 A shape is BxHxS (D 128, bf16), ``c`` for causal. Per provider: median ms of ``--reps`` calls after warm-up calls
 (until the long path has no GEMM left to tune), TFLOP/s, and for the long path the floor of its design, 12 bytes a
 computed score at the copy rate measured in the same run. The outputs are compared with each other and with
-SDPA's (relative error), so a fast wrong answer cannot pass.
+SDPA's (relative error), so a fast wrong answer cannot pass. ``--profile``: where one call's GPU time goes
+(torch.profiler, per kernel family: Q@K^T, softmax, P@V, the tiles' merge), for both long-path plans.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def copy_rate() -> float:
     return 2 * x.numel() / (ms / 1e3)
 
 
-def run_lt(q, k, v, causal: bool, tiles: bool, reps: int):
+def run_lt(q, k, v, causal: bool, tiles: bool, reps: int, profile: bool = False):
     os.environ["ATTN_LT_KEY_TILES"] = "1" if tiles else "0"
     p = attn_lt.plan(q, k, v, causal=causal, backend="lt")
     warm = 0
@@ -63,7 +65,12 @@ def run_lt(q, k, v, causal: bool, tiles: bool, reps: int):
         if p.program is not None and not p.program.pending:
             break
     ms = timed(lambda: p.run(q, k, v), reps)
-    return out, ms, p.chunks.summary(), warm
+    where = None
+    if profile:
+        from bench_lt import profile_call  # tools/ is this script's directory
+
+        where = profile_call(lambda: p.run(q, k, v), None)
+    return out, ms, p.chunks.summary(), warm, where
 
 
 def main() -> int:
@@ -71,6 +78,7 @@ def main() -> int:
     ap.add_argument("--shapes", default="1x4x262144,1x4x524288c,1x2x1048576c")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--profile", action="store_true", help="where the GPU time of one long-path call goes")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_key_tiles needs a CUDA GPU", file=sys.stderr)
@@ -88,9 +96,9 @@ def main() -> int:
         results = {}
         outs = {}
         for name, tiles in (("lt key tiles", True), ("lt whole rows", False)):
-            out, ms, summary, warm = run_lt(q, k, v, causal, tiles, a.reps)
+            out, ms, summary, warm, where = run_lt(q, k, v, causal, tiles, a.reps, a.profile)
             outs[name] = out
-            results[name] = {"ms": ms, "plan": summary, "warm_calls": warm}
+            results[name] = {"ms": ms, "plan": summary, "warm_calls": warm, "profile": where}
         os.environ.pop("ATTN_LT_KEY_TILES", None)
         for name, backend in (("sdpa cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa flash", SDPBackend.FLASH_ATTENTION)):
             try:
@@ -131,6 +139,13 @@ def main() -> int:
             of = f"{r['of_floor']:.0%}" if "of_floor" in r else ""
             print(f"{row['shape']:<16}{name:<16}{r['ms']:>10.1f}{r['tflops']:>9.0f}{of:>9}{r['ms'] / base:>9.2f}  {err}")
         print(f"{'':<16}plan: {row['results']['lt key tiles']['plan'][:150]}")
+        for name in ("lt key tiles", "lt whole rows"):
+            w = row["results"][name].get("profile")
+            if w:
+                parts = ", ".join(f"{k_} {v:.1f}" for k_, v in w["kernels_ms"].items())
+                pair = f"; Q@K^T {w['qk_ms']:.1f}, P@V {w['pv_ms']:.1f}" if "qk_ms" in w else ""
+                print(f"{'':<16}{name}: GPU ms by kernel: {parts}{pair}; busy {w['busy_ms']:.1f} over a span of "
+                      f"{w['span_ms']:.1f} ({w['streams']} streams)")
     return 0
 
 

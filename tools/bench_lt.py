@@ -520,6 +520,8 @@ def kernel_family(name: str) -> str:
     n = name.lower()
     if "softmax" in n:
         return "softmax"
+    if "merge" in n:  # the key tiles' LSE merge (and the fused kernel's split merge)
+        return "merge"
     if n.startswith(("memset", "memcpy")):
         return "memory"
     if any(h in n for h in _GEMM_HINTS):
