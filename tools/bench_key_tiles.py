@@ -120,7 +120,7 @@ def main() -> int:
                 r["floor_ms"] = floor_ms
                 r["of_floor"] = floor_ms / r["ms"]
         rows.append({"shape": text, "B": B, "H": H, "S": S, "D": D, "causal": causal, "results": results})
-        del q, k, v, outs
+        q = k = v = outs = None  # free before the next shape
         torch.cuda.empty_cache()
     doc = {"gpu": gpu, "copy_rate_GBps": rate / 1e9, "rows": rows}
     if a.out:

@@ -1,35 +1,54 @@
-"""Ad-hoc: the long path at 512k causal with other row-block / tile sizes (monkeypatched planner constants)."""
-import os, sys, statistics
-import torch
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import attn_lt
+"""Probe: the long path's key tiles at other row-block and tile sizes than the planner's (its constants replaced
+for the probe), on one causal shape. How ``TILE_ROWS`` and ``KEY_TILE_MAX`` in attn_lt/plan.py were chosen.
+
+    python tools/probe_tiles.py [--heads 4] [--seq 524288]
+"""
+
+from __future__ import annotations
+
+import argparse
 import importlib
-P = importlib.import_module('attn_lt.plan')
+import os
+import sys
 
-def timed(fn, reps=3):
-    t = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); fn(); b.record(); b.synchronize(); t.append(a.elapsed_time(b))
-    return statistics.median(t)
+import torch
 
-B, H, S = 1, 4, 524288
-q, k, v = (torch.randn(B, H, S, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-for rows, tmax, lanes in [(1024, 0, 2), (2048, 0, 2), (4096, 0, 2), (2048, 32768, 2), (1024, 0, 1), (4096, 32768, 2)]:
-    P.CAUSAL_ROW_BLOCK = rows
-    os.environ["ATTN_LT_LANES"] = str(lanes)
-    base = P.__dict__.setdefault("_orig_key_tiling", P._key_tiling)
-    def capped(case, scores, m, _b=base, _t=tmax):
-        r, t = _b(case, scores, m)
-        if _t and t > _t:
-            t = _t - _t % r if _t >= r else t
-        return r, t
-    P._key_tiling = capped
-    P._make_plan.cache_clear()
-    p = attn_lt.plan(q, k, v, causal=True, backend="lt", workspace_bytes=(1 << 30) + rows + tmax + lanes)
-    for _ in range(3):
-        p.run(q, k, v); torch.cuda.synchronize()
-        if not p.program.pending: break
-    ms = timed(lambda: p.run(q, k, v))
-    scores = H * S * S / 2
-    print(f"rows {rows} tile cap {tmax} lanes {lanes}: {ms:.1f} ms, {4*scores*128/ms/1e9:.0f} TFLOP/s; {p.chunks.summary()[:110]}", flush=True)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import attn_lt  # noqa: E402
+from bench_key_tiles import timed  # noqa: E402
+
+planner = importlib.import_module("attn_lt.plan")  # attn_lt.plan is also the name of the public function
+
+#: (rows a row block, longest tile (0: as long as the budget allows), lanes)
+VARIANTS = [(1024, 0, 2), (2048, 0, 2), (4096, 0, 2), (2048, 32768, 2), (1024, 0, 1)]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=524288)
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("probe_tiles needs a CUDA GPU", file=sys.stderr)
+        return 2
+    q, k, v = (torch.randn(1, a.heads, a.seq, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    flops = 4 * a.heads * a.seq * a.seq / 2 * 128
+    for i, (rows, longest, lanes) in enumerate(VARIANTS):
+        planner.TILE_ROWS, planner.KEY_TILE_MAX = rows, longest or 1 << 40
+        os.environ["ATTN_LT_LANES"] = str(lanes)
+        planner._make_plan.cache_clear()
+        # a budget a few bytes apart: attention()'s plan cache does not see the constants
+        p = attn_lt.plan(q, k, v, causal=True, backend="lt", workspace_bytes=(1 << 30) - 256 * i)
+        for _ in range(3):  # the first calls tune
+            p.run(q, k, v)
+            torch.cuda.synchronize()
+            if not p.program.pending:
+                break
+        ms = timed(lambda: p.run(q, k, v), 3)
+        print(f"rows {rows} longest tile {longest or '-'} lanes {lanes}: {ms:.1f} ms, {flops / ms / 1e9:.0f} TFLOP/s; "
+              f"{p.chunks.summary()[:110]}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
