@@ -13,8 +13,8 @@ Key tiles. A chunk's FP32 scores must fit the budget, so as ``Sk`` grows a whole
 rows; below :data:`TILE_MIN_ROWS` its GEMMs become slivers that re-read K and V for every few rows (at 1M keys and
 a 1 GiB budget, 64 rows: 8 bytes of K/V traffic a score on top of the path's 12). Such plans tile the keys
 instead: row blocks keep their size, each covers its keys ``key_tile`` at a time, every tile writes an FP32
-partial output and its LSE, and a merge kernel joins them by LSE (the same merge as context parallelism's), the
-last tile writing the output. The chunk sizes and the set of GEMM shapes then stay the same at any length; only
+partial output and its LSE, and a small native kernel joins them by LSE (the arithmetic of :mod:`attn_lt.merge`),
+the last tile writing the output. The chunk sizes and the set of GEMM shapes then stay the same at any length; only
 the number of chunks grows, and nothing here lists them unless asked (``explain`` at 10M keys reads the grid).
 
 Memory: a plan uses one workspace of ``workspace_bytes`` = per lane, cuBLASLt workspace + the largest chunk's FP32
@@ -262,7 +262,7 @@ class Plan:
         return d
 
 
-_ACC_PAD = 1024  # the 256-byte padding of a chunk's four accumulators
+_ACC_PAD = 1280  # the accumulators' start and each of their four regions 256-byte aligned
 
 
 def _tile_acc_bytes(rows: int, Dv: int) -> int:
@@ -323,11 +323,6 @@ def make_plan(case: Case, budget: int | None = None, lanes: int | None = None, k
 @functools.lru_cache(maxsize=256)
 def _make_plan(case: Case, budget: int, lanes: int, key_tiles: bool) -> Plan:
     gemm_ws = min(config.GEMM_WORKSPACE_MAX, (budget // 8) // 256 * 256)
-    one_row = score_ld(case.Sk) * 4
-    if budget - gemm_ws < one_row and not key_tiles:
-        raise ValueError(f"workspace budget of {budget} bytes is too small for {case}: one row of FP32 scores "
-                         f"needs {one_row} bytes plus the cuBLASLt workspace; raise ATTN_LT_WORKSPACE_MB or "
-                         "workspace_bytes")
     plan = _grid(case, budget, gemm_ws, budget - gemm_ws, 1, key_tiles)
     lane_scores = (budget - 2 * gemm_ws) // 2 // 256 * 256
     if lanes > 1 and _computed_chunks(plan) >= LANE_MIN_CHUNKS:
@@ -363,9 +358,10 @@ def _grid(case: Case, budget: int, gemm_ws: int, scores: int, lanes: int, key_ti
         else:
             m, tile = whole, 0
         if m < 1:
-            raise ValueError(f"workspace budget of {budget} bytes is too small for {case}: one row of FP32 scores "
-                             f"needs {one_row} bytes plus the cuBLASLt workspace; raise ATTN_LT_WORKSPACE_MB or "
-                             "workspace_bytes")
+            need = (f"not even a key tile of {min(case.Sq, 64)} rows x {KEY_BLOCK} keys fits with its accumulators"
+                    if key_tiles else f"one row of FP32 scores needs {one_row} bytes")
+            raise ValueError(f"workspace budget of {budget} bytes is too small for {case}: {need}, plus the cuBLASLt "
+                             "workspace; raise ATTN_LT_WORKSPACE_MB or workspace_bytes")
     plan = Plan(case, budget, gemm_ws, 0, fold, combine, m, tile, 0, lanes, scores)
     used = acc = 0
     for c, _ in plan.shapes().values():
@@ -373,7 +369,7 @@ def _grid(case: Case, budget: int, gemm_ws: int, scores: int, lanes: int, key_ti
             used = max(used, c.ne * plan.rows(c) * score_ld(c.keys) * 4)
         if c.tile:
             acc = max(acc, tile_regions(plan, c)[1])
-    used = _round_up(used, 256) if lanes > 1 else used
+    used = _round_up(used, 256) if lanes > 1 or acc else used  # the next lane, or the accumulators, 256-aligned
     assert used + acc <= scores, (used, acc, scores)
     return Plan(case, budget, gemm_ws, used, fold, combine, m, tile, acc, lanes, scores)
 

@@ -65,7 +65,8 @@ __device__ __forceinline__ Row row_info(const attn_lt_softmax_args& a, int64_t e
     w.mask_vec = false;
     if (a.mask_dtype != ATTN_LT_NONE) {
         const int esize = a.mask_dtype == ATTN_LT_BOOL ? 1 : (a.mask_dtype == ATTN_LT_F32 ? 4 : 2);
-        w.mask = static_cast<const char*>(a.mask) + (at.b * a.m_sb + at.h * a.m_sh + at.q * a.m_sq + a.k0 * a.m_sk) * esize;
+        const int64_t at_key0 = at.b * a.m_sb + at.h * a.m_sh + at.q * a.m_sq + a.k0 * a.m_sk;
+        w.mask = static_cast<const char*>(a.mask) + at_key0 * esize;
         w.mask_vec = a.m_sk == 1 && reinterpret_cast<uintptr_t>(w.mask) % (4 * esize) == 0;
     }
     return w;

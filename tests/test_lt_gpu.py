@@ -34,17 +34,21 @@ def test_causal_more_queries_than_keys_gives_zero_rows():
     assert (o[:, :, :203] == 0).all() and torch.isneginf(lse[:, :, :203]).all()
 
 
+def make_mask(mshape: str, kind: str, B: int, Hq: int, Sq: int, Sk: int) -> torch.Tensor:
+    """A random mask of shape ``mshape`` (e.g. "B,1,1,Sk"): bool (a quarter masked out) or additive bf16/fp32."""
+    dims = {"B": B, "Hq": Hq, "Sq": Sq, "Sk": Sk, "1": 1}
+    shape = [dims[x] for x in mshape.split(",")]
+    if kind == "bool":
+        return torch.rand(shape, device="cuda") > 0.25
+    return torch.randn(shape, device="cuda", dtype=torch.float32 if kind == "fp32" else torch.bfloat16)
+
+
 @pytest.mark.parametrize("mshape", ["1,1,Sq,Sk", "B,1,1,Sk", "B,Hq,Sq,Sk", "Sq,Sk", "1,Hq,1,Sk"])
 @pytest.mark.parametrize("kind", ["bool", "bf16", "fp32"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_masks(kind, mshape, causal):
     B, Hq, Sq, Sk = 2, 4, 333, 4133
-    dims = {"B": B, "Hq": Hq, "Sq": Sq, "Sk": Sk, "1": 1}
-    shape = [dims[x] for x in mshape.split(",")]
-    if kind == "bool":
-        m = torch.rand(shape, device="cuda") > 0.25
-    else:
-        m = torch.randn(shape, device="cuda", dtype=torch.float32 if kind == "fp32" else torch.bfloat16)
+    m = make_mask(mshape, kind, B, Hq, Sq, Sk)
     check(*rand_qkv(B, Hq, 2, Sq, Sk, 64, "bf16"), attn_mask=m, causal=causal)
 
 
@@ -153,12 +157,7 @@ def test_key_tiles(monkeypatch, B, Hq, Hkv, Sq, Sk, D, causal, dtype, budget, la
 @pytest.mark.parametrize("kind", ["bool", "bf16", "fp32"])
 def test_key_tiles_with_masks(mshape, kind):
     B, Hq, Sq, Sk = 2, 4, 1111, 7001
-    dims = {"B": B, "Hq": Hq, "Sq": Sq, "Sk": Sk, "1": 1}
-    shape = [dims[x] for x in mshape.split(",")]
-    if kind == "bool":
-        m = torch.rand(shape, device="cuda") > 0.25
-    else:
-        m = torch.randn(shape, device="cuda", dtype=torch.float32 if kind == "fp32" else torch.bfloat16)
+    m = make_mask(mshape, kind, B, Hq, Sq, Sk)
     m_rows = m if m.dim() == 4 else m[None, None]
     if m_rows.shape[2] == Sq:  # a row masked out in one tile only, and a row masked out everywhere
         m_rows[..., 7, :3000] = False if kind == "bool" else float("-inf")

@@ -137,7 +137,8 @@ def main() -> int:
                 continue
             err = next((f"{v:.2e}" for k_, v in r.items() if k_.startswith("rel_err")), "")
             of = f"{r['of_floor']:.0%}" if "of_floor" in r else ""
-            print(f"{row['shape']:<16}{name:<16}{r['ms']:>10.1f}{r['tflops']:>9.0f}{of:>9}{r['ms'] / base:>9.2f}  {err}")
+            ratio = r["ms"] / base
+            print(f"{row['shape']:<16}{name:<16}{r['ms']:>10.1f}{r['tflops']:>9.0f}{of:>9}{ratio:>9.2f}  {err}")
         print(f"{'':<16}plan: {row['results']['lt key tiles']['plan'][:150]}")
         for name in ("lt key tiles", "lt whole rows"):
             w = row["results"][name].get("profile")

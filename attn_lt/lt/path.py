@@ -84,15 +84,19 @@ PREPARED_MAX_CHUNKS = 4096
 
 class _Step:
     """One computed chunk: byte offsets of its operands from the bases, its GEMMs and softmax arguments; for a key
-    tile, byte offsets from the lane's tile accumulators of its LSE and P@V output, and its merge's arguments."""
+    tile, byte offsets from the lane's tile accumulators of its LSE and P@V output and of the four accumulators
+    (:func:`~attn_lt.plan.tile_regions`), and its merge's arguments (None for a first tile)."""
 
-    __slots__ = ("chunk", "q", "k", "v", "o", "qk", "pv", "args", "lane", "tile_lse", "tile_out", "merge")
+    __slots__ = ("chunk", "q", "k", "v", "o", "qk", "pv", "args", "lane", "tile_lse", "tile_out", "regions", "merge")
 
-    def __init__(self, chunk, offsets, qk, pv, args, lane, tile_lse=None, tile_out=None, merge=None):
+    def __init__(self, chunk, offsets, qk, pv, args, lane, regions=None, merge=None):
         self.chunk = chunk
         self.q, self.k, self.v, self.o = offsets
         self.qk, self.pv, self.args, self.lane = qk, pv, args, lane
-        self.tile_lse, self.tile_out, self.merge = tile_lse, tile_out, merge
+        self.regions, self.merge = regions, merge
+        self.tile_lse = self.tile_out = None
+        if regions is not None:  # a first tile starts the running result, the others write the partial one
+            self.tile_out, self.tile_lse = regions[0:2] if chunk.tile == "first" else regions[2:4]
 
 
 class Program:
@@ -137,10 +141,9 @@ class Program:
         if not c.tile:
             return _Step(c, offsets, qk, pv, args, lane)
         regions, _ = tile_regions(self.plan, c)
-        first = c.tile == "first"
         args.lse_local = 1
         merge = None
-        if not first:
+        if c.tile != "first":
             case = self.case
             merge = native.TileMergeArgs()
             merge.rows, merge.batch, merge.Dv = lay.s.rows, lay.s.batch, case.Dv
@@ -149,8 +152,7 @@ class Program:
             merge.Sq, merge.g, merge.Hkv, merge.Hq = case.Sq, case.group, case.Hkv, case.Hq
             merge.out_dtype = native.DTYPE_CODES[case.dtype]
             merge.last = int(c.tile == "last")
-        return _Step(c, offsets, qk, pv, args, lane, regions[1] if first else regions[3],
-                     regions[0] if first else regions[2], merge)
+        return _Step(c, offsets, qk, pv, args, lane, regions, merge)
 
     def _softmax_args(self, lay: ChunkLayout, c: Chunk) -> native.SoftmaxArgs:
         case = self.case
@@ -268,8 +270,7 @@ class Program:
             s.pv.run(*pv_ops)
             m = s.merge
             if m is not None:
-                regions, _ = tile_regions(self.plan, s.chunk)
-                m.acc_o, m.acc_lse, m.part_o, m.part_lse = (tiles + r for r in regions)
+                m.acc_o, m.acc_lse, m.part_o, m.part_lse = (tiles + r for r in s.regions)
                 m.o, m.lse = (ob + s.o, lse_ptr) if m.last else (0, 0)
                 native.tile_merge(m, st)
         if len(masses) == 2:
