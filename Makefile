@@ -15,9 +15,8 @@ NVCCFLAGS ?= -O3 -std=c++17 -Xcompiler -fPIC,-Wall -Xptxas -warn-spills --expt-r
 #   kv head, or a mask): the 256-wide FP32 output of one m16 tile (128 registers) plus the scores and the mask.
 # * flash.cu, merge_partials<256> (fp16 and bf16): 8 bytes, the split merge's 64-bit row arithmetic; it reads a few
 #   KB a row.
-# * softmax.cu, softmax_resident<512,4> and <128,8> (fp16 and bf16, sm_80 only): 12 and 20 bytes. Not register
-#   pressure (32 and 48 registers used, far under the cap): ptxas saves a few registers in an 8-byte stack frame
-#   around its out-of-line 64-bit integer division (the row index, once a CTA). The sm_90 build has none.
+# softmax.cu has none since 2026-11-22 (its sm_80 build spilled 12-20 bytes around an out-of-line 64-bit division
+# before the row mapping moved into row_place).
 
 # wgmma and setmaxnreg exist only in the arch-specific sm_90a target: the Hopper kernel is compiled for it alone
 # (a separate object, so the driver cannot pick a plain sm_90 build of it) and linked into the same library.

@@ -39,7 +39,7 @@ class SoftmaxArgs(ctypes.Structure):
     """Mirror of ``attn_lt_softmax_args`` in native/attn_lt.h."""
 
     _fields_ = [("scores", ctypes.c_void_p), ("probs", ctypes.c_void_p), ("lse", ctypes.c_void_p),
-                ("mask", ctypes.c_void_p)] + [
+                ("mask", ctypes.c_void_p), ("mass", ctypes.c_void_p)] + [
         (n, ctypes.c_int64) for n in ("rows", "cols", "batch", "ld_s", "bs_s", "ld_p", "bs_p", "row0", "gi0",
                                       "e0", "Sq", "Sk", "g", "Hkv", "Hq", "m_sb", "m_sh", "m_sq", "m_sk", "k0")] + [
         (n, ctypes.c_int32) for n in ("causal", "out_dtype", "mask_dtype", "variant", "lse_local")]

@@ -38,12 +38,15 @@ enum attn_lt_dtype { ATTN_LT_NONE = 0, ATTN_LT_F16 = 1, ATTN_LT_BF16 = 2, ATTN_L
  * pointer is the mask's start, the kernel adds k0).
  * P (out_dtype) is written row by row; it may alias the scores (P row r at the byte address of score row r).
  * lse is FP32 (B, Hq, Sq) contiguous, or with lse_local FP32 [batch][rows] (a key tile's partial LSE). The mask
- * (optional) is indexed with element strides over (B, Hq, Sq, Sk), 0 for broadcast dimensions. */
+ * (optional) is indexed with element strides over (B, Hq, Sq, Sk), 0 for broadcast dimensions. mass (optional):
+ * FP32 (B, Hq, Sk) contiguous; the P of each head's row of query position Sq - 1 is also written there, in FP32 at
+ * key k0 + j (the attention mass per key where it is the sum of one row: decode, or a window of one row). */
 typedef struct attn_lt_softmax_args {
     const float* scores;
     void* probs;
     float* lse;
     const void* mask;
+    float* mass;
     int64_t rows, cols, batch;
     int64_t ld_s, bs_s;   /* score row stride and block stride, in floats (ld_s % 4 == 0, 16-byte aligned) */
     int64_t ld_p, bs_p;   /* P row stride and block stride, in elements (ld_p % 4 == 0) */

@@ -37,6 +37,7 @@ struct Row {
     char* p;
     float* lse;
     const char* mask;  // mask at (b, h, q, key 0), or nullptr
+    float* mass;       // where P is also written in FP32 (the attention mass per key of this row's head), or nullptr
     int64_t limit;     // last visible key, inclusive (may be negative: all masked)
     bool mask_vec;     // mask keys contiguous and 4-key aligned: 4 keys in one load
 };
@@ -58,6 +59,7 @@ __device__ __forceinline__ Row row_info(const attn_lt_softmax_args& a, int64_t e
     w.s = a.scores + e * a.bs_s + r * a.ld_s;
     w.p = static_cast<char*>(a.probs) + (e * a.bs_p + r * a.ld_p) * 2;
     w.lse = a.lse_local ? a.lse + e * a.rows + r : a.lse + (at.b * a.Hq + at.h) * a.Sq + at.q;
+    w.mass = a.mass != nullptr && at.q == a.Sq - 1 ? a.mass + (at.b * a.Hq + at.h) * a.Sk + a.k0 : nullptr;
     int64_t limit = a.cols - 1;
     if (a.causal) limit = min(limit, at.q + a.Sk - a.Sq - a.k0);
     w.limit = limit;
@@ -159,6 +161,21 @@ __device__ __forceinline__ void store4<__half>(char* p, int64_t j, float a, floa
     *reinterpret_cast<uint2*>(p + j * 2) = u;
 }
 
+// P of keys j..j+3 stored in the output dtype, and in FP32 into the row's attention mass when it has one (keys
+// past the row's `cols` are padding of P and not of the mass).
+template <typename OutT>
+__device__ __forceinline__ void store_p(const Row& w, int64_t j, int64_t cols, float x, float y, float z, float u) {
+    store4<OutT>(w.p, j, x, y, z, u);
+    if (w.mass == nullptr) return;
+    float* m = w.mass + j;
+    if (j + 3 < cols && reinterpret_cast<uintptr_t>(m) % 16 == 0) {
+        *reinterpret_cast<float4*>(m) = make_float4(x, y, z, u);
+        return;
+    }
+    const float v[4] = {x, y, z, u};
+    for (int i = 0; i < 4 && j + i < cols; ++i) m[i] = v[i];
+}
+
 // Block-wide max and sum. Each has one barrier; a kernel gives each reduction its own scratch (red[0], red[1]) and
 // has another barrier between two uses of the same scratch.
 template <int THREADS>
@@ -217,7 +234,7 @@ __global__ void __launch_bounds__(THREADS) softmax_resident(const attn_lt_softma
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
         const int64_t j = (int64_t(i) * THREADS + threadIdx.x) * 4;
-        if (j < a.cols) store4<OutT>(w.p, j, v[i].x * inv, v[i].y * inv, v[i].z * inv, v[i].w * inv);
+        if (j < a.cols) store_p<OutT>(w, j, a.cols, v[i].x * inv, v[i].y * inv, v[i].z * inv, v[i].w * inv);
     }
     finish_row(w, mref, sum);
 }
@@ -356,7 +373,7 @@ __global__ void __launch_bounds__(THREADS, 1) softmax_pipe(const attn_lt_softmax
         const float inv = sum > 0.f ? 1.f / sum : 0.f;
         for (int64_t c = c0 + threadIdx.x; c < c1; c += THREADS) {
             const float4 v = buf[c - c0];
-            store4<OutT>(w.p, 4 * c, v.x * inv, v.y * inv, v.z * inv, v.w * inv);
+            store_p<OutT>(w, 4 * c, a.cols, v.x * inv, v.y * inv, v.z * inv, v.w * inv);
         }
         if (threadIdx.x == 0) {
             if (rank == 0) *w.lse = sum > 0.f ? mref + logf(sum) : -INFINITY;
@@ -400,8 +417,8 @@ __global__ void __launch_bounds__(THREADS) softmax_two_pass(const attn_lt_softma
         for (int i = 0; i < NV; ++i) {
             const int64_t j = base + (int64_t(i) * THREADS + threadIdx.x) * 4;
             if (j < a.cols)
-                store4<OutT>(w.p, j, ex(v[i].x, mref) * inv, ex(v[i].y, mref) * inv, ex(v[i].z, mref) * inv,
-                             ex(v[i].w, mref) * inv);
+                store_p<OutT>(w, j, a.cols, ex(v[i].x, mref) * inv, ex(v[i].y, mref) * inv, ex(v[i].z, mref) * inv,
+                              ex(v[i].w, mref) * inv);
         }
     }
     finish_row(w, mref, sum);

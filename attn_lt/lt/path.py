@@ -240,8 +240,12 @@ class Program:
         gws = self.plan.gemm_workspace
         ws0 = workspace.data_ptr()
         tile_base = gws + self.plan.score_bytes
-        masses = [key_mass] if key_mass is not None else []
-        if key_mass is not None and lanes is not None:  # lanes write disjoint slices once, or add into their own sums
+        case = self.case
+        # one row a head in the window, one chunk a head: the softmax writes the mass as it writes P
+        direct = key_mass is not None and self.mass_written_once and min(case.Sq, window or case.Sq) == 1
+        mass_ptr = key_mass.data_ptr() if direct else 0
+        masses = [key_mass] if key_mass is not None and not direct else []
+        if masses and lanes is not None:  # lanes write disjoint slices once, or add into their own sums
             masses.append(key_mass if self.mass_written_once else torch.zeros_like(key_mass))
         for s in self.steps if self.steps is not None else self._steps():
             st = streams[s.lane]
@@ -254,8 +258,9 @@ class Program:
             a = s.args
             a.scores = a.probs = scores
             a.lse = lse_ptr if s.tile_lse is None else tiles + s.tile_lse
-            a.mask = mask_ptr
+            a.mask, a.mass = mask_ptr, mass_ptr
             native.softmax(a, st)
+            a.mass = 0  # the arguments are copied at launch; no later run may write a stale mass
             if masses:
                 region = workspace[w - ws0 + gws:]
                 if s.lane == 0:
