@@ -182,6 +182,10 @@ def make_inputs(B, Hq, Hkv, Sq, Sk, D, layout):
     (2, 4, 2, 40, 200, 16, True, None, "bshd", 64 * 1024),       # no fold, no batch combining
     (1, 4, 1, 300, 97, 16, True, "float", "bshd", 48 * 1024),     # Sq > Sk: fully masked leading rows
     (2, 2, 2, 33, 65, 8, False, "float", "padded", 40 * 1024),
+    # key tiles (whole rows would be under 64 rows): first, mid and last tiles merged by LSE
+    (1, 2, 2, 200, 1100, 16, False, None, "bhsd", 200 * 1024),
+    (2, 4, 2, 150, 1300, 16, True, "bool", "bshd", 200 * 1024),   # causal, Sq < Sk, GQA, a per-row mask
+    (1, 2, 1, 700, 600, 8, True, "float", "padded", 200 * 1024),  # Sq > Sk: masked rows, whole-row blocks too
 ])
 def test_emulated_plan_matches_reference(B, Hq, Hkv, Sq, Sk, D, causal, mask, layout, budget):
     torch.manual_seed(0)
