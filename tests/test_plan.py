@@ -233,3 +233,13 @@ def test_shapes_count_what_the_chunks_list():
         counted[k] = counted.get(k, 0) + 1
     assert counted == {k: n for k, (_, n) in plan.shapes().items()}
     assert plan.to_dict()["chunks"] == len(plan.chunks) == sum(counted.values())
+
+
+def test_key_tiles_setting(monkeypatch):
+    case = Case.contiguous(1, 2, 2, 128, 65536, 64)
+    assert make_plan(case, 8 * MiB).key_tile
+    monkeypatch.setenv("ATTN_LT_KEY_TILES", "0")
+    assert make_plan(case, 8 * MiB).key_tile == 0
+    monkeypatch.setenv("ATTN_LT_KEY_TILES", "2")
+    with pytest.raises(ValueError, match="ATTN_LT_KEY_TILES=2 must be 0 or 1"):
+        make_plan(case, 8 * MiB)
