@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import config
+from .device import current_index
 
 log = logging.getLogger("attn_lt")
 
@@ -480,22 +481,12 @@ def _gpu(device: int) -> Gpu:
     return Gpu(p.name, f"{p.major}.{p.minor}", env_key)
 
 
-@functools.lru_cache(maxsize=1)
-def _cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def current_gpu() -> Gpu | None:
     """The current CUDA device (looked up once per device), or None without one (a CPU build of torch; whether
     CUDA is available is asked once per process: ``auto`` asks for the GPU on every decode step)."""
     try:
-        if not _cuda_available():
-            return None
-        import torch
-
-        return _gpu(torch.cuda.current_device())
+        dev = current_index()
+        return None if dev is None else _gpu(dev)
     except Exception:  # a broken CUDA setup: no GPU, no calibration
         return None
 

@@ -165,12 +165,16 @@ class Plan:
         """Entries one GEMM may cover: all (B, Hkv) when one stride reaches them, else one sequence's Hkv."""
         return self.case.B * self.case.Hkv if self.combine_batch else self.case.Hkv
 
+    def tile_count(self, kend: int) -> int:
+        """How many key tiles a row block with keys [0, kend) is computed in (1: its whole key range)."""
+        t = self.key_tile
+        return -(-kend // t) if t and kend > t else 1
+
     def tiles(self, kend: int) -> list[tuple[int, int]]:
         """The key ranges [k0, k1) a row block with keys [0, kend) is computed in."""
         t = self.key_tile
-        if not t or kend <= t:
-            return [(0, kend)]
-        return [(k0, min(kend, k0 + t)) for k0 in range(0, kend, t)]
+        n = self.tile_count(kend)
+        return [(0, kend)] if n == 1 else [(i * t, min(kend, (i + 1) * t)) for i in range(n)]
 
     def entry_groups(self, ne: int) -> Iterator[tuple[int, int]]:
         """(e0, ne) of each GEMM's entries, for GEMMs of up to ``ne`` entries."""
@@ -220,8 +224,7 @@ class Plan:
                 for e0, ne in self.entry_groups(rb.ne):
                     first, n = groups.get(ne, (e0, 0))
                     groups[ne] = (first, n + 1)
-            t = self.key_tile
-            n = -(-rb.kend // t) if t and rb.kend > t else 1  # key tiles
+            t, n = self.key_tile, self.tile_count(rb.kend)
             if n == 1:
                 roles = (("", 0, rb.kend, 1),)
             else:
@@ -238,11 +241,21 @@ class Plan:
                         got[1] += n_tiles * n_groups
         return {k: (c, n) for k, (c, n) in out.items()}
 
+    @property
+    def n_chunks(self) -> int:
+        """Chunks of the plan, counted from :meth:`shapes`."""
+        return sum(n for _, n in self.shapes().values())
+
+    @property
+    def computed_chunks(self) -> int:
+        """Chunks that compute scores (not the all-masked rows of causal Sq > Sk)."""
+        return sum(n for c, n in self.shapes().values() if c.kend)
+
     def summary(self) -> str:
         case = self.case
         full = case.B * case.Hq * case.Sq * case.Sk
         shapes = self.shapes()
-        n = sum(cnt for _, cnt in shapes.values())
+        n = self.n_chunks
         done = sum(cnt * c.ne * self.rows(c) * c.keys for c, cnt in shapes.values())
         biggest = max((c for c, _ in shapes.values()), key=lambda c: c.ne * self.rows(c) * c.keys)
         tiles = (f"keys in tiles of {self.key_tile} merged by LSE" if self.key_tile
@@ -257,8 +270,7 @@ class Plan:
     def to_dict(self, chunks: bool = False) -> dict:
         """The plan's parameters, its chunk count, and (``chunks``) every chunk."""
         d = {k: v for k, v in asdict(self).items() if k != "case"}
-        d["chunks"] = ([asdict(c) for c in self.iter_chunks()] if chunks
-                       else sum(cnt for _, cnt in self.shapes().values()))
+        d["chunks"] = [asdict(c) for c in self.iter_chunks()] if chunks else self.n_chunks
         return d
 
 
@@ -325,16 +337,12 @@ def _make_plan(case: Case, budget: int, lanes: int, key_tiles: bool) -> Plan:
     gemm_ws = min(config.GEMM_WORKSPACE_MAX, (budget // 8) // 256 * 256)
     plan = _grid(case, budget, gemm_ws, budget - gemm_ws, 1, key_tiles)
     lane_scores = (budget - 2 * gemm_ws) // 2 // 256 * 256
-    if lanes > 1 and _computed_chunks(plan) >= LANE_MIN_CHUNKS:
+    if lanes > 1 and plan.computed_chunks >= LANE_MIN_CHUNKS:
         try:
             return _grid(case, budget, gemm_ws, lane_scores, 2, key_tiles)
         except ValueError:
             pass  # half the budget is too small: one lane
     return plan
-
-
-def _computed_chunks(plan: Plan) -> int:
-    return sum(n for c, n in plan.shapes().values() if c.kend)
 
 
 def _grid(case: Case, budget: int, gemm_ws: int, scores: int, lanes: int, key_tiles: bool) -> Plan:

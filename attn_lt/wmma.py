@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from . import native
 from .backends import Backend
+from .device import current_index
 from .validate import Case
 
 #: Row blocks of at most this many rows (query positions × query heads of one kv head) take native/flash.cu with
@@ -41,14 +42,7 @@ SMEM_D256 = (64 + 4 * KEY_TILE) * 256 * 2
 
 def _device_index(device: int | None) -> int | None:
     """``device``, or the current CUDA device when None; None without a GPU."""
-    if device is not None:
-        return device
-    try:
-        import torch
-
-        return torch.cuda.current_device() if torch.cuda.is_available() else None
-    except (RuntimeError, AssertionError):
-        return None
+    return device if device is not None else current_index()
 
 
 def hopper_kernel(device: int | None = None) -> bool:

@@ -811,9 +811,8 @@ def plan_info(p) -> dict:
     """Chunks (computed ones), lanes, the scores they compute and the plan's summary, from ``explain()``."""
     e = p.explain()
     pl = e.plan
-    computed = [(c, n) for c, n in pl.shapes().values() if c.kend]
-    return {"chunks": sum(n for _, n in computed), "lanes": pl.lanes, "key_tile": pl.key_tile,
-            "computed_scores": float(sum(n * c.ne * pl.rows(c) * c.keys for c, n in computed)),
+    return {"chunks": pl.computed_chunks, "lanes": pl.lanes, "key_tile": pl.key_tile,
+            "computed_scores": float(sum(n * c.ne * pl.rows(c) * c.keys for c, n in pl.shapes().values())),
             "plan": pl.summary()}
 
 

@@ -114,9 +114,9 @@ class Program:
         self._alpha_ptr, self._one_ptr = self._alpha.ctypes.data, self._one.ctypes.data
         self._model = model_bases(case, out_align)
         self.empty_chunks = tuple(c for rb in plan.row_blocks() if not rb.kend for c in plan.chunks_of(rb))
-        computed = sum(n for c, n in plan.shapes().values() if c.kend)
         #: every computed chunk's step, or None when the plan is too large to list (steps made as they run)
-        self.steps: list[_Step] | None = list(self._steps()) if computed <= PREPARED_MAX_CHUNKS else None
+        self.steps: list[_Step] | None = (list(self._steps()) if plan.computed_chunks <= PREPARED_MAX_CHUNKS
+                                          else None)
         self._lean = self.steps is not None and not plan.key_tile
         #: each (entry, query head) has one chunk, over every key and every query row: the attention mass per key
         #: is written once (no zeroing, no accumulation; what decode needs), not summed chunk by chunk

@@ -1,0 +1,26 @@
+"""Which CUDA device a call runs on: one rule for the modules that ask (the fused path's launch facts, the
+calibration's GPU). ``torch.cuda.is_available()`` asks NVML, too slow for a decode step, so it is asked once."""
+
+from __future__ import annotations
+
+import functools
+
+
+@functools.lru_cache(maxsize=1)
+def cuda_available() -> bool:
+    """Whether torch sees a CUDA GPU (asked once per process)."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def current_index() -> int | None:
+    """The current CUDA device's index, or None without a GPU (a CPU build of torch, or a broken CUDA setup)."""
+    try:
+        if not cuda_available():
+            return None
+        import torch
+
+        return torch.cuda.current_device()
+    except (RuntimeError, AssertionError):
+        return None
