@@ -1,6 +1,7 @@
-// Device helpers every kernel of the library shares: constants, shared-memory addresses, exp2, cp.async, packing.
-// Included inside each file's anonymous namespace (internal linkage per translation unit), after cuda_bf16.h and
-// cuda_fp16.h.
+// Helpers every kernel file of the library shares: constants, shared-memory addresses, exp2, cp.async, packing
+// (device), and the launchers' per-device facts and shared-memory opt-in (host, asked of the runtime once).
+// Included inside each file's anonymous namespace (internal linkage per translation unit), after cuda_bf16.h,
+// cuda_fp16.h, cuda_runtime.h, <atomic>, <mutex> and <vector>.
 #ifndef ATTN_LT_COMMON_CUH
 #define ATTN_LT_COMMON_CUH
 
@@ -45,6 +46,64 @@ template <>
 __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
     __half2 v = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// The current device's compute capability and SM count. A launcher asks on every call (a decode step's hot path),
+// the runtime once per device.
+struct DeviceInfo {
+    int major, minor, sms;
+};
+
+inline cudaError_t current_device_info(const DeviceInfo** out) {
+    constexpr int kMaxDevices = 64;
+    static DeviceInfo info[kMaxDevices];
+    static std::atomic<bool> known[kMaxDevices];
+    static std::mutex lock;
+    int dev = 0;
+    cudaError_t err = cudaGetDevice(&dev);
+    if (err != cudaSuccess) return err;
+    if (dev < 0 || dev >= kMaxDevices) return cudaErrorInvalidDevice;
+    if (!known[dev].load(std::memory_order_acquire)) {
+        std::lock_guard<std::mutex> g(lock);
+        if (!known[dev].load(std::memory_order_relaxed)) {
+            DeviceInfo d{};
+            err = cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, dev);
+            if (err == cudaSuccess) err = cudaDeviceGetAttribute(&d.minor, cudaDevAttrComputeCapabilityMinor, dev);
+            if (err == cudaSuccess) err = cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev);
+            if (err != cudaSuccess) return err;
+            info[dev] = d;
+            known[dev].store(true, std::memory_order_release);
+        }
+    }
+    *out = &info[dev];
+    return cudaSuccess;
+}
+
+// Let `kernel` take `bytes` of dynamic shared memory on the current device: cudaFuncSetAttribute once per kernel,
+// device and larger size, not on every launch. The opt-in only grows, so that a smaller configuration never lowers
+// it under a larger one already launched.
+inline cudaError_t opt_in_smem(const void* kernel, size_t bytes) {
+    struct Known {
+        const void* kernel;
+        int dev;
+        size_t bytes;
+    };
+    static std::mutex lock;
+    static std::vector<Known> known;
+    int dev = 0;
+    cudaError_t err = cudaGetDevice(&dev);
+    if (err != cudaSuccess) return err;
+    std::lock_guard<std::mutex> g(lock);
+    for (Known& k : known) {
+        if (k.kernel != kernel || k.dev != dev) continue;
+        if (k.bytes >= bytes) return cudaSuccess;
+        err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+        if (err == cudaSuccess) k.bytes = bytes;
+        return err;
+    }
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+    if (err == cudaSuccess) known.push_back({kernel, dev, bytes});
+    return err;
 }
 
 #endif

@@ -19,7 +19,10 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
+#include <mutex>
+#include <vector>
 
 namespace {
 
@@ -218,15 +221,16 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
     const int stage_bytes = n_stage * mpitch;
     unsigned char* sM = reinterpret_cast<unsigned char*>(sV + kStages * kBlockN * D);  // [kStages][stage_bytes]
     const unsigned char* mask_bytes = static_cast<const unsigned char*>(a.mask);
+    // The mask's element offset of folded row r: (b, query head hk * g + r % g, position r / g).
+    auto mask_row = [&](int r) { return b * a.m_sb + (hk * g + r % g) * a.m_sh + int64_t(r / g) * a.m_sq; };
     int64_t ld_off[kMU];  // staged: the mask rows of this thread's chunks of a tile
     bool ld_ok[kMU];
 #pragma unroll
     for (int u = 0; u < kMU; ++u) {
-        const int row = (threadIdx.x + u * kThreads) / (kBlockN * mes / 16), r = m0 + row;
+        const int row = (threadIdx.x + u * kThreads) / (kBlockN * mes / 16);
         ld_ok[u] = staged && row < (by_pos ? n_pos : m_valid);
-        ld_off[u] = !ld_ok[u] ? 0
-                    : b * a.m_sb + (by_pos ? int64_t(p0 + row) * a.m_sq
-                                           : (hk * g + r % g) * a.m_sh + int64_t(r / g) * a.m_sq);
+        // by position: the heads share the mask (m_sh == 0), so the position's first folded row stands for it
+        ld_off[u] = ld_ok[u] ? mask_row(by_pos ? (p0 + row) * g : m0 + row) : 0;
     }
     int pos[MT][2];
     int64_t moff[MT][2];
@@ -236,7 +240,7 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
         for (int e = 0; e < 2; ++e) {
             const int r = min(m0 + (W ? 0 : (warp * MT + t) * 16) + lane / 4 + e * 8, rows_all - 1);  // rows past the end:
             pos[t][e] = r / g;                                                                  // results unused
-            if (kMaskable) moff[t][e] = b * a.m_sb + (hk * g + r % g) * a.m_sh + int64_t(pos[t][e]) * a.m_sq;
+            if (kMaskable) moff[t][e] = mask_row(r);
         }
 
     {  // Q rows (folded heads), zero past the last row.
@@ -248,18 +252,21 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
             cp_async16(sQ + swz<D>(r, c), qb + (rr % g) * a.q_sh + int64_t(rr / g) * a.q_ss + c, ok ? 16 : 0);
         }
     }
-    // Prologue: tiles t_begin .. t_begin + kStages - 2, one commit group each (the first also holds Q).
-#pragma unroll
-    for (int st = 0; st < kStages - 1; ++st) {
-        const int n0 = (t_begin + st) * kBlockN;
-        if (t_begin + st < t_end) {
-            load_tile<D>(sK + st * kBlockN * D, k + int64_t(n0) * a.k_ss, a.k_ss, kBlockN, min(kBlockN, Sk - n0));
-            load_tile<D>(sV + st * kBlockN * D, v + int64_t(n0) * a.v_ss, a.v_ss, kBlockN, min(kBlockN, Sk - n0));
+    // Ring slot `slot` receives key tile `tile`: K, V and the staged mask rows, one commit group (an empty one past
+    // the last tile, so that the wait counts stay the same).
+    auto load_stage = [&](int slot, int tile) {
+        if (tile < t_end) {
+            const int n0 = tile * kBlockN, valid = min(kBlockN, Sk - n0);
+            load_tile<D>(sK + slot * kBlockN * D, k + int64_t(n0) * a.k_ss, a.k_ss, kBlockN, valid);
+            load_tile<D>(sV + slot * kBlockN * D, v + int64_t(n0) * a.v_ss, a.v_ss, kBlockN, valid);
             if (staged)
-                load_mask_tile<kMU>(sM + st * stage_bytes, mask_bytes, ld_off, ld_ok, mes, mpitch, n_stage, n0, Sk);
+                load_mask_tile<kMU>(sM + slot * stage_bytes, mask_bytes, ld_off, ld_ok, mes, mpitch, n_stage, n0, Sk);
         }
         cp_async_commit();
-    }
+    };
+    // Prologue: tiles t_begin .. t_begin + kStages - 2 (the first group also holds Q).
+#pragma unroll
+    for (int st = 0; st < kStages - 1; ++st) load_stage(st, t_begin + st);
 
     float o[MT][D / 8][4];
     float m[MT][2], l[MT][2];
@@ -279,18 +286,7 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
         const int buf = (it - t_begin) % kStages;
         cp_async_wait<kStages - 2>();
         __syncthreads();  // tile it (and Q) is in; every warp is done with tile it - 1's buffer
-        {  // prefetch tile it + kStages - 1 into the buffer tile it - 1 used (an empty group past the end)
-            const int n1 = (it + kStages - 1) * kBlockN;
-            if (it + kStages - 1 < t_end) {
-                const int nb = (buf + kStages - 1) % kStages;
-                const int valid = min(kBlockN, Sk - n1);
-                load_tile<D>(sK + nb * kBlockN * D, k + int64_t(n1) * a.k_ss, a.k_ss, kBlockN, valid);
-                load_tile<D>(sV + nb * kBlockN * D, v + int64_t(n1) * a.v_ss, a.v_ss, kBlockN, valid);
-                if (staged)
-                    load_mask_tile<kMU>(sM + nb * stage_bytes, mask_bytes, ld_off, ld_ok, mes, mpitch, n_stage, n1, Sk);
-            }
-            cp_async_commit();
-        }
+        load_stage((buf + kStages - 1) % kStages, it + kStages - 1);  // into the slot tile it - 1 used
         if (!warp_active) continue;  // this warp's rows are all past the end (decode: a few rows a block)
         const T* tK = sK + buf * kBlockN * D;
         const T* tV = sV + buf * kBlockN * D;
@@ -556,9 +552,8 @@ __global__ void __launch_bounds__(128) merge_partials(const attn_lt_flash_args a
 // blocks (a decode step is a few tens of microseconds, of which a dependent launch's latency is several).
 template <int D, typename T>
 cudaError_t merge(const attn_lt_flash_args& a, cudaStream_t stream) {
-    int dev = 0, major = 0;
-    cudaError_t err = cudaGetDevice(&dev);
-    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    const DeviceInfo* dev = nullptr;
+    const cudaError_t err = current_device_info(&dev);
     if (err != cudaSuccess) return err;
     const int64_t out_rows = a.B * a.Hq * a.Sq;
     cudaLaunchAttribute attr[1];
@@ -570,7 +565,7 @@ cudaError_t merge(const attn_lt_flash_args& a, cudaStream_t stream) {
     cfg.dynamicSmemBytes = 0;
     cfg.stream = stream;
     cfg.attrs = attr;
-    cfg.numAttrs = major >= 9 ? 1 : 0;
+    cfg.numAttrs = dev->major >= 9 ? 1 : 0;
     return cudaLaunchKernelEx(&cfg, merge_partials<D, T>, a);
 }
 
@@ -581,7 +576,7 @@ cudaError_t launch(const attn_lt_flash_args& a, cudaStream_t stream) {
     const size_t smem = size_t(kBlockM + 2 * kStages * kBlockN) * D * sizeof(T) +
                         (SM ? size_t(kStages) * mask_stage_rows(a, W, D) * mask_pitch(mask_elem_bytes(a.mask_dtype)) : 0);
     const auto kernel = flash_fwd<D, T, MT, W, SM>;
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    cudaError_t err = opt_in_smem(reinterpret_cast<const void*>(kernel), smem);
     if (err != cudaSuccess) return err;
     const int64_t rows = a.Sq * (a.Hq / a.Hkv);
     const dim3 grid(static_cast<unsigned>((rows + kBlockM - 1) / kBlockM), static_cast<unsigned>(a.B * a.Hkv),

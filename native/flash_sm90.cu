@@ -34,8 +34,11 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <type_traits>
+#include <vector>
 
 namespace {
 
@@ -590,12 +593,10 @@ EncodeTiled encode_tiled() {
 
 // Current device is compute capability 9.0: cudaSuccess, cudaErrorNotSupported, or the runtime's error.
 cudaError_t check_device() {
-    int dev = 0, major = 0, minor = 0;
-    cudaError_t err = cudaGetDevice(&dev);
-    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    const DeviceInfo* dev = nullptr;
+    const cudaError_t err = current_device_info(&dev);
     if (err != cudaSuccess) return err;
-    return major == 9 && minor == 0 ? cudaSuccess : cudaErrorNotSupported;
+    return dev->major == 9 && dev->minor == 0 ? cudaSuccess : cudaErrorNotSupported;
 }
 
 // A stride the kernel accepts: that of a dimension of size 1 (never used), or a positive multiple of 8 elements
@@ -629,7 +630,7 @@ cudaError_t launch(const attn_lt_flash_args& a, cudaStream_t stream) {
         !make_map(&mv, dt, a.v, a.B, a.Hkv, a.Sk, D, a.v_sb, a.v_sh, a.v_ss, L::kBlockN))
         return static_cast<cudaError_t>(ATTN_LT_ERR_TENSOR_MAP);
     const auto kernel = flash_sm90_fwd<D, T, kOverlap>;
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(L::kSmem));
+    cudaError_t err = opt_in_smem(reinterpret_cast<const void*>(kernel), L::kSmem);
     if (err != cudaSuccess) return err;
     Params p;
     p.o = a.o;

@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <vector>
@@ -425,20 +426,13 @@ __global__ void __launch_bounds__(THREADS) softmax_two_pass(const attn_lt_softma
 }
 
 bool has_clusters() {
-    static int major[64] = {0};
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
-    if (major[dev] == 0 && cudaDeviceGetAttribute(&major[dev], cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
-        return false;
-    return major[dev] >= 9;
+    const DeviceInfo* d = nullptr;
+    return current_device_info(&d) == cudaSuccess && d->major >= 9;
 }
 
 int sm_count() {
-    static int count[64] = {0};
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 1;
-    if (count[dev] == 0) cudaDeviceGetAttribute(&count[dev], cudaDevAttrMultiProcessorCount, dev);
-    return count[dev] > 0 ? count[dev] : 1;
+    const DeviceInfo* d = nullptr;
+    return current_device_info(&d) == cudaSuccess && d->sms > 0 ? d->sms : 1;
 }
 
 constexpr int64_t kPipeSmem = 220 * 1024;  // ring bytes a CTA may take (227 KB opt-in on sm_80 and sm_90)
@@ -478,18 +472,13 @@ cudaError_t residency(Kernel kernel, int threads, size_t smem, int C, bool clust
     if (err != cudaSuccess) return err;
     const void* key = reinterpret_cast<const void*>(kernel);
     std::lock_guard<std::mutex> g(lock);
-    // The kernel's shared-memory opt-in only ever grows (the largest size asked so far), so that a smaller
-    // configuration never lowers it under a larger one whose residency is already known.
-    size_t limit = smem;
     for (const Residency& r : known) {
-        if (r.kernel != key || r.dev != dev) continue;
-        if (r.C == C && r.smem == smem) {
+        if (r.kernel == key && r.dev == dev && r.C == C && r.smem == smem) {
             *out = r.clusters;
             return cudaSuccess;
         }
-        limit = std::max(limit, r.smem);
     }
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(limit));
+    err = opt_in_smem(key, smem);
     if (err != cudaSuccess) return err;
     int64_t clusters = 0;
     if (clustered) {
