@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 
 import torch
@@ -25,33 +24,14 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import attn_lt  # noqa: E402
-from attn_lt.testing import rel_error  # noqa: E402
+from attn_lt.testing import events_ms, rel_error  # noqa: E402
+from bench import ceilings  # noqa: E402  (tools/ is this script's directory)
 
 
 def parse_shape(text: str) -> tuple[int, int, int, bool]:
     causal = text.endswith("c")
     b, h, s = (int(x) for x in text.rstrip("c").split("x"))
     return b, h, s, causal
-
-
-def timed(fn, reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
-
-
-def copy_rate() -> float:
-    """Bytes a second of a device-to-device copy of 2 GiB (read + write)."""
-    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    y = torch.empty_like(x)
-    ms = timed(lambda: y.copy_(x), 5)
-    return 2 * x.numel() / (ms / 1e3)
 
 
 def run_lt(q, k, v, causal: bool, tiles: bool, reps: int, profile: bool = False):
@@ -64,7 +44,7 @@ def run_lt(q, k, v, causal: bool, tiles: bool, reps: int, profile: bool = False)
         warm += 1
         if p.program is not None and not p.program.pending:
             break
-    ms = timed(lambda: p.run(q, k, v), reps)
+    ms = events_ms(lambda: p.run(q, k, v), reps)
     where = None
     if profile:
         from bench_lt import profile_call  # tools/ is this script's directory
@@ -84,7 +64,7 @@ def main() -> int:
         print("bench_key_tiles needs a CUDA GPU", file=sys.stderr)
         return 2
     gpu = torch.cuda.get_device_name()
-    rate = copy_rate()
+    rate = ceilings()["copy_tbs"] * 1e12
     rows = []
     for text in a.shapes.split(","):
         B, H, S, causal = parse_shape(text)
@@ -105,8 +85,8 @@ def main() -> int:
                 with sdpa_kernel(backend):
                     outs[name] = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
                     torch.cuda.synchronize()
-                    results[name] = {"ms": timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
-                                                 a.reps)}
+                    results[name] = {"ms": events_ms(
+                        lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), a.reps)}
             except RuntimeError as e:
                 results[name] = {"ms": None, "error": str(e).splitlines()[0][:120]}
         ref_name = "sdpa flash" if "sdpa flash" in outs else "sdpa cudnn"

@@ -15,7 +15,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import attn_lt  # noqa: E402
-from bench_key_tiles import timed  # noqa: E402
+from attn_lt.testing import events_ms  # noqa: E402
 
 planner = importlib.import_module("attn_lt.plan")  # attn_lt.plan is also the name of the public function
 
@@ -43,7 +43,7 @@ def main() -> int:
             torch.cuda.synchronize()
             if not p.program.pending:
                 break
-        ms = timed(lambda: p.run(q, k, v), 3)
+        ms = events_ms(lambda: p.run(q, k, v), 3)
         print(f"rows {rows} longest tile {longest or '-'} lanes {lanes}: {ms:.1f} ms, {flops / ms / 1e9:.0f} TFLOP/s; "
               f"{p.chunks.summary()[:110]}", flush=True)
     return 0
