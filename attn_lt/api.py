@@ -85,7 +85,8 @@ def _cupy_stream():
 def _signature(q, k, v, attn_mask, out_align: int) -> tuple:
     """What a plan fixes about its tensors: shapes, strides, dtypes, devices and the address alignment."""
     align = address_alignment(q.data_ptr() | k.data_ptr() | v.data_ptr())
-    m = None if attn_mask is None else (attn_mask.shape, attn_mask.stride(), attn_mask.dtype, attn_mask.device)
+    m = None if attn_mask is None else (attn_mask.shape, attn_mask.stride(), attn_mask.dtype, attn_mask.device,
+                                        address_alignment(attn_mask.data_ptr()))
     return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype, q.device,
             k.device, v.device, m, align, out_align)
 

@@ -5,13 +5,14 @@ LSE, dense masks. Two kernels behind the one name:
 
 * ``native/flash_sm90.cu`` (Hopper, sm_90a): TMA into an mbarrier ring, ``wgmma`` for Q·Kᵀ and P·V with P from
   registers, a producer warpgroup and two consumer warpgroups with register reallocation, the softmax overlapped
-  with the next tile's GEMM; head dims 64, 128 and 256; no mask. It runs prefill-sized row blocks on Hopper.
+  with the next tile's GEMM; head dims 64, 128 and 256; dense bool masks and additive masks in q's dtype read by
+  TMA tile by tile (:func:`hopper_mask_refusal` says which masks). It runs prefill-sized row blocks on Hopper.
 * ``native/flash.cu`` (every GPU from sm_80): ``mma.sync`` fed by ``cp.async``; the query heads of one kv head
   folded into the rows of a tile (each K/V tile read once per group); dense bool or additive masks read by strides;
   and a split of the key range (flash-decoding): when the row blocks alone cannot fill the GPU — decode, a few query
   rows against long keys — each block's keys are cut into ``splits`` parts whose FP32 partial outputs and LSEs a
-  merge kernel joins (the same LSE merge as :mod:`attn_lt.merge`, in CUDA). It runs decode, masks, and everything
-  off Hopper.
+  merge kernel joins (the same LSE merge as :mod:`attn_lt.merge`, in CUDA). It runs decode, the masks TMA cannot
+  read (fp32, unaligned rows), and everything off Hopper.
 
 :func:`fused_launch` is the one rule for which kernel, how many splits, and the workspace the partials take.
 """
@@ -163,16 +164,40 @@ def fused_launch(case: Case, facts: DeviceFacts | None = None, *, kernel: str | 
             facts, assumed = ASSUMED_DEVICE, True
     # the key length matters only through the most splits it allows: a decode loop's steps share one result
     return _fused_launch(case.B, case.Hq, case.Hkv, case.Sq, case.D, case.Dv, case.mask is not None,
-                         most_splits(case.Sk), facts, assumed, kernel, splits)
+                         hopper_mask_refusal(case), most_splits(case.Sk), facts, assumed, kernel, splits)
+
+
+def hopper_mask_refusal(case: Case) -> str | None:
+    """Why native/flash_sm90.cu cannot read ``case``'s mask (None when it can, or when there is no mask). It reads
+    by TMA a bool mask or an additive one in q's dtype (an fp32 mask tile would not fit beside the K/V ring), whose
+    keys are contiguous, whose address is 16-byte aligned and whose batch, head and row strides are 0 (broadcast)
+    or multiples of 16 bytes. native/flash_sm90.cu's ``mask_kind`` holds the same rule."""
+    m = case.mask
+    if m is None:
+        return None
+    if m.dtype not in ("bool", case.dtype):
+        return f"{m.dtype} mask (it reads bool or {case.dtype})"
+    es = 1 if m.dtype == "bool" else 2
+    sb, sh, sq, sk = m.strides
+    if case.Sk > 1 and sk != 1:
+        return f"mask keys {sk} elements apart (it reads contiguous keys)"
+    for name, stride in (("batch", sb), ("head", sh), ("row", sq)):
+        if stride * es % 16:
+            return f"mask {name} stride of {stride * es} bytes (it reads multiples of 16)"
+    if m.align < 16:
+        return f"mask address aligned to {m.align} bytes (it reads 16-byte aligned masks)"
+    return None
 
 
 @functools.lru_cache(maxsize=4096)
-def _fused_launch(B: int, Hq: int, Hkv: int, Sq: int, D: int, Dv: int, masked: bool, most: int,
-                  facts: DeviceFacts, assumed: bool, kernel: str | None, forced_splits: int | None) -> FusedLaunch:
+def _fused_launch(B: int, Hq: int, Hkv: int, Sq: int, D: int, Dv: int, masked: bool, mask_refusal: str | None,
+                  most: int, facts: DeviceFacts, assumed: bool, kernel: str | None,
+                  forced_splits: int | None) -> FusedLaunch:
     note = "; no GPU here: planned for a 132-SM Hopper GPU" if assumed else ""
     rows = Sq * (Hq // Hkv)  # query positions x the query heads of one kv head
-    if kernel == "sm90" or kernel is None and facts.hopper and not masked and rows > DECODE_ROWS:
-        return FusedLaunch("sm90", 128, 1, 0, f"{rows} rows a kv head, no mask{note}")
+    if kernel == "sm90" or kernel is None and facts.hopper and mask_refusal is None and rows > DECODE_ROWS:
+        mask = "a mask read by TMA" if masked else "no mask"
+        return FusedLaunch("sm90", 128, 1, 0, f"{rows} rows a kv head, {mask}{note}")
     one = D == 256 or masked or rows <= DECODE_ROWS
     block_rows = 16 if rows <= WARP_SPLIT_ROWS else 64 if one else 128
     # CTAs an SM the split rule fills: two where registers and shared memory allow it (a decode block keeps two
@@ -187,7 +212,12 @@ def _fused_launch(B: int, Hq: int, Hkv: int, Sq: int, D: int, Dv: int, masked: b
         while splits > 1 and splits * part > MAX_SPLIT_BYTES:
             splits //= 2
     per_head = f"{rows} row{'' if rows == 1 else 's'} a kv head"
-    why = "a mask" if masked else per_head if rows <= DECODE_ROWS else "no Hopper kernel here"
+    if rows <= DECODE_ROWS:
+        why = per_head + (", a mask" if masked else "")
+    elif mask_refusal is not None and facts.hopper:
+        why = f"the Hopper kernel cannot read this mask: {mask_refusal}"
+    else:
+        why = "no Hopper kernel here"
     if forced_splits is not None or kernel is not None:
         why = "forced by the caller"
     elif splits > 1:

@@ -110,7 +110,7 @@ typedef struct attn_lt_flash_args {
     int32_t causal;
     int32_t dtype;      /* ATTN_LT_F16 or ATTN_LT_BF16 */
     int32_t variant;    /* attn_lt_flash_sm90_fwd: an attn_lt_flash_sm90_variant; attn_lt_flash_fwd ignores it */
-    int32_t mask_dtype; /* ATTN_LT_NONE unless a mask is given (attn_lt_flash_fwd only) */
+    int32_t mask_dtype; /* ATTN_LT_NONE unless a mask is given (attn_lt_flash_sm90_fwd: bool or dtype only) */
     int32_t splits;     /* parts of the key range; 0 or 1: one (attn_lt_flash_fwd only; the sm_90a kernel takes 1) */
 } attn_lt_flash_args;
 
@@ -123,8 +123,10 @@ int attn_lt_abi_version(void);
 int attn_lt_flash_fwd(const attn_lt_flash_args* args, void* stream);
 /* The fused short path on Hopper (native/flash_sm90.cu: TMA, mbarrier ring, wgmma, producer/consumer warpgroups),
  * same arguments: D is 64, 128 or 256; q, k, v, o 16-byte aligned; strides (batch, head, row) of q, k, v, o positive
- * multiples of 8 elements (any for a dimension of size 1); lse may be null. cudaErrorNotSupported unless the current
- * device is compute capability 9.0; cudaErrorInvalidValue when a precondition fails. */
+ * multiples of 8 elements (any for a dimension of size 1); lse may be null; a mask bool or of q's dtype (read by
+ * TMA), 16-byte aligned, keys contiguous, its other strides 0 or multiples of 16 bytes, with the default variant
+ * only. cudaErrorNotSupported unless the current device is compute capability 9.0; an attn_lt_status when a
+ * precondition fails. */
 int attn_lt_flash_sm90_fwd(const attn_lt_flash_args* args, void* stream);
 /* 1 when the current device is compute capability 9.0 and this library holds the sm_90a kernel, else 0. */
 int attn_lt_flash_sm90_supported(void);

@@ -20,13 +20,25 @@
 //   sQ           [D/64 slabs][kBlockM rows][64 elements]   (a slab: rows of 128 bytes, 8-row atoms of 1024 bytes,
 //   sK[kStages]  [D/64 slabs][kBlockN rows][64 elements]    16-byte chunk c of row r stored at chunk c ^ (r % 8))
 //   sV[kStages]  [D/64 slabs][kBlockN rows][64 elements]
+//   sM[kStages]  [boxes][kBlockM rows][mask row of 128 or 64 bytes]   (masked kernels only; see below)
 //   mbarriers    full_q, full_k[kStages], full_v[kStages], empty_k[kStages], empty_v[kStages]
 // The tensor maps view q/k/v as 5-D (64, S, D/64, H, B) with byte strides (row, 128, head, batch), so that one TMA
 // box (64, rows, D/64, 1, 1) lands as the slab layout above; rows past S are zero-filled by TMA.
 //
+// Dense masks (bool, true = attend, or additive in q's dtype), read by TMA with the K tile of the same stage and
+// completing on its barrier: the mask is a 4-D map (Sk, Sq, Hq, B) over its broadcast strides, a broadcast
+// dimension having size 1 (coordinate 0); a box is (128 bytes of keys, 128 rows) — (64 bytes, 128 rows) for a bool
+// mask of 64-key tiles — in the matching TMA swizzle, or one row when every query row reads the same mask row. Each
+// consumer thread reads the mask of its own accumulator elements from shared memory (the swizzle spreads the eight
+// rows a warp reads at once over every bank) and adds it in the exp2 domain; a stage is released once its softmax
+// has read it. When the heads share the mask, the grid runs the heads of a query block next to each other, so that
+// the mask block is read from HBM once and from L2 by the other heads.
+//
 // Preconditions (checked by the launcher): sm_90 device; D in {64, 128, 256}; fp16/bf16; q, k, v, o 16-byte aligned;
 // batch/head/row strides positive multiples of 8 elements (16 bytes) below 2^39 for q, k, v (any stride of a
-// dimension of size 1); o row stride a multiple of 8 elements; Sq, Sk < 2^30; B, Hq <= 65535.
+// dimension of size 1); o row stride a multiple of 8 elements; Sq, Sk < 2^30; B, Hq <= 65535; a mask bool or of
+// q's dtype, 16-byte aligned, its keys contiguous, its other strides 0 or multiples of 16 bytes; the plain variant
+// without a mask.
 #include "attn_lt.h"
 
 #include <cuda.h>  // CUtensorMap and its enums only: the driver function is fetched at run time (no -lcuda)
@@ -61,18 +73,30 @@ struct Cfg<256> {
     static constexpr int kBlockN = 64, kStages = 2;
 };
 
-template <int D>
+// The mask a kernel is built for: none, bool (1 byte, true = attend), or additive in q's dtype (2 bytes).
+enum MaskKind { kNoMask = 0, kBoolMask = 1, kAddMask = 2 };
+
+template <int D, int MK>
 struct Layout {
-    static constexpr int kBlockN = Cfg<D>::kBlockN, kStages = Cfg<D>::kStages;
+    static constexpr int kBlockN = Cfg<D>::kBlockN;
+    // a mask tile a stage takes the room of the deeper ring at D = 64
+    static constexpr int kStages = MK == kNoMask ? Cfg<D>::kStages : D == 64 ? 3 : 2;
     static constexpr uint32_t kQBytes = kBlockM * D * 2, kKVBytes = kBlockN * D * 2;
     static constexpr uint32_t kQSlab = kBlockM * 128, kKVSlab = kBlockN * 128;  // bytes of one 64-column slab
-    static constexpr uint32_t kK = kQBytes, kV = kK + kStages * kKVBytes, kBars = kV + kStages * kKVBytes;
+    // mask tiles: bytes an element, a box row (128, or 64 for a bool tile of 64 keys), keys a box row, boxes a tile
+    static constexpr uint32_t kMaskEs = MK == kBoolMask ? 1 : 2;
+    static constexpr uint32_t kMaskPitch = kBlockN * kMaskEs < 128 ? kBlockN * kMaskEs : 128;
+    static constexpr uint32_t kMaskCols = kMaskPitch / kMaskEs, kMaskBoxes = kBlockN / kMaskCols;
+    static constexpr uint32_t kMaskBox = kBlockM * kMaskPitch, kMaskStage = MK == kNoMask ? 0 : kMaskBoxes * kMaskBox;
+    static constexpr uint32_t kK = kQBytes, kV = kK + kStages * kKVBytes, kM = kV + kStages * kKVBytes;
+    static constexpr uint32_t kBars = kM + kStages * kMaskStage;
     static constexpr uint32_t kBarCount = 1 + 4 * kStages;
     static constexpr size_t kSmem = kBars + 8 * kBarCount + 1024;  // + slack to align the base to 1024 bytes
     static_assert(kSmem <= 227 * 1024, "shared memory over the sm_90 limit");
+    static_assert(kMaskPitch == 128 || kMaskPitch == 64, "mask rows in 128- or 64-byte swizzle");
 };
 
-// What the kernel needs besides the three tensor maps.
+// What the kernel needs besides the tensor maps.
 struct Params {
     void* o;
     float* lse;  // FP32 (B, Hq, Sq) contiguous, or null
@@ -80,6 +104,9 @@ struct Params {
     int Sq, Sk, Hq, group;  // group = Hq / Hkv
     float sl2;              // softmax scale * log2(e)
     int causal;
+    int m_rows;        // mask rows a box: kBlockM, or 1 when every query row reads mask row 0
+    int m_h, m_b;      // 1 where the mask has rows of its own per head / per batch entry, 0 where it is broadcast
+    int heads_inner;   // grid (Hq, query blocks, B) instead of (query blocks, Hq, B)
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -126,6 +153,16 @@ __device__ __forceinline__ void tma_load_5d(uint32_t dst, const CUtensorMap* map
         : "memory");
 }
 
+// One TMA box of a 4-D tensor map (the mask) into shared memory, completing (in bytes) on `bar`.
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1,
+                                            int c2, int c3) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+        : "memory");
+}
+
 __device__ __forceinline__ void prefetch_map(const CUtensorMap* map) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
@@ -150,6 +187,22 @@ __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_grou
 template <int N>
 __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// Two adjacent keys of a mask row in shared memory (p: the first, 2- or 4-byte aligned), in the exp2 domain: 0 or
+// -inf for a bool mask, the additive value (q's dtype) times log2(e).
+template <int MK, typename T>
+__device__ __forceinline__ float2 mask_pair(const unsigned char* p) {
+    if constexpr (MK == kBoolMask) {
+        const unsigned short v = *reinterpret_cast<const unsigned short*>(p);
+        return make_float2((v & 0xffu) ? 0.f : -INFINITY, (v >> 8) ? 0.f : -INFINITY);
+    } else if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+        const float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+        return make_float2(x.x * kLog2e, x.y * kLog2e);
+    } else {
+        const float2 x = __half22float2(*reinterpret_cast<const __half2*>(p));
+        return make_float2(x.x * kLog2e, x.y * kLog2e);
+    }
 }
 
 // Keep the compiler from moving reads or writes of registers that an in-flight wgmma owns across a wait.
@@ -260,26 +313,30 @@ __device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-// Grid: (ceil(Sq / 128), Hq, B); block: 384 threads; dynamic shared memory Layout<D>::kSmem.
-template <int D, typename T, bool kOverlap>
+// Grid: (ceil(Sq / 128), Hq, B), or (Hq, ceil(Sq / 128), B) with heads_inner; block: 384 threads; dynamic shared
+// memory Layout<D, MK>::kSmem. tmm, the mask's map, is read only when MK != kNoMask.
+template <int D, typename T, bool kOverlap, int MK>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_sm90_fwd(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmk,
-                   const __grid_constant__ CUtensorMap tmv, const Params p) {
+                   const __grid_constant__ CUtensorMap tmv, const __grid_constant__ CUtensorMap tmm,
+                   const Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using L = Layout<D>;
+    using L = Layout<D, MK>;
+    constexpr bool kMasked = MK != kNoMask;
     constexpr int BN = L::kBlockN, kStages = L::kStages;
     constexpr bool kPingPong = kOverlap && D <= 128;  // as FA3: the D = 256 tiles leave no room to take turns
     extern __shared__ unsigned char smem_raw[];
     const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-    const uint32_t sQ = base, sK = base + L::kK, sV = base + L::kV, bars = base + L::kBars;
+    const uint32_t sQ = base, sK = base + L::kK, sV = base + L::kV, sM = base + L::kM, bars = base + L::kBars;
     const uint32_t full_q = bars;
     auto full_k = [&](int s) { return bars + 8u * (1 + s); };
     auto full_v = [&](int s) { return bars + 8u * (1 + kStages + s); };
     auto empty_k = [&](int s) { return bars + 8u * (1 + 2 * kStages + s); };
     auto empty_v = [&](int s) { return bars + 8u * (1 + 3 * kStages + s); };
 
-    const int m_block = gridDim.x - 1 - blockIdx.x;  // heaviest causal blocks first
-    const int h = blockIdx.y, b = blockIdx.z, hk = h / p.group;
+    const int m_blocks = p.heads_inner ? gridDim.y : gridDim.x;
+    const int m_block = m_blocks - 1 - (p.heads_inner ? blockIdx.y : blockIdx.x);  // heaviest causal blocks first
+    const int h = p.heads_inner ? blockIdx.x : blockIdx.y, b = blockIdx.z, hk = h / p.group;
     const int m0 = m_block * kBlockM;  // lengths are below 2^30 (checked on the host)
     const int m_valid = min(kBlockM, p.Sq - m0);
     const int shift = p.Sk - p.Sq;  // causal: key j visible to query i iff j <= i + shift
@@ -309,6 +366,10 @@ __global__ void __launch_bounds__(kThreads, 1)
             prefetch_map(&tmq);
             prefetch_map(&tmk);
             prefetch_map(&tmv);
+            if constexpr (kMasked) prefetch_map(&tmm);
+            // the mask box's row, head and batch coordinates (0 along a broadcast dimension)
+            const int mr = p.m_rows == 1 ? 0 : m0, mh = p.m_h ? h : 0, mb = p.m_b ? b : 0;
+            const uint32_t k_bytes = L::kKVBytes + (kMasked ? L::kMaskBoxes * p.m_rows * L::kMaskPitch : 0);
             mbar_expect_tx(full_q, L::kQBytes);
             tma_load_5d(sQ, &tmq, full_q, 0, m0, 0, h, b);
             int s = 0;
@@ -316,8 +377,13 @@ __global__ void __launch_bounds__(kThreads, 1)
             for (int i = 0; i < n_tiles; ++i) {
                 const int n0 = (n_tiles - 1 - i) * BN;  // key tiles from the last one down
                 mbar_wait(empty_k(s), ph ^ 1);          // the consumers released this stage's previous use
-                mbar_expect_tx(full_k(s), L::kKVBytes);
+                mbar_expect_tx(full_k(s), k_bytes);
                 tma_load_5d(sK + s * L::kKVBytes, &tmk, full_k(s), 0, n0, 0, hk, b);
+                if constexpr (kMasked)
+#pragma unroll
+                    for (int x = 0; x < int(L::kMaskBoxes); ++x)
+                        tma_load_4d(sM + s * L::kMaskStage + x * L::kMaskBox, &tmm, full_k(s), n0 + x * L::kMaskCols,
+                                    mr, mh, mb);
                 mbar_wait(empty_v(s), ph ^ 1);
                 mbar_expect_tx(full_v(s), L::kKVBytes);
                 tma_load_5d(sV + s * L::kKVBytes, &tmv, full_v(s), 0, n0, 0, hk, b);
@@ -336,6 +402,16 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int rw = 16 * warp + lane / 4;  // row (within the warpgroup's 64) of d[4j + 0..1]; d[4j + 2..3]: rw + 8
         const int row0 = m0 + 64 * c + rw, row1 = row0 + 8;
         const float sl2 = p.sl2;
+        // Masked kernels keep the scores in the exp2 domain (scaled, mask added) from the softmax on: sc = 1.
+        const float sc = kMasked ? 1.f : sl2;
+        // This thread's mask rows in a stage (row 0 when all rows read one), as byte offsets and swizzle phases:
+        // element (R, n) of box n / kMaskCols lies at R * pitch + ((n % kMaskCols) * es ^ swizzle(R)).
+        const int mrow0 = p.m_rows == 1 ? 0 : 64 * c + rw, mrow1 = p.m_rows == 1 ? 0 : mrow0 + 8;
+        const auto swz = [](int R) {
+            return uint32_t(L::kMaskPitch == 128 ? (R & 7) << 4 : ((R >> 1) & 3) << 4);
+        };
+        const uint32_t mo0 = mrow0 * L::kMaskPitch, mo1 = mrow1 * L::kMaskPitch, mz0 = swz(mrow0), mz1 = swz(mrow1);
+        const unsigned char* smem_m = smem_raw + (sM - smem_u32(smem_raw));  // generic pointer to sM
 
         float o[D / 2];          // O accumulator, m64 x D fragment
         float sacc[BN / 2];      // S accumulator, m64 x BN fragment; after the softmax, P in FP32
@@ -369,10 +445,25 @@ __global__ void __launch_bounds__(kThreads, 1)
             if (lane == 0) mbar_arrive(bar);
         };
         auto needs_mask = [&](int n0) { return n0 + BN > p.Sk || (p.causal && n0 + BN - 1 > m0 + shift); };
-        // Mask the tile in sacc (key tail, causal), update the running max and sum, leave P = exp2(S * sl2 - max)
+        // Add the user mask of stage st (masked kernels: every tile, scores then in the exp2 domain), mask the key
+        // tail and the causal diagonal when `edge`, update the running max and sum, leave P = exp2(S * sc - max)
         // in sacc; corr: the factors that rescale what O holds.
-        auto softmax = [&](int n0, bool mask, float(&corr)[2]) {
-            if (mask) {  // keys below lim_r are visible to row r (the key tail, then the causal diagonal)
+        auto softmax = [&](int n0, bool edge, int st, float(&corr)[2]) {
+            if constexpr (kMasked) {
+                const unsigned char* ms = smem_m + st * L::kMaskStage;
+#pragma unroll
+                for (int j = 0; j < BN / 8; ++j) {
+                    const uint32_t box = (8 * j / L::kMaskCols) * L::kMaskBox;
+                    const uint32_t col = ((8 * j) % L::kMaskCols + 2 * (lane % 4)) * L::kMaskEs;
+                    const float2 v0 = mask_pair<MK, T>(ms + box + mo0 + (col ^ mz0));
+                    const float2 v1 = mask_pair<MK, T>(ms + box + mo1 + (col ^ mz1));
+                    sacc[4 * j] = fmaf(sacc[4 * j], sl2, v0.x);
+                    sacc[4 * j + 1] = fmaf(sacc[4 * j + 1], sl2, v0.y);
+                    sacc[4 * j + 2] = fmaf(sacc[4 * j + 2], sl2, v1.x);
+                    sacc[4 * j + 3] = fmaf(sacc[4 * j + 3], sl2, v1.y);
+                }
+            }
+            if (edge) {  // keys below lim_r are visible to row r (the key tail, then the causal diagonal)
                 const int lim0 = p.causal ? min(p.Sk, row0 + shift + 1) : p.Sk;
                 const int lim1 = p.causal ? min(p.Sk, row1 + shift + 1) : p.Sk;
                 const int k0 = n0 + 2 * (lane % 4);
@@ -396,15 +487,15 @@ __global__ void __launch_bounds__(kThreads, 1)
             for (int r = 0; r < 2; ++r) {
                 mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));  // the 4 lanes of a row
                 mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-                corr[r] = m_r[r] == -INFINITY ? 0.f : ex2((m_r[r] - mx[r]) * sl2);
-                ref[r] = mx[r] == -INFINITY ? 0.f : mx[r] * sl2;  // a row with no key yet keeps 0: no inf - inf
+                corr[r] = m_r[r] == -INFINITY ? 0.f : ex2((m_r[r] - mx[r]) * sc);
+                ref[r] = mx[r] == -INFINITY ? 0.f : mx[r] * sc;  // a row with no key yet keeps 0: no inf - inf
                 m_r[r] = mx[r];
                 l_r[r] *= corr[r];
             }
 #pragma unroll
             for (int j = 0; j < BN / 8; ++j) {
 #pragma unroll
-                for (int e = 0; e < 4; ++e) sacc[4 * j + e] = ex2(fmaf(sacc[4 * j + e], sl2, -ref[e >> 1]));
+                for (int e = 0; e < 4; ++e) sacc[4 * j + e] = ex2(fmaf(sacc[4 * j + e], sc, -ref[e >> 1]));
                 l_r[0] += sacc[4 * j] + sacc[4 * j + 1];
                 l_r[1] += sacc[4 * j + 2] + sacc[4 * j + 3];
             }
@@ -444,8 +535,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                     wgmma_commit();
                     wgmma_wait<0>();
                     fence_regs(sacc);
-                    release(empty_k(s));
-                    softmax(n0, needs_mask(n0), corr);
+                    if constexpr (!kMasked) release(empty_k(s));
+                    softmax(n0, needs_mask(n0), s, corr);
+                    if constexpr (kMasked) release(empty_k(s));  // the softmax has read the stage's mask tile
                     rescale_o(corr);
                     convert_p();
                     mbar_wait(full_v(s), ph);
@@ -473,8 +565,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                 wgmma_commit();
                 wgmma_wait<0>();
                 fence_regs(sacc);
-                release(empty_k(s));
-                softmax(n0, needs_mask(n0), corr);  // O is still zero: nothing to rescale
+                if constexpr (!kMasked) release(empty_k(s));
+                softmax(n0, needs_mask(n0), s, corr);  // O is still zero: nothing to rescale
+                if constexpr (kMasked) release(empty_k(s));
                 convert_p();
                 // Ping-pong: warpgroup c waits on barrier 1 + c before issuing and arrives on the other's after.
                 // Warpgroup 0 goes first (its own arrival) and takes warpgroup 1's last arrival after the loop, so
@@ -502,8 +595,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                     if (kPingPong) bar_arrive(2 - c, 256);
                     wgmma_wait<1>();  // QK^T of tile i has landed
                     fence_regs(sacc);
-                    release(empty_k(s));
-                    softmax(n0, needs_mask(n0), corr);
+                    if constexpr (!kMasked) release(empty_k(s));
+                    softmax(n0, needs_mask(n0), s, corr);
+                    if constexpr (kMasked) release(empty_k(s));
                     wgmma_wait<0>();  // PV of tile i - 1 has landed
                     fence_regs(o);
                     fence_regs(pf);
@@ -557,8 +651,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         if (p.lse != nullptr && lane % 4 == 0) {
             float* lse = p.lse + (int64_t(b) * p.Hq + h) * p.Sq;
-            if (row0 < p.Sq) lse[row0] = l_r[0] > 0.f ? (m_r[0] * sl2 + log2f(l_r[0])) * kLn2 : -INFINITY;
-            if (row1 < p.Sq) lse[row1] = l_r[1] > 0.f ? (m_r[1] * sl2 + log2f(l_r[1])) * kLn2 : -INFINITY;
+            if (row0 < p.Sq) lse[row0] = l_r[0] > 0.f ? (m_r[0] * sc + log2f(l_r[0])) * kLn2 : -INFINITY;
+            if (row1 < p.Sq) lse[row1] = l_r[1] > 0.f ? (m_r[1] * sc + log2f(l_r[1])) * kLn2 : -INFINITY;
         }
     }
 #else
@@ -619,20 +713,67 @@ bool make_map(CUtensorMap* map, CUtensorMapDataType dt, const void* ptr, int64_t
                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int D, typename T, bool kOverlap>
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// The mask kind the kernel reads for these arguments: kNoMask without a mask; bool or q's dtype, 16-byte aligned,
+// keys contiguous, the other strides 0 (broadcast) or multiples of 16 bytes below 2^40; else -1.
+int mask_kind(const attn_lt_flash_args& a) {
+    if (a.mask_dtype == ATTN_LT_NONE) return kNoMask;
+    const int es = a.mask_dtype == ATTN_LT_BOOL ? 1 : a.mask_dtype == a.dtype ? 2 : 0;
+    if (es == 0 || a.mask == nullptr || !aligned16(a.mask) || (a.Sk > 1 && a.m_sk != 1)) return -1;
+    const auto ok = [es](int64_t size, int64_t stride) {
+        return size == 1 || stride == 0 || (stride > 0 && stride * es % 16 == 0 && stride * es < (int64_t(1) << 40));
+    };
+    if (!ok(a.B, a.m_sb) || !ok(a.Hq, a.m_sh) || !ok(a.Sq, a.m_sq)) return -1;
+    return es == 1 ? kBoolMask : kAddMask;
+}
+
+// The mask (B, Hq, Sq, Sk) by its broadcast strides seen as 4-D (Sk, Sq, Hq, B), a broadcast dimension of size 1;
+// one box is (kMaskCols keys, rows, 1, 1) in the swizzle of the kernel's mask tile.
+template <int D, int MK>
+bool make_mask_map(CUtensorMap* map, const attn_lt_flash_args& a, uint32_t rows) {
+    using L = Layout<D, MK>;
+    const auto dim = [](int64_t size, int64_t stride) { return cuuint64_t(stride == 0 ? 1 : size); };
+    const auto st = [](int64_t size, int64_t stride) {
+        return cuuint64_t(size == 1 || stride == 0 ? 16 : stride * int64_t(L::kMaskEs));
+    };
+    const cuuint64_t dims[4] = {cuuint64_t(a.Sk), dim(a.Sq, a.m_sq), dim(a.Hq, a.m_sh), dim(a.B, a.m_sb)};
+    const cuuint64_t strides[3] = {st(a.Sq, a.m_sq), st(a.Hq, a.m_sh), st(a.B, a.m_sb)};
+    const cuuint32_t box[4] = {L::kMaskCols, rows, 1, 1};
+    const cuuint32_t elem[4] = {1, 1, 1, 1};
+    const CUtensorMapDataType dt = MK == kBoolMask ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_UINT16;
+    const CUtensorMapSwizzle sw = L::kMaskPitch == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
+    return encode_tiled()(map, dt, 4, const_cast<void*>(a.mask), dims, strides, box, elem,
+                          CU_TENSOR_MAP_INTERLEAVE_NONE, sw, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <int D, typename T, bool kOverlap, int MK>
 cudaError_t launch(const attn_lt_flash_args& a, cudaStream_t stream) {
-    using L = Layout<D>;
+    using L = Layout<D, MK>;
     const CUtensorMapDataType dt =
         std::is_same<T, __nv_bfloat16>::value ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-    alignas(64) CUtensorMap mq, mk, mv;
+    Params p{};
+    const int64_t m_blocks = (a.Sq + kBlockM - 1) / kBlockM;
+    alignas(64) CUtensorMap mq, mk, mv, mm;
     if (!make_map(&mq, dt, a.q, a.B, a.Hq, a.Sq, D, a.q_sb, a.q_sh, a.q_ss, kBlockM) ||
         !make_map(&mk, dt, a.k, a.B, a.Hkv, a.Sk, D, a.k_sb, a.k_sh, a.k_ss, L::kBlockN) ||
         !make_map(&mv, dt, a.v, a.B, a.Hkv, a.Sk, D, a.v_sb, a.v_sh, a.v_ss, L::kBlockN))
         return static_cast<cudaError_t>(ATTN_LT_ERR_TENSOR_MAP);
-    const auto kernel = flash_sm90_fwd<D, T, kOverlap>;
+    if constexpr (MK != kNoMask) {
+        p.m_rows = a.Sq == 1 || a.m_sq == 0 ? 1 : kBlockM;
+        p.m_h = a.Hq > 1 && a.m_sh != 0;
+        p.m_b = a.B > 1 && a.m_sb != 0;
+        // heads sharing the mask run side by side (grid y is at most 65535 blocks)
+        p.heads_inner = !p.m_h && a.Hq > 1 && m_blocks <= 65535;
+        if (!make_mask_map<D, MK>(&mm, a, static_cast<uint32_t>(p.m_rows)))
+            return static_cast<cudaError_t>(ATTN_LT_ERR_TENSOR_MAP);
+    } else {
+        mm = mk;  // not read
+    }
+    const auto kernel = flash_sm90_fwd<D, T, kOverlap, MK>;
     cudaError_t err = opt_in_smem(reinterpret_cast<const void*>(kernel), L::kSmem);
     if (err != cudaSuccess) return err;
-    Params p;
     p.o = a.o;
     p.lse = a.lse;
     p.o_sb = a.o_sb;
@@ -644,25 +785,27 @@ cudaError_t launch(const attn_lt_flash_args& a, cudaStream_t stream) {
     p.group = static_cast<int>(a.Hq / a.Hkv);
     p.sl2 = a.scale * kLog2e;
     p.causal = a.causal ? 1 : 0;
-    const dim3 grid(static_cast<unsigned>((a.Sq + kBlockM - 1) / kBlockM), static_cast<unsigned>(a.Hq),
-                    static_cast<unsigned>(a.B));
-    kernel<<<grid, kThreads, L::kSmem, stream>>>(mq, mk, mv, p);
+    const unsigned mbx = static_cast<unsigned>(m_blocks), hq = static_cast<unsigned>(a.Hq);
+    const dim3 grid(p.heads_inner ? hq : mbx, p.heads_inner ? mbx : hq, static_cast<unsigned>(a.B));
+    kernel<<<grid, kThreads, L::kSmem, stream>>>(mq, mk, mv, mm, p);
     return cudaGetLastError();
 }
 
+// The plain pipeline is built without masks (mask_kind and the variant are checked before).
 template <int D, typename T>
-cudaError_t launch_variant(const attn_lt_flash_args& a, cudaStream_t stream) {
-    return a.variant == ATTN_LT_FLASH_SM90_PLAIN ? launch<D, T, false>(a, stream) : launch<D, T, true>(a, stream);
+cudaError_t launch_variant(const attn_lt_flash_args& a, int mk, cudaStream_t stream) {
+    if (a.variant == ATTN_LT_FLASH_SM90_PLAIN) return launch<D, T, false, kNoMask>(a, stream);
+    if (mk == kBoolMask) return launch<D, T, true, kBoolMask>(a, stream);
+    if (mk == kAddMask) return launch<D, T, true, kAddMask>(a, stream);
+    return launch<D, T, true, kNoMask>(a, stream);
 }
 
 template <typename T>
-cudaError_t launch_dim(const attn_lt_flash_args& a, cudaStream_t stream) {
-    if (a.D == 64) return launch_variant<64, T>(a, stream);
-    if (a.D == 128) return launch_variant<128, T>(a, stream);
-    return launch_variant<256, T>(a, stream);
+cudaError_t launch_dim(const attn_lt_flash_args& a, int mk, cudaStream_t stream) {
+    if (a.D == 64) return launch_variant<64, T>(a, mk, stream);
+    if (a.D == 128) return launch_variant<128, T>(a, mk, stream);
+    return launch_variant<256, T>(a, mk, stream);
 }
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 
@@ -672,7 +815,7 @@ extern "C" int attn_lt_flash_sm90_supported(void) {
         return 0;
     }
     cudaFuncAttributes attr;
-    if (cudaFuncGetAttributes(&attr, flash_sm90_fwd<128, __nv_bfloat16, true>) != cudaSuccess) {
+    if (cudaFuncGetAttributes(&attr, flash_sm90_fwd<128, __nv_bfloat16, true, kNoMask>) != cudaSuccess) {
         cudaGetLastError();  // no sm_90a image in this binary
         return 0;
     }
@@ -690,7 +833,9 @@ extern "C" int attn_lt_flash_sm90_fwd(const attn_lt_flash_args* a, void* stream)
     if (a->dtype != ATTN_LT_F16 && a->dtype != ATTN_LT_BF16) return ATTN_LT_ERR_DTYPE;
     if (a->variant != ATTN_LT_FLASH_SM90_DEFAULT && a->variant != ATTN_LT_FLASH_SM90_PLAIN) return ATTN_LT_ERR_VARIANT;
     if (a->splits > 1) return ATTN_LT_ERR_VARIANT;
-    if (a->mask_dtype != ATTN_LT_NONE) return ATTN_LT_ERR_MASK;
+    const int mk = mask_kind(*a);
+    if (mk < 0) return ATTN_LT_ERR_MASK;
+    if (mk != kNoMask && a->variant == ATTN_LT_FLASH_SM90_PLAIN) return ATTN_LT_ERR_VARIANT;
     if (!stride_ok(a->B, a->q_sb) || !stride_ok(a->Hq, a->q_sh) || !stride_ok(a->Sq, a->q_ss) ||
         !stride_ok(a->B, a->k_sb) || !stride_ok(a->Hkv, a->k_sh) || !stride_ok(a->Sk, a->k_ss) ||
         !stride_ok(a->B, a->v_sb) || !stride_ok(a->Hkv, a->v_sh) || !stride_ok(a->Sk, a->v_ss) ||
@@ -700,5 +845,6 @@ extern "C" int attn_lt_flash_sm90_fwd(const attn_lt_flash_args* a, void* stream)
     if (err != cudaSuccess) return static_cast<int>(err);
     if (encode_tiled() == nullptr) return static_cast<int>(cudaErrorNotSupported);
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
-    return static_cast<int>(a->dtype == ATTN_LT_BF16 ? launch_dim<__nv_bfloat16>(*a, s) : launch_dim<__half>(*a, s));
+    return static_cast<int>(a->dtype == ATTN_LT_BF16 ? launch_dim<__nv_bfloat16>(*a, mk, s)
+                                                     : launch_dim<__half>(*a, mk, s));
 }

@@ -617,7 +617,9 @@ const char* attn_lt_error_string(int err) {
         case ATTN_LT_ERR_ALIGNMENT: return "precondition failed: an address not aligned as the kernel needs";
         case ATTN_LT_ERR_STRIDES: return "precondition failed: a stride the kernel cannot take";
         case ATTN_LT_ERR_DTYPE: return "precondition failed: a dtype the kernel does not take";
-        case ATTN_LT_ERR_MASK: return "precondition failed: a mask dtype without a mask, or one this kernel does not take";
+        case ATTN_LT_ERR_MASK:
+            return "precondition failed: a mask dtype without a mask, or a mask (dtype, alignment, strides) this kernel "
+                   "does not take";
         case ATTN_LT_ERR_VARIANT: return "precondition failed: the forced kernel variant cannot run these arguments";
         case ATTN_LT_ERR_SCALE: return "precondition failed: scale not positive";
         case ATTN_LT_ERR_TENSOR_MAP: return "precondition failed: the driver refused a TMA tensor map for this layout";

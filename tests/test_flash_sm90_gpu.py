@@ -5,7 +5,8 @@ are fresh random numbers every case.
 
 The tests go from the simplest case to the most involved one, so the first failure names the feature that broke:
 a single tile (a, both pipeline variants) -> several key tiles and query blocks (b) -> the lengths (c: key tails,
-query tails) -> causal with Sq != Sk both ways (d) -> GQA (e) -> strided views (f) -> long (g) -> the rest.
+query tails) -> causal with Sq != Sk both ways (d) -> GQA (e) -> strided views (f) -> long (g) -> dense masks read
+by TMA (h) -> the rest.
 """
 
 import math
@@ -14,7 +15,7 @@ import subprocess
 
 import pytest
 import torch
-from conftest import rand_qkv
+from conftest import DT, rand_qkv
 
 from attn_lt import native
 from attn_lt.testing import reference, rel_error, sdpa, tolerance
@@ -32,9 +33,10 @@ def sm90():
     assert native.flash_sm90_supported(), "cc 9.0 GPU, but the library holds no usable sm_90a kernel"
 
 
-def sm90_attention(q, k, v, causal=False, scale=None, variant="default", out=None, with_lse=True):
+def sm90_attention(q, k, v, causal=False, scale=None, variant="default", out=None, with_lse=True, mask=None):
     """(out, lse) of the Hopper kernel on (B, Hq, Sq, D) q and (B, Hkv, Sk, D) k, v (any strides the launcher
-    accepts); out (B, Hq, Sq, D) and lse FP32 (B, Hq, Sq) are poisoned with NaN before the call."""
+    accepts), with an optional bool or q-dtype mask broadcast to (B, Hq, Sq, Sk); out (B, Hq, Sq, D) and lse FP32
+    (B, Hq, Sq) are poisoned with NaN before the call."""
     B, Hq, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     if out is None:
@@ -52,18 +54,28 @@ def sm90_attention(q, k, v, causal=False, scale=None, variant="default", out=Non
     a.scale = D**-0.5 if scale is None else scale
     a.causal, a.dtype = int(causal), native.DTYPE_CODES["bf16" if q.dtype == torch.bfloat16 else "fp16"]
     a.variant = native.FLASH_SM90_VARIANTS[variant]
+    if mask is not None:
+        shape = (B, Hq, Sq, Sk)
+        a.mask = mask.data_ptr()
+        a.mask_dtype = native.DTYPE_CODES["bool" if mask.dtype == torch.bool else a_dtype(mask)]
+        a.m_sb, a.m_sh, a.m_sq, a.m_sk = (st if n > 1 else 0 for st, n in zip(mask.expand(shape).stride(), shape))
     native.flash_sm90(a, torch.cuda.current_stream().cuda_stream)
     return out, lse
 
 
-def check(q, k, v, causal=False, scale=None, variant="default", rows=None, out=None):
+def a_dtype(t):
+    return {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[t.dtype]
+
+
+def check(q, k, v, causal=False, scale=None, variant="default", rows=None, out=None, mask=None):
     """Run the kernel and compare out and LSE with the FP32 reference (on ``rows`` only, when given)."""
-    o, lse = sm90_attention(q, k, v, causal, scale, variant, out=out)
+    o, lse = sm90_attention(q, k, v, causal, scale, variant, out=out, mask=mask)
     torch.cuda.synchronize()
     assert not torch.isnan(o).any(), f"{torch.isnan(o).sum().item()} output elements unwritten or NaN"
     assert not torch.isnan(lse).any(), f"{torch.isnan(lse).sum().item()} LSE elements unwritten or NaN"
-    ref, ref_lse = reference(q, k, v, None, causal, scale, rows=rows)
-    theirs = sdpa(q, k, v, None, causal, scale)
+    ref, ref_lse = reference(q, k, v, mask, causal, scale, rows=rows)
+    # SDPA's memory-efficient kernel wants an aligned, contiguous mask: it gets a copy
+    theirs = sdpa(q, k, v, None if mask is None else mask.contiguous(), causal, scale)
     o_c, lse_c = (o, lse) if rows is None else (o[:, :, rows], lse[:, :, rows])
     if rows is not None:
         theirs = theirs[:, :, rows]
@@ -212,6 +224,98 @@ def test_g_long_16384(sm90, D, causal):
     check(q, k, v, causal=causal, rows=rows.cuda())
 
 
+# ---- h: dense masks (bool, or additive in q's dtype), read by TMA with each K tile --------------------------------
+
+def make_mask(kind, shape, dtype, pad=16, offset=0):
+    """A random mask of ``shape`` in rows of Sk rounded up to ``pad`` elements (a view, so that key tails of any
+    length keep 16-byte aligned rows), starting ``offset`` elements into the row; bool: about 70 % True, else
+    N(0, 2) additive values in ``dtype``."""
+    *lead, Sk = shape
+    width = -(-(Sk + offset) // pad) * pad
+    if kind == "bool":
+        m = torch.rand(*lead, width, device="cuda") > 0.3
+    else:
+        m = (torch.randn(*lead, width, device="cuda") * 2).to(DT[dtype])
+    return m[..., offset:offset + Sk]
+
+
+MASK_SHAPES = {"B1SqSk": lambda B, H, Sq, Sk: (B, 1, Sq, Sk), "11SqSk": lambda B, H, Sq, Sk: (1, 1, Sq, Sk),
+               "B11Sk": lambda B, H, Sq, Sk: (B, 1, 1, Sk), "BHSqSk": lambda B, H, Sq, Sk: (B, H, Sq, Sk),
+               "1HSqSk": lambda B, H, Sq, Sk: (1, H, Sq, Sk), "SqSk": lambda B, H, Sq, Sk: (Sq, Sk)}
+
+
+@gpu
+@pytest.mark.parametrize("kind", ["bool", "q"])
+@pytest.mark.parametrize("D", [64, 128, 256], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("shape", list(MASK_SHAPES))
+def test_h_masks_every_broadcast_shape(sm90, shape, D, kind):
+    B, Hq, Hkv, Sq, Sk = 2, 4, 2, 300, 1000  # key tails of the 128- and 64-key tiles, a query tail
+    q, k, v = rand_qkv(B, Hq, Hkv, Sq, Sk, D, "bf16")
+    check(q, k, v, mask=make_mask(kind, MASK_SHAPES[shape](B, Hq, Sq, Sk), "bf16"))
+
+
+@gpu
+@pytest.mark.parametrize("kind", ["bool", "q"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("D", [64, 128, 256], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("Sq,Sk", [(1000, 1000), (97, 4000), (4097, 4095), (1, 2048), (17, 333)],
+                         ids=lambda s: str(s))
+def test_h_masks_with_causal_and_lengths(sm90, Sq, Sk, D, dtype, kind):
+    q, k, v = rand_qkv(2, 4, 4, Sq, Sk, D, dtype)
+    check(q, k, v, causal=True, mask=make_mask(kind, (2, 1, Sq, Sk), dtype))
+
+
+@gpu
+@pytest.mark.parametrize("shape", ["11SqSk", "BHSqSk"])
+@pytest.mark.parametrize("Hkv", [8, 2, 1], ids=["gqa1", "gqa4", "gqa8"])
+def test_h_masks_with_gqa_and_views(sm90, Hkv, shape):
+    # a mask shared by the heads runs the heads side by side (grid (Hq, blocks, B)); one per head does not
+    q, k, v = rand_qkv(2, 8, Hkv, 700, 1500, 128, "fp16", layout="bshd")
+    m = make_mask("q", MASK_SHAPES[shape](2, 8, 700, 1500), "fp16", pad=64, offset=8)  # a 16-byte offset view
+    check(q, k, v, mask=m, causal=Hkv == 2)
+
+
+@gpu
+@pytest.mark.parametrize("kind", ["bool", "q"])
+@pytest.mark.parametrize("D", [64, 128, 256], ids=lambda d: f"d{d}")
+def test_h_masked_rows_give_zeros_and_minus_inf(sm90, D, kind):
+    q, k, v = rand_qkv(1, 2, 2, 256, 640, D, "bf16")
+    m = make_mask(kind, (1, 1, 256, 640), "bf16")
+    none = False if kind == "bool" else -math.inf
+    m[..., 5, :] = none                   # a row that sees nothing
+    m[..., 130, :600] = none              # a row whose only keys are in the last (first visited) tile
+    m[..., 200, 64:] = none               # a row whose only keys are in the first (last visited) tile
+    o, lse = check(q, k, v, mask=m)
+    assert (o[:, :, 5] == 0).all() and torch.isneginf(lse[:, :, 5]).all()
+    assert torch.isfinite(lse[:, :, 130]).all() and torch.isfinite(lse[:, :, 200]).all()
+
+
+@gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D", [64, 128, 256], ids=lambda d: f"d{d}")
+def test_h_long_bias_16384(sm90, D, causal):
+    q, k, v = rand_qkv(1, 2, 2, 16384, 16384, D, "bf16")
+    m = make_mask("q", (16384, 16384), "bf16")
+    rows = torch.cat([torch.arange(0, 300), torch.randint(300, 16084, (700,)), torch.arange(16084, 16384)])
+    check(q, k, v, causal=causal, rows=rows.cuda(), mask=m)
+
+
+@gpu
+def test_h_masked_prefill_through_attention(sm90):
+    import attn_lt
+
+    q, k, v = rand_qkv(2, 8, 2, 1000, 1500, 128, "bf16")
+    m = make_mask("bool", (2, 1, 1000, 1500), "bf16")
+    e = attn_lt.explain(q, k, v, attn_mask=m, backend="wmma")
+    assert e.fused.kernel == "sm90" and "a mask read by TMA" in e.fused.why
+    out = torch.full_like(q, math.nan)
+    o = attn_lt.attention(q, k, v, attn_mask=m, backend="wmma", out=out)
+    ref, _ = reference(q, k, v, m)
+    assert rel_error(o, ref) <= tolerance(rel_error(sdpa(q, k, v, m.contiguous()), ref))
+    fp32 = torch.randn(1000, 1500, device="cuda")  # fp32 masks stay with native/flash.cu
+    assert attn_lt.explain(q, k, v, attn_mask=fp32, backend="wmma").fused.kernel == "flash"
+
+
 # ---- the rest -----------------------------------------------------------------------------------------------------
 
 @gpu
@@ -259,7 +363,13 @@ def _args(**kw):
 @pytest.mark.parametrize("bad,check", [(dict(D=96), "head dim"), (dict(D=512), "head dim"), (dict(Hkv=3), "Hkv"),
                                        (dict(q_ss=100), "stride"), (dict(k_sh=0), "stride"), (dict(o=8), "aligned"),
                                        (dict(dtype=3), "dtype"), (dict(variant=7), "variant"),
-                                       (dict(scale=0.0), "scale"), (dict(Sq=0), "size"), (dict(B=70000), "grid")],
+                                       (dict(scale=0.0), "scale"), (dict(Sq=0), "size"), (dict(B=70000), "grid"),
+                                       (dict(mask_dtype=4), "mask"),  # a bool mask without a pointer
+                                       (dict(mask=1 << 20, mask_dtype=3, m_sq=128, m_sk=1), "mask"),  # fp32
+                                       (dict(mask=1 << 20, mask_dtype=4, m_sq=100, m_sk=1), "mask"),  # row stride
+                                       (dict(mask=1 << 20, mask_dtype=2, m_sq=128, m_sk=2), "mask"),  # keys
+                                       (dict(mask=(1 << 20) + 8, mask_dtype=2, m_sq=128, m_sk=1), "mask"),
+                                       (dict(mask=1 << 20, mask_dtype=2, m_sq=128, m_sk=1, variant=1), "variant")],
                          ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()) if isinstance(d, dict) else d)
 def test_invalid_arguments_refused_before_any_gpu_work(bad, check):
     """Each failed precondition is a status that names the check (native/attn_lt.h, attn_lt_status)."""

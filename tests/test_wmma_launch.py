@@ -3,7 +3,7 @@
 import pytest
 
 from attn_lt.validate import Case, MaskInfo
-from attn_lt.wmma import ASSUMED_DEVICE, DeviceFacts, fused_launch, most_splits, split_count
+from attn_lt.wmma import ASSUMED_DEVICE, DeviceFacts, fused_launch, hopper_mask_refusal, most_splits, split_count
 
 H100 = ASSUMED_DEVICE
 A100 = DeviceFacts(108, False, 166912)
@@ -31,13 +31,35 @@ def test_decode_takes_the_split_kernel(B, Hq, Hkv, Sq, Sk):
         assert "split" in str(f) or f.splits == 1
 
 
-def test_prefill_takes_the_hopper_kernel_unless_masked_or_not_hopper():
+def test_prefill_takes_the_hopper_kernel_unless_its_mask_or_gpu_rules_it_out():
     c = Case.contiguous(1, 16, 16, 4096, 4096, 128)
     assert fused_launch(c, H100).kernel == "sm90"
     assert fused_launch(c, A100).kernel == "flash" and fused_launch(c, A100).block_rows == 128
     m = MaskInfo("float", "fp32", (1, 1, 4096, 4096), (0, 0, 4096, 1))
     f = fused_launch(Case.contiguous(1, 16, 16, 4096, 4096, 128, mask=m), H100)
-    assert f.kernel == "flash" and f.block_rows == 64 and f.splits == 1 and "mask" in f.why
+    assert f.kernel == "flash" and f.block_rows == 64 and f.splits == 1 and "fp32 mask" in f.why
+
+
+@pytest.mark.parametrize("mask,refusal", [
+    (MaskInfo("bool", "bool", (1, 1, 4096, 4096), (0, 0, 4096, 1)), None),
+    (MaskInfo("float", "bf16", (2, 1, 1, 4096), (4096, 0, 0, 1)), None),  # key padding, one row for all
+    (MaskInfo("float", "bf16", (2, 16, 4096, 4096), (16 * 4096**2, 4096**2, 4096, 1)), None),
+    (MaskInfo("float", "fp16", (1, 1, 4096, 4096), (0, 0, 4096, 1)), "fp16 mask"),  # not q's dtype
+    (MaskInfo("float", "fp32", (1, 1, 4096, 4096), (0, 0, 4096, 1)), "fp32 mask"),
+    (MaskInfo("bool", "bool", (1, 1, 4096, 4095), (0, 0, 4095, 1)), "row stride of 4095 bytes"),
+    (MaskInfo("float", "bf16", (1, 1, 4096, 4100), (0, 0, 4100, 1)), "row stride of 8200 bytes"),
+    (MaskInfo("bool", "bool", (1, 1, 4096, 8192), (0, 0, 8192, 2)), "keys 2 elements apart"),
+    (MaskInfo("bool", "bool", (1, 1, 4096, 4096), (0, 0, 4096, 1), align=8), "aligned to 8 bytes"),
+])
+def test_which_masks_the_hopper_kernel_reads(mask, refusal):
+    """native/flash_sm90.cu reads bool and q-dtype masks by TMA: contiguous keys, 16-byte strides and address."""
+    c = Case.contiguous(2, 16, 16, 4096, 4096, 128, mask=mask)
+    assert hopper_mask_refusal(c) is None if refusal is None else refusal in hopper_mask_refusal(c)
+    f = fused_launch(c, H100)
+    assert f.kernel == ("sm90" if refusal is None else "flash")
+    assert "a mask read by TMA" in f.why if refusal is None else f.why.startswith("the Hopper kernel cannot read")
+    assert refusal is None or refusal in f.why
+    assert fused_launch(c, A100).kernel == "flash"
 
 
 def test_partials_stay_within_their_budget():

@@ -269,8 +269,10 @@ def first_call(p, c, tensors, ref):
 
 def run_case(c, providers, tensors, ref, timer, ceil, bar) -> list[dict]:
     """Every provider on one case, a row each: first calls, then ``timer.rounds`` timed rounds in which each
-    provider that ran takes its turn (so a drifting clock touches all of them alike). ``ms`` is the median of all
-    timed calls, ``spread_pct`` the range of the rounds' medians over it."""
+    provider that ran takes its turn (so a drifting clock touches all of them alike), the order reversed every
+    other round and shifted by one every round (so that no provider always follows the same one: a GPU at its power
+    limit runs slower right after the hottest kernel). ``ms`` is the median of all timed calls, ``spread_pct`` the
+    range of the rounds' medians over it."""
     import torch
 
     rows, ready = {}, {}
@@ -290,7 +292,11 @@ def run_case(c, providers, tensors, ref, timer, ceil, bar) -> list[dict]:
     rounds: dict = {p: [] for p in ready}
     n_rounds, i = timer.rounds, 0
     while i < n_rounds:
-        for p in list(ready):
+        order = list(ready)[::-1] if i % 2 else list(ready)
+        shift = (i // 2) % max(1, len(order))
+        for p in order[shift:] + order[:shift]:
+            if p not in ready:
+                continue
             try:
                 rounds[p].append(timer.samples(ready[p][0]))
             except torch.cuda.OutOfMemoryError as e:

@@ -2,13 +2,13 @@
 # One GPU-machine session: carried wheels, the build, then the phases named in PHASES, each logged under
 # ${OUT:-results}/<phase>.log with its last lines printed (a short table last).
 #   PHASES="tests sanitize calibrate sm90 serving lt suite generate cp" bash tools/gpu_session.sh
-#   tests      every GPU test (pytest -m gpu)                      sanitize  compute-sanitizer on both fused kernels
+#   tests      GPU tests (pytest -m gpu $TEST_ARGS, default tests) sanitize  compute-sanitizer on both fused kernels
 #   sanitize-flash  compute-sanitizer on native/flash.cu only     sanitize-lt  on the long path (softmax, merge)
 #   tiles      long keys: key tiles vs whole rows vs SDPA (bench_key_tiles)
 #   calibrate  attn-lt calibrate --ship attn_lt/calibrations       sm90      the FA3 protocol vs SDPA (bench_flash_sm90)
 #   serving    decode loop, prefill, host cost (bench_serving)     lt        the long path's figures (bench_lt)
 #   suite      tools/bench.py run $SUITE_ARGS (default --quick)    generate  Hugging Face generate() (bench_generate)
-#   decode     the suite's decode group (masks too) vs cuDNN       masked    dense (B, 1, S, S) masks vs cuDNN
+#   decode     the suite's decode group (masks too) vs cuDNN       masked    the masked fa3 and long rows vs cuDNN
 #   cp         context parallelism on every GPU (tests + bench_cp)
 set -uo pipefail
 OUT=${OUT:-results}
@@ -34,7 +34,7 @@ phase() {  # phase NAME TIMEOUT COMMAND...: run, log, print the tail
 
 for p in ${PHASES:-tests}; do
   case $p in
-    tests) phase tests 300 python3 -m pytest -q -m gpu -rfs tests ;;
+    tests) phase tests 300 python3 -m pytest -q -m gpu -rfs ${TEST_ARGS:-tests} ;;
     sanitize)
       phase memcheck 150 compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitize_flash_sm90.py
       phase racecheck 150 compute-sanitizer --tool racecheck --error-exitcode 9 python3 tools/sanitize_flash_sm90.py
@@ -55,8 +55,8 @@ for p in ${PHASES:-tests}; do
     suite) phase suite 560 python3 tools/bench.py run ${SUITE_ARGS:---quick} --out "$OUT/suite" ;;
     decode) phase decode 400 python3 tools/bench.py run --groups decode --providers auto,lt,wmma,cudnn,flash,efficient \
       --rep-ms 60 --rounds 5 --out "$OUT/decode" ;;
-    masked) phase masked 400 python3 tools/bench.py run --groups fa3,long --providers auto,lt,wmma,cudnn,efficient \
-      --cases fa3-d128-s4k-mask,fa3-d128-s8k-mask,fa3-d128-s16k-mask,long-s32k-mask --out "$OUT/masked" ;;
+    masked) phase masked 400 python3 tools/bench.py run --groups fa3,long --providers auto,lt,wmma,cudnn \
+      --cases mask --rep-ms 60 --rounds 3 --out "$OUT/masked" ;;
     generate) phase generate 300 python3 tools/bench_generate.py ${GENERATE_ARGS:-} --out "$OUT/generate" ;;
     cp)
       n=$(python3 -c 'import torch; print(torch.cuda.device_count())')

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A few small shapes through the Hopper fused kernel (native/flash_sm90.cu), each run once, for
 compute-sanitizer (both pipeline variants; D 64/128/256; fp16/bf16; key and query tails; causal with Sq != Sk both
-ways; GQA; a (B, S, H, D) view). Exits 1 when an output is wrong, 2 when the kernel cannot run here.
+ways; GQA; a (B, S, H, D) view; dense masks read by TMA: bool and additive, shared by the heads, per head, one row
+for every query, a padded view). Exits 1 when an output is wrong, 2 when the kernel cannot run here.
 
     compute-sanitizer --tool memcheck  python tools/sanitize_flash_sm90.py
     compute-sanitizer --tool racecheck python tools/sanitize_flash_sm90.py
@@ -21,7 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from bench_flash_sm90 import sm90_call  # noqa: E402
 
 from attn_lt import native  # noqa: E402
-from attn_lt.testing import random_qkv, reference, rel_error  # noqa: E402
+from attn_lt.testing import forced_flash, random_qkv, reference, rel_error  # noqa: E402
 
 # (B, Hq, Hkv, Sq, Sk, D, dtype, causal, layout, variant)
 CASES = [
@@ -34,6 +35,22 @@ CASES = [
     (1, 2, 1, 160, 150, 256, torch.bfloat16, True, "bhsd", "default"),
     (1, 1, 1, 64, 200, 256, torch.float16, False, "bshd", "plain"),
 ]
+# (B, Hq, Hkv, Sq, Sk, D, dtype, causal, mask kind, mask shape): the default pipeline, masks in rows padded to 16
+MASKED = [
+    (1, 2, 1, 200, 333, 64, torch.bfloat16, True, "bool", "B1SqSk"),
+    (2, 4, 2, 300, 260, 128, torch.bfloat16, False, "add", "11SqSk"),  # heads side by side
+    (1, 2, 2, 150, 517, 128, torch.float16, True, "add", "BHSqSk"),
+    (2, 2, 1, 160, 150, 256, torch.bfloat16, False, "bool", "B11Sk"),  # one mask row, 64-byte swizzle
+    (1, 2, 2, 130, 200, 256, torch.float16, True, "add", "11SqSk"),
+]
+
+
+def padded_mask(kind, shape, dtype):
+    """A random mask of ``shape``, a view into rows of Sk rounded up to 16 elements (16-byte aligned rows)."""
+    *lead, Sk = shape
+    full = torch.rand(*lead, -(-Sk // 16) * 16, device="cuda")
+    m = full > 0.3 if kind == "bool" else (full * 4 - 2).to(dtype)
+    return m[..., :Sk]
 
 
 def main() -> int:
@@ -55,7 +72,21 @@ def main() -> int:
         bad += not ok
         print(f"B={B} Hq={Hq} Hkv={Hkv} Sq={Sq} Sk={Sk} D={D} {str(dt)[6:]} causal={int(causal)} {layout} "
               f"{variant}: rel error {err:.2e} {'ok' if ok else 'WRONG'}", flush=True)
-    print(f"{len(CASES) - bad} passed, {bad} failed")
+    for B, Hq, Hkv, Sq, Sk, D, dt, causal, kind, shape in MASKED:
+        q, k, v = random_qkv(B, Hq, Hkv, Sq, Sk, D, dt, "bhsd")
+        dims = {"B1SqSk": (B, 1, Sq, Sk), "11SqSk": (1, 1, Sq, Sk), "BHSqSk": (B, Hq, Sq, Sk), "B11Sk": (B, 1, 1, Sk)}
+        m = padded_mask(kind, dims[shape], dt)
+        run, out, lse = forced_flash(q, k, v, m, causal, kernel="sm90")
+        run()
+        torch.cuda.synchronize()
+        ref, _ = reference(q, k, v, m, causal=causal)
+        err = rel_error(out, ref)
+        ok = err < 2e-2 and not torch.isnan(lse).any() and not torch.isnan(out).any()
+        bad += not ok
+        print(f"B={B} Hq={Hq} Hkv={Hkv} Sq={Sq} Sk={Sk} D={D} {str(dt)[6:]} causal={int(causal)} {kind} mask "
+              f"{shape}: rel error {err:.2e} {'ok' if ok else 'WRONG'}", flush=True)
+    total = len(CASES) + len(MASKED)
+    print(f"{total - bad} passed, {bad} failed")
     return 1 if bad else 0
 
 
