@@ -31,8 +31,8 @@
 // mask of 64-key tiles — in the matching TMA swizzle, or one row when every query row reads the same mask row. Each
 // consumer thread reads the mask of its own accumulator elements from shared memory (the swizzle spreads the eight
 // rows a warp reads at once over every bank) and adds it in the exp2 domain; a stage is released once its softmax
-// has read it. When the heads share the mask, the grid runs the heads of a query block next to each other, so that
-// the mask block is read from HBM once and from L2 by the other heads.
+// has read it. When the heads share the mask, the grid runs groups of heads side by side over the query blocks
+// (head_group says how many), so that a mask block read from HBM serves the group's other heads from L2.
 //
 // Preconditions (checked by the launcher): sm_90 device; D in {64, 128, 256}; fp16/bf16; q, k, v, o 16-byte aligned;
 // batch/head/row strides positive multiples of 8 elements (16 bytes) below 2^39 for q, k, v (any stride of a
@@ -47,6 +47,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <mutex>
 #include <type_traits>
@@ -106,7 +107,9 @@ struct Params {
     int causal;
     int m_rows;        // mask rows a box: kBlockM, or 1 when every query row reads mask row 0
     int m_h, m_b;      // 1 where the mask has rows of its own per head / per batch entry, 0 where it is broadcast
-    int heads_inner;   // grid (Hq, query blocks, B) instead of (query blocks, Hq, B)
+    int m_blocks;      // query blocks of 128 rows
+    int head_group;    // 0: grid (query blocks, Hq, B); else grid (Hq * query blocks, 1, B), head_group heads side
+                       // by side over the query blocks, group after group (a mask shared by the heads)
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -313,7 +316,7 @@ __device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-// Grid: (ceil(Sq / 128), Hq, B), or (Hq, ceil(Sq / 128), B) with heads_inner; block: 384 threads; dynamic shared
+// Grid: (ceil(Sq / 128), Hq, B), or (Hq * ceil(Sq / 128), 1, B) with head_group; block: 384 threads; dynamic shared
 // memory Layout<D, MK>::kSmem. tmm, the mask's map, is read only when MK != kNoMask.
 template <int D, typename T, bool kOverlap, int MK>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -334,9 +337,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto empty_k = [&](int s) { return bars + 8u * (1 + 2 * kStages + s); };
     auto empty_v = [&](int s) { return bars + 8u * (1 + 3 * kStages + s); };
 
-    const int m_blocks = p.heads_inner ? gridDim.y : gridDim.x;
-    const int m_block = m_blocks - 1 - (p.heads_inner ? blockIdx.y : blockIdx.x);  // heaviest causal blocks first
-    const int h = p.heads_inner ? blockIdx.x : blockIdx.y, b = blockIdx.z, hk = h / p.group;
+    int qb = blockIdx.x, h = blockIdx.y;
+    if (p.head_group) {  // block x of a group of hg heads: query block x / hg of head x % hg (the last group smaller)
+        const int span = p.head_group * p.m_blocks, g = blockIdx.x / span;
+        const int hg = min(p.head_group, p.Hq - g * p.head_group);
+        const int x = blockIdx.x - g * span;
+        qb = x / hg;
+        h = g * p.head_group + x % hg;
+    }
+    const int m_block = p.m_blocks - 1 - qb;  // heaviest causal blocks first
+    const int b = blockIdx.z, hk = h / p.group;
     const int m0 = m_block * kBlockM;  // lengths are below 2^30 (checked on the host)
     const int m_valid = min(kBlockM, p.Sq - m0);
     const int shift = p.Sk - p.Sq;  // causal: key j visible to query i iff j <= i + shift
@@ -728,6 +738,19 @@ int mask_kind(const attn_lt_flash_args& a) {
     return es == 1 ? kBoolMask : kAddMask;
 }
 
+// Heads that run side by side when they share the mask. The CTAs in flight (about one an SM) cover hg heads of
+// SMs / hg query blocks: the mask is read from HBM Hq / hg times and each head's K and V (Sk * 4D bytes) about
+// query blocks * hg / SMs times; the sum is least at hg = sqrt(es * SMs * 32 / D) (es: mask bytes an element),
+// whatever the lengths: 8 at D = 128 with a 2-byte mask. Rounded to a power of two, at most Hq.
+int head_group(const attn_lt_flash_args& a, uint32_t es) {
+    const DeviceInfo* dev = nullptr;
+    const int sms = current_device_info(&dev) == cudaSuccess ? dev->sms : 132;
+    const double best = std::sqrt(double(es) * sms * 32.0 / double(a.D));
+    int hg = 1;
+    while (hg * 2 <= a.Hq && hg * 2 <= best * 1.41421356) hg *= 2;
+    return hg;
+}
+
 // The mask (B, Hq, Sq, Sk) by its broadcast strides seen as 4-D (Sk, Sq, Hq, B), a broadcast dimension of size 1;
 // one box is (kMaskCols keys, rows, 1, 1) in the swizzle of the kernel's mask tile.
 template <int D, int MK>
@@ -764,8 +787,8 @@ cudaError_t launch(const attn_lt_flash_args& a, cudaStream_t stream) {
         p.m_rows = a.Sq == 1 || a.m_sq == 0 ? 1 : kBlockM;
         p.m_h = a.Hq > 1 && a.m_sh != 0;
         p.m_b = a.B > 1 && a.m_sb != 0;
-        // heads sharing the mask run side by side (grid y is at most 65535 blocks)
-        p.heads_inner = !p.m_h && a.Hq > 1 && m_blocks <= 65535;
+        // heads sharing the mask run side by side, in groups (head_group)
+        p.head_group = p.m_h || a.Hq == 1 || a.Hq * m_blocks > 0x7fffffff ? 0 : head_group(a, L::kMaskEs);
         if (!make_mask_map<D, MK>(&mm, a, static_cast<uint32_t>(p.m_rows)))
             return static_cast<cudaError_t>(ATTN_LT_ERR_TENSOR_MAP);
     } else {
@@ -785,8 +808,9 @@ cudaError_t launch(const attn_lt_flash_args& a, cudaStream_t stream) {
     p.group = static_cast<int>(a.Hq / a.Hkv);
     p.sl2 = a.scale * kLog2e;
     p.causal = a.causal ? 1 : 0;
+    p.m_blocks = static_cast<int>(m_blocks);
     const unsigned mbx = static_cast<unsigned>(m_blocks), hq = static_cast<unsigned>(a.Hq);
-    const dim3 grid(p.heads_inner ? hq : mbx, p.heads_inner ? mbx : hq, static_cast<unsigned>(a.B));
+    const dim3 grid(p.head_group ? mbx * hq : mbx, p.head_group ? 1u : hq, static_cast<unsigned>(a.B));
     kernel<<<grid, kThreads, L::kSmem, stream>>>(mq, mk, mv, mm, p);
     return cudaGetLastError();
 }

@@ -269,10 +269,20 @@ def test_h_masks_with_causal_and_lengths(sm90, Sq, Sk, D, dtype, kind):
 @pytest.mark.parametrize("shape", ["11SqSk", "BHSqSk"])
 @pytest.mark.parametrize("Hkv", [8, 2, 1], ids=["gqa1", "gqa4", "gqa8"])
 def test_h_masks_with_gqa_and_views(sm90, Hkv, shape):
-    # a mask shared by the heads runs the heads side by side (grid (Hq, blocks, B)); one per head does not
+    # a mask shared by the heads runs groups of heads side by side (a 1-D grid over heads x blocks); one per
+    # head does not
     q, k, v = rand_qkv(2, 8, Hkv, 700, 1500, 128, "fp16", layout="bshd")
     m = make_mask("q", MASK_SHAPES[shape](2, 8, 700, 1500), "fp16", pad=64, offset=8)  # a 16-byte offset view
     check(q, k, v, mask=m, causal=Hkv == 2)
+
+
+@gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D", [64, 128, 256], ids=lambda d: f"d{d}")
+def test_h_head_groups_with_a_partial_last_group(sm90, D, causal):
+    # 12 heads sharing the mask run in groups of 8 (D 64, 128) or 4 (D 256) heads: the last group of 8 is partial
+    q, k, v = rand_qkv(2, 12, 4, 1100, 900, D, "bf16")
+    check(q, k, v, causal=causal, mask=make_mask("q", (2, 1, 1100, 900), "bf16"))
 
 
 @gpu
