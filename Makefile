@@ -15,8 +15,10 @@ NVCCFLAGS ?= -O3 -std=c++17 -Xcompiler -fPIC,-Wall -Xptxas -warn-spills --expt-r
 #   kv head, or a mask): the 256-wide FP32 output of one m16 tile (128 registers) plus the scores and the mask.
 # * flash.cu, merge_partials<256> (fp16 and bf16): 8 bytes, the split merge's 64-bit row arithmetic; it reads a few
 #   KB a row.
-# softmax.cu has none since 2026-11-22 (its sm_80 build spilled 12-20 bytes around an out-of-line 64-bit division
-# before the row mapping moved into row_place).
+# * softmax.cu, softmax_pipe<512, 2|3, HAS_MASK = true, ..., ADD_MASS = true, 8> (fp16 and bf16): 8-16 bytes. The
+#   masked PIPE kernel that also sums P into the attention mass keeps 8 float4 accumulators a thread (32 registers)
+#   at the 128-register ceiling of 512 threads; only calls with return_key_mass run it. The other softmax kernels
+#   have none (the sm_80 build's 12-20 bytes around an out-of-line 64-bit division went with row_place).
 
 # wgmma and setmaxnreg exist only in the arch-specific sm_90a target: the Hopper kernel is compiled for it alone
 # (a separate object, so the driver cannot pick a plain sm_90 build of it) and linked into the same library.

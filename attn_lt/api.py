@@ -275,7 +275,7 @@ class AttentionPlan:
             else:
                 mass = None
                 if self.key_mass:
-                    mass = program.key_mass_buffer(dev)
+                    mass = program.key_mass_buffer(dev, self.key_mass_window)
                 program.run(q, k, v, attn_mask, out, lse, ws, stream, not capturing, tune_budget_ms, mass,
                             self.key_mass_window)
                 if mass is not None:

@@ -16,7 +16,7 @@ from . import config
 
 log = logging.getLogger("attn_lt")
 
-ABI_VERSION = 9
+ABI_VERSION = 10
 _PKG = Path(__file__).resolve().parent
 _LIB_PATH = _PKG / "_native" / "libattn_lt.so"
 SOURCE_DIR = _PKG.parent / "native"
@@ -41,8 +41,9 @@ class SoftmaxArgs(ctypes.Structure):
     _fields_ = [("scores", ctypes.c_void_p), ("probs", ctypes.c_void_p), ("lse", ctypes.c_void_p),
                 ("mask", ctypes.c_void_p), ("mass", ctypes.c_void_p)] + [
         (n, ctypes.c_int64) for n in ("rows", "cols", "batch", "ld_s", "bs_s", "ld_p", "bs_p", "row0", "gi0",
-                                      "e0", "Sq", "Sk", "g", "Hkv", "Hq", "m_sb", "m_sh", "m_sq", "m_sk", "k0")] + [
-        (n, ctypes.c_int32) for n in ("causal", "out_dtype", "mask_dtype", "variant", "lse_local")]
+                                      "e0", "Sq", "Sk", "g", "Hkv", "Hq", "m_sb", "m_sh", "m_sq", "m_sk", "k0",
+                                      "mass_q0")] + [
+        (n, ctypes.c_int32) for n in ("causal", "out_dtype", "mask_dtype", "variant", "lse_local", "mass_add")]
 
 
 class TileMergeArgs(ctypes.Structure):
@@ -99,6 +100,8 @@ def load() -> ctypes.CDLL:
     lib.attn_lt_softmax_max_resident_cols.restype = ctypes.c_int64
     lib.attn_lt_softmax.restype = ctypes.c_int
     lib.attn_lt_softmax.argtypes = [ctypes.POINTER(SoftmaxArgs), ctypes.c_void_p]
+    lib.attn_lt_softmax_adds_mass.restype = ctypes.c_int
+    lib.attn_lt_softmax_adds_mass.argtypes = [ctypes.POINTER(SoftmaxArgs)]
     lib.attn_lt_tile_merge.restype = ctypes.c_int
     lib.attn_lt_tile_merge.argtypes = [ctypes.POINTER(TileMergeArgs), ctypes.c_void_p]
     lib.attn_lt_flash_fwd.restype = ctypes.c_int
@@ -151,6 +154,12 @@ def softmax(args: SoftmaxArgs, stream: int) -> None:
     err = _softmax_fn()(ctypes.byref(args), stream)  # the hot path: one foreign call
     if err:
         _raise("attn_lt_softmax", err, f"rows={args.rows} cols={args.cols} batch={args.batch} ld_s={args.ld_s}")
+
+
+def softmax_adds_mass(args: SoftmaxArgs) -> bool:
+    """Whether :func:`softmax` can add these arguments' P into their attention mass (``mass_add``) on the current
+    device: the PIPE kernel runs them, each CTA's columns within its accumulators."""
+    return bool(load().attn_lt_softmax_adds_mass(ctypes.byref(args)))
 
 
 def tile_merge(args: TileMergeArgs, stream: int) -> None:

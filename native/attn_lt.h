@@ -8,7 +8,7 @@
 #define ATTN_LT_H
 #include <stdint.h>
 
-#define ATTN_LT_ABI_VERSION 9
+#define ATTN_LT_ABI_VERSION 10
 
 #ifdef __cplusplus
 extern "C" {
@@ -39,8 +39,11 @@ enum attn_lt_dtype { ATTN_LT_NONE = 0, ATTN_LT_F16 = 1, ATTN_LT_BF16 = 2, ATTN_L
  * P (out_dtype) is written row by row; it may alias the scores (P row r at the byte address of score row r).
  * lse is FP32 (B, Hq, Sq) contiguous, or with lse_local FP32 [batch][rows] (a key tile's partial LSE). The mask
  * (optional) is indexed with element strides over (B, Hq, Sq, Sk), 0 for broadcast dimensions. mass (optional):
- * FP32 (B, Hq, Sk) contiguous; the P of each head's row of query position Sq - 1 is also written there, in FP32 at
- * key k0 + j (the attention mass per key where it is the sum of one row: decode, or a window of one row). */
+ * FP32 (B, Hq, Sk) contiguous, the attention mass per key, at key k0 + j. Without mass_add, the P of each head's row
+ * of query position Sq - 1 is written there (the mass where it is the sum of one row: decode, or a window of one
+ * row). With mass_add, the P of every row of query position >= mass_q0 is added there (FP32 atomics after each CTA
+ * has summed its rows of one head); only the PIPE kernel does this (attn_lt_softmax_adds_mass says whether a launch
+ * would run it; other launches with mass_add are refused with ATTN_LT_ERR_VARIANT). */
 typedef struct attn_lt_softmax_args {
     const float* scores;
     void* probs;
@@ -54,11 +57,13 @@ typedef struct attn_lt_softmax_args {
     int64_t Sq, Sk, g, Hkv, Hq;
     int64_t m_sb, m_sh, m_sq, m_sk;
     int64_t k0;           /* the first column's key index */
+    int64_t mass_q0;      /* with mass_add: the first query position whose P is added into mass */
     int32_t causal;       /* bottom-right aligned: key j visible to query i iff j <= i + Sk - Sq */
     int32_t out_dtype;    /* ATTN_LT_F16 or ATTN_LT_BF16 */
     int32_t mask_dtype;   /* ATTN_LT_NONE, ATTN_LT_BOOL (true = attend) or F16/BF16/F32 (added to scores) */
     int32_t variant;      /* ATTN_LT_SOFTMAX_AUTO, or a kernel forced for tests and benchmarks */
     int32_t lse_local;    /* 1: lse is [batch][rows] */
+    int32_t mass_add;     /* 0: write the mass of the row Sq - 1; 1: add the rows from mass_q0 on */
 } attn_lt_softmax_args;
 
 /* The LSE merge of a key-tiled chunk of the long path: `batch` blocks of `rows` rows (rows mapped to (b, head,
@@ -136,6 +141,9 @@ const char* attn_lt_error_string(int err);
  * longer rows take two passes. */
 int64_t attn_lt_softmax_max_resident_cols(void);
 int attn_lt_softmax(const attn_lt_softmax_args* args, void* stream);
+/* 1 when attn_lt_softmax would add these arguments' P into their mass (mass_add) on the current device: the PIPE
+ * kernel runs them; else 0 (the caller sums P itself). */
+int attn_lt_softmax_adds_mass(const attn_lt_softmax_args* args);
 int attn_lt_tile_merge(const attn_lt_tile_merge_args* args, void* stream);
 
 #ifdef __cplusplus

@@ -38,7 +38,7 @@ struct Row {
     char* p;
     float* lse;
     const char* mask;  // mask at (b, h, q, key 0), or nullptr
-    float* mass;       // where P is also written in FP32 (the attention mass per key of this row's head), or nullptr
+    float* mass;       // the attention mass per key of this row's head (P written, or added by PIPE), or nullptr
     int64_t limit;     // last visible key, inclusive (may be negative: all masked)
     bool mask_vec;     // mask keys contiguous and 4-key aligned: 4 keys in one load
 };
@@ -60,7 +60,8 @@ __device__ __forceinline__ Row row_info(const attn_lt_softmax_args& a, int64_t e
     w.s = a.scores + e * a.bs_s + r * a.ld_s;
     w.p = static_cast<char*>(a.probs) + (e * a.bs_p + r * a.ld_p) * 2;
     w.lse = a.lse_local ? a.lse + e * a.rows + r : a.lse + (at.b * a.Hq + at.h) * a.Sq + at.q;
-    w.mass = a.mass != nullptr && at.q == a.Sq - 1 ? a.mass + (at.b * a.Hq + at.h) * a.Sk + a.k0 : nullptr;
+    const bool in_mass = a.mass_add ? at.q >= a.mass_q0 : at.q == a.Sq - 1;
+    w.mass = a.mass != nullptr && in_mass ? a.mass + (at.b * a.Hq + at.h) * a.Sk + a.k0 : nullptr;
     int64_t limit = a.cols - 1;
     if (a.causal) limit = min(limit, at.q + a.Sk - a.Sq - a.k0);
     w.limit = limit;
@@ -162,12 +163,12 @@ __device__ __forceinline__ void store4<__half>(char* p, int64_t j, float a, floa
     *reinterpret_cast<uint2*>(p + j * 2) = u;
 }
 
-// P of keys j..j+3 stored in the output dtype, and in FP32 into the row's attention mass when it has one (keys
-// past the row's `cols` are padding of P and not of the mass).
-template <typename OutT>
+// P of keys j..j+3 stored in the output dtype, and in FP32 into the row's attention mass when it has one and the
+// mass is written, not added (keys past the row's `cols` are padding of P and not of the mass).
+template <typename OutT, bool ADD_MASS = false>
 __device__ __forceinline__ void store_p(const Row& w, int64_t j, int64_t cols, float x, float y, float z, float u) {
     store4<OutT>(w.p, j, x, y, z, u);
-    if (w.mass == nullptr) return;
+    if (ADD_MASS || w.mass == nullptr) return;
     float* m = w.mass + j;
     if (j + 3 < cols && reinterpret_cast<uintptr_t>(m) % 16 == 0) {
         *reinterpret_cast<float4*>(m) = make_float4(x, y, z, u);
@@ -269,7 +270,11 @@ __host__ __device__ inline PipeLayout pipe_layout(const attn_lt_softmax_args& a,
     return L;
 }
 
-template <int THREADS, int STAGES, bool HAS_MASK, bool CLUSTERED, typename OutT>
+// ADD_MASS: each thread sums the FP32 P of its columns over the CTA's consecutive rows of one head in registers
+// (MAXV float4 a thread: the widest segment over THREADS) and adds them into the head's mass with atomics when the
+// head changes and at the end; rows are then taken block by block (row r of block e is lin = e * rows + r), so
+// that a CTA's rows, `step` apart, stay in one head for many rows.
+template <int THREADS, int STAGES, bool HAS_MASK, bool CLUSTERED, typename OutT, bool ADD_MASS = false, int MAXV = 1>
 __global__ void __launch_bounds__(THREADS, 1) softmax_pipe(const attn_lt_softmax_args a) {
     extern __shared__ float4 ring[];
     __shared__ float red[2][32];
@@ -293,7 +298,8 @@ __global__ void __launch_bounds__(THREADS, 1) softmax_pipe(const attn_lt_softmax
     auto slot_ptr = [&](int slot) { return reinterpret_cast<char*>(ring) + slot * L.slot_bytes; };
     auto set_head = [&](int64_t lin, int slot) {  // thread 0 only
         if (lin < nrows) {
-            head[slot] = row_info(a, lin % a.batch, lin / a.batch);
+            head[slot] = ADD_MASS ? row_info(a, lin / a.rows, lin % a.rows)
+                                  : row_info(a, lin % a.batch, lin / a.batch);
         } else {
             head[slot].s = nullptr;
         }
@@ -318,6 +324,21 @@ __global__ void __launch_bounds__(THREADS, 1) softmax_pipe(const attn_lt_softmax
 #pragma unroll
     for (int k = 0; k < STAGES - 1; ++k) issue(k);
     int slot = 0, parity = 0;
+    float4 acc[MAXV];  // ADD_MASS: this thread's columns c0 + threadIdx.x + k * THREADS, summed over the rows of `into`
+    float* into = nullptr;
+    const auto flush = [&]() {
+        if (into == nullptr) return;
+#pragma unroll
+        for (int k = 0; k < MAXV; ++k) {
+            const int64_t c = c0 + threadIdx.x + int64_t(k) * THREADS;
+            if (c >= c1) break;
+            const int64_t j = 4 * c;
+            if (j < a.cols) atomicAdd(into + j, acc[k].x);
+            if (j + 1 < a.cols) atomicAdd(into + j + 1, acc[k].y);
+            if (j + 2 < a.cols) atomicAdd(into + j + 2, acc[k].z);
+            if (j + 3 < a.cols) atomicAdd(into + j + 3, acc[k].w);
+        }
+    };
     for (int64_t lin = first; lin < nrows; lin += step) {
         cp_async_wait<STAGES - 2>();  // this row's group is complete (the STAGES - 2 after it may not be)
         __syncthreads();  // ...for every thread's copies; and every thread is done with the previous row's slot
@@ -372,9 +393,31 @@ __global__ void __launch_bounds__(THREADS, 1) softmax_pipe(const attn_lt_softmax
         }
 #endif
         const float inv = sum > 0.f ? 1.f / sum : 0.f;
-        for (int64_t c = c0 + threadIdx.x; c < c1; c += THREADS) {
-            const float4 v = buf[c - c0];
-            store_p<OutT>(w, 4 * c, a.cols, v.x * inv, v.y * inv, v.z * inv, v.w * inv);
+        if constexpr (ADD_MASS) {
+            if (w.mass != into) {  // uniform: every thread sees the same row
+                flush();
+                into = w.mass;
+#pragma unroll
+                for (int k = 0; k < MAXV; ++k) acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+#pragma unroll
+            for (int k = 0; k < MAXV; ++k) {
+                const int64_t c = c0 + threadIdx.x + int64_t(k) * THREADS;
+                if (c < c1) {
+                    const float4 v = buf[c - c0];
+                    const float4 pv = make_float4(v.x * inv, v.y * inv, v.z * inv, v.w * inv);
+                    store_p<OutT, true>(w, 4 * c, a.cols, pv.x, pv.y, pv.z, pv.w);
+                    acc[k].x += pv.x;
+                    acc[k].y += pv.y;
+                    acc[k].z += pv.z;
+                    acc[k].w += pv.w;
+                }
+            }
+        } else {
+            for (int64_t c = c0 + threadIdx.x; c < c1; c += THREADS) {
+                const float4 v = buf[c - c0];
+                store_p<OutT>(w, 4 * c, a.cols, v.x * inv, v.y * inv, v.z * inv, v.w * inv);
+            }
         }
         if (threadIdx.x == 0) {
             if (rank == 0) *w.lse = sum > 0.f ? mref + logf(sum) : -INFINITY;
@@ -383,6 +426,7 @@ __global__ void __launch_bounds__(THREADS, 1) softmax_pipe(const attn_lt_softmax
         slot = (slot + 1) % STAGES;
         parity ^= 1;
     }
+    if constexpr (ADD_MASS) flush();
     cp_async_wait<0>();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if constexpr (CLUSTERED) cluster.sync();  // no CTA leaves while another may still read its shared memory
@@ -496,10 +540,25 @@ cudaError_t residency(Kernel kernel, int threads, size_t smem, int C, bool clust
     return cudaSuccess;
 }
 
-template <int THREADS, int STAGES, bool CLUSTERED, typename OutT>
+// Float4 columns a thread sums in registers when PIPE adds the mass: 16384 columns a CTA with 512 threads (the
+// accumulators of the widest segments, 7040 float4, would spill), all 4096 of the 256-thread configuration.
+constexpr int kPipeMaxV512 = 8;
+constexpr int kPipeMaxV256 = 4096 / 4 / 256;
+constexpr int64_t kPipeMassSeg4 = int64_t(kPipeMaxV512) * 512;
+
+// Whether PIPE with C CTAs a row can add these rows' P into the mass: each CTA's segment fits the accumulators.
+bool pipe_sums_mass(const attn_lt_softmax_args& a, int C) { return C > 0 && pipe_layout(a, C).seg4 <= kPipeMassSeg4; }
+
+template <int THREADS, int STAGES, bool CLUSTERED, typename OutT, int MAXV>
 cudaError_t launch_pipe(const attn_lt_softmax_args& a, int C, cudaStream_t stream) {
-    const auto kernel = a.mask_dtype != ATTN_LT_NONE ? softmax_pipe<THREADS, STAGES, true, CLUSTERED, OutT>
-                                                     : softmax_pipe<THREADS, STAGES, false, CLUSTERED, OutT>;
+    const bool add = a.mass_add && a.mass != nullptr;
+    if (add && !pipe_sums_mass(a, C)) return static_cast<cudaError_t>(ATTN_LT_ERR_VARIANT);
+    static_assert(MAXV * THREADS >= kPipeMassSeg4 || THREADS == 256, "accumulators for every segment PIPE sums");
+    const bool masked = a.mask_dtype != ATTN_LT_NONE;
+    const auto kernel = add ? (masked ? softmax_pipe<THREADS, STAGES, true, CLUSTERED, OutT, true, MAXV>
+                                      : softmax_pipe<THREADS, STAGES, false, CLUSTERED, OutT, true, MAXV>)
+                            : (masked ? softmax_pipe<THREADS, STAGES, true, CLUSTERED, OutT>
+                                      : softmax_pipe<THREADS, STAGES, false, CLUSTERED, OutT>);
     const size_t smem = size_t(STAGES) * size_t(pipe_layout(a, C).slot_bytes);
     cudaLaunchConfig_t cfg = {};
     cfg.blockDim = dim3(THREADS);
@@ -525,24 +584,30 @@ cudaError_t launch_pipe(const attn_lt_softmax_args& a, int C, cudaStream_t strea
     return err != cudaSuccess ? err : cudaGetLastError();
 }
 
+// The kernel a launch runs (a forced variant, or by row length and GPU) and PIPE's CTAs a row (0: PIPE cannot).
+int resolve_variant(const attn_lt_softmax_args& a, int* pc) {
+    *pc = pipe_cluster(a);
+    if (a.variant != ATTN_LT_SOFTMAX_AUTO) return a.variant;
+    return a.cols < kPipeMinCols ? ATTN_LT_SOFTMAX_ROW
+           : *pc                 ? ATTN_LT_SOFTMAX_PIPE
+           : a.cols <= kRowMaxCols ? ATTN_LT_SOFTMAX_ROW : ATTN_LT_SOFTMAX_TWO_PASS;
+}
+
 template <typename OutT>
 cudaError_t launch(const attn_lt_softmax_args& a, cudaStream_t stream) {
     const int64_t c = a.cols;
-    int variant = a.variant;
-    const int pc = pipe_cluster(a);
-    if (variant == ATTN_LT_SOFTMAX_AUTO)
-        variant = c < kPipeMinCols ? ATTN_LT_SOFTMAX_ROW
-                  : pc ? ATTN_LT_SOFTMAX_PIPE
-                  : c <= kRowMaxCols ? ATTN_LT_SOFTMAX_ROW : ATTN_LT_SOFTMAX_TWO_PASS;
+    int pc = 0;
+    const int variant = resolve_variant(a, &pc);
     if (variant == ATTN_LT_SOFTMAX_PIPE) {
         if (pc == 0) return static_cast<cudaError_t>(ATTN_LT_ERR_VARIANT);
-        if (pc > 1) return pipe_stages(a, pc) == 3 ? launch_pipe<512, 3, true, OutT>(a, pc, stream)
-                                                   : launch_pipe<512, 2, true, OutT>(a, pc, stream);
+        if (pc > 1) return pipe_stages(a, pc) == 3 ? launch_pipe<512, 3, true, OutT, kPipeMaxV512>(a, pc, stream)
+                                                   : launch_pipe<512, 2, true, OutT, kPipeMaxV512>(a, pc, stream);
         if (pipe_stages(a, 1) == 3)
-            return c <= 4096 ? launch_pipe<256, 3, false, OutT>(a, 1, stream)
-                             : launch_pipe<512, 3, false, OutT>(a, 1, stream);
-        return launch_pipe<512, 2, false, OutT>(a, 1, stream);
+            return c <= 4096 ? launch_pipe<256, 3, false, OutT, kPipeMaxV256>(a, 1, stream)
+                             : launch_pipe<512, 3, false, OutT, kPipeMaxV512>(a, 1, stream);
+        return launch_pipe<512, 2, false, OutT, kPipeMaxV512>(a, 1, stream);
     }
+    if (a.mass_add && a.mass != nullptr) return static_cast<cudaError_t>(ATTN_LT_ERR_VARIANT);  // PIPE only
     if (a.rows * a.batch > 0x7fffffffLL) return static_cast<cudaError_t>(ATTN_LT_ERR_LENGTH);
     const unsigned grid = static_cast<unsigned>(a.rows * a.batch);
     if (variant == ATTN_LT_SOFTMAX_ROW) {
@@ -645,6 +710,14 @@ int attn_lt_softmax(const attn_lt_softmax_args* a, void* stream) {
         case ATTN_LT_F16: return static_cast<int>(launch<__half>(*a, s));
         default: return ATTN_LT_ERR_DTYPE;
     }
+}
+
+int attn_lt_softmax_adds_mass(const attn_lt_softmax_args* a) {
+    if (a == nullptr || a->cols <= 0) return 0;
+    int pc = 0;
+    const int variant = resolve_variant(*a, &pc);
+    cudaGetLastError();  // pipe_cluster may ask the device; a failure there only means "no"
+    return variant == ATTN_LT_SOFTMAX_PIPE && pipe_sums_mass(*a, pc) ? 1 : 0;
 }
 
 int attn_lt_tile_merge(const attn_lt_tile_merge_args* a, void* stream) {

@@ -76,9 +76,14 @@ def test_mla_decode_v_is_a_view_of_the_latent_cache(Sk):
     dict(B=2, Hq=8, Hkv=8, Sq=64, Sk=3000, causal=False, mask="float", window=17),
     dict(B=4, Hq=32, Hkv=8, Sq=1, Sk=8192, causal=False, mask=None, window=None),   # decode, group folded
     dict(B=2, Hq=32, Hkv=8, Sq=16, Sk=5000, causal=True, mask=None, window=8),     # folded, causal, window
+    # the softmax adds the mass (PIPE): many chunks a head on two lanes, a window, a mask, a causal mix with torch
+    dict(B=1, Hq=4, Hkv=2, Sq=1500, Sk=16384, causal=False, mask=None, window=None, ws=128 << 20),
+    dict(B=2, Hq=4, Hkv=4, Sq=700, Sk=6001, causal=False, mask="bool", window=300, ws=64 << 20),
+    dict(B=1, Hq=8, Hkv=2, Sq=3000, Sk=9000, causal=True, mask="float", window=None, ws=96 << 20),
 ], ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
 def test_key_mass_matches_the_reference(case):
     c = case
+    ws = {"workspace_bytes": c["ws"]} if "ws" in c else {}
     q = torch.randn(c["B"], c["Hq"], c["Sq"], 128, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(c["B"], c["Hkv"], c["Sk"], 128, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
@@ -88,7 +93,7 @@ def test_key_mass_matches_the_reference(case):
     elif c["mask"] == "float":
         mask = torch.randn(c["B"], 1, c["Sq"], c["Sk"], device="cuda")
     o, lse, mass = attn_lt.attention(q, k, v, attn_mask=mask, causal=c["causal"], return_lse=True,
-                                     return_key_mass=True, key_mass_window=c["window"])
+                                     return_key_mass=True, key_mass_window=c["window"], **ws)
     assert mass.shape == (c["B"], c["Hq"], c["Sk"]) and mass.dtype == torch.float32
     ref = mass_reference(q, k, mask, c["causal"], c["window"])
     assert not torch.isnan(mass).any()
@@ -96,5 +101,5 @@ def test_key_mass_matches_the_reference(case):
     # elementwise the bound is P's rounding to bf16 (2^-8 relative), summed in FP32
     assert torch.allclose(mass.double().sum(-1), ref.sum(-1), rtol=5e-3)
     assert ((mass.double() - ref).abs() <= 4e-3 * ref + 1e-6).all()
-    o2 = attn_lt.attention(q, k, v, attn_mask=mask, causal=c["causal"], backend="lt")
+    o2 = attn_lt.attention(q, k, v, attn_mask=mask, causal=c["causal"], backend="lt", **ws)
     assert torch.equal(o, o2)  # asking for the mass does not change the output

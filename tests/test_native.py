@@ -20,7 +20,7 @@ def test_library_loads_with_matching_abi_and_sources():
 def test_struct_matches_header():
     # 5 pointers + 20 int64 + 5 int32 (+ 4 bytes of tail padding, as in C): a mismatch would shift every field the
     # kernel reads.
-    assert ctypes.sizeof(native.SoftmaxArgs) == 5 * 8 + 20 * 8 + 5 * 4 + 4
+    assert ctypes.sizeof(native.SoftmaxArgs) == 5 * 8 + 21 * 8 + 6 * 4
     assert ctypes.sizeof(native.TileMergeArgs) == 6 * 8 + 12 * 8 + 2 * 4
     header = (native.SOURCE_DIR / "attn_lt.h").read_text()
     assert f"#define ATTN_LT_ABI_VERSION {native.ABI_VERSION}" in header

@@ -1,6 +1,6 @@
 """Small long-path cases for compute-sanitizer: the softmax (every variant) and the key tiles' LSE merge, with and
 without masks and causal masking, GQA, fp16 and bf16; the attention mass per key written by the softmax (decode,
-odd key counts).
+odd key counts) and added by it (prefill chunks on the PIPE kernel: a ragged tail, a window, a mask, two lanes).
 
     compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitize_lt.py
 """
@@ -43,8 +43,16 @@ def main() -> int:
             q, k, v = random_qkv(2, 8, 2, 1, Sk, 64, torch.bfloat16)
             out, mass = attn_lt.attention(q, k, v, backend="lt", return_key_mass=True, algo_policy="heuristic")
             worst = max(worst, rel_error(out, reference(q, k, v)[0]), (mass.sum(-1) - 1).abs().max().item())
+    os.environ["ATTN_LT_SOFTMAX"] = "auto"
+    for window, mask in ((None, None), (37, "bool")):  # the mass added by PIPE, chunk by chunk on two lanes
+        q, k, v = random_qkv(1, 4, 2, 300, 4102, 64, torch.bfloat16)
+        m = torch.rand(1, 1, 300, 4102, device="cuda") > 0.3 if mask else None
+        out, mass = attn_lt.attention(q, k, v, attn_mask=m, backend="lt", return_key_mass=True,
+                                      key_mass_window=window, workspace_bytes=8 << 20, algo_policy="heuristic")
+        rows = 300 if window is None else window
+        worst = max(worst, rel_error(out, reference(q, k, v, m)[0]), (mass.sum(-1) / rows - 1).abs().max().item())
     torch.cuda.synchronize()
-    print(f"{len(CASES) * 3} long-path runs and 6 decode masses, worst error {worst:.2e}")
+    print(f"{len(CASES) * 3} long-path runs, 6 decode masses and 2 added masses, worst error {worst:.2e}")
     return 0 if worst < 2e-2 else 1
 
 

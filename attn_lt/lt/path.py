@@ -170,12 +170,16 @@ class Program:
         a.row0, a.gi0, a.e0, a.k0 = lay.row0, lay.gi0, c.e0, lay.col0
         return a
 
-    def key_mass_buffer(self, device: torch.device) -> torch.Tensor:
-        """The FP32 (B, Hq, Sk) tensor ``run`` takes as ``key_mass``: uninitialised when the plan writes every
-        element once (:attr:`mass_written_once`), else zeroed."""
+    def key_mass_buffer(self, device: torch.device, window: int | None = None) -> torch.Tensor:
+        """The FP32 (B, Hq, Sk) tensor ``run`` takes as ``key_mass`` (with the same ``window``): uninitialised
+        when the softmax writes every element once (:meth:`_mass_direct`), else zeroed (sums are added into it)."""
         case = self.case
-        make = torch.empty if self.mass_written_once else torch.zeros
+        make = torch.empty if self._mass_direct(window) else torch.zeros
         return make((case.B, case.Hq, case.Sk), dtype=torch.float32, device=device)
+
+    def _mass_direct(self, window: int | None) -> bool:
+        """One row a head in the window and one chunk a head: the softmax writes the mass as it writes P."""
+        return self.mass_written_once and min(self.case.Sq, window or self.case.Sq) == 1
 
     def gemms(self) -> list[tuple[Chunk, object, object]]:
         """(chunk, qk Gemm, pv Gemm) of every computed chunk (of one chunk a shape when the plan is too large to
@@ -194,7 +198,8 @@ class Program:
         then the score region, then the key tiles' accumulators). ``tune_budget_ms``: tuning time this call may
         spend (default ``ATTN_LT_TUNE_CALL_MS``). ``key_mass``: an FP32 (B, Hq, Sk) tensor from
         :meth:`key_mass_buffer` that receives the sum of P over the query rows (the last ``key_mass_window`` rows
-        of each head when given; plans without key tiles only)."""
+        of each head when given; plans without key tiles only): written by the softmax in decode, added by the
+        softmax (FP32, per CTA, then atomics) where its PIPE kernel runs the chunk, else summed from P by torch."""
         plan = self.plan
         gws = plan.gemm_workspace
         ws0 = workspace.data_ptr()
@@ -241,12 +246,12 @@ class Program:
         ws0 = workspace.data_ptr()
         tile_base = gws + self.plan.score_bytes
         case = self.case
-        # one row a head in the window, one chunk a head: the softmax writes the mass as it writes P
-        direct = key_mass is not None and self.mass_written_once and min(case.Sq, window or case.Sq) == 1
+        direct = key_mass is not None and self._mass_direct(window)
         mass_ptr = key_mass.data_ptr() if direct else 0
         masses = [key_mass] if key_mass is not None and not direct else []
         if masses and lanes is not None:  # lanes write disjoint slices once, or add into their own sums
             masses.append(key_mass if self.mass_written_once else torch.zeros_like(key_mass))
+        first = 0 if window is None else max(0, case.Sq - window)  # first query position in the window
         for s in self.steps if self.steps is not None else self._steps():
             st = streams[s.lane]
             w = ws0 + s.lane * self.plan.lane_bytes
@@ -259,15 +264,21 @@ class Program:
             a.scores = a.probs = scores
             a.lse = lse_ptr if s.tile_lse is None else tiles + s.tile_lse
             a.mask, a.mass = mask_ptr, mass_ptr
+            added = False
+            if masses:  # the softmax adds the chunk's P into the lane's mass where its PIPE kernel runs the chunk
+                a.mass, a.mass_add, a.mass_q0 = masses[s.lane].data_ptr(), 1, first
+                added = native.softmax_adds_mass(a)
+                if not added:
+                    a.mass, a.mass_add = 0, 0
             native.softmax(a, st)
-            a.mass = 0  # the arguments are copied at launch; no later run may write a stale mass
-            if masses:
+            a.mass = a.mass_add = 0  # the arguments are copied at launch; no later run may write a stale mass
+            if masses and not added:
                 region = workspace[w - ws0 + gws:]
                 if s.lane == 0:
-                    self._add_key_mass(s, region, masses[0], window)
+                    self._add_key_mass(s, region, masses[0], first)
                 else:
                     with torch.cuda.stream(lanes.side):
-                        self._add_key_mass(s, region, masses[1], window)
+                        self._add_key_mass(s, region, masses[1], first)
             pv_ops = (vb + s.v, scores, ob + s.o if s.tile_out is None else tiles + s.tile_out, self._one_ptr, w,
                       gws, st)
             if not s.pv.resolved:  # tuned on the real P; the run below writes the same result again
@@ -284,15 +295,14 @@ class Program:
                 masses[0] += masses[1]
         self.pending = self.steps is None or any(not (s.qk.resolved and s.pv.resolved) for s in self.steps)
 
-    def _add_key_mass(self, s: _Step, region: torch.Tensor, key_mass: torch.Tensor, window: int | None) -> None:
-        """key_mass[b, h, :kend] += the sum of this chunk's P rows (those in the window) of query head h (``=``
-        when the plan writes the mass once); ``region`` is the chunk's score region (uint8), where P lies in the
-        input dtype."""
+    def _add_key_mass(self, s: _Step, region: torch.Tensor, key_mass: torch.Tensor, first: int) -> None:
+        """key_mass[b, h, :kend] += the sum of this chunk's P rows of query head h from query position ``first``
+        on (``=`` when the plan writes the mass once); ``region`` is the chunk's score region (uint8), where P lies
+        in the input dtype."""
         case, c, a = self.case, s.chunk, s.args
         dt = torch.bfloat16 if case.dtype == "bf16" else torch.float16
         p_all = region.view(dt)
         base = p_all.storage_offset()
-        first = 0 if window is None else max(0, case.Sq - window)  # first query position in the window
         mass3 = key_mass.view(case.B * case.Hkv, case.group, case.Sk)
         if c.gi is None:  # rows are (gi, s) of the whole group
             p = p_all.as_strided((c.ne, case.group, case.Sq - first, c.kend),
