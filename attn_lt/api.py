@@ -17,7 +17,7 @@ import torch
 from . import config
 from .plan import Plan, make_plan, out_strides
 from .select import Decision, route, select
-from .validate import Case, address_alignment, check_options, check_out, check_tensors
+from .validate import Case, address_alignment, check_options, check_out, check_tensors, mask_alignment
 from .wmma import FusedLaunch, device_facts, fused_launch
 
 log = logging.getLogger("attn_lt")
@@ -86,7 +86,7 @@ def _signature(q, k, v, attn_mask, out_align: int) -> tuple:
     """What a plan fixes about its tensors: shapes, strides, dtypes, devices and the address alignment."""
     align = address_alignment(q.data_ptr() | k.data_ptr() | v.data_ptr())
     m = None if attn_mask is None else (attn_mask.shape, attn_mask.stride(), attn_mask.dtype, attn_mask.device,
-                                        address_alignment(attn_mask.data_ptr()))
+                                        mask_alignment(attn_mask))
     return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype, q.device,
             k.device, v.device, m, align, out_align)
 

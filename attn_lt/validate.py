@@ -23,7 +23,7 @@ class MaskInfo:
     dtype: str  # "bool", "fp16", "bf16", "fp32"
     shape: tuple[int, ...]  # as given
     strides: tuple[int, int, int, int]  # element strides over (B, Hq, Sq, Sk), 0 where broadcast
-    align: int = 256  # largest power of two (<= 256) dividing the mask's address
+    align: int = 16  # largest power of two (<= 16) dividing the mask's address
 
 
 @dataclass(frozen=True)
@@ -165,11 +165,17 @@ def check_mask(attn_mask, target: tuple[int, int, int, int], qdtype) -> MaskInfo
         raise ValueError(f"attn_mask {_shape(attn_mask)} does not broadcast to (B, Hq, Sq, Sk) = {tgt}") from None
     strides = tuple(st if sz > 1 else 0 for st, sz in zip(expanded.stride(), target))
     kind = "bool" if attn_mask.dtype == torch.bool else "float"
+    return MaskInfo(kind, _MASK_DTYPE_NAMES[attn_mask.dtype], tuple(attn_mask.shape), strides,
+                    mask_alignment(attn_mask))
+
+
+def mask_alignment(attn_mask) -> int:
+    """The mask address's alignment as far as any kernel cares: the largest power of two dividing it, at most 16
+    (TMA reads 16-byte aligned masks), so that masks of one layout share their plans; 16 for fake tensors."""
     try:
-        align = address_alignment(attn_mask.data_ptr())
+        return min(16, address_alignment(attn_mask.data_ptr()))
     except RuntimeError:  # fake/meta tensors while tracing: no address yet
-        align = 256
-    return MaskInfo(kind, _MASK_DTYPE_NAMES[attn_mask.dtype], tuple(attn_mask.shape), strides, align)
+        return 16
 
 
 def check_causal(causal) -> bool:

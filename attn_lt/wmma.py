@@ -171,7 +171,8 @@ def hopper_mask_refusal(case: Case) -> str | None:
     """Why native/flash_sm90.cu cannot read ``case``'s mask (None when it can, or when there is no mask). It reads
     by TMA a bool mask or an additive one in q's dtype (an fp32 mask tile would not fit beside the K/V ring), whose
     keys are contiguous, whose address is 16-byte aligned and whose batch, head and row strides are 0 (broadcast)
-    or multiples of 16 bytes. native/flash_sm90.cu's ``mask_kind`` holds the same rule."""
+    or multiples of 16 bytes. native/flash_sm90.cu's ``mask_kind`` holds the same rule and refuses what breaks it
+    (it is here too because the launch plan is made, and explained, on machines without the library)."""
     m = case.mask
     if m is None:
         return None

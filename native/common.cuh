@@ -6,6 +6,7 @@
 #define ATTN_LT_COMMON_CUH
 
 #include <cstdint>
+#include <type_traits>
 
 constexpr float kLog2e = 1.4426950408889634f;  // log2(e): scores go to the exp2 domain
 constexpr float kLn2 = 0.6931471805599453f;    // ln(2): LSE back to the natural log
@@ -46,6 +47,23 @@ template <>
 __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
     __half2 v = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Two adjacent keys of a mask row (p: the first, aligned to the pair) in the exp2 domain: 0 or -inf for a bool mask
+// (true = attend), else the additive value times log2(e). M: the mask's element type (bool, __half,
+// __nv_bfloat16, float).
+template <typename M>
+__device__ __forceinline__ float2 mask_pair_of(const unsigned char* p) {
+    if constexpr (std::is_same<M, bool>::value) {
+        return make_float2(p[0] ? 0.f : -INFINITY, p[1] ? 0.f : -INFINITY);
+    } else {
+        float2 x;
+        if constexpr (std::is_same<M, __half>::value) x = __half22float2(*reinterpret_cast<const __half2*>(p));
+        else if constexpr (std::is_same<M, __nv_bfloat16>::value)
+            x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+        else x = *reinterpret_cast<const float2*>(p);
+        return make_float2(x.x * kLog2e, x.y * kLog2e);
+    }
 }
 
 // The current device's compute capability and SM count. A launcher asks on every call (a decode step's hot path),

@@ -96,20 +96,10 @@ __device__ __forceinline__ float mask_value(const void* mask, int dtype, int64_t
 // Two adjacent keys of a mask row staged in shared memory (p: the first), in the exp2 domain.
 __device__ __forceinline__ float2 mask_pair(const unsigned char* p, int dtype) {
     switch (dtype) {
-        case ATTN_LT_BOOL:
-            return make_float2(p[0] ? 0.f : -INFINITY, p[1] ? 0.f : -INFINITY);
-        case ATTN_LT_F16: {
-            const float2 x = __half22float2(*reinterpret_cast<const __half2*>(p));
-            return make_float2(x.x * kLog2e, x.y * kLog2e);
-        }
-        case ATTN_LT_BF16: {
-            const float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
-            return make_float2(x.x * kLog2e, x.y * kLog2e);
-        }
-        default: {
-            const float2 x = *reinterpret_cast<const float2*>(p);
-            return make_float2(x.x * kLog2e, x.y * kLog2e);
-        }
+        case ATTN_LT_BOOL: return mask_pair_of<bool>(p);
+        case ATTN_LT_F16: return mask_pair_of<__half>(p);
+        case ATTN_LT_BF16: return mask_pair_of<__nv_bfloat16>(p);
+        default: return mask_pair_of<float>(p);
     }
 }
 

@@ -192,21 +192,6 @@ __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 
-// Two adjacent keys of a mask row in shared memory (p: the first, 2- or 4-byte aligned), in the exp2 domain: 0 or
-// -inf for a bool mask, the additive value (q's dtype) times log2(e).
-template <int MK, typename T>
-__device__ __forceinline__ float2 mask_pair(const unsigned char* p) {
-    if constexpr (MK == kBoolMask) {
-        const unsigned short v = *reinterpret_cast<const unsigned short*>(p);
-        return make_float2((v & 0xffu) ? 0.f : -INFINITY, (v >> 8) ? 0.f : -INFINITY);
-    } else if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-        const float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
-        return make_float2(x.x * kLog2e, x.y * kLog2e);
-    } else {
-        const float2 x = __half22float2(*reinterpret_cast<const __half2*>(p));
-        return make_float2(x.x * kLog2e, x.y * kLog2e);
-    }
-}
 
 // Keep the compiler from moving reads or writes of registers that an in-flight wgmma owns across a wait.
 template <int N>
@@ -326,6 +311,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using L = Layout<D, MK>;
     constexpr bool kMasked = MK != kNoMask;
+    using M = std::conditional_t<MK == kBoolMask, bool, T>;  // the mask's element type
     constexpr int BN = L::kBlockN, kStages = L::kStages;
     constexpr bool kPingPong = kOverlap && D <= 128;  // as FA3: the D = 256 tiles leave no room to take turns
     extern __shared__ unsigned char smem_raw[];
@@ -465,8 +451,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                 for (int j = 0; j < BN / 8; ++j) {
                     const uint32_t box = (8 * j / L::kMaskCols) * L::kMaskBox;
                     const uint32_t col = ((8 * j) % L::kMaskCols + 2 * (lane % 4)) * L::kMaskEs;
-                    const float2 v0 = mask_pair<MK, T>(ms + box + mo0 + (col ^ mz0));
-                    const float2 v1 = mask_pair<MK, T>(ms + box + mo1 + (col ^ mz1));
+                    const float2 v0 = mask_pair_of<M>(ms + box + mo0 + (col ^ mz0));
+                    const float2 v1 = mask_pair_of<M>(ms + box + mo1 + (col ^ mz1));
                     sacc[4 * j] = fmaf(sacc[4 * j], sl2, v0.x);
                     sacc[4 * j + 1] = fmaf(sacc[4 * j + 1], sl2, v0.y);
                     sacc[4 * j + 2] = fmaf(sacc[4 * j + 2], sl2, v1.x);
@@ -510,6 +496,13 @@ __global__ void __launch_bounds__(kThreads, 1)
                 l_r[1] += sacc[4 * j + 2] + sacc[4 * j + 3];
             }
         };
+        // The softmax of the tile in stage st; its K tile (and mask tile) is released as soon as nothing reads it:
+        // before the softmax, or after it when the softmax reads the stage's mask tile.
+        auto softmax_of_stage = [&](int n0, int st, float(&corr)[2]) {
+            if constexpr (!kMasked) release(empty_k(st));
+            softmax(n0, needs_mask(n0), st, corr);
+            if constexpr (kMasked) release(empty_k(st));
+        };
         auto rescale_o = [&](const float(&corr)[2]) {
 #pragma unroll
             for (int j = 0; j < D / 8; ++j) {
@@ -545,9 +538,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                     wgmma_commit();
                     wgmma_wait<0>();
                     fence_regs(sacc);
-                    if constexpr (!kMasked) release(empty_k(s));
-                    softmax(n0, needs_mask(n0), s, corr);
-                    if constexpr (kMasked) release(empty_k(s));  // the softmax has read the stage's mask tile
+                    softmax_of_stage(n0, s, corr);
                     rescale_o(corr);
                     convert_p();
                     mbar_wait(full_v(s), ph);
@@ -575,9 +566,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 wgmma_commit();
                 wgmma_wait<0>();
                 fence_regs(sacc);
-                if constexpr (!kMasked) release(empty_k(s));
-                softmax(n0, needs_mask(n0), s, corr);  // O is still zero: nothing to rescale
-                if constexpr (kMasked) release(empty_k(s));
+                softmax_of_stage(n0, s, corr);  // O is still zero: nothing to rescale
                 convert_p();
                 // Ping-pong: warpgroup c waits on barrier 1 + c before issuing and arrives on the other's after.
                 // Warpgroup 0 goes first (its own arrival) and takes warpgroup 1's last arrival after the loop, so
@@ -605,9 +594,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                     if (kPingPong) bar_arrive(2 - c, 256);
                     wgmma_wait<1>();  // QK^T of tile i has landed
                     fence_regs(sacc);
-                    if constexpr (!kMasked) release(empty_k(s));
-                    softmax(n0, needs_mask(n0), s, corr);
-                    if constexpr (kMasked) release(empty_k(s));
+                    softmax_of_stage(n0, s, corr);
                     wgmma_wait<0>();  // PV of tile i - 1 has landed
                     fence_regs(o);
                     fence_regs(pf);

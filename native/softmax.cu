@@ -324,7 +324,10 @@ __global__ void __launch_bounds__(THREADS, 1) softmax_pipe(const attn_lt_softmax
 #pragma unroll
     for (int k = 0; k < STAGES - 1; ++k) issue(k);
     int slot = 0, parity = 0;
-    float4 acc[MAXV];  // ADD_MASS: this thread's columns c0 + threadIdx.x + k * THREADS, summed over the rows of `into`
+    // ADD_MASS: this thread's columns c0 + threadIdx.x + k * THREADS, summed over the rows of `into`
+    float4 acc[MAXV];
+#pragma unroll
+    for (int k = 0; k < MAXV; ++k) acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
     float* into = nullptr;
     const auto flush = [&]() {
         if (into == nullptr) return;
@@ -552,7 +555,9 @@ bool pipe_sums_mass(const attn_lt_softmax_args& a, int C) { return C > 0 && pipe
 template <int THREADS, int STAGES, bool CLUSTERED, typename OutT, int MAXV>
 cudaError_t launch_pipe(const attn_lt_softmax_args& a, int C, cudaStream_t stream) {
     const bool add = a.mass_add && a.mass != nullptr;
-    if (add && !pipe_sums_mass(a, C)) return static_cast<cudaError_t>(ATTN_LT_ERR_VARIANT);
+    // the rule (pipe_sums_mass), and this configuration's accumulators
+    if (add && (!pipe_sums_mass(a, C) || pipe_layout(a, C).seg4 > int64_t(MAXV) * THREADS))
+        return static_cast<cudaError_t>(ATTN_LT_ERR_VARIANT);
     static_assert(MAXV * THREADS >= kPipeMassSeg4 || THREADS == 256, "accumulators for every segment PIPE sums");
     const bool masked = a.mask_dtype != ATTN_LT_NONE;
     const auto kernel = add ? (masked ? softmax_pipe<THREADS, STAGES, true, CLUSTERED, OutT, true, MAXV>
@@ -714,9 +719,10 @@ int attn_lt_softmax(const attn_lt_softmax_args* a, void* stream) {
 
 int attn_lt_softmax_adds_mass(const attn_lt_softmax_args* a) {
     if (a == nullptr || a->cols <= 0) return 0;
+    const bool clean = cudaPeekAtLastError() == cudaSuccess;
     int pc = 0;
     const int variant = resolve_variant(*a, &pc);
-    cudaGetLastError();  // pipe_cluster may ask the device; a failure there only means "no"
+    if (clean) cudaGetLastError();  // pipe_cluster may ask the device; a failure there only means "no"
     return variant == ATTN_LT_SOFTMAX_PIPE && pipe_sums_mass(*a, pc) ? 1 : 0;
 }
 

@@ -143,6 +143,9 @@ def test_masked_prefill_through_attention():
     # on Hopper the wgmma kernel reads this mask by TMA; elsewhere native/flash.cu runs it
     want = "sm90" if hopper_kernel() else "flash"
     assert attn_lt.explain(q, k, v, attn_mask=bias, backend="wmma").fused.kernel == want
+    fp32 = torch.randn(1, 1, 1024, 1024, device="cuda")  # an fp32 mask: native/flash.cu on every GPU
+    check(q, k, v, attn_mask=fp32, backend="wmma")
+    assert attn_lt.explain(q, k, v, attn_mask=fp32, backend="wmma").fused.kernel == "flash"
 
 
 def test_graph_capture_of_a_split_decode():

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import attn_lt
+from attn_lt import native
 from attn_lt.testing import causal_mask, reference, rel_error, sdpa, tolerance
 
 pytestmark = pytest.mark.gpu
@@ -81,9 +82,12 @@ def test_mla_decode_v_is_a_view_of_the_latent_cache(Sk):
     dict(B=2, Hq=4, Hkv=4, Sq=700, Sk=6001, causal=False, mask="bool", window=300, ws=64 << 20),
     dict(B=1, Hq=8, Hkv=2, Sq=3000, Sk=9000, causal=True, mask="float", window=None, ws=96 << 20),
 ], ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
-def test_key_mass_matches_the_reference(case):
+def test_key_mass_matches_the_reference(case, monkeypatch):
     c = case
     ws = {"workspace_bytes": c["ws"]} if "ws" in c else {}
+    added = []  # chunks whose softmax added their P into the mass (the PIPE kernel)
+    adds = native.softmax_adds_mass
+    monkeypatch.setattr(native, "softmax_adds_mass", lambda a: added.append(adds(a)) or added[-1])
     q = torch.randn(c["B"], c["Hq"], c["Sq"], 128, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(c["B"], c["Hkv"], c["Sk"], 128, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
@@ -103,3 +107,5 @@ def test_key_mass_matches_the_reference(case):
     assert ((mass.double() - ref).abs() <= 4e-3 * ref + 1e-6).all()
     o2 = attn_lt.attention(q, k, v, attn_mask=mask, causal=c["causal"], backend="lt", **ws)
     assert torch.equal(o, o2)  # asking for the mass does not change the output
+    if "ws" in c:  # rows of 4096 keys or more: the softmax added at least one chunk's mass itself
+        assert any(added), "no chunk's mass was added by the softmax"

@@ -41,7 +41,8 @@ MASKED = [
     (2, 4, 2, 300, 260, 128, torch.bfloat16, False, "add", "11SqSk"),  # one group of heads side by side
     (1, 12, 4, 260, 300, 128, torch.bfloat16, True, "bool", "B1SqSk"),  # groups of 8 heads, the last one of 4
     (1, 2, 2, 150, 517, 128, torch.float16, True, "add", "BHSqSk"),
-    (2, 2, 1, 160, 150, 256, torch.bfloat16, False, "bool", "B11Sk"),  # one mask row, 64-byte swizzle
+    (2, 2, 1, 160, 150, 256, torch.bfloat16, False, "bool", "B11Sk"),  # one mask row
+    (1, 2, 1, 200, 270, 256, torch.bfloat16, True, "bool", "B1SqSk"),  # 64-byte swizzle, every row's phase
     (1, 2, 2, 130, 200, 256, torch.float16, True, "add", "11SqSk"),
 ]
 

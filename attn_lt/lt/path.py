@@ -250,7 +250,11 @@ class Program:
         mass_ptr = key_mass.data_ptr() if direct else 0
         masses = [key_mass] if key_mass is not None and not direct else []
         if masses and lanes is not None:  # lanes write disjoint slices once, or add into their own sums
-            masses.append(key_mass if self.mass_written_once else torch.zeros_like(key_mass))
+            if self.mass_written_once:
+                masses.append(key_mass)
+            else:
+                with torch.cuda.stream(lanes.side):  # zeroed in the side lane's order (after the fork)
+                    masses.append(torch.zeros_like(key_mass))
         first = 0 if window is None else max(0, case.Sq - window)  # first query position in the window
         for s in self.steps if self.steps is not None else self._steps():
             st = streams[s.lane]
@@ -270,8 +274,10 @@ class Program:
                 added = native.softmax_adds_mass(a)
                 if not added:
                     a.mass, a.mass_add = 0, 0
-            native.softmax(a, st)
-            a.mass = a.mass_add = 0  # the arguments are copied at launch; no later run may write a stale mass
+            try:
+                native.softmax(a, st)
+            finally:
+                a.mass = a.mass_add = 0  # the arguments are copied at launch; no later run may see a stale mass
             if masses and not added:
                 region = workspace[w - ws0 + gws:]
                 if s.lane == 0:
@@ -293,6 +299,7 @@ class Program:
             lanes.join()
             if masses[1] is not masses[0]:
                 masses[0] += masses[1]
+                masses[1].record_stream(torch.cuda.current_stream())  # made on the side lane, last read here
         self.pending = self.steps is None or any(not (s.qk.resolved and s.pv.resolved) for s in self.steps)
 
     def _add_key_mass(self, s: _Step, region: torch.Tensor, key_mass: torch.Tensor, first: int) -> None:
