@@ -112,12 +112,13 @@ def make_call(provider, c, q, k, v, mask):
 class Timer:
     """CUDA-event timings with the L2 flushed before each call (as triton's do_bench does), taken in rounds."""
 
-    def __init__(self, rep_ms: float, rounds: int):
+    def __init__(self, rep_ms: float, rounds: int, slow_rounds: int = 3):
         import torch
 
-        if rounds < 1 or rep_ms <= 0:
-            raise ValueError(f"--rounds must be >= 1 and --rep-ms > 0, got {rounds} and {rep_ms}")
-        self.rep_ms, self.rounds = rep_ms, rounds
+        if rounds < 1 or rep_ms <= 0 or slow_rounds < 1:
+            raise ValueError(f"--rounds and --slow-rounds must be >= 1 and --rep-ms > 0, got {rounds}, "
+                             f"{slow_rounds} and {rep_ms}")
+        self.rep_ms, self.rounds, self.slow_rounds = rep_ms, rounds, slow_rounds
         self.flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
 
     def once(self, fn) -> float:
@@ -306,7 +307,7 @@ def run_case(c, providers, tensors, ref, timer, ceil, bar) -> list[dict]:
                 rows[p] = suite.row(c, p, "error", f"{type(e).__name__}: {first_line(e)}")
                 del ready[p]
         if i == 0 and sum(statistics.median(r[0]) for r in rounds.values() if r) > SLOW_ROUND_MS:
-            n_rounds = min(timer.rounds, 3)  # long calls: three rounds are enough to see a drift
+            n_rounds = min(timer.rounds, timer.slow_rounds)  # long calls: three rounds show a drift
         i += 1
     for p, (fn, route, peak, err) in ready.items():
         times = [t for r in rounds[p] for t in r]
@@ -475,8 +476,9 @@ def cmd_run(a, argv) -> int:
     meta = metadata(argv)
     warm_up(a.warm_up_s)
     meta["ceilings"] = ceil = ceilings()
-    meta.update(rep_ms=a.rep_ms, rounds=a.rounds, warm_up_s=a.warm_up_s, check_tol=CHECK_TOL, quick=a.quick)
-    timer = Timer(a.rep_ms, a.rounds)
+    meta.update(rep_ms=a.rep_ms, rounds=a.rounds, slow_rounds=a.slow_rounds, warm_up_s=a.warm_up_s,
+                check_tol=CHECK_TOL, quick=a.quick)
+    timer = Timer(a.rep_ms, a.rounds, a.slow_rounds)
     rows: list[dict] = []
     bar = suite.Progress(len(cases) * len(providers))
     t0 = time.monotonic()
@@ -599,7 +601,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--out", default="bench-results", help="output directory (default bench-results)")
             p.add_argument("--rep-ms", type=float, default=150.0, help="timing budget of a provider on a case (ms)")
             p.add_argument("--rounds", type=int, default=7, help="timed rounds a case, every provider in each "
-                           "(3 where one round takes over a second)")
+                           "(--slow-rounds where one round takes over a second)")
+            p.add_argument("--slow-rounds", type=int, default=3, help="rounds of a case whose first round takes "
+                           "over a second (more: finer comparisons of long calls, at their cost)")
             p.add_argument("--warm-up-s", type=float, default=5.0, help="seconds of GEMMs before measuring, "
                            "for the clocks to settle")
             p.add_argument("--lt-details", action="store_true", help="per-kernel GPU time and chosen GEMM "
