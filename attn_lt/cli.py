@@ -87,7 +87,9 @@ def _add_shape_args(p: argparse.ArgumentParser, *, b=1, h=16, s=16384, d=128) ->
     p.add_argument("-s", "--seq", type=_positive, default=s, help=f"sequence length for Sq and Sk (default {s})")
     p.add_argument("--sq", type=_positive, default=None, help="query length Sq (default: --seq)")
     p.add_argument("--sk", type=_positive, default=None, help="key length Sk (default: --seq)")
-    p.add_argument("-d", "--dim", type=_positive, default=d, help=f"head dim D (default {d})")
+    p.add_argument("-d", "--dim", type=_positive, default=d, help=f"head dim D of q and k (default {d})")
+    p.add_argument("--dv", type=_positive, default=None,
+                   help="head dim Dv of v and the output (default: --dim; MLA prefill: -d 192 --dv 128)")
     p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
     p.add_argument("--causal", action="store_true")
     p.add_argument("--mask", choices=("none", "bool", "float"), default="none",
@@ -104,8 +106,9 @@ def _case(a):
     Sq = a.seq if a.sq is None else a.sq
     Sk = a.seq if a.sk is None else a.sk
     Hkv = a.heads if a.kv_heads is None else a.kv_heads
+    Dv = a.dim if a.dv is None else a.dv
     for name, val in (("batch", a.batch), ("heads", a.heads), ("kv-heads", Hkv), ("sq", Sq), ("sk", Sk),
-                      ("dim", a.dim)):
+                      ("dim", a.dim), ("dv", Dv)):
         if val < 1:
             raise ValueError(f"--{name} must be >= 1, got {val}")
     if a.heads % Hkv:
@@ -113,7 +116,7 @@ def _case(a):
     mask = None
     if a.mask != "none":
         mask = MaskInfo(a.mask, "bool" if a.mask == "bool" else a.dtype, (1, 1, Sq, Sk), (0, 0, Sk, 1))
-    return Case.contiguous(a.batch, a.heads, Hkv, Sq, Sk, a.dim, a.dtype, a.causal, mask=mask)
+    return Case.contiguous(a.batch, a.heads, Hkv, Sq, Sk, a.dim, a.dtype, a.causal, mask=mask, Dv=Dv)
 
 
 def _budget(a):
@@ -182,13 +185,13 @@ def _progress(i: int, n: int, label: str) -> None:
 
 
 _SPEC_KEYS = {"b": "batch", "h": "heads", "hkv": "kv_heads", "s": "seq", "sq": "sq", "sk": "sk", "d": "dim",
-              "dtype": "dtype", "causal": "causal"}
+              "dv": "dv", "dtype": "dtype", "causal": "causal"}
 
 
 def parse_spec(spec: str) -> argparse.Namespace:
-    """A shape like ``b=8,h=32,hkv=8,sq=1,sk=65536,d=128[,causal][,dtype=fp16]`` as explain's options."""
-    ns = argparse.Namespace(batch=1, heads=16, kv_heads=None, seq=4096, sq=None, sk=None, dim=128, dtype="bf16",
-                            causal=False, mask="none")
+    """A shape like ``b=8,h=32,hkv=8,sq=1,sk=65536,d=128[,dv=64][,causal][,dtype=fp16]`` as explain's options."""
+    ns = argparse.Namespace(batch=1, heads=16, kv_heads=None, seq=4096, sq=None, sk=None, dim=128, dv=None,
+                            dtype="bf16", causal=False, mask="none")
     shown = safe(spec)[:120]
     parts = [x.strip() for x in spec.split(",") if x.strip()]
     if not parts:

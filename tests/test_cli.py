@@ -40,6 +40,14 @@ def test_explain_text_and_json(capsys):
     assert d["backend"] == "lt" and d["plan"]["fold_group"] is True and d["plan"]["chunks"] == 1
 
 
+def test_explain_a_value_head_dim_of_its_own(capsys):
+    """MLA prefill (D_qk 192, D_v 128): the long path runs it, the fused path says why it cannot."""
+    code, out, _ = run(capsys, "explain", "-H", "128", "-s", "8192", "-d", "192", "--dv", "128", "--causal")
+    assert code == 0 and "Dqk192 Dv128" in out and "backend: lt" in out and "v's head dim 128 differs" in out
+    code, out, _ = run(capsys, "explain", "--json", "-d", "576", "--dv", "512", "--sq", "1", "--sk", "8192")
+    assert code == 0 and "Dqk576 Dv512" in json.loads(out)["case"]
+
+
 def test_explain_lists_chunks(capsys):
     code, out, _ = run(capsys, "explain", "-s", "8192", "--workspace-mb", "64", "--chunks")
     assert code == 0 and out.count("entries ") > 4
@@ -67,6 +75,7 @@ def test_explain_ten_million_keys_fast(capsys):
     (["explain", "--kv-heads", "0"], "--kv-heads must be a positive integer, got '0'"),
     (["explain", "-b", "-2"], "-b/--batch must be a positive integer, got '-2'"),
     (["explain", "-d", "12.5"], "-d/--dim must be a positive integer, got '12.5'"),
+    (["explain", "--dv", "0"], "--dv must be a positive integer, got '0'"),
     (["explain", "--workspace-mb", "x"], "--workspace-mb must be a positive integer, got 'x'"),
     (["explain", "--threshold", "0"], "--threshold must be a positive integer"),
     (["explain", "--dtype", "fp8"], "--dtype must be one of bf16, fp16; got 'fp8'"),
