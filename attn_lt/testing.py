@@ -217,3 +217,13 @@ def forced_flash(q, k, v, attn_mask=None, causal=False, splits: int = 1, kernel:
                     ws.data_ptr())
 
     return run, out, lse
+
+
+def forced_flash_error(q, k, v, attn_mask=None, causal=False, splits: int = 1, kernel: str = "flash"):
+    """One run of :func:`forced_flash` (synchronised) against the FP32 reference, for sanitizer scripts: returns
+    ``(relative error, ok)``, ok when the error is below 2e-2 and neither the output nor the LSE holds a NaN."""
+    run, out, lse = forced_flash(q, k, v, attn_mask, causal, splits, kernel)
+    run()
+    torch.cuda.synchronize()
+    err = rel_error(out, reference(q, k, v, attn_mask, causal)[0])
+    return err, bool(err < 2e-2 and not torch.isnan(lse).any() and not torch.isnan(out).any())

@@ -163,8 +163,10 @@ def fused_launch(case: Case, facts: DeviceFacts | None = None, *, kernel: str | 
         if facts is None:
             facts, assumed = ASSUMED_DEVICE, True
     # the key length matters only through the most splits it allows: a decode loop's steps share one result
-    return _fused_launch(case.B, case.Hq, case.Hkv, case.Sq, case.D, case.Dv, case.mask is not None,
-                         hopper_mask_refusal(case), most_splits(case.Sk), facts, assumed, kernel, splits)
+    # the mask rule decides only for row blocks the Hopper kernel would take (not a decode step's)
+    refusal = hopper_mask_refusal(case) if case.Sq * case.group > DECODE_ROWS else None
+    return _fused_launch(case.B, case.Hq, case.Hkv, case.Sq, case.D, case.Dv, case.mask is not None, refusal,
+                         most_splits(case.Sk), facts, assumed, kernel, splits)
 
 
 def hopper_mask_refusal(case: Case) -> str | None:

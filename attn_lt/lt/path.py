@@ -87,13 +87,15 @@ class _Step:
     tile, byte offsets from the lane's tile accumulators of its LSE and P@V output and of the four accumulators
     (:func:`~attn_lt.plan.tile_regions`), and its merge's arguments (None for a first tile)."""
 
-    __slots__ = ("chunk", "q", "k", "v", "o", "qk", "pv", "args", "lane", "tile_lse", "tile_out", "regions", "merge")
+    __slots__ = ("chunk", "q", "k", "v", "o", "qk", "pv", "args", "lane", "tile_lse", "tile_out", "regions", "merge",
+                 "adds_mass")
 
     def __init__(self, chunk, offsets, qk, pv, args, lane, regions=None, merge=None):
         self.chunk = chunk
         self.q, self.k, self.v, self.o = offsets
         self.qk, self.pv, self.args, self.lane = qk, pv, args, lane
         self.regions, self.merge = regions, merge
+        self.adds_mass: bool | None = None  # whether the softmax can add its P into the mass (asked once)
         self.tile_lse = self.tile_out = None
         if regions is not None:  # a first tile starts the running result, the others write the partial one
             self.tile_out, self.tile_lse = regions[0:2] if chunk.tile == "first" else regions[2:4]
@@ -270,10 +272,11 @@ class Program:
             a.mask, a.mass = mask_ptr, mass_ptr
             added = False
             if masses:  # the softmax adds the chunk's P into the lane's mass where its PIPE kernel runs the chunk
-                a.mass, a.mass_add, a.mass_q0 = masses[s.lane].data_ptr(), 1, first
-                added = native.softmax_adds_mass(a)
-                if not added:
-                    a.mass, a.mass_add = 0, 0
+                if s.adds_mass is None:
+                    s.adds_mass = native.softmax_adds_mass(a)
+                added = s.adds_mass
+                if added:
+                    a.mass, a.mass_add, a.mass_q0 = masses[s.lane].data_ptr(), 1, first
             try:
                 native.softmax(a, st)
             finally:
