@@ -40,6 +40,7 @@ from pathlib import Path
 
 from . import config
 from .device import current_index
+from .validate import Case, MaskInfo
 
 log = logging.getLogger("attn_lt")
 
@@ -55,10 +56,18 @@ SHIPPED_DIR = Path(__file__).resolve().parent / "calibrations"
 #: The query-length bucket of prefill (Sq = Sk) in rules.
 PREFILL = "Sk"
 
-#: The default grid of ``attn-lt calibrate`` (head dim 256 only where the fused path runs it).
+#: The default grid of ``attn-lt calibrate`` (a head dim, or a case, only where the fused path runs it).
 QUERY_LENGTHS = (1, 16, 128, 1024)
 KEY_LENGTHS = (1024, 4096, 16384, 65536)
-HEAD_DIMS = (64, 128, 256)
+HEAD_DIMS = (64, 128, 192, 256)
+#: v's head dim where a measured head dim is not its own: 192 is measured as MLA prefill (q/k 192, v 128), the only
+#: head dim 192 the fused path runs, so its rules decide every D192 case either path could run.
+VALUE_DIMS = {192: 128}
+
+
+def value_dim(D: int) -> int:
+    """v's head dim in the measured cases of head dim ``D``."""
+    return VALUE_DIMS.get(D, D)
 #: Causal cases are measured from this query length on; shorter causal cases use the non-causal rule (a causal
 #: query row sees all but its last Sq - 1 keys: at Sq < 16 the mask changes almost nothing).
 CAUSAL_MIN_SQ = 16
@@ -96,10 +105,11 @@ def shape(D: int, Sq: int, Sk: int) -> tuple[int, int, int]:
 
 def grid(dims=HEAD_DIMS, key_lengths=KEY_LENGTHS, query_lengths=QUERY_LENGTHS, prefill: bool = True,
          masks: bool = True) -> list[dict]:
-    """The cases ``attn-lt calibrate`` measures, as dicts with D, causal, mask, Sq, Sk, B, Hq, Hkv: every head
+    """The cases ``attn-lt calibrate`` measures, as dicts with D, Dv, causal, mask, Sq, Sk, B, Hq, Hkv: every head
     dim × key length × query length (Sq <= Sk) and, with ``prefill``, Sq = Sk; causal as well where Sq >= 16; with
     ``masks``, the non-causal cases again with a dense mask of at most :data:`MASK_BYTES_MAX`. Ordered
-    by head dim, key length, query length; no case twice."""
+    by head dim, key length, query length; no case twice. (``attn-lt calibrate`` leaves out the cases the fused
+    path cannot run: :func:`job_case` describes one.)"""
     out, seen = [], set()
     for D in sorted(set(dims)):
         for Sk in sorted(set(key_lengths)):
@@ -111,9 +121,17 @@ def grid(dims=HEAD_DIMS, key_lengths=KEY_LENGTHS, query_lengths=QUERY_LENGTHS, p
                 for causal, mask in variants:
                     if (D, causal, mask, Sq, Sk) not in seen:
                         seen.add((D, causal, mask, Sq, Sk))
-                        out.append({"D": D, "causal": causal, "mask": mask, "Sq": Sq, "Sk": Sk, "B": B, "Hq": Hq,
-                                    "Hkv": Hkv})
+                        out.append({"D": D, "Dv": value_dim(D), "causal": causal, "mask": mask, "Sq": Sq,
+                                    "Sk": Sk, "B": B, "Hq": Hq, "Hkv": Hkv})
     return out
+
+
+def job_case(job: dict) -> Case:
+    """The :class:`~attn_lt.validate.Case` of one :func:`grid` case (bf16, contiguous; a mask (B, 1, Sq, Sk))."""
+    B, Sq, Sk = job["B"], job["Sq"], job["Sk"]
+    mask = MaskInfo("float", "bf16", (B, 1, Sq, Sk), (Sq * Sk, 0, Sk, 1)) if job.get("mask") else None
+    return Case.contiguous(B, job["Hq"], job["Hkv"], Sq, Sk, job["D"], causal=job["causal"], mask=mask,
+                           Dv=job.get("Dv", job["D"]))
 
 
 # ---- rules ---------------------------------------------------------------------------------------------------
@@ -402,11 +420,24 @@ def make_entry(points: list[dict], gpu: str, cc: str, date: str | None = None, *
             "points": points}
 
 
-def store(env_key: str, entry: dict | int, points: list | None = None) -> Path | None:
+def merged(old, new: dict) -> dict:
+    """``new`` (a measured entry of some head dims, its ``grid["dims"]``) over ``old`` (the entry it updates, or
+    None): the points of ``old``'s other head dims kept, the rules derived again from all of them. What
+    ``attn-lt calibrate --dims`` writes, so that measuring one head dim again keeps the others' rules."""
+    dims = set((new.get("grid") or {}).get("dims") or ())
+    if not isinstance(old, dict) or not isinstance(old.get("points"), list) or not dims:
+        return new
+    kept = [p for p in old["points"] if _valid_point(p) and p["D"] not in dims]
+    points = kept + list(new["points"])
+    grid = {**(new.get("grid") or {}), "dims": sorted(dims | {p["D"] for p in kept})}
+    return {**new, "grid": grid, "rules": [r.to_dict() for r in derive_rules(points)], "points": points}
+
+
+def store(env_key: str, entry: dict | int, points: list | None = None, merge: bool = False) -> Path | None:
     """Record the calibration of environment ``env_key`` in this user's file by an atomic replace, keeping the
     other environments' entries. ``entry``: a measured entry (:func:`make_entry`), or an int, one threshold for
-    every case (with the ``points`` behind it). Returns the file, or None (with a warning saying why) when it could
-    not be written."""
+    every case (with the ``points`` behind it); ``merge``: keep the stored entry's other head dims
+    (:func:`merged`). Returns the file, or None (with a warning saying why) when it could not be written."""
     if isinstance(entry, int) and not isinstance(entry, bool):
         if entry < 1:
             raise ValueError(f"threshold must be >= 1, got {entry}")
@@ -419,6 +450,8 @@ def store(env_key: str, entry: dict | int, points: list | None = None) -> Path |
         log.warning("attn_lt: could not store the calibration in %s (written by a newer attn_lt, version %r; "
                     "left as it is)", p, doc.get("version"))
         return None
+    if merge and isinstance(entry, dict):
+        entry = merged(doc["thresholds"].get(env_key), entry)
     doc = {**doc, "schema": SCHEMA, "version": VERSION, "thresholds": {**doc["thresholds"], env_key: entry}}
     try:
         _write(p, doc)
@@ -441,11 +474,15 @@ def shipped_name(gpu: str, cc: str) -> str:
     return f"{slug}-sm{cc.replace('.', '')}.json"
 
 
-def write_shipped(directory, entry: dict) -> Path:
+def write_shipped(directory, entry: dict, merge: bool = False) -> Path:
     """Write ``entry`` (:func:`make_entry`, with its ``gpu`` and ``cc``) as a shipped calibration in
-    ``directory`` (created if missing), replacing that GPU's file; returns the file. Raises OSError."""
+    ``directory`` (created if missing), replacing that GPU's file (``merge``: keeping its other head dims,
+    :func:`merged`); returns the file. Raises OSError."""
     gpu, cc = entry["gpu"], entry["cc"]
     p = Path(directory) / shipped_name(gpu, cc)
+    if merge:
+        entry = merged(((_read(p, "shipped calibration") or {}).get("thresholds") or {}).get(shipped_key(gpu, cc)),
+                       entry)
     try:
         _write(p, {"schema": SCHEMA, "version": VERSION, "thresholds": {shipped_key(gpu, cc): entry}})
     except (ValueError, TypeError) as e:

@@ -371,7 +371,7 @@ def cmd_calibrate(a) -> int:
     prop = torch.cuda.get_device_properties(torch.cuda.current_device())
     gpu, cc = prop.name, f"{prop.major}.{prop.minor}"
     runs = [d for d in (a.dims or calibrate.HEAD_DIMS)
-            if not WMMA.not_supported_reasons(Case.contiguous(1, 1, 1, 128, 128, d))]
+            if not WMMA.not_supported_reasons(Case.contiguous(1, 1, 1, 128, 128, d, Dv=calibrate.value_dim(d)))]
     skipped = sorted(set(a.dims or ()) - set(runs))
     if skipped:
         print(safe(f"attn-lt calibrate: the fused path cannot run head dim {', '.join(map(str, skipped))} on "
@@ -380,17 +380,23 @@ def cmd_calibrate(a) -> int:
         print("attn-lt calibrate: nothing to measure", file=sys.stderr)
         return EXIT_USAGE
     jobs = calibrate.grid(runs, a.lengths, a.sq, prefill=not a.no_prefill, masks=not a.no_masks)
+    runnable = [j for j in jobs if not WMMA.not_supported_reasons(calibrate.job_case(j))]
+    if len(runnable) < len(jobs):
+        print(safe(f"attn-lt calibrate: {len(jobs) - len(runnable)} cases the fused path cannot run (e.g. head dim "
+                   "192 with a mask or few rows a kv head) are not measured"), file=sys.stderr)
+    jobs = runnable
     points, first_s = [], {"wmma": 0.0, "lt": 0.0}
     for i, job in enumerate(jobs):
-        D, causal, Sq, Sk, B, Hq, Hkv = (job[n] for n in ("D", "causal", "Sq", "Sk", "B", "Hq", "Hkv"))
+        D, Dv, causal, Sq, Sk, B, Hq, Hkv = (job[n] for n in ("D", "Dv", "causal", "Sq", "Sk", "B", "Hq", "Hkv"))
         masked = job.get("mask", False)
         _progress(i, len(jobs), f"D{D} Sq{Sq} Sk{Sk}{' causal' if causal else ''}{' masked' if masked else ''}")
         point = dict(job)
         try:
             q = torch.randn(B, Hq, Sq, D, device="cuda", dtype=torch.bfloat16)
-            k, v = (torch.randn(B, Hkv, Sk, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+            k = torch.randn(B, Hkv, Sk, D, device="cuda", dtype=torch.bfloat16)
+            v = torch.randn(B, Hkv, Sk, Dv, device="cuda", dtype=torch.bfloat16)
             m = torch.randn(B, 1, Sq, Sk, device="cuda", dtype=torch.bfloat16) if masked else None
-            out = torch.empty_like(q)
+            out = torch.empty(B, Hq, Sq, Dv, device="cuda", dtype=torch.bfloat16)
             for backend in ("wmma", "lt"):
                 pl = plan(q, k, v, attn_mask=m, causal=causal, backend=backend, algo_policy="tune", out=out)
                 t0 = time.perf_counter()
@@ -412,11 +418,12 @@ def cmd_calibrate(a) -> int:
                                  first_call_s={b: round(t, 1) for b, t in first_s.items()},
                                  grid={"dims": runs, "Sk": sorted(set(a.lengths)), "Sq": sorted(set(a.sq)),
                                        "prefill": not a.no_prefill, "masks": not a.no_masks})
-    where = calibrate.store(current_env().key(), entry)
+    partial = bool(a.dims)  # --dims: the other head dims' measurements are kept
+    where = calibrate.store(current_env().key(), entry, merge=partial)
     shipped, ship_error = None, None
     if a.ship is not None:
         try:
-            shipped = calibrate.write_shipped(a.ship, entry)
+            shipped = calibrate.write_shipped(a.ship, entry, merge=partial)
         except OSError as e:
             ship_error = str(e)
     failed = [p for p in points if "error" in p]
@@ -486,6 +493,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import calibrate  # the package (and torch) are loaded already: attn_lt/__init__ imports the API
+
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                         help="show the traceback of an unexpected error (also ATTN_LT_DEBUG=1)")
@@ -507,8 +516,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_demo)
     s = sub.add_parser("calibrate", help="time wmma against lt on this GPU over query length, key length, head dim "
                        "and causal; store the rules auto follows", parents=[common])
-    s.add_argument("--dims", type=_int_list((64, 128, 256)), default=None,
-                   help="head dims to measure, comma-separated (64, 128, 256; default: those the fused path runs)")
+    s.add_argument("--dims", type=_int_list(calibrate.HEAD_DIMS), default=None,
+                   help="head dims to measure, comma-separated (64, 128, 192 (as MLA prefill: v's head dim 128), "
+                        "256; default: those the fused path runs); the stored and shipped calibrations keep the "
+                        "other head dims' measurements")
     s.add_argument("--lengths", type=_int_list(), default=[1024, 4096, 16384, 65536],
                    help="key lengths to measure, comma-separated (default 1024,4096,16384,65536)")
     s.add_argument("--sq", type=_int_list(), default=[1, 16, 128, 1024],

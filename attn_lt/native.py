@@ -16,7 +16,7 @@ from . import config
 
 log = logging.getLogger("attn_lt")
 
-ABI_VERSION = 10
+ABI_VERSION = 11
 _PKG = Path(__file__).resolve().parent
 _LIB_PATH = _PKG / "_native" / "libattn_lt.so"
 SOURCE_DIR = _PKG.parent / "native"
@@ -63,7 +63,7 @@ class FlashArgs(ctypes.Structure):
                                       "k_ss", "v_sb", "v_sh", "v_ss", "o_sb", "o_sh", "o_ss", "m_sb", "m_sh",
                                       "m_sq", "m_sk")] + [
         ("scale", ctypes.c_float)] + [
-        (n, ctypes.c_int32) for n in ("causal", "dtype", "variant", "mask_dtype", "splits")]
+        (n, ctypes.c_int32) for n in ("causal", "dtype", "variant", "mask_dtype", "splits", "Dv")]
 
 
 def source_hash(src_dir: Path | None = None) -> str | None:
@@ -172,7 +172,7 @@ def flash(args: FlashArgs, stream: int) -> None:
     """Launch the fused kernel of native/flash.cu (mma.sync; masks; split over the keys, then the LSE merge);
     raises :class:`CudaError` on failure."""
     _launch("attn_lt_flash_fwd", args, stream,
-            lambda a: f"B={a.B} Hq={a.Hq} Hkv={a.Hkv} Sq={a.Sq} Sk={a.Sk} D={a.D} splits={a.splits} "
+            lambda a: f"B={a.B} Hq={a.Hq} Hkv={a.Hkv} Sq={a.Sq} Sk={a.Sk} D={a.D} Dv={a.Dv or a.D} splits={a.splits} "
                       f"mask_dtype={a.mask_dtype}")
 
 
@@ -186,7 +186,7 @@ def flash_sm90_supported() -> bool:
 
 
 def flash_sm90(args: FlashArgs, stream: int) -> None:
-    """Launch the Hopper fused kernel (native/flash_sm90.cu: TMA + wgmma, D 64/128/256); raises :class:`CudaError`
+    """Launch the Hopper fused kernel (native/flash_sm90.cu: TMA + wgmma, D 64/128/256, or D 192 with Dv 128); raises :class:`CudaError`
     on failure (cudaErrorNotSupported off sm_90, cudaErrorInvalidValue when a precondition fails)."""
     _launch("attn_lt_flash_sm90_fwd", args, stream,
-            lambda a: f"B={a.B} Hq={a.Hq} Hkv={a.Hkv} Sq={a.Sq} Sk={a.Sk} D={a.D} variant={a.variant}")
+            lambda a: f"B={a.B} Hq={a.Hq} Hkv={a.Hkv} Sq={a.Sq} Sk={a.Sk} D={a.D} Dv={a.Dv or a.D} variant={a.variant}")

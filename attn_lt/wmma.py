@@ -5,8 +5,9 @@ LSE, dense masks. Two kernels behind the one name:
 
 * ``native/flash_sm90.cu`` (Hopper, sm_90a): TMA into an mbarrier ring, ``wgmma`` for Q·Kᵀ and P·V with P from
   registers, a producer warpgroup and two consumer warpgroups with register reallocation, the softmax overlapped
-  with the next tile's GEMM; head dims 64, 128 and 256; dense bool masks and additive masks in q's dtype read by
-  TMA tile by tile (:func:`hopper_mask_refusal` says which masks). It runs prefill-sized row blocks on Hopper.
+  with the next tile's GEMM; head dims 64, 128 and 256, and MLA prefill's q/k head dim 192 with v's 128; dense
+  bool masks and additive masks in q's dtype read by TMA tile by tile (:func:`hopper_mask_refusal` says which
+  masks). It runs prefill-sized row blocks on Hopper.
 * ``native/flash.cu`` (every GPU from sm_80): ``mma.sync`` fed by ``cp.async``; the query heads of one kv head
   folded into the rows of a tile (each K/V tile read once per group); dense bool or additive masks read by strides;
   and a split of the key range (flash-decoding): when the row blocks alone cannot fill the GPU — decode, a few query
@@ -39,6 +40,10 @@ MAX_SPLITS = 128
 MAX_SPLIT_BYTES = 256 << 20
 #: Shared memory a CTA of native/flash.cu needs at head dim 256 (64 query rows, two K and two V tiles of 64 keys).
 SMEM_D256 = (64 + 4 * KEY_TILE) * 256 * 2
+#: (q/k head dim, v head dim) pairs: both kernels run v's head dim = q's; only native/flash_sm90.cu runs MLA
+#: prefill's (192, 128), and without a mask (its flash_sm90.cu ``head_dims_built`` and ``mask_kind`` rules).
+HEAD_DIMS = ((64, 64), (128, 128), (256, 256))
+HOPPER_HEAD_DIMS = ((192, 128),)
 
 
 def _device_index(device: int | None) -> int | None:
@@ -96,20 +101,38 @@ def _device_facts(device: int) -> DeviceFacts | None:
 
 @dataclass(frozen=True)
 class FusedBackend(Backend):
-    """The fused path's declaration: head dim 256 where a CTA may take its shared memory (sm_80, sm_90)."""
+    """The fused path's declaration: the head-dim pairs of :data:`HEAD_DIMS` (256 where a CTA may take its shared
+    memory), and those of :data:`HOPPER_HEAD_DIMS` where the Hopper kernel takes the case."""
 
     def not_supported_reasons(self, case: Case, key_mass: bool = False) -> list[str]:
         reasons = super().not_supported_reasons(case, key_mass)
         facts = device_facts()
+        dims = (case.D, case.Dv)
+        if dims in HOPPER_HEAD_DIMS:
+            what = f"q/k head dim {case.D} with v's {case.Dv} runs only in the Hopper kernel"
+            rows = case.Sq * case.group
+            if facts is not None and not facts.hopper:
+                reasons.append(f"{what} (sm_90a), not on this GPU")
+            elif case.mask is not None:
+                reasons.append(f"{what}, which has no masked build for it")
+            elif rows <= DECODE_ROWS:
+                reasons.append(f"{what}, which takes more than {DECODE_ROWS} rows a kv head ({rows} here)")
+        elif dims not in HEAD_DIMS:
+            same = tuple(d for d, _ in HEAD_DIMS)
+            if case.D == case.Dv:
+                reasons.append(f"head dim {case.D} not in {same}")
+            else:
+                pairs = ", ".join(map(str, same + tuple(f"{d}/{dv}" for d, dv in HOPPER_HEAD_DIMS)))
+                reasons.append(f"head dims {case.D}/{case.Dv} (q·k/v) not in ({pairs})")
         if case.D == 256 and facts is not None and not facts.hopper and facts.smem_optin < SMEM_D256:
             reasons.append(f"head dim 256 needs {SMEM_D256} bytes of shared memory a block; this GPU allows "
                            f"{facts.smem_optin}")
         return reasons
 
 
-#: What the fused kernels run.
-WMMA = FusedBackend("wmma", ("fp16", "bf16"), (64, 128, 256), 256, supports_mask=True, needs_aligned_rows=True,
-                    max_batch_heads=65535)
+#: What the fused kernels run (head dims: FusedBackend's pairs).
+WMMA = FusedBackend("wmma", ("fp16", "bf16"), None, 256, supports_mask=True, supports_value_dim=True,
+                    needs_aligned_rows=True, max_batch_heads=65535)
 
 
 @dataclass(frozen=True)
@@ -233,7 +256,7 @@ class Program:
 
     def __init__(self, case: Case, out_strides: tuple[int, ...], launch: FusedLaunch):
         a = self.args = native.FlashArgs()
-        a.B, a.Hq, a.Hkv, a.Sq, a.Sk, a.D = case.B, case.Hq, case.Hkv, case.Sq, case.Sk, case.D
+        a.B, a.Hq, a.Hkv, a.Sq, a.Sk, a.D, a.Dv = case.B, case.Hq, case.Hkv, case.Sq, case.Sk, case.D, case.Dv
         a.q_sb, a.q_sh, a.q_ss = case.q_strides[:3]
         a.k_sb, a.k_sh, a.k_ss = case.k_strides[:3]
         a.v_sb, a.v_sh, a.v_ss = case.v_strides[:3]

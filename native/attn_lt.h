@@ -8,7 +8,7 @@
 #define ATTN_LT_H
 #include <stdint.h>
 
-#define ATTN_LT_ABI_VERSION 10
+#define ATTN_LT_ABI_VERSION 11
 
 #ifdef __cplusplus
 extern "C" {
@@ -117,6 +117,8 @@ typedef struct attn_lt_flash_args {
     int32_t variant;    /* attn_lt_flash_sm90_fwd: an attn_lt_flash_sm90_variant; attn_lt_flash_fwd ignores it */
     int32_t mask_dtype; /* ATTN_LT_NONE unless a mask is given (attn_lt_flash_sm90_fwd: bool or dtype only) */
     int32_t splits;     /* parts of the key range; 0 or 1: one (attn_lt_flash_fwd only; the sm_90a kernel takes 1) */
+    int32_t Dv;         /* v's and o's head dim; 0: D (attn_lt_flash_fwd: D only; attn_lt_flash_sm90_fwd: also 128
+                           with D = 192, without a mask) */
 } attn_lt_flash_args;
 
 enum attn_lt_flash_sm90_variant {
@@ -127,7 +129,7 @@ enum attn_lt_flash_sm90_variant {
 int attn_lt_abi_version(void);
 int attn_lt_flash_fwd(const attn_lt_flash_args* args, void* stream);
 /* The fused short path on Hopper (native/flash_sm90.cu: TMA, mbarrier ring, wgmma, producer/consumer warpgroups),
- * same arguments: D is 64, 128 or 256; q, k, v, o 16-byte aligned; strides (batch, head, row) of q, k, v, o positive
+ * same arguments: D is 64, 128 or 256 (Dv = D), or 192 with Dv = 128; q, k, v, o 16-byte aligned; strides (batch, head, row) of q, k, v, o positive
  * multiples of 8 elements (any for a dimension of size 1); lse may be null; a mask bool or of q's dtype (read by
  * TMA), 16-byte aligned, keys contiguous, its other strides 0 or multiples of 16 bytes, with the default variant
  * only. cudaErrorNotSupported unless the current device is compute capability 9.0; an attn_lt_status when a

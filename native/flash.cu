@@ -613,7 +613,7 @@ extern "C" int attn_lt_flash_fwd(const attn_lt_flash_args* a, void* stream) {
     if (a == nullptr || a->B <= 0 || a->Hq <= 0 || a->Hkv <= 0 || a->Sq <= 0 || a->Sk <= 0 || a->o == nullptr)
         return ATTN_LT_ERR_ARGS;
     if (a->Hq % a->Hkv || a->B * a->Hkv > 65535) return ATTN_LT_ERR_HEADS;
-    if (a->D != 64 && a->D != 128 && a->D != 256) return ATTN_LT_ERR_HEAD_DIM;
+    if ((a->D != 64 && a->D != 128 && a->D != 256) || (a->Dv != 0 && a->Dv != a->D)) return ATTN_LT_ERR_HEAD_DIM;
     if (a->Sq >= (1LL << 30) || a->Sk >= (1LL << 30) || a->Sq * (a->Hq / a->Hkv) >= (1LL << 30))
         return ATTN_LT_ERR_LENGTH;
     if (!(a->scale > 0.f)) return ATTN_LT_ERR_SCALE;

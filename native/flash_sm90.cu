@@ -34,11 +34,14 @@
 // has read it. When the heads share the mask, the grid runs groups of heads side by side over the query blocks
 // (head_group says how many), so that a mask block read from HBM serves the group's other heads from L2.
 //
-// Preconditions (checked by the launcher): sm_90 device; D in {64, 128, 256}; fp16/bf16; q, k, v, o 16-byte aligned;
+// Head dims: v's DV = D, or DV = 128 with D = 192 (MLA prefill: O and V tiles are DV wide, Q and K tiles D wide).
+//
+// Preconditions (checked by the launcher): sm_90 device; (D, DV) in {(64, 64), (128, 128), (256, 256), (192, 128)};
+// fp16/bf16; q, k, v, o 16-byte aligned;
 // batch/head/row strides positive multiples of 8 elements (16 bytes) below 2^39 for q, k, v (any stride of a
 // dimension of size 1); o row stride a multiple of 8 elements; Sq, Sk < 2^30; B, Hq <= 65535; a mask bool or of
 // q's dtype, 16-byte aligned, its keys contiguous, its other strides 0 or multiples of 16 bytes; the plain variant
-// without a mask.
+// and DV != D without a mask.
 #include "attn_lt.h"
 
 #include <cuda.h>  // CUtensorMap and its enums only: the driver function is fetched at run time (no -lcuda)
@@ -70,31 +73,41 @@ struct Cfg<128> {
     static constexpr int kBlockN = 128, kStages = 2;
 };
 template <>
+struct Cfg<192> {  // MLA prefill: q/k head dim 192, v's 128 (the only DV built with D = 192; no mask)
+    static constexpr int kBlockN = 128, kStages = 2;
+};
+template <>
 struct Cfg<256> {
     static constexpr int kBlockN = 64, kStages = 2;
 };
 
+// The (q/k head dim, v head dim) pairs built: DV = D, and MLA prefill's (192, 128).
+constexpr bool head_dims_built(int64_t D, int64_t DV) {
+    return (D == DV && (D == 64 || D == 128 || D == 256)) || (D == 192 && DV == 128);
+}
+
 // The mask a kernel is built for: none, bool (1 byte, true = attend), or additive in q's dtype (2 bytes).
 enum MaskKind { kNoMask = 0, kBoolMask = 1, kAddMask = 2 };
 
-template <int D, int MK>
+template <int D, int DV, int MK>
 struct Layout {
     static constexpr int kBlockN = Cfg<D>::kBlockN;
     // a mask tile a stage takes the room of the deeper ring at D = 64
     static constexpr int kStages = MK == kNoMask ? Cfg<D>::kStages : D == 64 ? 3 : 2;
-    static constexpr uint32_t kQBytes = kBlockM * D * 2, kKVBytes = kBlockN * D * 2;
+    static constexpr uint32_t kQBytes = kBlockM * D * 2, kKBytes = kBlockN * D * 2, kVBytes = kBlockN * DV * 2;
     static constexpr uint32_t kQSlab = kBlockM * 128, kKVSlab = kBlockN * 128;  // bytes of one 64-column slab
     // mask tiles: bytes an element, a box row (128, or 64 for a bool tile of 64 keys), keys a box row, boxes a tile
     static constexpr uint32_t kMaskEs = MK == kBoolMask ? 1 : 2;
     static constexpr uint32_t kMaskPitch = kBlockN * kMaskEs < 128 ? kBlockN * kMaskEs : 128;
     static constexpr uint32_t kMaskCols = kMaskPitch / kMaskEs, kMaskBoxes = kBlockN / kMaskCols;
     static constexpr uint32_t kMaskBox = kBlockM * kMaskPitch, kMaskStage = MK == kNoMask ? 0 : kMaskBoxes * kMaskBox;
-    static constexpr uint32_t kK = kQBytes, kV = kK + kStages * kKVBytes, kM = kV + kStages * kKVBytes;
+    static constexpr uint32_t kK = kQBytes, kV = kK + kStages * kKBytes, kM = kV + kStages * kVBytes;
     static constexpr uint32_t kBars = kM + kStages * kMaskStage;
     static constexpr uint32_t kBarCount = 1 + 4 * kStages;
     static constexpr size_t kSmem = kBars + 8 * kBarCount + 1024;  // + slack to align the base to 1024 bytes
     static_assert(kSmem <= 227 * 1024, "shared memory over the sm_90 limit");
     static_assert(kMaskPitch == 128 || kMaskPitch == 64, "mask rows in 128- or 64-byte swizzle");
+    static_assert(head_dims_built(D, DV) && DV <= D, "O is staged in the Q tile's rows");
 };
 
 // What the kernel needs besides the tensor maps.
@@ -302,18 +315,19 @@ __device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 // Grid: (ceil(Sq / 128), Hq, B), or (Hq * ceil(Sq / 128), 1, B) with head_group; block: 384 threads; dynamic shared
-// memory Layout<D, MK>::kSmem. tmm, the mask's map, is read only when MK != kNoMask.
-template <int D, typename T, bool kOverlap, int MK>
+// memory Layout<D, DV, MK>::kSmem. tmm, the mask's map, is read only when MK != kNoMask. D: q's and k's head dim, DV:
+// v's and o's.
+template <int D, int DV, typename T, bool kOverlap, int MK>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_sm90_fwd(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmk,
                    const __grid_constant__ CUtensorMap tmv, const __grid_constant__ CUtensorMap tmm,
                    const Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using L = Layout<D, MK>;
+    using L = Layout<D, DV, MK>;
     constexpr bool kMasked = MK != kNoMask;
     using M = std::conditional_t<MK == kBoolMask, bool, T>;  // the mask's element type
     constexpr int BN = L::kBlockN, kStages = L::kStages;
-    constexpr bool kPingPong = kOverlap && D <= 128;  // as FA3: the D = 256 tiles leave no room to take turns
+    constexpr bool kPingPong = kOverlap && DV <= 128;  // as FA3: the D = 256 tiles leave no room to take turns
     extern __shared__ unsigned char smem_raw[];
     const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
     const uint32_t sQ = base, sK = base + L::kK, sV = base + L::kV, sM = base + L::kM, bars = base + L::kBars;
@@ -365,7 +379,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             if constexpr (kMasked) prefetch_map(&tmm);
             // the mask box's row, head and batch coordinates (0 along a broadcast dimension)
             const int mr = p.m_rows == 1 ? 0 : m0, mh = p.m_h ? h : 0, mb = p.m_b ? b : 0;
-            const uint32_t k_bytes = L::kKVBytes + (kMasked ? L::kMaskBoxes * p.m_rows * L::kMaskPitch : 0);
+            const uint32_t k_bytes = L::kKBytes + (kMasked ? L::kMaskBoxes * p.m_rows * L::kMaskPitch : 0);
             mbar_expect_tx(full_q, L::kQBytes);
             tma_load_5d(sQ, &tmq, full_q, 0, m0, 0, h, b);
             int s = 0;
@@ -374,15 +388,15 @@ __global__ void __launch_bounds__(kThreads, 1)
                 const int n0 = (n_tiles - 1 - i) * BN;  // key tiles from the last one down
                 mbar_wait(empty_k(s), ph ^ 1);          // the consumers released this stage's previous use
                 mbar_expect_tx(full_k(s), k_bytes);
-                tma_load_5d(sK + s * L::kKVBytes, &tmk, full_k(s), 0, n0, 0, hk, b);
+                tma_load_5d(sK + s * L::kKBytes, &tmk, full_k(s), 0, n0, 0, hk, b);
                 if constexpr (kMasked)
 #pragma unroll
                     for (int x = 0; x < int(L::kMaskBoxes); ++x)
                         tma_load_4d(sM + s * L::kMaskStage + x * L::kMaskBox, &tmm, full_k(s), n0 + x * L::kMaskCols,
                                     mr, mh, mb);
                 mbar_wait(empty_v(s), ph ^ 1);
-                mbar_expect_tx(full_v(s), L::kKVBytes);
-                tma_load_5d(sV + s * L::kKVBytes, &tmv, full_v(s), 0, n0, 0, hk, b);
+                mbar_expect_tx(full_v(s), L::kVBytes);
+                tma_load_5d(sV + s * L::kVBytes, &tmv, full_v(s), 0, n0, 0, hk, b);
                 if (++s == kStages) {
                     s = 0;
                     ph ^= 1;
@@ -409,11 +423,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint32_t mo0 = mrow0 * L::kMaskPitch, mo1 = mrow1 * L::kMaskPitch, mz0 = swz(mrow0), mz1 = swz(mrow1);
         const unsigned char* smem_m = smem_raw + (sM - smem_u32(smem_raw));  // generic pointer to sM
 
-        float o[D / 2];          // O accumulator, m64 x D fragment
+        float o[DV / 2];         // O accumulator, m64 x DV fragment
         float sacc[BN / 2];      // S accumulator, m64 x BN fragment; after the softmax, P in FP32
         uint32_t pf[BN / 16][4];  // P as the A operand of PV, one k16 step each
 #pragma unroll
-        for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+        for (int i = 0; i < DV / 2; ++i) o[i] = 0.f;
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) sacc[i] = 0.f;
 #pragma unroll
@@ -424,18 +438,18 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint32_t q_wg = sQ + 64 * c * 128;  // this warpgroup's 64 rows in every Q slab (8 atoms, 1024-aligned)
         // S = Q K^T: k-step kk reads 16 columns of slab kk / 4, 32 bytes into its 128-byte rows.
         auto issue_qk = [&](int s) {
-            const uint32_t k_base = sK + s * L::kKVBytes;
+            const uint32_t k_base = sK + s * L::kKBytes;
 #pragma unroll
             for (int kk = 0; kk < D / 16; ++kk)
                 wgmma_ss<BN, T>(sacc, make_desc(q_wg + (kk / 4) * L::kQSlab + (kk % 4) * 32, 16),
                                 make_desc(k_base + (kk / 4) * L::kKVSlab + (kk % 4) * 32, 16), kk > 0);
         };
-        // O += P V: k-step kk reads keys [16kk, 16kk + 16) = two 8-row atoms (2048 bytes); the D columns span the
-        // D / 64 slabs, LBO apart.
+        // O += P V: k-step kk reads keys [16kk, 16kk + 16) = two 8-row atoms (2048 bytes); the DV columns span the
+        // DV / 64 slabs, LBO apart.
         auto issue_pv = [&](int s) {
-            const uint32_t v_base = sV + s * L::kKVBytes;
+            const uint32_t v_base = sV + s * L::kVBytes;
 #pragma unroll
-            for (int kk = 0; kk < BN / 16; ++kk) wgmma_rs<D, T>(o, pf[kk], make_desc(v_base + kk * 2048, L::kKVSlab));
+            for (int kk = 0; kk < BN / 16; ++kk) wgmma_rs<DV, T>(o, pf[kk], make_desc(v_base + kk * 2048, L::kKVSlab));
         };
         auto release = [&](uint32_t bar) {
             if (lane == 0) mbar_arrive(bar);
@@ -505,7 +519,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         };
         auto rescale_o = [&](const float(&corr)[2]) {
 #pragma unroll
-            for (int j = 0; j < D / 8; ++j) {
+            for (int j = 0; j < DV / 8; ++j) {
                 o[4 * j] *= corr[0];
                 o[4 * j + 1] *= corr[0];
                 o[4 * j + 2] *= corr[1];
@@ -627,7 +641,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         const uint32_t o_wg = q_wg;
 #pragma unroll
-        for (int j = 0; j < D / 8; ++j) {
+        for (int j = 0; j < DV / 8; ++j) {
             // Element (rw, 8j + 2(l%4)): slab j / 8, 16-byte chunk j % 8 swizzled by the row; rows rw and rw + 8
             // share the swizzle phase (rw % 8).
             const uint32_t addr = o_wg + (j / 8) * L::kQSlab + rw * 128 + (((j % 8) ^ (rw % 8)) << 4) + (lane % 4) * 4;
@@ -636,7 +650,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         bar_sync(3 + c, 128);  // the warpgroup's O tile is in shared memory
         T* out = static_cast<T*>(p.o) + b * p.o_sb + h * p.o_sh;
-        constexpr int kChunks = D / 8;  // 16-byte chunks a row
+        constexpr int kChunks = DV / 8;  // 16-byte chunks a row
 #pragma unroll 4
         for (int idx = tid; idx < 64 * kChunks; idx += 128) {
             const int r = idx / kChunks, ch = idx % kChunks;
@@ -742,7 +756,7 @@ int head_group(const attn_lt_flash_args& a, uint32_t es) {
 // one box is (kMaskCols keys, rows, 1, 1) in the swizzle of the kernel's mask tile.
 template <int D, int MK>
 bool make_mask_map(CUtensorMap* map, const attn_lt_flash_args& a, uint32_t rows) {
-    using L = Layout<D, MK>;
+    using L = Layout<D, D, MK>;
     const auto dim = [](int64_t size, int64_t stride) { return cuuint64_t(stride == 0 ? 1 : size); };
     const auto st = [](int64_t size, int64_t stride) {
         return cuuint64_t(size == 1 || stride == 0 ? 16 : stride * int64_t(L::kMaskEs));
@@ -758,9 +772,9 @@ bool make_mask_map(CUtensorMap* map, const attn_lt_flash_args& a, uint32_t rows)
                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int D, typename T, bool kOverlap, int MK>
+template <int D, int DV, typename T, bool kOverlap, int MK>
 cudaError_t launch(const attn_lt_flash_args& a, cudaStream_t stream) {
-    using L = Layout<D, MK>;
+    using L = Layout<D, DV, MK>;
     const CUtensorMapDataType dt =
         std::is_same<T, __nv_bfloat16>::value ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
     Params p{};
@@ -768,7 +782,7 @@ cudaError_t launch(const attn_lt_flash_args& a, cudaStream_t stream) {
     alignas(64) CUtensorMap mq, mk, mv, mm;
     if (!make_map(&mq, dt, a.q, a.B, a.Hq, a.Sq, D, a.q_sb, a.q_sh, a.q_ss, kBlockM) ||
         !make_map(&mk, dt, a.k, a.B, a.Hkv, a.Sk, D, a.k_sb, a.k_sh, a.k_ss, L::kBlockN) ||
-        !make_map(&mv, dt, a.v, a.B, a.Hkv, a.Sk, D, a.v_sb, a.v_sh, a.v_ss, L::kBlockN))
+        !make_map(&mv, dt, a.v, a.B, a.Hkv, a.Sk, DV, a.v_sb, a.v_sh, a.v_ss, L::kBlockN))
         return static_cast<cudaError_t>(ATTN_LT_ERR_TENSOR_MAP);
     if constexpr (MK != kNoMask) {
         p.m_rows = a.Sq == 1 || a.m_sq == 0 ? 1 : kBlockM;
@@ -781,7 +795,7 @@ cudaError_t launch(const attn_lt_flash_args& a, cudaStream_t stream) {
     } else {
         mm = mk;  // not read
     }
-    const auto kernel = flash_sm90_fwd<D, T, kOverlap, MK>;
+    const auto kernel = flash_sm90_fwd<D, DV, T, kOverlap, MK>;
     cudaError_t err = opt_in_smem(reinterpret_cast<const void*>(kernel), L::kSmem);
     if (err != cudaSuccess) return err;
     p.o = a.o;
@@ -802,20 +816,24 @@ cudaError_t launch(const attn_lt_flash_args& a, cudaStream_t stream) {
     return cudaGetLastError();
 }
 
-// The plain pipeline is built without masks (mask_kind and the variant are checked before).
-template <int D, typename T>
+// The plain pipeline is built without masks, and D != DV without masks (mask_kind, the head dims and the variant are
+// checked before).
+template <int D, int DV, typename T>
 cudaError_t launch_variant(const attn_lt_flash_args& a, int mk, cudaStream_t stream) {
-    if (a.variant == ATTN_LT_FLASH_SM90_PLAIN) return launch<D, T, false, kNoMask>(a, stream);
-    if (mk == kBoolMask) return launch<D, T, true, kBoolMask>(a, stream);
-    if (mk == kAddMask) return launch<D, T, true, kAddMask>(a, stream);
-    return launch<D, T, true, kNoMask>(a, stream);
+    if (a.variant == ATTN_LT_FLASH_SM90_PLAIN) return launch<D, DV, T, false, kNoMask>(a, stream);
+    if constexpr (D == DV) {
+        if (mk == kBoolMask) return launch<D, DV, T, true, kBoolMask>(a, stream);
+        if (mk == kAddMask) return launch<D, DV, T, true, kAddMask>(a, stream);
+    }
+    return launch<D, DV, T, true, kNoMask>(a, stream);
 }
 
 template <typename T>
 cudaError_t launch_dim(const attn_lt_flash_args& a, int mk, cudaStream_t stream) {
-    if (a.D == 64) return launch_variant<64, T>(a, mk, stream);
-    if (a.D == 128) return launch_variant<128, T>(a, mk, stream);
-    return launch_variant<256, T>(a, mk, stream);
+    if (a.D == 64) return launch_variant<64, 64, T>(a, mk, stream);
+    if (a.D == 128) return launch_variant<128, 128, T>(a, mk, stream);
+    if (a.D == 192) return launch_variant<192, 128, T>(a, mk, stream);
+    return launch_variant<256, 256, T>(a, mk, stream);
 }
 
 }  // namespace
@@ -826,7 +844,7 @@ extern "C" int attn_lt_flash_sm90_supported(void) {
         return 0;
     }
     cudaFuncAttributes attr;
-    if (cudaFuncGetAttributes(&attr, flash_sm90_fwd<128, __nv_bfloat16, true, kNoMask>) != cudaSuccess) {
+    if (cudaFuncGetAttributes(&attr, flash_sm90_fwd<128, 128, __nv_bfloat16, true, kNoMask>) != cudaSuccess) {
         cudaGetLastError();  // no sm_90a image in this binary
         return 0;
     }
@@ -837,7 +855,8 @@ extern "C" int attn_lt_flash_sm90_fwd(const attn_lt_flash_args* a, void* stream)
     if (a == nullptr || a->B <= 0 || a->Hq <= 0 || a->Hkv <= 0 || a->Sq <= 0 || a->Sk <= 0 || a->o == nullptr)
         return ATTN_LT_ERR_ARGS;
     if (a->Hq % a->Hkv || a->B > 65535 || a->Hq > 65535) return ATTN_LT_ERR_HEADS;
-    if (a->D != 64 && a->D != 128 && a->D != 256) return ATTN_LT_ERR_HEAD_DIM;
+    const int64_t dv = a->Dv == 0 ? a->D : a->Dv;
+    if (!head_dims_built(a->D, dv)) return ATTN_LT_ERR_HEAD_DIM;
     if (a->Sq >= (1LL << 30) || a->Sk >= (1LL << 30)) return ATTN_LT_ERR_LENGTH;
     if (!(a->scale > 0.f)) return ATTN_LT_ERR_SCALE;
     if (!aligned16(a->q) || !aligned16(a->k) || !aligned16(a->v) || !aligned16(a->o)) return ATTN_LT_ERR_ALIGNMENT;
@@ -847,6 +866,7 @@ extern "C" int attn_lt_flash_sm90_fwd(const attn_lt_flash_args* a, void* stream)
     const int mk = mask_kind(*a);
     if (mk < 0) return ATTN_LT_ERR_MASK;
     if (mk != kNoMask && a->variant == ATTN_LT_FLASH_SM90_PLAIN) return ATTN_LT_ERR_VARIANT;
+    if (mk != kNoMask && dv != a->D) return ATTN_LT_ERR_MASK;  // no masked kernel with DV != D
     if (!stride_ok(a->B, a->q_sb) || !stride_ok(a->Hq, a->q_sh) || !stride_ok(a->Sq, a->q_ss) ||
         !stride_ok(a->B, a->k_sb) || !stride_ok(a->Hkv, a->k_sh) || !stride_ok(a->Sk, a->k_ss) ||
         !stride_ok(a->B, a->v_sb) || !stride_ok(a->Hkv, a->v_sh) || !stride_ok(a->Sk, a->v_ss) ||

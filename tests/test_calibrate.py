@@ -132,6 +132,19 @@ def test_default_grid():
             assert bh * c["Sq"] == 1 << 18
 
 
+def test_head_dim_192_is_measured_as_mla_prefill_where_the_fused_path_runs_it():
+    from attn_lt.wmma import WMMA
+
+    g = calibrate.grid((192,))
+    assert {(c["D"], c["Dv"]) for c in g} == {(192, 128)} and calibrate.HEAD_DIMS == (64, 128, 192, 256)
+    runnable = [c for c in g if not WMMA.not_supported_reasons(calibrate.job_case(c))]
+    # decode buckets (Sq 1 and 16 at GQA 4: 4 and 64 rows a kv head) and masks stay with the long path
+    assert runnable and all(c["Sq"] >= 128 and not c["mask"] for c in runnable)
+    assert len(runnable) == len([c for c in g if c["Sq"] >= 128 and not c["mask"]])
+    case = calibrate.job_case(next(c for c in g if c["mask"]))
+    assert case.Dv == 128 and case.mask.shape[1] == 1 and case.v_strides[2] == 128
+
+
 def test_grid_options():
     g = calibrate.grid([64], [1024, 8192], [1], prefill=False, masks=False)
     assert [(c["Sq"], c["Sk"], c["causal"]) for c in g] == [(1, 1024, False), (1, 8192, False)]
@@ -354,6 +367,30 @@ def test_store_checks_its_arguments():
         calibrate.store("env", "8192")
     with pytest.raises(ValueError, match="threshold must be"):
         calibrate.store("env", 0)
+
+
+def test_measuring_some_head_dims_again_keeps_the_others(isolated):
+    """attn-lt calibrate --dims 192: the stored and shipped entries keep D128/D256's points and rules."""
+    mla = pts(D=192, Sq=None, rows=[(1024, 0.1, 0.5), (8192, 2, 9)])
+    new = calibrate.make_entry(mla, H100.name, "9.0", grid={"dims": [192]})
+    p = calibrate.write_shipped(isolated / "shipped", entry(SHIPPED))
+    calibrate.write_shipped(isolated / "shipped", new, merge=True)
+    got = json.loads(p.read_text())["thresholds"][calibrate.shipped_key(H100.name, "9.0")]
+    assert {pt["D"] for pt in got["points"]} == {128, 192, 256} and got["grid"]["dims"] == [128, 192, 256]
+    assert {r["D"] for r in got["rules"]} == {128, 192, 256}
+    again = calibrate.make_entry(pts(D=192, Sq=None, rows=[(1024, 0.1, 0.05)]), H100.name, "9.0",
+                                 grid={"dims": [192]})
+    calibrate.write_shipped(isolated / "shipped", again, merge=True)  # 192 replaced, not appended
+    got = json.loads(p.read_text())["thresholds"][calibrate.shipped_key(H100.name, "9.0")]
+    assert [pt["Sk"] for pt in got["points"] if pt["D"] == 192] == [1024]
+    calibrate.write_shipped(isolated / "shipped", again)  # without merge: the file is the new entry alone
+    assert {pt["D"] for pt in json.loads(p.read_text())["thresholds"][calibrate.shipped_key(H100.name, "9.0")]
+            ["points"]} == {192}
+    where = calibrate.store(H100.env_key, entry(LOCAL))
+    calibrate.store(H100.env_key, new, merge=True)
+    stored = json.loads(where.read_text())["thresholds"][H100.env_key]
+    assert {pt["D"] for pt in stored["points"]} == {128, 192}
+    assert calibrate.merged(None, new) is new and calibrate.merged({"points": "junk"}, new) is new
 
 
 def test_shipped_names():

@@ -41,9 +41,14 @@ def test_explain_text_and_json(capsys):
 
 
 def test_explain_a_value_head_dim_of_its_own(capsys):
-    """MLA prefill (D_qk 192, D_v 128): the long path runs it, the fused path says why it cannot."""
-    code, out, _ = run(capsys, "explain", "-H", "128", "-s", "8192", "-d", "192", "--dv", "128", "--causal")
-    assert code == 0 and "Dqk192 Dv128" in out and "backend: lt" in out and "v's head dim 128 differs" in out
+    """MLA prefill (D_qk 192, D_v 128) runs in the Hopper kernel when its row blocks do, else in the long path;
+    MLA decode (576/512) only in the long path; explain says why."""
+    code, out, _ = run(capsys, "explain", "-H", "128", "-s", "2048", "-d", "192", "--dv", "128", "--causal")
+    assert code == 0 and "Dqk192 Dv128" in out and "backend: wmma" in out and "flash_sm90.cu" in out
+    code, out, _ = run(capsys, "explain", "-H", "128", "--sq", "4", "--sk", "8192", "-d", "192", "--dv", "128")
+    assert code == 0 and "backend: lt" in out and "more than 64 rows a kv head (4 here)" in out
+    code, out, _ = run(capsys, "explain", "-d", "576", "--dv", "512", "--sq", "1", "--sk", "8192")
+    assert code == 0 and "backend: lt" in out and "head dims 576/512 (q·k/v) not in (64, 128, 256, 192/128)" in out
     code, out, _ = run(capsys, "explain", "--json", "-d", "576", "--dv", "512", "--sq", "1", "--sk", "8192")
     assert code == 0 and "Dqk576 Dv512" in json.loads(out)["case"]
 
@@ -84,7 +89,7 @@ def test_explain_ten_million_keys_fast(capsys):
     (["cache"], "name a command: list, show, tune, clear, export, import, verify"),
     (["cache", "lisst"], "unknown command 'lisst'"),
     (["cache", "show"], "missing KEY"),
-    (["calibrate", "--dims", "80"], "--dims takes 64 and/or 128"),
+    (["calibrate", "--dims", "80"], "--dims takes 64 and/or 128 and/or 192 and/or 256"),
     (["calibrate", "--lengths", "1,x"], "--lengths takes positive integers"),
     (["cache", "verify", "--tolerance", "-1"], "--tolerance must be a number >= 0"),
     (["cache", "tune", "b=0"], "b must be a positive integer, got '0'"),

@@ -85,6 +85,9 @@ def test_forced_lt_and_unknown_backend():
 def test_declared_capabilities():
     assert LT.not_supported_reasons(case(D=512)) == []
     assert "head dim 80 not in (64, 128, 256)" in WMMA.not_supported_reasons(case(D=80))
+    assert "head dim 192 not in (64, 128, 256)" in WMMA.not_supported_reasons(case(D=192))
+    assert WMMA.not_supported_reasons(case(D=192, Dv=128)) == []  # MLA prefill: the Hopper kernel (assumed here)
+    assert "head dims 128/64 (q·k/v) not in" in WMMA.not_supported_reasons(case(D=128, Dv=64))[0]
     hopper = WMMA.not_supported_reasons(case(D=256))  # no GPU here: only the Hopper kernel runs head dim 256
     assert hopper == [] or "needs the Hopper (sm_90a) kernel" in hopper[0]
 

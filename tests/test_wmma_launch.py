@@ -40,6 +40,22 @@ def test_prefill_takes_the_hopper_kernel_unless_its_mask_or_gpu_rules_it_out():
     assert f.kernel == "flash" and f.block_rows == 64 and f.splits == 1 and "fp32 mask" in f.why
 
 
+def test_mla_prefill_head_dims_take_the_hopper_kernel_only(monkeypatch):
+    """q/k head dim 192 with v's 128: the Hopper kernel's row blocks, no mask; the declaration says why not."""
+    from attn_lt import wmma
+
+    c = Case.contiguous(1, 128, 128, 8192, 8192, 192, causal=True, Dv=128)
+    assert fused_launch(c, H100).kernel == "sm90" and wmma.WMMA.not_supported_reasons(c) == []
+    m = MaskInfo("bool", "bool", (1, 1, 8192, 8192), (0, 0, 8192, 1))
+    masked = Case.contiguous(1, 128, 128, 8192, 8192, 192, mask=m, Dv=128)
+    assert "no masked build" in wmma.WMMA.not_supported_reasons(masked)[0]
+    decode = Case.contiguous(4, 128, 128, 16, 8192, 192, Dv=128)  # 16 rows a kv head
+    assert "more than 64 rows a kv head (16 here)" in wmma.WMMA.not_supported_reasons(decode)[0]
+    assert wmma.WMMA.not_supported_reasons(Case.contiguous(1, 128, 2, 8, 8192, 192, Dv=128)) == []  # 512 rows
+    monkeypatch.setattr(wmma, "device_facts", lambda device=None: A100)
+    assert "(sm_90a), not on this GPU" in wmma.WMMA.not_supported_reasons(c)[0]
+
+
 @pytest.mark.parametrize("mask,refusal", [
     (MaskInfo("bool", "bool", (1, 1, 4096, 4096), (0, 0, 4096, 1)), None),
     (MaskInfo("float", "bf16", (2, 1, 1, 4096), (4096, 0, 0, 1)), None),  # key padding, one row for all

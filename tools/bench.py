@@ -268,11 +268,18 @@ def first_call(p, c, tensors, ref):
     return fn, route, peak, err
 
 
+def round_order(providers: list, i: int) -> list:
+    """The providers' order in timed round ``i``: reversed every other round and shifted by one every two, so that
+    no provider always follows the same one (a GPU at its power limit runs slower right after the hottest
+    kernel)."""
+    order = list(providers)[::-1] if i % 2 else list(providers)
+    shift = (i // 2) % max(1, len(order))
+    return order[shift:] + order[:shift]
+
+
 def run_case(c, providers, tensors, ref, timer, ceil, bar) -> list[dict]:
     """Every provider on one case, a row each: first calls, then ``timer.rounds`` timed rounds in which each
-    provider that ran takes its turn (so a drifting clock touches all of them alike), the order reversed every
-    other round and shifted by one every round (so that no provider always follows the same one: a GPU at its power
-    limit runs slower right after the hottest kernel). ``ms`` is the median of all timed calls, ``spread_pct`` the
+    provider that ran takes its turn (so a drifting clock touches all of them alike) in :func:`round_order`. ``ms`` is the median of all timed calls, ``spread_pct`` the
     range of the rounds' medians over it."""
     import torch
 
@@ -293,9 +300,7 @@ def run_case(c, providers, tensors, ref, timer, ceil, bar) -> list[dict]:
     rounds: dict = {p: [] for p in ready}
     n_rounds, i = timer.rounds, 0
     while i < n_rounds:
-        order = list(ready)[::-1] if i % 2 else list(ready)
-        shift = (i // 2) % max(1, len(order))
-        for p in order[shift:] + order[:shift]:
+        for p in round_order(list(ready), i):
             if p not in ready:
                 continue
             try:

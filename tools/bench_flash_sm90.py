@@ -33,14 +33,15 @@ PROVIDERS = ("sm90", "sm90_plain", "flash", "cudnn", "wmma")
 
 
 def sm90_call(q, k, v, causal=False, scale=None, variant="default", out=None, lse=None):
-    """A ready-to-run launch of the Hopper kernel on (B, Hq, Sq, D) q and (B, Hkv, Sk, D) k, v: returns
-    ``(run, out, lse)`` where ``run()`` launches on the current stream (no allocation, no synchronisation)."""
+    """A ready-to-run launch of the Hopper kernel on (B, Hq, Sq, D) q, (B, Hkv, Sk, D) k and (B, Hkv, Sk, Dv) v:
+    returns ``(run, out, lse)`` where ``run()`` launches on the current stream (no allocation, no
+    synchronisation)."""
     B, Hq, Sq, D = q.shape
-    out = torch.empty(B, Hq, Sq, D, dtype=q.dtype, device=q.device) if out is None else out
+    out = torch.empty(B, Hq, Sq, v.shape[3], dtype=q.dtype, device=q.device) if out is None else out
     lse = torch.empty(B, Hq, Sq, dtype=torch.float32, device=q.device) if lse is None else lse
     a = native.FlashArgs()
     a.q, a.k, a.v, a.o, a.lse = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr()
-    a.B, a.Hq, a.Hkv, a.Sq, a.Sk, a.D = B, Hq, k.shape[1], Sq, k.shape[2], D
+    a.B, a.Hq, a.Hkv, a.Sq, a.Sk, a.D, a.Dv = B, Hq, k.shape[1], Sq, k.shape[2], D, v.shape[3]
     a.q_sb, a.q_sh, a.q_ss = q.stride()[:3]
     a.k_sb, a.k_sh, a.k_ss = k.stride()[:3]
     a.v_sb, a.v_sh, a.v_ss = v.stride()[:3]

@@ -15,7 +15,8 @@ Sections (bf16; ``--quick`` keeps the rows marked *):
   wide         head dims no fused SDPA kernel runs: B1, H*D = 2048, S16k, D 512* and 1024*; also D 256 (H8) and 192
                (H16, the shape of BENCHMARKS.md; 2048/192 is no whole number): lt vs SDPA cuDNN, flash, efficient,
                math, and lt over the best of them.
-  mla_prefill  B1 H128 S8k D_qk 192 D_v 128 causal*: lt vs SDPA efficient, cuDNN, flash, math.
+  mla_prefill  B1 H128 S8k D_qk 192 D_v 128 causal*: lt, attn_lt's fused path (wmma: the Hopper kernel) and auto
+               (what attention() picks) vs SDPA efficient, cuDNN, flash, math.
   mla_decode   B32 Hq128 Hkv1 Sq1 D_qk 576 D_v 512, V = K[..., :512] (a view), Sk 8k*, 16k, 32k, 64k*: lt ms and
                the latent cache read rate (B Sk 576 2 bytes / time) as % of the copy rate; SDPA backends attempted
                under a memory guard (a provider whose planned memory exceeds the free memory is skipped, and says so).
@@ -26,8 +27,8 @@ Sections (bf16; ``--quick`` keeps the rows marked *):
 Protocol (as tools/bench.py): a few seconds of GEMMs first for the clocks; every provider's first calls (lt's
 GEMM tuning) and a check of its output against an FP32 reference on sampled rows (the mass against an FP32
 reference on sampled heads, and lt's mass against eager's) before any timing — a wrong result is ERR, never a
-time; then interleaved rounds (every provider once a round), CUDA events, the L2 flushed (256 MiB written) before
-each call; ``ms`` is the median of all timed calls, ``spread_pct`` the range of the rounds' medians over it.
+time; then interleaved rounds (every provider once a round, in ``bench.round_order``), CUDA events, the L2 flushed
+(256 MiB written) before each call; ``ms`` is the median of all timed calls, ``spread_pct`` the range of the rounds' medians over it.
 
 Floor of the long path: max(FLOPs / GEMM rate, (Q, K, V, O and mask bytes + 12 B per score) / copy rate), with the
 bf16 GEMM rate (8192^3) and the device-to-device copy rate (bytes read + written) measured at the start of the run;
@@ -59,7 +60,7 @@ from dataclasses import asdict, dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench import Timer, ceilings, first_line, peak_mib, sdpa_reasons, source_hash, warm_up  # noqa: E402
+from bench import Timer, ceilings, first_line, peak_mib, round_order, sdpa_reasons, source_hash, warm_up  # noqa: E402
 from bench_suite import markdown_tables  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -299,13 +300,14 @@ def derive(rows: list[dict]) -> list[dict]:
             one = _ok(rows, c, "lt-lanes1")
             if one:
                 r["gain"] = round(one["ms"] / r["ms"], 3)
-        elif r["section"] in ("wide", "mla_prefill", "mla_decode") and r["provider"] == "lt":
+        elif r["section"] in ("wide", "mla_prefill", "mla_decode") and r["provider"] in ("lt", "wmma", "auto"):
             b = best_sdpa(rows, c)
             if b:
                 r["vs_best_sdpa"], r["best_sdpa"] = round(b["ms"] / r["ms"], 3), b["provider"]
-            eff = _ok(rows, c, "efficient")
-            if r["section"] == "mla_prefill" and eff:
-                r["vs_efficient"] = round(eff["ms"] / r["ms"], 3)
+            for sd in ("efficient", "cudnn"):
+                other = _ok(rows, c, sd)
+                if r["section"] == "mla_prefill" and other:
+                    r[f"vs_{sd}"] = round(other["ms"] / r["ms"], 3)
         elif r["section"] == "mass" and r["provider"] == "lt+mass":
             plain = _ok(rows, c, "lt")
             if plain:
@@ -336,8 +338,9 @@ def targets(rows: list[dict]) -> list[dict]:
             x = r.get("vs_best_sdpa")
             add(r, "lt over the best SDPA backend", x, "x", ">=", WIDE_RATIO,
                 "" if x is not None else "no SDPA backend ran the case")
-        elif sec == "mla_prefill" and p == "lt" and r.get("vs_efficient") is not None:
-            add(r, "lt over SDPA efficient", r["vs_efficient"], "x", ">=", MLA_PREFILL_RATIO)
+        elif sec == "mla_prefill" and p in ("lt", "auto") and r.get("vs_efficient") is not None:
+            add(r, f"{'attention() (auto: ' + r.get('backend', '?') + ')' if p == 'auto' else 'lt'} over SDPA "
+                "efficient", r["vs_efficient"], "x", ">=", MLA_PREFILL_RATIO)
         elif sec == "mla_decode" and p == "lt":
             add(r, "latent cache read, % of the copy rate", r["cache_pct_copy"], " %", ">=", DECODE_CACHE_PCT)
         elif sec == "mass" and p == "lt+mass" and r.get("overhead_pct") is not None:
@@ -399,13 +402,19 @@ def table(rows: list[dict]) -> list[tuple[str, list[str], list[list[str]]]]:
         cs = _cases(rows, section)
         if not cs:
             continue
-        header = ["case", "shape", "lt", "% floor"] + list(SDPA_PROVIDERS) + ["lt/best SDPA"]
+        fused = ("wmma", "auto") if section == "mla_prefill" else ()
+        header = ["case", "shape", "lt", "% floor"] + list(fused) + list(SDPA_PROVIDERS) + ["lt/best SDPA"]
+        header += ["auto/best SDPA"] if fused else []
         lines = []
         for c, shape in cs:
-            lt = by.get((c, "lt"))
+            lt, auto = by.get((c, "lt")), by.get((c, "auto"))
             x = (lt or {}).get("vs_best_sdpa")
-            lines.append([c, shape, _cell(lt), _cell(lt, "floor_pct")] + [_cell(by.get((c, p))) for p in SDPA_PROVIDERS]
-                         + [f"{x:.2f}x ({lt['best_sdpa']})" if x else ""])
+            line = [c, shape, _cell(lt), _cell(lt, "floor_pct")] + [_cell(by.get((c, p))) for p in fused]
+            line += [_cell(by.get((c, p))) for p in SDPA_PROVIDERS] + [f"{x:.2f}x ({lt['best_sdpa']})" if x else ""]
+            if fused:
+                xa = (auto or {}).get("vs_best_sdpa")
+                line.append(f"{xa:.2f}x ({auto['best_sdpa']}; ran {auto.get('backend', '?')})" if xa else "")
+            lines.append(line)
         out.append((title, header, lines))
     cs = _cases(rows, "mla_decode")
     if cs:
@@ -740,7 +749,9 @@ def run_row(s: Shape, specs: list[Spec], timer: Timer, ceil: dict, log) -> tuple
     samples: dict = {p: [] for p in ready}
     n_rounds, i = timer.rounds, 0
     while i < n_rounds:
-        for p in list(ready):
+        for p in round_order(list(ready), i):
+            if p not in ready:
+                continue
             try:
                 samples[p].append(timer.samples(ready[p][0]))
             except torch.cuda.OutOfMemoryError as e:
@@ -856,15 +867,19 @@ def out_checker(s: Shape, q, k, v, mask):
     return check
 
 
-def lt_spec(provider, s, q, k, v, mask, check, workspace, lanes=None, key_mass=False, window=None) -> Spec:
+def lt_spec(provider, s, q, k, v, mask, check, workspace, lanes=None, key_mass=False, window=None,
+            backend="lt") -> Spec:
+    """attn_lt through a plan of ``backend`` ("lt", "wmma" or "auto"), tuned before it is timed."""
     def make():
         import attn_lt
 
         with lanes_env(lanes) if lanes is not None else contextlib.nullcontext():
-            p = attn_lt.plan(q, k, v, attn_mask=mask, causal=s.causal, backend="lt", workspace_bytes=workspace,
+            p = attn_lt.plan(q, k, v, attn_mask=mask, causal=s.causal, backend=backend, workspace_bytes=workspace,
                              return_key_mass=key_mass, key_mass_window=window)
         p.tune(q, k, v, mask)
-        info = plan_info(p)
+        if p.backend != "lt":
+            return (lambda: p.run(q, k, v, mask)), {"backend": p.backend}
+        info = {**plan_info(p), "backend": p.backend}
         if lanes is not None:
             info["lanes_asked"] = lanes
         return (lambda: p.run(q, k, v, mask)), info
@@ -903,6 +918,8 @@ def specs_for(s: Shape, tensors, workspace, keep: dict) -> list[Spec]:
     if s.section in ("wide", "mla_prefill"):
         order = ("efficient", "cudnn", "flash", "math") if s.section == "mla_prefill" else SDPA_PROVIDERS
         sp = [lt_spec("lt", s, q, k, v, mask, check, workspace)]
+        if s.section == "mla_prefill":
+            sp += [lt_spec(b, s, q, k, v, mask, check, workspace, backend=b) for b in ("wmma", "auto")]
         for p in order:
             need, what = math_need(s) if p == "math" else (None, "")
             sp.append(sdpa_spec(p, s, q, k, v, mask, check, need, what))

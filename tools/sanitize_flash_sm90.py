@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """A few small shapes through the Hopper fused kernel (native/flash_sm90.cu), each run once, for
-compute-sanitizer (both pipeline variants; D 64/128/256; fp16/bf16; key and query tails; causal with Sq != Sk both
-ways; GQA; a (B, S, H, D) view; dense masks read by TMA: bool and additive, shared by the heads, per head, one row
-for every query, a padded view). Exits 1 when an output is wrong, 2 when the kernel cannot run here.
+compute-sanitizer (both pipeline variants; D 64/128/256, and MLA prefill's q/k 192 with v 128; fp16/bf16; key and
+query tails; causal with Sq != Sk both ways; GQA; a (B, S, H, D) view; dense masks read by TMA: bool and additive,
+shared by the heads, per head, one row for every query, a padded view). Exits 1 when an output is wrong, 2 when the kernel cannot run here.
 
     compute-sanitizer --tool memcheck  python tools/sanitize_flash_sm90.py
     compute-sanitizer --tool racecheck python tools/sanitize_flash_sm90.py
@@ -34,6 +34,12 @@ CASES = [
     (1, 2, 2, 1, 700, 128, torch.bfloat16, False, "bhsd", "default"),
     (1, 2, 1, 160, 150, 256, torch.bfloat16, True, "bhsd", "default"),
     (1, 1, 1, 64, 200, 256, torch.float16, False, "bshd", "plain"),
+]
+# MLA prefill, q/k head dim 192 and v's 128: (B, Hq, Hkv, Sq, Sk, dtype, causal, variant)
+MLA = [
+    (1, 2, 1, 200, 333, torch.bfloat16, True, "default"),
+    (1, 2, 2, 130, 97, torch.float16, False, "plain"),
+    (2, 2, 2, 1, 300, torch.bfloat16, False, "default"),
 ]
 # (B, Hq, Hkv, Sq, Sk, D, dtype, causal, mask kind, mask shape): the default pipeline, masks in rows padded to 16
 MASKED = [
@@ -74,6 +80,19 @@ def main() -> int:
         bad += not ok
         print(f"B={B} Hq={Hq} Hkv={Hkv} Sq={Sq} Sk={Sk} D={D} {str(dt)[6:]} causal={int(causal)} {layout} "
               f"{variant}: rel error {err:.2e} {'ok' if ok else 'WRONG'}", flush=True)
+    for B, Hq, Hkv, Sq, Sk, dt, causal, variant in MLA:
+        q, k, _ = random_qkv(B, Hq, Hkv, Sq, Sk, 192, dt, "bhsd")
+        v = torch.randn(B, Hkv, Sk, 128, device="cuda").to(dt)
+        out = torch.full((B, Hq, Sq, 128), math.nan, dtype=dt, device="cuda")
+        lse = torch.full((B, Hq, Sq), math.nan, device="cuda")
+        run, out, lse = sm90_call(q, k, v, causal, variant=variant, out=out, lse=lse)
+        run()
+        torch.cuda.synchronize()
+        err = rel_error(out, reference(q, k, v, causal=causal)[0])
+        ok = err < 2e-2 and not torch.isnan(lse).any()
+        bad += not ok
+        print(f"B={B} Hq={Hq} Hkv={Hkv} Sq={Sq} Sk={Sk} D=192 Dv=128 {str(dt)[6:]} causal={int(causal)} {variant}: "
+              f"rel error {err:.2e} {'ok' if ok else 'WRONG'}", flush=True)
     for B, Hq, Hkv, Sq, Sk, D, dt, causal, kind, shape in MASKED:
         q, k, v = random_qkv(B, Hq, Hkv, Sq, Sk, D, dt, "bhsd")
         dims = {"B1SqSk": (B, 1, Sq, Sk), "11SqSk": (1, 1, Sq, Sk), "BHSqSk": (B, Hq, Sq, Sk), "B11Sk": (B, 1, 1, Sk)}
@@ -82,7 +101,7 @@ def main() -> int:
         bad += not ok
         print(f"B={B} Hq={Hq} Hkv={Hkv} Sq={Sq} Sk={Sk} D={D} {str(dt)[6:]} causal={int(causal)} {kind} mask "
               f"{shape}: rel error {err:.2e} {'ok' if ok else 'WRONG'}", flush=True)
-    total = len(CASES) + len(MASKED)
+    total = len(CASES) + len(MLA) + len(MASKED)
     print(f"{total - bad} passed, {bad} failed")
     return 1 if bad else 0
 
