@@ -16,7 +16,7 @@ import torch
 
 from . import config
 from .plan import Plan, make_plan, out_strides
-from .select import Decision, route, select
+from .select import Decision, route_of, select
 from .validate import Case, address_alignment, check_options, check_out, check_tensors, mask_alignment
 from .wmma import FusedLaunch, device_facts, fused_launch
 
@@ -32,11 +32,17 @@ _ENV_VARS = ("ATTN_LT_WORKSPACE_MB", "ATTN_LT_THRESHOLD", "ATTN_LT_ALGO_POLICY",
              "ATTN_LT_CACHE_DIR", "XDG_CACHE_HOME", "ATTN_LT_LANES", "ATTN_LT_KEY_TILES")
 
 
-try:  # the cudaStream_t of the current stream in one call (PyTorch's own, used by its extensions)
+try:  # the cudaStream_t of the current stream, the current device, whether it captures: one call each (PyTorch's
+    # own, used by its extensions; the public functions around them cost a few µs on a decode step's hot path)
     _raw_stream = torch._C._cuda_getCurrentRawStream
+    _current_device = torch._C._cuda_getDevice
+    _capturing = torch._C._cuda_isCurrentStreamCapturing
 except AttributeError:  # pragma: no cover - other PyTorch builds
     def _raw_stream(device: int) -> int:
         return torch.cuda.current_stream(device).cuda_stream
+
+    _current_device = torch.cuda.current_device
+    _capturing = torch.cuda.is_current_stream_capturing
 
 
 _scratch: dict[tuple[int, int], torch.Tensor] = {}
@@ -133,17 +139,25 @@ class AttentionPlan:
     def __init__(self, case: Case, decision: Decision, chunks: Plan | None, signature: tuple | None,
                  policy: str, out_align: int = 256, key_mass: bool = False, key_mass_window: int | None = None,
                  fused: FusedLaunch | None = None):
-        self.case, self.decision, self.chunks, self.policy, self.fused = case, decision, chunks, policy, fused
+        self.case, self.chunks, self.policy, self.fused = case, chunks, policy, fused
+        self._decision = decision
+        self.backend = decision.backend  # "lt" or "wmma"
         self.signature, self.out_align = signature, out_align
         self.key_mass, self.key_mass_window = key_mass, key_mass_window
         self.derived = False  # made by with_keys from another plan of its family
+        self._route = None  # the selector's route for this plan's family, once a decode step asked (with_keys)
+        self._unworded = None  # the decision of the plans derived from this one, without its reason
         self._program = None
         self._scratch_views = None
         self._lock = threading.Lock()
 
     @property
-    def backend(self) -> str:
-        return self.decision.backend
+    def decision(self) -> Decision:
+        """The selector's decision and its reasons (a decode step's plan words its reason when asked)."""
+        d = self._decision
+        if d.reasons is None:
+            d = self._decision = Decision(d.backend, (self._route.why(self.case.Sk),), d.rejected)
+        return d
 
     @property
     def program(self):
@@ -183,24 +197,31 @@ class AttentionPlan:
         if self.backend != "wmma" or self.case.mask is not None or self.key_mass:
             return None
         Sk, ks, vs = k.shape[2], k.stride(), v.stride()
-        if Sk < 1 or ks[3] != 1 or vs[3] != 1 or any(st <= 0 or st % 8 for st in ks[:3] + vs[:3]):
-            return None
+        st = ks[:3] + vs[:3]
+        if Sk < 1 or ks[3] != 1 or vs[3] != 1 or min(st) <= 0 or (st[0] | st[1] | st[2] | st[3] | st[4] | st[5]) % 8:
+            return None  # positive multiples of 8 elements, as the fused kernels read them
         # the case with the new length and strides, built without dataclasses.replace or copy.copy (16 µs each;
         # this is a decode step's hot path)
         case = object.__new__(Case)
         case.__dict__.update(self.case.__dict__, Sk=Sk, k_strides=ks, v_strides=vs)
+        r = None
         if backend != "auto":
             decision = self.decision
         else:
-            prefer_lt, why = route(case, threshold)
-            if prefer_lt:
+            r = self._route  # the family's route holds for every key length on the same side of Sq >= Sk
+            if r is None or not r.holds_for(case.Sq, Sk):
+                r = route_of(case, threshold)
+            if r.prefers_lt(Sk):
                 return None
-            decision = Decision("wmma", (why,), self.decision.rejected)
+            decision = self._unworded  # the reason is worded from the route when asked (see decision)
+            if decision is None:
+                decision = self._unworded = Decision("wmma", None, self._decision.rejected)
+            self._route = r
         fused = fused_launch(case, device_facts(signature[9].index))
         if fused.kernel != self.fused.kernel:
             return None
         p = AttentionPlan(case, decision, None, signature, self.policy, self.out_align, False, None, fused)
-        p.derived = True
+        p.derived, p._route, p._unworded = True, r, self._unworded
         if self._program is not None:  # else the new plan prepares its own on its first run
             p._program = self._program.with_keys(case, fused)
         if fused.workspace_bytes == self.fused.workspace_bytes:
@@ -254,7 +275,7 @@ class AttentionPlan:
             check_out(out, case, q)
         device = dev.index
         stream = _raw_stream(device)
-        capturing = torch.cuda.is_current_stream_capturing()
+        capturing = _capturing()
         ws, lse = self._scratch(dev, stream, capturing)
         if return_lse:
             lse = torch.empty((case.B, case.Hq, case.Sq), dtype=torch.float32, device=dev)
@@ -267,7 +288,7 @@ class AttentionPlan:
                                  f"{need} bytes on {dev}")
             ws = workspace
         program = self._program or self._prepared(device)
-        switch = torch.cuda.current_device() != device
+        switch = _current_device() != device
         with torch.cuda.device(device) if switch else contextlib.nullcontext():
             if self.backend == "wmma":
                 program.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), stream,
@@ -479,10 +500,10 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
                      return_key_mass=return_key_mass, key_mass_window=key_mass_window, out=out)
             log.debug("attention: new plan %s -> %s", p.case, p.backend)
             _remember(_plans, key, p)
+            if p.backend == "wmma":
+                _remember(_families, family, p)
         else:
-            _remember_derived(family, key, p)
-        if p.backend == "wmma":
-            _remember(_families, family, p)
+            _remember_derived(family, key, p, base)
     else:
         try:
             _plans.move_to_end(key)  # least recently used first out
@@ -498,18 +519,19 @@ def _remember(cache: collections.OrderedDict, key, p: AttentionPlan) -> None:
             cache.popitem(last=False)
 
 
-def _remember_derived(family: tuple, key, p: AttentionPlan) -> None:
-    """Cache a derived plan in place of its family's previous derived plan (the family's last plan, whose key is
-    its signature and the family's options)."""
+def _remember_derived(family: tuple, key, p: AttentionPlan, last: AttentionPlan) -> None:
+    """Cache a derived plan in place of its family's previous derived plan ``last`` (the family's last plan, whose
+    key is its signature and the family's options), and make it the family's last plan."""
     with _plans_lock:
-        last = _families.get(family)
-        if last is not None and last.derived:
+        if last.derived:
             old = (last.signature, family[1])
-            if _plans.get(old) is last:
-                del _plans[old]
+            gone = _plans.pop(old, None)
+            if gone is not None and gone is not last:  # another thread's plan under that key meanwhile: kept
+                _plans[old] = gone
         _plans[key] = p
         if len(_plans) > PLAN_CACHE_SIZE:
             _plans.popitem(last=False)
+        _families[family] = p
 
 
 def _family(sig: tuple) -> tuple:

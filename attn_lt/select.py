@@ -42,39 +42,66 @@ def current_threshold(override: int | None = None) -> tuple[int | str, str]:
     return config.DEFAULT_THRESHOLD, "design default"
 
 
-def route(case: Case, threshold: int | None = None) -> tuple[bool, str]:
-    """(whether ``auto`` prefers ``lt`` for ``case`` when both paths can run it, the reason in words): the one
-    place of the rule described at the top of this module."""
+@dataclass(frozen=True)
+class Route:
+    """What decides ``auto`` for a case, as a bound on the key length: ``lt`` from ``lt_from`` keys on (None:
+    never). It holds for every key length of the case's family (same everything else) on the same side of Sq >= Sk
+    (``prefill``), so that a decode step reuses its last step's route without looking it up again."""
+
+    lt_from: int | None
+    bound: str | None  # what Sk is compared with, in words (None: a rule under which wmma wins at every Sk)
+    source: str  # where the bound comes from, and its figures
+    prefill: bool  # decided for Sq >= Sk
+
+    def prefers_lt(self, Sk: int) -> bool:
+        return self.lt_from is not None and Sk >= self.lt_from
+
+    def why(self, Sk: int) -> str:
+        if self.bound is None:
+            return f"Sk={Sk}: wmma at every Sk{self.source}"
+        return f"Sk={Sk} {'>=' if self.prefers_lt(Sk) else '<'} {self.bound}{self.source}"
+
+    def holds_for(self, Sq: int, Sk: int) -> bool:
+        """Whether this route decides the family's case of ``Sq`` queries and ``Sk`` keys too."""
+        return (Sq >= Sk) == self.prefill
+
+
+def route_of(case: Case, threshold: int | None = None) -> Route:
+    """The :class:`Route` of ``case``: the one place of the rule described at the top of this module."""
+    prefill = case.Sq >= case.Sk
     explicit = config.threshold_setting(threshold)
     if explicit is not None:
         t, source = explicit
-        return case.Sk >= t, f"Sk={case.Sk} {'>=' if case.Sk >= t else '<'} threshold {_shown(t)} ({source})"
+        return Route(t, f"threshold {_shown(t)}", f" ({source})", prefill)
     cals = calibrate.calibrations()
     for cal in cals:
         if cal.threshold is not None:
-            t = cal.threshold
-            return case.Sk >= t, f"Sk={case.Sk} {'>=' if case.Sk >= t else '<'} threshold {_shown(t)} ({cal.source})"
+            return Route(cal.threshold, f"threshold {_shown(cal.threshold)}", f" ({cal.source})", prefill)
         rule = cal.rule_for(case.D, case.causal, case.Sq, case.Sk, mask=case.mask is not None)
         if rule is None:
             continue
-        bucket = "" if rule.Sq == case.Sq or (rule.Sq == calibrate.PREFILL and case.Sq == case.Sk) else \
+        bucket = "" if rule.Sq == case.Sq or (rule.Sq == calibrate.PREFILL and prefill) else \
             f", Sq={case.Sq} in bucket {rule.bucket}"
-        if rule.lt_from is None:
-            head = f"Sk={case.Sk}: wmma at every Sk{bucket}"
-        else:
-            head = f"Sk={case.Sk} {'>=' if rule.prefers_lt(case.Sk) else '<'} {rule.lt_from}{bucket}"
-        return rule.prefers_lt(case.Sk), f"{head} ({cal.source}: {rule})"
+        bound = None if rule.lt_from is None else f"{rule.lt_from}{bucket}"
+        return Route(rule.lt_from, bound, (bucket if bound is None else "") + f" ({cal.source}: {rule})", prefill)
     t = config.DEFAULT_THRESHOLD
     missing = ""
     if cals:
         missing = (f"; no calibration of this GPU covers D{case.D}{' causal' if case.causal else ''}"
                    f"{' masked' if case.mask is not None else ''} Sq={case.Sq}")
-    return case.Sk >= t, f"Sk={case.Sk} {'>=' if case.Sk >= t else '<'} threshold {t} (design default{missing})"
+    return Route(t, f"threshold {t}", f" (design default{missing})", prefill)
+
+
+def route(case: Case, threshold: int | None = None) -> tuple[bool, str]:
+    """(whether ``auto`` prefers ``lt`` for ``case`` when both paths can run it, the reason in words)."""
+    r = route_of(case, threshold)
+    return r.prefers_lt(case.Sk), r.why(case.Sk)
 
 
 @dataclass(frozen=True)
 class Decision:
-    """The path a case takes (``backend``), why (``reasons``), and why each other path was not taken."""
+    """The path a case takes (``backend``), why (``reasons``), and why each other path was not taken. (A decode
+    step's plan holds one with ``reasons`` None until asked: ``AttentionPlan.decision`` words it then.)"""
 
     backend: str
     reasons: tuple[str, ...]

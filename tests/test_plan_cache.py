@@ -49,3 +49,43 @@ def test_a_decode_loop_keeps_one_derived_plan_a_family(monkeypatch):
     attn_lt.attention(q[..., :64].contiguous(), other[:, :, :50], other[:, :, :50])
     assert len(made) == 2 and attn_lt.api.cached_plans() == n + 2
     attn_lt.api.clear_plans()
+
+
+def test_a_derived_plan_words_the_reason_a_fresh_plan_would_give(monkeypatch):
+    """with_keys (CPU, real plans): the family's route is looked up once and reused while Sq < Sk stays; the
+    derived plan's decision reads as a fresh plan's; a length the route sends to lt derives nothing."""
+    from attn_lt import wmma
+    from attn_lt.select import select
+    from attn_lt.validate import Case
+
+    monkeypatch.setattr(api, "device_facts", lambda device=None: wmma.ASSUMED_DEVICE)
+    monkeypatch.setenv("ATTN_LT_THRESHOLD", "4096")
+    looked_up = []
+    real_route_of = api.route_of
+    monkeypatch.setattr(api, "route_of", lambda *a: looked_up.append(1) or real_route_of(*a))
+    q = torch.empty(2, 32, 1, 128, dtype=torch.bfloat16)
+    kc = torch.empty(2, 8, 6000, 128, dtype=torch.bfloat16)
+
+    sig = (None,) * 9 + (torch.device("cuda", 0),)  # with_keys reads the device from a signature
+
+    def case(n):
+        c = Case.contiguous(2, 32, 8, 1, n, 128)
+        return Case(**{**c.__dict__, "k_strides": kc.stride(), "v_strides": kc.stride()})
+
+    def full_plan(backend):
+        c = case(1000)
+        return api.AttentionPlan(c, select(c, backend), None, sig, "tune",
+                                 fused=wmma.fused_launch(c, wmma.ASSUMED_DEVICE))
+
+    base = full_plan("auto")
+    assert base.backend == "wmma"
+    for n in (1001, 1002, 4095):
+        k = kc[:, :, :n]
+        p = base.with_keys(k, k, sig, "auto", None)
+        assert p.derived and p.case.Sk == n and p.decision.reasons == select(case(n)).reasons
+        assert p.decision.rejected == select(case(n)).rejected
+        assert p.fused == wmma.fused_launch(case(n), wmma.ASSUMED_DEVICE)
+    assert len(looked_up) == 1
+    k = kc[:, :, :4096]
+    assert base.with_keys(k, k, sig, "auto", None) is None  # the threshold: a full plan (lt) instead
+    assert full_plan("wmma").with_keys(k, k, sig, "wmma", None).decision.reasons == ("forced by the caller",)
