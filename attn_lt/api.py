@@ -89,12 +89,14 @@ def _cupy_stream():
 
 
 def _signature(q, k, v, attn_mask, out_align: int) -> tuple:
-    """What a plan fixes about its tensors: shapes, strides, dtypes, devices and the address alignment."""
-    align = address_alignment(q.data_ptr() | k.data_ptr() | v.data_ptr())
+    """What a plan fixes about its tensors: shapes, strides, dtypes, devices, the address alignment, and whether v
+    starts at k's address (an MLA latent cache: ``Case.v_in_k``)."""
+    kp = k.data_ptr()
+    align = address_alignment(q.data_ptr() | kp | v.data_ptr())
     m = None if attn_mask is None else (attn_mask.shape, attn_mask.stride(), attn_mask.dtype, attn_mask.device,
                                         mask_alignment(attn_mask))
     return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype, q.device,
-            k.device, v.device, m, align, out_align)
+            k.device, v.device, m, align, out_align, v.data_ptr() == kp)
 
 
 @dataclass(frozen=True)
@@ -362,10 +364,10 @@ def _random_like(p: AttentionPlan):
 
     q = rnd((c.B, c.Hq, c.Sq, c.D), c.q_strides)
     k = rnd((c.B, c.Hkv, c.Sk, c.D), c.k_strides)
-    v = rnd((c.B, c.Hkv, c.Sk, c.Dv), c.v_strides)
+    v = k[..., :c.Dv] if c.v_in_k else rnd((c.B, c.Hkv, c.Sk, c.Dv), c.v_strides)
     m = None
     if p.signature[12] is not None:
-        shape, strides, mdt, _ = p.signature[12]
+        shape, strides, mdt = p.signature[12][:3]
         n = 1 + sum((s - 1) * st for s, st in zip(shape, strides))
         base = torch.rand(n, device=dev) > 0.1 if mdt == torch.bool else torch.randn(n, device=dev).to(mdt)
         m = base.as_strided(shape, strides)

@@ -59,10 +59,13 @@ PREFILL = "Sk"
 #: The default grid of ``attn-lt calibrate`` (a head dim, or a case, only where the fused path runs it).
 QUERY_LENGTHS = (1, 16, 128, 1024)
 KEY_LENGTHS = (1024, 4096, 16384, 65536)
-HEAD_DIMS = (64, 128, 192, 256)
-#: v's head dim where a measured head dim is not its own: 192 is measured as MLA prefill (q/k 192, v 128), the only
-#: head dim 192 the fused path runs, so its rules decide every D192 case either path could run.
-VALUE_DIMS = {192: 128}
+HEAD_DIMS = (64, 128, 192, 256, 576)
+#: v's head dim where a measured head dim is not its own: 192 is measured as MLA prefill (q/k 192, v 128) and 576
+#: as MLA decode (q/k 576, v k's first 512 columns: :data:`LATENT_DIMS`), the only such cases the fused path runs,
+#: so their rules decide every case of those head dims either path could run.
+VALUE_DIMS = {192: 128, 576: 512}
+#: Head dims measured with v a view of k's first columns (an MLA latent cache), and B8 Hq128 Hkv1 at decode.
+LATENT_DIMS = (576,)
 
 
 def value_dim(D: int) -> int:
@@ -86,8 +89,11 @@ def shape(D: int, Sq: int, Sk: int) -> tuple[int, int, int]:
     """(B, Hq, Hkv) of a measured case: enough work to fill the GPU, as the case runs in practice. Decode
     (Sq <= 16): B=4, Hq=32, Hkv=8 (GQA 4). Prefill (Sq = Sk): B·Hq·Sq = 2^18 (the FlashAttention-3 protocol's
     B·S = 16k at 16 heads), 16 heads at most. Otherwise 16 heads and B·Hq for at least 256 CTAs of 128 query rows,
-    between 64 and 256. The batch halves while K and V would exceed :data:`KV_BYTES_MAX`."""
-    if Sq <= 16:
+    between 64 and 256. A latent head dim (:data:`LATENT_DIMS`) at decode: B=8, Hq=128, Hkv=1. The batch halves
+    while K and V would exceed :data:`KV_BYTES_MAX`."""
+    if Sq <= 16 and D in LATENT_DIMS:
+        B, Hq, Hkv = 8, 128, 1
+    elif Sq <= 16:
         B, Hq, Hkv = 4, 32, 8
     elif Sq == Sk:
         bh = max(1, (1 << 18) // Sq)
@@ -121,8 +127,8 @@ def grid(dims=HEAD_DIMS, key_lengths=KEY_LENGTHS, query_lengths=QUERY_LENGTHS, p
                 for causal, mask in variants:
                     if (D, causal, mask, Sq, Sk) not in seen:
                         seen.add((D, causal, mask, Sq, Sk))
-                        out.append({"D": D, "Dv": value_dim(D), "causal": causal, "mask": mask, "Sq": Sq,
-                                    "Sk": Sk, "B": B, "Hq": Hq, "Hkv": Hkv})
+                        out.append({"D": D, "Dv": value_dim(D), "v_in_k": D in LATENT_DIMS, "causal": causal,
+                                    "mask": mask, "Sq": Sq, "Sk": Sk, "B": B, "Hq": Hq, "Hkv": Hkv})
     return out
 
 
@@ -131,7 +137,7 @@ def job_case(job: dict) -> Case:
     B, Sq, Sk = job["B"], job["Sq"], job["Sk"]
     mask = MaskInfo("float", "bf16", (B, 1, Sq, Sk), (Sq * Sk, 0, Sk, 1)) if job.get("mask") else None
     return Case.contiguous(B, job["Hq"], job["Hkv"], Sq, Sk, job["D"], causal=job["causal"], mask=mask,
-                           Dv=job.get("Dv", job["D"]))
+                           Dv=job.get("Dv", job["D"]), v_in_k=job.get("v_in_k", False))
 
 
 # ---- rules ---------------------------------------------------------------------------------------------------

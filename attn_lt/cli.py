@@ -90,6 +90,8 @@ def _add_shape_args(p: argparse.ArgumentParser, *, b=1, h=16, s=16384, d=128) ->
     p.add_argument("-d", "--dim", type=_positive, default=d, help=f"head dim D of q and k (default {d})")
     p.add_argument("--dv", type=_positive, default=None,
                    help="head dim Dv of v and the output (default: --dim; MLA prefill: -d 192 --dv 128)")
+    p.add_argument("--v-in-k", action="store_true",
+                   help="v is k's first Dv columns, k's memory (an MLA latent cache; decode: -d 576 --dv 512)")
     p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
     p.add_argument("--causal", action="store_true")
     p.add_argument("--mask", choices=("none", "bool", "float"), default="none",
@@ -116,7 +118,10 @@ def _case(a):
     mask = None
     if a.mask != "none":
         mask = MaskInfo(a.mask, "bool" if a.mask == "bool" else a.dtype, (1, 1, Sq, Sk), (0, 0, Sk, 1))
-    return Case.contiguous(a.batch, a.heads, Hkv, Sq, Sk, a.dim, a.dtype, a.causal, mask=mask, Dv=Dv)
+    v_in_k = getattr(a, "v_in_k", False)
+    if v_in_k and Dv >= a.dim:
+        raise ValueError(f"--v-in-k takes v's head dim below k's: --dv {Dv} is not below --dim {a.dim}")
+    return Case.contiguous(a.batch, a.heads, Hkv, Sq, Sk, a.dim, a.dtype, a.causal, mask=mask, Dv=Dv, v_in_k=v_in_k)
 
 
 def _budget(a):
@@ -364,14 +369,15 @@ def cmd_calibrate(a) -> int:
     from . import plan
     from .cache import current_env
     from .testing import time_ms
-    from .validate import Case
     from .wmma import WMMA
 
     start = time.perf_counter()
     prop = torch.cuda.get_device_properties(torch.cuda.current_device())
     gpu, cc = prop.name, f"{prop.major}.{prop.minor}"
-    runs = [d for d in (a.dims or calibrate.HEAD_DIMS)
-            if not WMMA.not_supported_reasons(Case.contiguous(1, 1, 1, 128, 128, d, Dv=calibrate.value_dim(d)))]
+    dims = a.dims or calibrate.HEAD_DIMS
+    grid = calibrate.grid(dims, a.lengths, a.sq, prefill=not a.no_prefill, masks=not a.no_masks)
+    jobs = [j for j in grid if not WMMA.not_supported_reasons(calibrate.job_case(j))]  # what the fused path runs
+    runs = sorted({j["D"] for j in jobs})
     skipped = sorted(set(a.dims or ()) - set(runs))
     if skipped:
         print(safe(f"attn-lt calibrate: the fused path cannot run head dim {', '.join(map(str, skipped))} on "
@@ -379,12 +385,9 @@ def cmd_calibrate(a) -> int:
     if not runs:
         print("attn-lt calibrate: nothing to measure", file=sys.stderr)
         return EXIT_USAGE
-    jobs = calibrate.grid(runs, a.lengths, a.sq, prefill=not a.no_prefill, masks=not a.no_masks)
-    runnable = [j for j in jobs if not WMMA.not_supported_reasons(calibrate.job_case(j))]
-    if len(runnable) < len(jobs):
-        print(safe(f"attn-lt calibrate: {len(jobs) - len(runnable)} cases the fused path cannot run (e.g. head dim "
-                   "192 with a mask or few rows a kv head) are not measured"), file=sys.stderr)
-    jobs = runnable
+    if len(jobs) < len([j for j in grid if j["D"] in runs]):
+        print(safe("attn-lt calibrate: cases of these head dims that the fused path cannot run (e.g. MLA head dims "
+                   "with a mask or at other query lengths) are not measured"), file=sys.stderr)
     points, first_s = [], {"wmma": 0.0, "lt": 0.0}
     for i, job in enumerate(jobs):
         D, Dv, causal, Sq, Sk, B, Hq, Hkv = (job[n] for n in ("D", "Dv", "causal", "Sq", "Sk", "B", "Hq", "Hkv"))
@@ -394,7 +397,7 @@ def cmd_calibrate(a) -> int:
         try:
             q = torch.randn(B, Hq, Sq, D, device="cuda", dtype=torch.bfloat16)
             k = torch.randn(B, Hkv, Sk, D, device="cuda", dtype=torch.bfloat16)
-            v = torch.randn(B, Hkv, Sk, Dv, device="cuda", dtype=torch.bfloat16)
+            v = k[..., :Dv] if job["v_in_k"] else torch.randn(B, Hkv, Sk, Dv, device="cuda", dtype=torch.bfloat16)
             m = torch.randn(B, 1, Sq, Sk, device="cuda", dtype=torch.bfloat16) if masked else None
             out = torch.empty(B, Hq, Sq, Dv, device="cuda", dtype=torch.bfloat16)
             for backend in ("wmma", "lt"):
@@ -518,8 +521,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "and causal; store the rules auto follows", parents=[common])
     s.add_argument("--dims", type=_int_list(calibrate.HEAD_DIMS), default=None,
                    help="head dims to measure, comma-separated (64, 128, 192 (as MLA prefill: v's head dim 128), "
-                        "256; default: those the fused path runs); the stored and shipped calibrations keep the "
-                        "other head dims' measurements")
+                        "256, 576 (as MLA decode: v k's first 512 columns); default: those the fused path runs); the "
+                        "stored and shipped calibrations keep the other head dims' measurements")
     s.add_argument("--lengths", type=_int_list(), default=[1024, 4096, 16384, 65536],
                    help="key lengths to measure, comma-separated (default 1024,4096,16384,65536)")
     s.add_argument("--sq", type=_int_list(), default=[1, 16, 128, 1024],

@@ -52,13 +52,14 @@ def environment() -> dict:
 
 
 def random_inputs(case, mask: str = "none"):
-    """Fresh random q, k, v (and a (1, 1, Sq, Sk) mask of kind ``mask``: none, bool, float) for ``case``."""
+    """Fresh random q, k, v (v a view of k's first Dv columns when ``case.v_in_k``; and a (1, 1, Sq, Sk) mask of
+    kind ``mask``: none, bool, float) for ``case``."""
     import torch
 
     dt = torch.bfloat16 if case.dtype == "bf16" else torch.float16
     q = torch.randn(case.B, case.Hq, case.Sq, case.D, device="cuda", dtype=dt)
     k = torch.randn(case.B, case.Hkv, case.Sk, case.D, device="cuda", dtype=dt)
-    v = torch.randn(case.B, case.Hkv, case.Sk, case.Dv, device="cuda", dtype=dt)
+    v = k[..., :case.Dv] if case.v_in_k else torch.randn(case.B, case.Hkv, case.Sk, case.Dv, device="cuda", dtype=dt)
     m = None
     if mask == "bool":
         m = torch.rand(1, 1, case.Sq, case.Sk, device="cuda") > 0.1

@@ -45,6 +45,7 @@ class Case:
     v_strides: tuple[int, int, int, int] = ()
     ptr_align: int = 256  # largest power of two (<= 256) dividing every input's address
     Dv: int = 0  # v's head dim (the output's); 0 = D
+    v_in_k: bool = False  # v is k's first Dv columns: k's address and strides (an MLA latent cache, V = K[..., :Dv])
 
     def __post_init__(self):
         if not self.Dv:
@@ -57,20 +58,27 @@ class Case:
 
     @classmethod
     def contiguous(cls, B, Hq, Hkv, Sq, Sk, D, dtype="bf16", causal=False, scale=None, mask=None,
-                   Dv=None) -> Case:
-        """A case with contiguous (B, H, S, D) inputs; for planning and explaining without tensors."""
+                   Dv=None, v_in_k=False) -> Case:
+        """A case with contiguous (B, H, S, D) inputs; for planning and explaining without tensors. ``v_in_k``: v
+        is k's first Dv columns (k's strides)."""
         Dv = D if Dv is None else Dv
+        k_strides = (Hkv * Sk * D, Sk * D, D, 1)
         return cls(B, Hq, Hkv, Sq, Sk, D, dtype, causal, D**-0.5 if scale is None else float(scale), mask,
-                   (Hq * Sq * D, Sq * D, D, 1), (Hkv * Sk * D, Sk * D, D, 1), (Hkv * Sk * Dv, Sk * Dv, Dv, 1),
-                   Dv=Dv)
+                   (Hq * Sq * D, Sq * D, D, 1), k_strides, k_strides if v_in_k else (Hkv * Sk * Dv, Sk * Dv, Dv, 1),
+                   Dv=Dv, v_in_k=bool(v_in_k))
 
     def __str__(self) -> str:
         g = f" (GQA x{self.group})" if self.group > 1 else ""
         extra = " causal" if self.causal else ""
         if self.mask is not None:
             extra += f" {self.mask.kind}-mask{list(self.mask.shape)}"
-        d = f"D{self.D}" if self.Dv == self.D else f"Dqk{self.D} Dv{self.Dv}"
+        d = f"D{self.D}" if self.Dv == self.D else f"Dqk{self.D} Dv{self.Dv}{' (v in k)' if self.v_in_k else ''}"
         return f"B{self.B} Hq{self.Hq} Hkv{self.Hkv}{g} Sq{self.Sq} Sk{self.Sk} {d} {self.dtype}{extra}"
+
+
+def v_is_in_k(k, v) -> bool:
+    """Whether v is k's first Dv columns (k's address and strides): an MLA latent cache read once as K and V."""
+    return v.data_ptr() == k.data_ptr() and v.stride() == k.stride() and v.shape[3] < k.shape[3]
 
 
 def address_alignment(ptr: int) -> int:
@@ -129,10 +137,11 @@ def check_tensors(q, k, v, attn_mask=None, causal=False, scale=None, require_cud
         mask = check_mask(attn_mask, (B, Hq, Sq, Sk), q.dtype)
     try:
         addr = q.data_ptr() | k.data_ptr() | v.data_ptr()
+        v_in_k = v_is_in_k(k, v)
     except RuntimeError:  # fake/meta tensors while tracing (torch.compile): no addresses yet
-        addr = 0
+        addr, v_in_k = 0, False
     case = Case(B, Hq, Hkv, Sq, Sk, D, _DTYPES[q.dtype], causal, float(scale), mask,
-                tuple(q.stride()), tuple(k.stride()), tuple(v.stride()), address_alignment(addr), Dv)
+                tuple(q.stride()), tuple(k.stride()), tuple(v.stride()), address_alignment(addr), Dv, v_in_k)
     if require_cuda:
         devices = {t.device for t in (q, k, v)} | ({attn_mask.device} if attn_mask is not None else set())
         if any(d.type != "cuda" for d in devices):

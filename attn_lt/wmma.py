@@ -7,7 +7,8 @@ LSE, dense masks. Two kernels behind the one name:
   registers, a producer warpgroup and two consumer warpgroups with register reallocation, the softmax overlapped
   with the next tile's GEMM; head dims 64, 128 and 256, and MLA prefill's q/k head dim 192 with v's 128; dense
   bool masks and additive masks in q's dtype read by TMA tile by tile (:func:`hopper_mask_refusal` says which
-  masks). It runs prefill-sized row blocks on Hopper.
+  masks). It runs prefill-sized row blocks on Hopper. Beside it, MLA decode (q/k 576, v k's first 512 columns,
+  one query a head): 64 query heads a block against one latent cache tile, the keys split in parts.
 * ``native/flash.cu`` (every GPU from sm_80): ``mma.sync`` fed by ``cp.async``; the query heads of one kv head
   folded into the rows of a tile (each K/V tile read once per group); dense bool or additive masks read by strides;
   and a split of the key range (flash-decoding): when the row blocks alone cannot fill the GPU — decode, a few query
@@ -41,9 +42,13 @@ MAX_SPLIT_BYTES = 256 << 20
 #: Shared memory a CTA of native/flash.cu needs at head dim 256 (64 query rows, two K and two V tiles of 64 keys).
 SMEM_D256 = (64 + 4 * KEY_TILE) * 256 * 2
 #: (q/k head dim, v head dim) pairs: both kernels run v's head dim = q's; only native/flash_sm90.cu runs MLA
-#: prefill's (192, 128), and without a mask (its flash_sm90.cu ``head_dims_built`` and ``mask_kind`` rules).
+#: prefill's (192, 128) and MLA decode's (576, 512), without a mask (its ``head_dims_built``, ``mask_kind`` and MLA
+#: decode rules).
 HEAD_DIMS = ((64, 64), (128, 128), (256, 256))
-HOPPER_HEAD_DIMS = ((192, 128),)
+MLA_DECODE = (576, 512)
+HOPPER_HEAD_DIMS = ((192, 128), MLA_DECODE)
+#: Query heads a block of the MLA decode kernel.
+MLA_ROWS = 64
 
 
 def _device_index(device: int | None) -> int | None:
@@ -115,6 +120,11 @@ class FusedBackend(Backend):
                 reasons.append(f"{what} (sm_90a), not on this GPU")
             elif case.mask is not None:
                 reasons.append(f"{what}, which has no masked build for it")
+            elif dims == MLA_DECODE:
+                if case.Sq != 1:
+                    reasons.append(f"{what} for decode, one query a head (Sq = {case.Sq} here)")
+                if not case.v_in_k:
+                    reasons.append(f"{what} with v the first {case.Dv} columns of k's memory (v = k[..., :{case.Dv}])")
             elif rows <= DECODE_ROWS:
                 reasons.append(f"{what}, which takes more than {DECODE_ROWS} rows a kv head ({rows} here)")
         elif dims not in HEAD_DIMS:
@@ -131,7 +141,7 @@ class FusedBackend(Backend):
 
 
 #: What the fused kernels run (head dims: FusedBackend's pairs).
-WMMA = FusedBackend("wmma", ("fp16", "bf16"), None, 256, supports_mask=True, supports_value_dim=True,
+WMMA = FusedBackend("wmma", ("fp16", "bf16"), None, 576, supports_mask=True, supports_value_dim=True,
                     needs_aligned_rows=True, max_batch_heads=65535)
 
 
@@ -221,6 +231,14 @@ def _fused_launch(B: int, Hq: int, Hkv: int, Sq: int, D: int, Dv: int, masked: b
                   forced_splits: int | None) -> FusedLaunch:
     note = "; no GPU here: planned for a 132-SM Hopper GPU" if assumed else ""
     rows = Sq * (Hq // Hkv)  # query positions x the query heads of one kv head
+    part = B * Hq * Sq * (Dv + 1) * 4
+    if (D, Dv) == MLA_DECODE:  # one CTA an SM (226 KB of shared memory); the keys split to fill the SMs
+        blocks = -(-rows // MLA_ROWS) * B * Hkv
+        splits = forced_splits or split_count(blocks, facts.sms, most)
+        while forced_splits is None and splits > 1 and splits * part > MAX_SPLIT_BYTES:
+            splits //= 2
+        why = f"MLA decode: {rows} query heads a latent cache; {blocks} blocks for {facts.sms} SMs"
+        return FusedLaunch("sm90", MLA_ROWS, splits, splits * part if splits > 1 else 0, why + note)
     if kernel == "sm90" or kernel is None and facts.hopper and mask_refusal is None and rows > DECODE_ROWS:
         mask = "a mask read by TMA" if masked else "no mask"
         return FusedLaunch("sm90", 128, 1, 0, f"{rows} rows a kv head, {mask}{note}")
@@ -230,7 +248,6 @@ def _fused_launch(B: int, Hq: int, Hkv: int, Sq: int, D: int, Dv: int, masked: b
     # K/V tiles in flight; two such blocks an SM are what the H200's bandwidth needs), else one
     per_sm = 2 if one and D <= 128 or D == 64 else 1
     blocks = -(-rows // block_rows) * B * Hkv
-    part = B * Hq * Sq * (Dv + 1) * 4
     if forced_splits is not None:
         splits = forced_splits
     else:

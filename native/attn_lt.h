@@ -27,7 +27,8 @@ enum attn_lt_status {
     ATTN_LT_ERR_MASK = 10008,       /* a mask dtype without a mask pointer, or one the kernel does not take */
     ATTN_LT_ERR_VARIANT = 10009,    /* a forced kernel variant that cannot run these arguments */
     ATTN_LT_ERR_SCALE = 10010,      /* scale not positive */
-    ATTN_LT_ERR_TENSOR_MAP = 10011  /* the driver refused a TMA tensor map for this layout */
+    ATTN_LT_ERR_TENSOR_MAP = 10011, /* the driver refused a TMA tensor map for this layout */
+    ATTN_LT_ERR_LATENT = 10012      /* MLA decode (head dims 576/512): not one query a head, or v not k's memory */
 };
 
 enum attn_lt_dtype { ATTN_LT_NONE = 0, ATTN_LT_F16 = 1, ATTN_LT_BF16 = 2, ATTN_LT_F32 = 3, ATTN_LT_BOOL = 4 };

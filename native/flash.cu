@@ -498,67 +498,6 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
     }
 }
 
-// Join `splits` partials by their LSE: one warp a row (b, h, position), D / 32 columns a lane. A partial with LSE
-// -inf (no visible key in its range) weighs nothing; a row with no visible key at all gives 0 and LSE -inf.
-template <int D, typename T>
-__global__ void __launch_bounds__(128) merge_partials(const attn_lt_flash_args a) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");  // launched early (see merge): wait for the partials
-#endif
-    constexpr int kPer = D / 32;
-    const int64_t rows = a.B * a.Hq * a.Sq;
-    const int64_t row = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;
-    if (row >= rows) return;
-    const int lane = threadIdx.x % 32;
-    const int n = a.splits;
-    float mx = -INFINITY;
-    for (int i = 0; i < n; ++i) mx = fmaxf(mx, a.lse_part[i * rows + row]);
-    float acc[kPer] = {};
-    float wsum = 0.f;
-    if (mx != -INFINITY) {
-        for (int i = 0; i < n; ++i) {
-            const float li = a.lse_part[i * rows + row];
-            if (li == -INFINITY) continue;
-            const float w = ex2((li - mx) * kLog2e);
-            wsum += w;
-            const float* op = a.o_part + (i * rows + row) * D + lane * kPer;
-#pragma unroll
-            for (int c = 0; c < kPer; c += 2) {
-                const float2 x = *reinterpret_cast<const float2*>(op + c);
-                acc[c] += w * x.x;
-                acc[c + 1] += w * x.y;
-            }
-        }
-    }
-    const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
-    const int64_t pos = row % a.Sq, bh = row / a.Sq, h = bh % a.Hq, b = bh / a.Hq;
-    T* out = static_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh + pos * a.o_ss + lane * kPer;
-#pragma unroll
-    for (int c = 0; c < kPer; c += 2) *reinterpret_cast<unsigned*>(out + c) = pack2<T>(acc[c] * inv, acc[c + 1] * inv);
-    if (lane == 0 && a.lse != nullptr) a.lse[row] = wsum > 0.f ? mx + logf(wsum) : -INFINITY;
-}
-
-// Join the splits. From sm_90 as a programmatic dependent launch: its launch overlaps the split kernel's last
-// blocks (a decode step is a few tens of microseconds, of which a dependent launch's latency is several).
-template <int D, typename T>
-cudaError_t merge(const attn_lt_flash_args& a, cudaStream_t stream) {
-    const DeviceInfo* dev = nullptr;
-    const cudaError_t err = current_device_info(&dev);
-    if (err != cudaSuccess) return err;
-    const int64_t out_rows = a.B * a.Hq * a.Sq;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(static_cast<unsigned>((out_rows + 3) / 4));
-    cfg.blockDim = dim3(128);
-    cfg.dynamicSmemBytes = 0;
-    cfg.stream = stream;
-    cfg.attrs = attr;
-    cfg.numAttrs = dev->major >= 9 ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, merge_partials<D, T>, a);
-}
-
 template <int D, typename T, int MT, bool W = false, bool SM = false>
 cudaError_t launch(const attn_lt_flash_args& a, cudaStream_t stream) {
     constexpr int kBlockM = W ? 16 : kWarps * 16 * MT;

@@ -36,8 +36,9 @@
 //
 // Head dims: v's DV = D, or DV = 128 with D = 192 (MLA prefill: O and V tiles are DV wide, Q and K tiles D wide).
 //
-// Preconditions (checked by the launcher): sm_90 device; (D, DV) in {(64, 64), (128, 128), (256, 256), (192, 128)};
-// fp16/bf16; q, k, v, o 16-byte aligned;
+// Preconditions (checked by the launcher): sm_90 device; (D, DV) in {(64, 64), (128, 128), (256, 256), (192, 128),
+// (576, 512)}, the last with Sq = 1, v = k's first 512 columns and the key range in `splits` parts (MLA decode,
+// below); fp16/bf16; q, k, v, o 16-byte aligned;
 // batch/head/row strides positive multiples of 8 elements (16 bytes) below 2^39 for q, k, v (any stride of a
 // dimension of size 1); o row stride a multiple of 8 elements; Sq, Sk < 2^30; B, Hq <= 65535; a mask bool or of
 // q's dtype, 16-byte aligned, its keys contiguous, its other strides 0 or multiples of 16 bytes; the plain variant
@@ -81,9 +82,10 @@ struct Cfg<256> {
     static constexpr int kBlockN = 64, kStages = 2;
 };
 
-// The (q/k head dim, v head dim) pairs built: DV = D, and MLA prefill's (192, 128).
+// The (q/k head dim, v head dim) pairs built: DV = D, MLA prefill's (192, 128), and MLA decode's (576, 512) (the
+// kernel mla_decode_sm90 below).
 constexpr bool head_dims_built(int64_t D, int64_t DV) {
-    return (D == DV && (D == 64 || D == 128 || D == 256)) || (D == 192 && DV == 128);
+    return (D == DV && (D == 64 || D == 128 || D == 256)) || (D == 192 && DV == 128) || (D == 576 && DV == 512);
 }
 
 // The mask a kernel is built for: none, bool (1 byte, true = attend), or additive in q's dtype (2 bytes).
@@ -107,7 +109,7 @@ struct Layout {
     static constexpr size_t kSmem = kBars + 8 * kBarCount + 1024;  // + slack to align the base to 1024 bytes
     static_assert(kSmem <= 227 * 1024, "shared memory over the sm_90 limit");
     static_assert(kMaskPitch == 128 || kMaskPitch == 64, "mask rows in 128- or 64-byte swizzle");
-    static_assert(head_dims_built(D, DV) && DV <= D, "O is staged in the Q tile's rows");
+    static_assert(head_dims_built(D, DV) && DV <= D && D <= 256, "O is staged in the Q tile's rows");
 };
 
 // What the kernel needs besides the tensor maps.
@@ -298,6 +300,19 @@ __device__ __forceinline__ void wgmma_rs(float* d, const uint32_t* a, uint64_t d
         if constexpr (bf16) WGMMA_RS(256, "bf16", WG_D128, WG_ACC128(d), 128, 129, 130, 131, 132, 133);
         else WGMMA_RS(256, "f16", WG_D128, WG_ACC128(d), 128, 129, 130, 131, 132, 133);
     }
+}
+
+// D (m64 x 256, f32) += A (m64 x k16, shared, K-major) * B (k16 x 256, shared, N-major: imm-trans-b = 1).
+template <typename T>
+__device__ __forceinline__ void wgmma_ss_vt256(float* d, uint64_t da, uint64_t db) {
+#define WGMMA_SS_VT(TY)                                                                                     \
+    asm volatile("wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY " {" WG_D128 "}, %128, %129, 1, 1, 1, " \
+                 "0, 1;\n"                                                                                  \
+                 : WG_ACC128(d)                                                                             \
+                 : "l"(da), "l"(db))
+    if constexpr (std::is_same<T, __nv_bfloat16>::value) WGMMA_SS_VT("bf16");
+    else WGMMA_SS_VT("f16");
+#undef WGMMA_SS_VT
 }
 
 __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
@@ -674,6 +689,294 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
+// ---- MLA decode: q/k head dim 576, v the first 512 columns of k (the latent cache), one query a head -------------
+//
+// DeepSeek-style decode reads one latent cache per kv head (usually one) for every query head. A CTA owns 64 query
+// heads of one kv head (the rows of its tiles; Sq = 1) and one part of the key range (flash-decoding: the parts'
+// normalised FP32 partials and LSEs are joined by merge_partials, as native/flash.cu's splits are). Its K tile of
+// 64 keys x 576 columns (72 KB) is also its V tile: V's 512 columns are the first 8 of its 9 slabs. The O
+// accumulator (64 x 512 FP32) is split by columns between the two consumer warpgroups:
+//   * warpgroup 1 computes S = Q K^T (m64 n64, 36 k-steps, both operands in shared memory), the online softmax,
+//     writes P (bf16/fp16) and each row's rescale factor to shared memory for warpgroup 2, then O[:, :256] += P V
+//     with P from its registers;
+//   * warpgroup 2 waits for P (mbarrier p_full), rescales, and O[:, 256:] += P V with P from shared memory; it
+//     gives P back (mbarrier p_empty) once its GEMM has landed, so warpgroup 1's next QK^T and softmax overlap it.
+//     (Each barrier completes one phase a tile, every thread of the warpgroup arriving: release and acquire order
+//     the P and factor stores, as compute-sanitizer's racecheck can follow.)
+// A K stage is released when both warpgroups' P V have landed. The producer warpgroup streams Q once and the K
+// tiles of the CTA's key range through a 2-stage ring (TMA, one mbarrier a stage). Rows past the kv head's query
+// heads are computed (TMA gives zeros past the last head) and not written.
+//
+// Shared memory: sQ [9 slabs][64 rows][64] (72 KB), sK[2] [9 slabs][64 keys][64] (144 KB), sP [64 rows][64 keys]
+// (8 KB), each row's rescale factor and final sum (512 B), mbarriers: 226 KB of the 227 KB a block may take.
+constexpr int kMlaD = 576, kMlaDv = 512, kMlaRows = 64, kMlaKeys = 64, kMlaStages = 2;
+constexpr int kMlaGroups = kMlaDv / 2 / 8;  // 8-column groups of a warpgroup's 256 columns of O
+
+struct MlaLayout {
+    static constexpr uint32_t kSlab = 64 * 128;  // 64 rows of 64 elements (128 bytes)
+    static constexpr uint32_t kQBytes = (kMlaD / 64) * kSlab, kKBytes = (kMlaD / 64) * kSlab;
+    static constexpr uint32_t kK = kQBytes, kP = kK + kMlaStages * kKBytes, kStat = kP + kSlab;
+    static constexpr uint32_t kBars = kStat + 2 * kMlaRows * 4;  // rescale factors, then final sums
+    static constexpr uint32_t kBarCount = 1 + 2 * kMlaStages + 2;
+    static constexpr size_t kSmem = kBars + 8 * kBarCount + 1024;
+    static_assert(kSmem <= 227 * 1024, "shared memory over the sm_90 limit");
+};
+
+struct MlaParams {
+    void* o;
+    float* lse;       // FP32 (B, Hq) or null (one part)
+    float* o_part;    // several parts: [parts][B * Hq][512] FP32 and [parts][B * Hq] LSEs
+    float* lse_part;
+    int64_t o_sb, o_sh;
+    int Sk, Hq, group, row_blocks, parts, tiles_per_part;
+    float sl2;
+};
+
+// Grid: (row blocks x parts, Hkv, B); block: 384 threads; dynamic shared memory MlaLayout::kSmem.
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1)
+    mla_decode_sm90(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmk,
+                    const MlaParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using L = MlaLayout;
+    extern __shared__ unsigned char smem_raw[];
+    const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+    const uint32_t sQ = base, sK = base + L::kK, sP = base + L::kP, bars = base + L::kBars;
+    float* corr_s = reinterpret_cast<float*>(smem_raw + (base + L::kStat - smem_u32(smem_raw)));
+    float* sum_s = corr_s + kMlaRows;
+    const uint32_t full_q = bars;
+    auto full_k = [&](int s) { return bars + 8u * (1 + s); };
+    auto empty_k = [&](int s) { return bars + 8u * (1 + kMlaStages + s); };
+    const uint32_t p_full = bars + 8u * (1 + 2 * kMlaStages), p_empty = p_full + 8u;
+
+    const int rb = blockIdx.x % p.row_blocks, part = blockIdx.x / p.row_blocks;
+    const int hk = blockIdx.y, b = blockIdx.z;
+    const int rows_valid = min(kMlaRows, p.group - rb * kMlaRows);
+    const int h0 = hk * p.group + rb * kMlaRows;  // the block's first query head
+    const int all_tiles = (p.Sk + kMlaKeys - 1) / kMlaKeys;
+    const int t0 = part * p.tiles_per_part;
+    const int n_tiles = max(0, min(all_tiles, t0 + p.tiles_per_part) - t0);
+
+    if (threadIdx.x == 0) {
+        mbar_init(full_q, 1);
+        for (int s = 0; s < kMlaStages; ++s) {
+            mbar_init(full_k(s), 1);
+            mbar_init(empty_k(s), 8);  // one arrival per consumer warp of both warpgroups
+        }
+        mbar_init(p_full, 128);  // every thread of warpgroup 1 (P and factors written)
+        mbar_init(p_empty, 128);  // every thread of warpgroup 2 (P read)
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    const int wg = threadIdx.x / 128;
+    if (wg == 0) {
+        setmaxnreg_dec<kProducerRegs>();
+        if (threadIdx.x == 0 && n_tiles > 0) {
+            prefetch_map(&tmq);
+            prefetch_map(&tmk);
+            mbar_expect_tx(full_q, L::kQBytes);
+            tma_load_5d(sQ, &tmq, full_q, 0, h0, 0, 0, b);
+            int s = 0;
+            uint32_t ph = 0;
+            for (int i = 0; i < n_tiles; ++i) {
+                mbar_wait(empty_k(s), ph ^ 1);
+                mbar_expect_tx(full_k(s), L::kKBytes);
+                tma_load_5d(sK + s * L::kKBytes, &tmk, full_k(s), 0, (t0 + i) * kMlaKeys, 0, hk, b);
+                if (++s == kMlaStages) {
+                    s = 0;
+                    ph ^= 1;
+                }
+            }
+        }
+        return;
+    }
+    setmaxnreg_inc<kConsumerRegs>();
+    const int c = wg - 1;
+    const int tid = threadIdx.x - 128 * wg;
+    const int warp = tid / 32, lane = tid % 32;
+    const int rw = 16 * warp + lane / 4;  // rows rw (d[4j + 0..1]) and rw + 8 (d[4j + 2..3])
+    float o[kMlaDv / 4];                   // this warpgroup's 256 columns of O, m64 x 256 fragment
+#pragma unroll
+    for (int i = 0; i < kMlaDv / 4; ++i) o[i] = 0.f;
+    float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
+    auto release = [&](uint32_t bar) {
+        if (lane == 0) mbar_arrive(bar);
+    };
+    auto rescale = [&](float c0, float c1) {
+#pragma unroll
+        for (int j = 0; j < kMlaGroups; ++j) {
+            o[4 * j] *= c0;
+            o[4 * j + 1] *= c0;
+            o[4 * j + 2] *= c1;
+            o[4 * j + 3] *= c1;
+        }
+    };
+    if (n_tiles > 0) {
+        int s = 0;
+        uint32_t ph = 0;
+        if (c == 0) {
+            float sacc[kMlaKeys / 2];
+            uint32_t pf[kMlaKeys / 16][4];
+#pragma unroll
+            for (int i = 0; i < kMlaKeys / 2; ++i) sacc[i] = 0.f;
+            mbar_wait(full_q, 0);
+            for (int i = 0; i < n_tiles; ++i) {
+                const int n0 = (t0 + i) * kMlaKeys;
+                const uint32_t kb = sK + s * L::kKBytes;
+                mbar_wait(full_k(s), ph);
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < kMlaD / 16; ++kk)
+                    wgmma_ss<kMlaKeys, T>(sacc, make_desc(sQ + (kk / 4) * L::kSlab + (kk % 4) * 32, 16),
+                                          make_desc(kb + (kk / 4) * L::kSlab + (kk % 4) * 32, 16), kk > 0);
+                wgmma_commit();
+                wgmma_wait<0>();
+                fence_regs(sacc);
+                if (n0 + kMlaKeys > p.Sk) {  // the key tail (TMA gave zeros past the last key)
+#pragma unroll
+                    for (int j = 0; j < kMlaKeys / 8; ++j)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const bool out = n0 + 8 * j + 2 * (lane % 4) + e >= p.Sk;
+                            sacc[4 * j + e] = out ? -INFINITY : sacc[4 * j + e];
+                            sacc[4 * j + 2 + e] = out ? -INFINITY : sacc[4 * j + 2 + e];
+                        }
+                }
+                // online softmax in the exp2 domain (as the prefill kernel's)
+                float mx[2] = {m_r[0], m_r[1]}, corr[2], ref[2];
+#pragma unroll
+                for (int j = 0; j < kMlaKeys / 8; ++j) {
+                    mx[0] = fmaxf(mx[0], fmaxf(sacc[4 * j], sacc[4 * j + 1]));
+                    mx[1] = fmaxf(mx[1], fmaxf(sacc[4 * j + 2], sacc[4 * j + 3]));
+                }
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+                    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+                    corr[r] = m_r[r] == -INFINITY ? 0.f : ex2((m_r[r] - mx[r]) * p.sl2);
+                    ref[r] = mx[r] == -INFINITY ? 0.f : mx[r] * p.sl2;
+                    m_r[r] = mx[r];
+                    l_r[r] *= corr[r];
+                }
+#pragma unroll
+                for (int j = 0; j < kMlaKeys / 8; ++j) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) sacc[4 * j + e] = ex2(fmaf(sacc[4 * j + e], p.sl2, -ref[e >> 1]));
+                    l_r[0] += sacc[4 * j] + sacc[4 * j + 1];
+                    l_r[1] += sacc[4 * j + 2] + sacc[4 * j + 3];
+                }
+#pragma unroll
+                for (int kk = 0; kk < kMlaKeys / 16; ++kk) {
+                    pf[kk][0] = pack2<T>(sacc[8 * kk + 0], sacc[8 * kk + 1]);
+                    pf[kk][1] = pack2<T>(sacc[8 * kk + 2], sacc[8 * kk + 3]);
+                    pf[kk][2] = pack2<T>(sacc[8 * kk + 4], sacc[8 * kk + 5]);
+                    pf[kk][3] = pack2<T>(sacc[8 * kk + 6], sacc[8 * kk + 7]);
+                }
+                if (i > 0) mbar_wait(p_empty, (i - 1) & 1);  // warpgroup 2 has multiplied the previous P
+                // P to shared memory in the 128-byte swizzle (the A operand of warpgroup 2's wgmma): element
+                // (r, 8j + 2(l%4)) at r * 128 + ((j ^ r % 8) << 4) + (l%4) * 4; rows rw and rw + 8 share r % 8.
+#pragma unroll
+                for (int j = 0; j < kMlaKeys / 8; ++j) {
+                    const uint32_t addr = sP + rw * 128 + ((j ^ (rw % 8)) << 4) + (lane % 4) * 4;
+                    st_shared_u32(addr, pf[j / 2][(j % 2) * 2]);
+                    st_shared_u32(addr + 8 * 128, pf[j / 2][(j % 2) * 2 + 1]);
+                }
+                if (lane % 4 == 0) {
+                    corr_s[rw] = corr[0];
+                    corr_s[rw + 8] = corr[1];
+                }
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // P visible to the wgmma proxy
+                mbar_arrive(p_full);
+                rescale(corr[0], corr[1]);
+                fence_regs(o);
+                fence_regs(pf);
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < kMlaKeys / 16; ++kk)
+                    wgmma_rs<256, T>(o, pf[kk], make_desc(kb + kk * 2048, L::kSlab));
+                wgmma_commit();
+                wgmma_wait<0>();
+                fence_regs(o);
+                fence_regs(pf);
+                release(empty_k(s));
+                if (++s == kMlaStages) {
+                    s = 0;
+                    ph ^= 1;
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                l_r[r] += __shfl_xor_sync(0xffffffffu, l_r[r], 1);
+                l_r[r] += __shfl_xor_sync(0xffffffffu, l_r[r], 2);
+            }
+            mbar_wait(p_empty, (n_tiles - 1) & 1);  // warpgroup 2's last P V has landed
+            if (lane % 4 == 0) {
+                sum_s[rw] = l_r[0];
+                sum_s[rw + 8] = l_r[1];
+            }
+            mbar_arrive(p_full);
+        } else {
+            for (int i = 0; i < n_tiles; ++i) {
+                const uint32_t kb = sK + s * L::kKBytes;
+                mbar_wait(full_k(s), ph);
+                mbar_wait(p_full, i & 1);  // P and the factors of this tile are in shared memory
+                rescale(corr_s[rw], corr_s[rw + 8]);
+                fence_regs(o);
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < kMlaKeys / 16; ++kk)
+                    wgmma_ss_vt256<T>(o, make_desc(sP + kk * 32, 16),
+                                      make_desc(kb + 4 * L::kSlab + kk * 2048, L::kSlab));
+                wgmma_commit();
+                wgmma_wait<0>();
+                fence_regs(o);
+                mbar_arrive(p_empty);
+                release(empty_k(s));
+                if (++s == kMlaStages) {
+                    s = 0;
+                    ph ^= 1;
+                }
+            }
+            mbar_wait(p_full, n_tiles & 1);
+            l_r[0] = sum_s[rw];
+            l_r[1] = sum_s[rw + 8];
+        }
+    }
+    // ---- epilogue: this warpgroup's 256 columns of the rows below the kv head's last query head
+    const float inv0 = l_r[0] > 0.f ? 1.f / l_r[0] : 0.f, inv1 = l_r[1] > 0.f ? 1.f / l_r[1] : 0.f;
+    const int64_t rows_out = int64_t(gridDim.z) * p.Hq;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int r = rw + 8 * half;
+        if (r >= rows_valid) continue;
+        const float inv = half ? inv1 : inv0;
+        const int64_t orow = int64_t(b) * p.Hq + h0 + r;
+        if (p.parts == 1) {
+            T* out = static_cast<T*>(p.o) + b * p.o_sb + (h0 + r) * p.o_sh + 256 * c + 2 * (lane % 4);
+#pragma unroll
+            for (int j = 0; j < kMlaGroups; ++j)
+                *reinterpret_cast<uint32_t*>(out + 8 * j) =
+                    pack2<T>(o[4 * j + 2 * half] * inv, o[4 * j + 2 * half + 1] * inv);
+        } else {
+            float* op = p.o_part + (part * rows_out + orow) * kMlaDv + 256 * c + 2 * (lane % 4);
+#pragma unroll
+            for (int j = 0; j < kMlaGroups; ++j)
+                *reinterpret_cast<float2*>(op + 8 * j) =
+                    make_float2(o[4 * j + 2 * half] * inv, o[4 * j + 2 * half + 1] * inv);
+        }
+        if (c == 0 && lane % 4 == 0) {
+            const float l = half ? l_r[1] : l_r[0], m = half ? m_r[1] : m_r[0];
+            const float lse = l > 0.f ? (m * p.sl2 + log2f(l)) * kLn2 : -INFINITY;
+            if (p.parts > 1) p.lse_part[part * rows_out + orow] = lse;
+            else if (p.lse != nullptr) p.lse[orow] = lse;
+        }
+    }
+#else
+    __trap();  // compiled for a target other than sm_90a: never launched (see flash_sm90_fwd)
+#endif
+}
+
 // ---- host side ----------------------------------------------------------------------------------------------------
 
 using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
@@ -816,6 +1119,43 @@ cudaError_t launch(const attn_lt_flash_args& a, cudaStream_t stream) {
     return cudaGetLastError();
 }
 
+// MLA decode (mla_decode_sm90, then merge_partials when the keys are split into parts). q (B, Hq, 1, 576) is read
+// with the heads as the rows of its tile; v is k's first 512 columns (checked by the caller).
+template <typename T>
+cudaError_t launch_mla(const attn_lt_flash_args& a, cudaStream_t stream) {
+    using L = MlaLayout;
+    const CUtensorMapDataType dt =
+        std::is_same<T, __nv_bfloat16>::value ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    alignas(64) CUtensorMap mq, mk;
+    if (!make_map(&mq, dt, a.q, a.B, 1, a.Hq, kMlaD, a.q_sb, 0, a.q_sh, kMlaRows) ||
+        !make_map(&mk, dt, a.k, a.B, a.Hkv, a.Sk, kMlaD, a.k_sb, a.k_sh, a.k_ss, kMlaKeys))
+        return static_cast<cudaError_t>(ATTN_LT_ERR_TENSOR_MAP);
+    const auto kernel = mla_decode_sm90<T>;
+    cudaError_t err = opt_in_smem(reinterpret_cast<const void*>(kernel), L::kSmem);
+    if (err != cudaSuccess) return err;
+    MlaParams p{};
+    p.o = a.o;
+    p.lse = a.lse;
+    p.o_part = a.o_part;
+    p.lse_part = a.lse_part;
+    p.o_sb = a.o_sb;
+    p.o_sh = a.o_sh;
+    p.Sk = static_cast<int>(a.Sk);
+    p.Hq = static_cast<int>(a.Hq);
+    p.group = static_cast<int>(a.Hq / a.Hkv);
+    p.row_blocks = (p.group + kMlaRows - 1) / kMlaRows;
+    p.parts = a.splits > 1 ? static_cast<int>(a.splits) : 1;
+    const int tiles = (p.Sk + kMlaKeys - 1) / kMlaKeys;
+    p.tiles_per_part = (tiles + p.parts - 1) / p.parts;
+    p.sl2 = a.scale * kLog2e;
+    const dim3 grid(static_cast<unsigned>(p.row_blocks * p.parts), static_cast<unsigned>(a.Hkv),
+                    static_cast<unsigned>(a.B));
+    kernel<<<grid, kThreads, L::kSmem, stream>>>(mq, mk, p);
+    err = cudaGetLastError();
+    if (err != cudaSuccess || p.parts == 1) return err;
+    return merge<kMlaDv, T>(a, stream);
+}
+
 // The plain pipeline is built without masks, and D != DV without masks (mask_kind, the head dims and the variant are
 // checked before).
 template <int D, int DV, typename T>
@@ -830,6 +1170,7 @@ cudaError_t launch_variant(const attn_lt_flash_args& a, int mk, cudaStream_t str
 
 template <typename T>
 cudaError_t launch_dim(const attn_lt_flash_args& a, int mk, cudaStream_t stream) {
+    if (a.D == 576) return launch_mla<T>(a, stream);
     if (a.D == 64) return launch_variant<64, 64, T>(a, mk, stream);
     if (a.D == 128) return launch_variant<128, 128, T>(a, mk, stream);
     if (a.D == 192) return launch_variant<192, 128, T>(a, mk, stream);
@@ -862,11 +1203,20 @@ extern "C" int attn_lt_flash_sm90_fwd(const attn_lt_flash_args* a, void* stream)
     if (!aligned16(a->q) || !aligned16(a->k) || !aligned16(a->v) || !aligned16(a->o)) return ATTN_LT_ERR_ALIGNMENT;
     if (a->dtype != ATTN_LT_F16 && a->dtype != ATTN_LT_BF16) return ATTN_LT_ERR_DTYPE;
     if (a->variant != ATTN_LT_FLASH_SM90_DEFAULT && a->variant != ATTN_LT_FLASH_SM90_PLAIN) return ATTN_LT_ERR_VARIANT;
-    if (a->splits > 1) return ATTN_LT_ERR_VARIANT;
     const int mk = mask_kind(*a);
     if (mk < 0) return ATTN_LT_ERR_MASK;
     if (mk != kNoMask && a->variant == ATTN_LT_FLASH_SM90_PLAIN) return ATTN_LT_ERR_VARIANT;
     if (mk != kNoMask && dv != a->D) return ATTN_LT_ERR_MASK;  // no masked kernel with DV != D
+    if (a->D == 576) {  // MLA decode: one query a head, v = k[..., :512] (the same memory), keys split in parts
+        if (a->Sq != 1 || a->v != a->k || a->v_sb != a->k_sb || a->v_sh != a->k_sh || a->v_ss != a->k_ss)
+            return ATTN_LT_ERR_LATENT;
+        if (a->Hkv > 65535) return ATTN_LT_ERR_HEADS;
+        if (a->variant != ATTN_LT_FLASH_SM90_DEFAULT) return ATTN_LT_ERR_VARIANT;
+        if (a->splits < 0 || a->splits > 4096 || (a->splits > 1 && (a->o_part == nullptr || a->lse_part == nullptr)))
+            return ATTN_LT_ERR_VARIANT;
+    } else if (a->splits > 1) {
+        return ATTN_LT_ERR_VARIANT;
+    }
     if (!stride_ok(a->B, a->q_sb) || !stride_ok(a->Hq, a->q_sh) || !stride_ok(a->Sq, a->q_ss) ||
         !stride_ok(a->B, a->k_sb) || !stride_ok(a->Hkv, a->k_sh) || !stride_ok(a->Sk, a->k_ss) ||
         !stride_ok(a->B, a->v_sb) || !stride_ok(a->Hkv, a->v_sh) || !stride_ok(a->Sk, a->v_ss) ||

@@ -693,6 +693,9 @@ const char* attn_lt_error_string(int err) {
         case ATTN_LT_ERR_VARIANT: return "precondition failed: the forced kernel variant cannot run these arguments";
         case ATTN_LT_ERR_SCALE: return "precondition failed: scale not positive";
         case ATTN_LT_ERR_TENSOR_MAP: return "precondition failed: the driver refused a TMA tensor map for this layout";
+        case ATTN_LT_ERR_LATENT:
+            return "precondition failed: MLA decode (head dims 576/512) takes one query a head, and v the first 512 "
+                   "columns of k (the same memory and strides)";
         default: return cudaGetErrorString(static_cast<cudaError_t>(err));
     }
 }

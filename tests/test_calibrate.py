@@ -136,13 +136,24 @@ def test_head_dim_192_is_measured_as_mla_prefill_where_the_fused_path_runs_it():
     from attn_lt.wmma import WMMA
 
     g = calibrate.grid((192,))
-    assert {(c["D"], c["Dv"]) for c in g} == {(192, 128)} and calibrate.HEAD_DIMS == (64, 128, 192, 256)
+    assert {(c["D"], c["Dv"]) for c in g} == {(192, 128)} and calibrate.HEAD_DIMS == (64, 128, 192, 256, 576)
     runnable = [c for c in g if not WMMA.not_supported_reasons(calibrate.job_case(c))]
     # decode buckets (Sq 1 and 16 at GQA 4: 4 and 64 rows a kv head) and masks stay with the long path
     assert runnable and all(c["Sq"] >= 128 and not c["mask"] for c in runnable)
     assert len(runnable) == len([c for c in g if c["Sq"] >= 128 and not c["mask"]])
     case = calibrate.job_case(next(c for c in g if c["mask"]))
     assert case.Dv == 128 and case.mask.shape[1] == 1 and case.v_strides[2] == 128
+
+
+def test_head_dim_576_is_measured_as_mla_decode_with_v_in_k():
+    from attn_lt.wmma import WMMA
+
+    g = calibrate.grid((576,))
+    assert all(c["v_in_k"] and (c["D"], c["Dv"]) == (576, 512) for c in g)
+    runnable = [c for c in g if not WMMA.not_supported_reasons(calibrate.job_case(c))]
+    assert [(c["Sq"], c["B"], c["Hq"], c["Hkv"]) for c in runnable] == [(1, 8, 128, 1)] * 4  # decode, each Sk
+    case = calibrate.job_case(runnable[0])
+    assert case.v_in_k and case.v_strides == case.k_strides
 
 
 def test_grid_options():

@@ -48,7 +48,12 @@ def test_explain_a_value_head_dim_of_its_own(capsys):
     code, out, _ = run(capsys, "explain", "-H", "128", "--sq", "4", "--sk", "8192", "-d", "192", "--dv", "128")
     assert code == 0 and "backend: lt" in out and "more than 64 rows a kv head (4 here)" in out
     code, out, _ = run(capsys, "explain", "-d", "576", "--dv", "512", "--sq", "1", "--sk", "8192")
-    assert code == 0 and "backend: lt" in out and "head dims 576/512 (q·k/v) not in (64, 128, 256, 192/128)" in out
+    assert code == 0 and "backend: lt" in out and "with v the first 512 columns of k's memory" in out
+    code, out, _ = run(capsys, "explain", "-d", "576", "--dv", "512", "--v-in-k", "-H", "128", "--kv-heads", "1",
+                       "--sq", "1", "--sk", "2048")
+    assert code == 0 and "(v in k)" in out and "backend: wmma" in out and "MLA decode" in out
+    code, out, _ = run(capsys, "explain", "-d", "96", "--dv", "64")
+    assert code == 0 and "head dims 96/64 (q·k/v) not in (64, 128, 256, 192/128, 576/512)" in out
     code, out, _ = run(capsys, "explain", "--json", "-d", "576", "--dv", "512", "--sq", "1", "--sk", "8192")
     assert code == 0 and "Dqk576 Dv512" in json.loads(out)["case"]
 

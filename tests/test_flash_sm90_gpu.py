@@ -6,7 +6,7 @@ are fresh random numbers every case.
 The tests go from the simplest case to the most involved one, so the first failure names the feature that broke:
 a single tile (a, both pipeline variants) -> several key tiles and query blocks (b) -> the lengths (c: key tails,
 query tails) -> causal with Sq != Sk both ways (d) -> GQA (e) -> strided views (f) -> long (g) -> dense masks read
-by TMA (h) -> MLA prefill's head dims, q/k 192 and v 128 (i) -> the rest.
+by TMA (h) -> MLA prefill's head dims, q/k 192 and v 128 (i) -> MLA decode, v in k's memory (j) -> the rest.
 """
 
 import math
@@ -389,6 +389,78 @@ def test_i_mla_through_attention(sm90):
     assert e.decision.backend == "lt" and "no masked build" in str(e), str(e)
     e = attn_lt.explain(q[:, :, :4], k, v)  # decode-sized: 4 rows a kv head
     assert e.decision.backend == "lt" and "more than 64 rows a kv head" in str(e), str(e)
+
+
+# ---- j: MLA decode (q/k head dim 576, v = k's first 512 columns, one query a head), keys split in parts -----------
+
+def rand_latent(B, Hq, Hkv, Sk, dtype="bf16"):
+    """q (B, Hq, 1, 576), the latent cache k (B, Hkv, Sk, 576) and v = k[..., :512] (a view, no copy)."""
+    q, k, _ = rand_qkv(B, Hq, Hkv, 1, Sk, 576, dtype)
+    return q, k, k[..., :512]
+
+
+def check_mla(q, k, v, splits):
+    from attn_lt.testing import forced_flash
+
+    run, out, lse = forced_flash(q, k, v, kernel="sm90", splits=splits)
+    run()
+    torch.cuda.synchronize()
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    ref, ref_lse = reference(q, k, v)
+    assert rel_error(out, ref) <= tolerance(rel_error(sdpa(q, k, v), ref)), f"error {rel_error(out, ref):.3e}"
+    assert (lse - ref_lse).abs().max().item() <= 1e-3 * (1 + ref_lse.abs().max().item())
+
+
+@gpu
+@pytest.mark.parametrize("splits", [1, 2, 7])
+@pytest.mark.parametrize("Sk", [1, 63, 64, 97, 1000, 4097], ids=lambda s: f"sk{s}")
+def test_j_mla_decode_lengths_and_parts(sm90, Sk, splits):
+    # 7 parts of 1 to 17 key tiles: parts without a key (LSE -inf, weight 0) at the short lengths
+    check_mla(*rand_latent(2, 128, 1, Sk), splits)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("Hq,Hkv", [(16, 1), (128, 2), (96, 1)], ids=["h16", "h128-kv2", "h96"])
+def test_j_mla_decode_heads(sm90, Hq, Hkv, dtype):
+    # 16 heads: one block, 48 rows past the last head; 96: a partial second block
+    check_mla(*rand_latent(3, Hq, Hkv, 2000, dtype), 3)
+
+
+@gpu
+def test_j_mla_decode_through_attention_and_a_growing_cache(sm90):
+    import attn_lt
+
+    B, Hq, cap = 4, 128, 9000
+    cache = torch.randn(B, 1, cap, 576, device="cuda").to(torch.bfloat16)
+    q = torch.randn(B, Hq, 1, 576, device="cuda").to(torch.bfloat16)
+    for n in (8000, 8001, 8064, 8999):  # a decode loop: views of the cache, each step derived from the last
+        k = cache[:, :, :n]
+        e = attn_lt.explain(q, k, k[..., :512], backend="wmma")
+        assert e.fused.kernel == "sm90" and "MLA decode" in e.fused.why, str(e)
+        out = torch.full((B, Hq, 1, 512), math.nan, dtype=q.dtype, device="cuda")
+        o, lse = attn_lt.attention(q, k, k[..., :512], out=out, return_lse=True, backend="wmma")
+        ref, ref_lse = reference(q, k, k[..., :512])
+        assert o is out and rel_error(o, ref) <= tolerance(rel_error(sdpa(q, k, k[..., :512]), ref))
+        assert (lse - ref_lse).abs().max().item() < 1e-2
+    # v of its own (not k's memory), or more than one query: the long path, and explain says why
+    k = cache[:, :, :4000]
+    e = attn_lt.explain(q, k, k[..., :512].contiguous())
+    assert e.decision.backend == "lt" and "first 512 columns of k's memory" in str(e), str(e)
+    e = attn_lt.explain(torch.randn(B, Hq, 2, 576, device="cuda").to(q.dtype), k, k[..., :512])
+    assert e.decision.backend == "lt" and "one query a head" in str(e), str(e)
+
+
+@pytest.mark.parametrize("bad", [dict(Sq=2), dict(v=1 << 21), dict(v_ss=512)],
+                         ids=["two-queries", "v-elsewhere", "v-strides"])
+def test_j_mla_decode_refuses_what_is_not_a_latent_cache(bad):
+    a = _args(D=576, Dv=512, Hq=128, Hkv=1, Sq=1, Sk=1000, q_sb=128 * 576, q_sh=576, q_ss=576, k_sb=1000 * 576,
+              k_sh=1000 * 576, k_ss=576, v_sb=1000 * 576, v_sh=1000 * 576, v_ss=576, o_sb=128 * 512, o_sh=512,
+              o_ss=512)
+    for name, value in bad.items():
+        setattr(a, name, value)
+    with pytest.raises(native.CudaError, match="precondition failed: MLA decode"):
+        native.flash_sm90(a, 0)
 
 
 # ---- the rest -----------------------------------------------------------------------------------------------------

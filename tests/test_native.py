@@ -61,7 +61,8 @@ def test_precondition_statuses_name_the_check():
     """Launchers return an attn_lt_status naming the failed precondition (no GPU needed to read the names)."""
     header = (native.SOURCE_DIR / "attn_lt.h").read_text()
     lib = native.load()
-    for name, code in (("ARGS", 10001), ("HEAD_DIM", 10003), ("STRIDES", 10006), ("TENSOR_MAP", 10011)):
+    for name, code in (("ARGS", 10001), ("HEAD_DIM", 10003), ("STRIDES", 10006), ("TENSOR_MAP", 10011),
+                       ("LATENT", 10012)):
         assert f"ATTN_LT_ERR_{name} = {code}" in header
         assert lib.attn_lt_error_string(code).decode().startswith("precondition failed:")
     assert "head dim" in lib.attn_lt_error_string(10003).decode()

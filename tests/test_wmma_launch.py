@@ -56,6 +56,24 @@ def test_mla_prefill_head_dims_take_the_hopper_kernel_only(monkeypatch):
     assert "(sm_90a), not on this GPU" in wmma.WMMA.not_supported_reasons(c)[0]
 
 
+def test_mla_decode_takes_the_hopper_kernel_with_its_keys_in_parts():
+    """q/k 576, v = k[..., :512], one query a head: 64-head blocks, the keys split to fill the SMs (one CTA an SM),
+    the partials within their budget; any other layout of those head dims stays with the long path."""
+    from attn_lt import wmma
+
+    c = Case.contiguous(32, 128, 1, 1, 32768, 576, Dv=512, v_in_k=True)
+    f = fused_launch(c, H100)
+    assert (f.kernel, f.block_rows, f.splits) == ("sm90", 64, 2) and "MLA decode" in f.why
+    assert f.workspace_bytes == 2 * 32 * 128 * 513 * 4 and wmma.WMMA.not_supported_reasons(c) == []
+    one = fused_launch(Case.contiguous(1, 16, 1, 1, 65536, 576, Dv=512, v_in_k=True), H100)
+    assert one.splits > 32 and one.splits * 16 * 513 * 4 <= wmma.MAX_SPLIT_BYTES  # one block: many parts
+    assert fused_launch(Case.contiguous(1, 16, 1, 1, 64, 576, Dv=512, v_in_k=True), H100).splits == 1  # one tile
+    apart = Case.contiguous(32, 128, 1, 1, 32768, 576, Dv=512)  # v a tensor of its own
+    assert "first 512 columns of k's memory" in wmma.WMMA.not_supported_reasons(apart)[0]
+    two = Case.contiguous(32, 128, 1, 2, 32768, 576, Dv=512, v_in_k=True)
+    assert "one query a head (Sq = 2 here)" in wmma.WMMA.not_supported_reasons(two)[0]
+
+
 @pytest.mark.parametrize("mask,refusal", [
     (MaskInfo("bool", "bool", (1, 1, 4096, 4096), (0, 0, 4096, 1)), None),
     (MaskInfo("float", "bf16", (2, 1, 1, 4096), (4096, 0, 0, 1)), None),  # key padding, one row for all
