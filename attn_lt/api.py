@@ -194,11 +194,14 @@ class AttentionPlan:
         """This plan for the same call with another key length (a decode step: the KV cache grew), derived
         without planning anew, or None when that takes a full plan: only a fused plan without a mask derives, and
         only while the selector still routes the new length to it (``backend`` "auto") and its kernel stays the
-        same. What may differ (the key length, K/V strides) is checked here; everything else is in
-        ``signature``'s family."""
+        same. What may differ (the key length, K/V strides, whether v is still k's first columns) is checked here;
+        everything else is in ``signature``'s family. The family's route is looked up once and handed from plan to
+        plan (a new calibration takes effect after :func:`clear_plans`)."""
         if self.backend != "wmma" or self.case.mask is not None or self.key_mass:
             return None
         Sk, ks, vs = k.shape[2], k.stride(), v.stride()
+        if self.case.v_in_k and ks != vs:  # v at k's address (the family) but not k's first columns
+            return None
         st = ks[:3] + vs[:3]
         if Sk < 1 or ks[3] != 1 or vs[3] != 1 or min(st) <= 0 or (st[0] | st[1] | st[2] | st[3] | st[4] | st[5]) % 8:
             return None  # positive multiples of 8 elements, as the fused kernels read them
@@ -218,7 +221,6 @@ class AttentionPlan:
             decision = self._unworded  # the reason is worded from the route when asked (see decision)
             if decision is None:
                 decision = self._unworded = Decision("wmma", None, self._decision.rejected)
-            self._route = r
         fused = fused_launch(case, device_facts(signature[9].index))
         if fused.kernel != self.fused.kernel:
             return None
@@ -432,8 +434,9 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
         q: (B, Hq, Sq, D) fp16 or bf16, on a CUDA device (torch.Tensor or cupy.ndarray). Views whose last
             dimension has stride 1, e.g. a (B, S, H, D) tensor transposed to (B, H, S, D), are read in place.
         k: (B, Hkv, Sk, D), same dtype and device; ``Hq % Hkv == 0`` (grouped-query attention when Hkv < Hq).
-        v: (B, Hkv, Sk, Dv); Dv may differ from D on the long path (MLA), and v may be a view of k's memory
-            (e.g. ``k[..., :Dv]``).
+        v: (B, Hkv, Sk, Dv); Dv may differ from D (the long path: any; the fused path on Hopper: MLA prefill's
+            192/128 and MLA decode's 576/512), and v may be a view of k's memory (e.g. ``k[..., :Dv]``, which MLA
+            decode's fused kernel requires).
         attn_mask: optional, broadcastable to (B, Hq, Sq, Sk): bool (True = may attend, as in SDPA) or float
             (added to the scaled scores; fp32 or q's dtype).
         causal: query i sees keys j <= i + (Sk - Sq) (bottom-right aligned, the KV-cache convention; equal to
@@ -505,7 +508,7 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
             if p.backend == "wmma":
                 _remember(_families, family, p)
         else:
-            _remember_derived(family, key, p, base)
+            _remember_derived(family, key, p)
     else:
         try:
             _plans.move_to_end(key)  # least recently used first out
@@ -521,15 +524,15 @@ def _remember(cache: collections.OrderedDict, key, p: AttentionPlan) -> None:
             cache.popitem(last=False)
 
 
-def _remember_derived(family: tuple, key, p: AttentionPlan, last: AttentionPlan) -> None:
-    """Cache a derived plan in place of its family's previous derived plan ``last`` (the family's last plan, whose
-    key is its signature and the family's options), and make it the family's last plan."""
+def _remember_derived(family: tuple, key, p: AttentionPlan) -> None:
+    """Cache a derived plan in place of its family's previous derived plan (the family's last plan, whose key is
+    its signature and the family's options), and make it the family's last plan."""
     with _plans_lock:
-        if last.derived:
+        last = _families.get(family)  # read again under the lock: another thread may have derived meanwhile
+        if last is not None and last.derived:
             old = (last.signature, family[1])
-            gone = _plans.pop(old, None)
-            if gone is not None and gone is not last:  # another thread's plan under that key meanwhile: kept
-                _plans[old] = gone
+            if _plans.get(old) is last:
+                del _plans[old]
         _plans[key] = p
         if len(_plans) > PLAN_CACHE_SIZE:
             _plans.popitem(last=False)

@@ -428,12 +428,14 @@ def make_entry(points: list[dict], gpu: str, cc: str, date: str | None = None, *
 
 def merged(old, new: dict) -> dict:
     """``new`` (a measured entry of some head dims, its ``grid["dims"]``) over ``old`` (the entry it updates, or
-    None): the points of ``old``'s other head dims kept, the rules derived again from all of them. What
-    ``attn-lt calibrate --dims`` writes, so that measuring one head dim again keeps the others' rules."""
+    None): the points of ``old``'s other head dims kept (and of a head dim none of whose new points is valid), the
+    rules derived again from all of them. What ``attn-lt calibrate --dims`` writes, so that measuring one head dim
+    again keeps the others' rules. The entry's other fields (date, grid lengths, seconds) are the new run's."""
     dims = set((new.get("grid") or {}).get("dims") or ())
     if not isinstance(old, dict) or not isinstance(old.get("points"), list) or not dims:
         return new
-    kept = [p for p in old["points"] if _valid_point(p) and p["D"] not in dims]
+    measured = {p["D"] for p in new.get("points") or () if _valid_point(p)}
+    kept = [p for p in old["points"] if _valid_point(p) and p["D"] not in measured]
     points = kept + list(new["points"])
     grid = {**(new.get("grid") or {}), "dims": sorted(dims | {p["D"] for p in kept})}
     return {**new, "grid": grid, "rules": [r.to_dict() for r in derive_rules(points)], "points": points}

@@ -46,7 +46,8 @@ def current_threshold(override: int | None = None) -> tuple[int | str, str]:
 class Route:
     """What decides ``auto`` for a case, as a bound on the key length: ``lt`` from ``lt_from`` keys on (None:
     never). It holds for every key length of the case's family (same everything else) on the same side of Sq >= Sk
-    (``prefill``), so that a decode step reuses its last step's route without looking it up again."""
+    (``prefill``), so that a decode step reuses its last step's route without looking it up again (a plan family
+    keeps it until ``attn_lt.api.clear_plans()``, e.g. after a new calibration)."""
 
     lt_from: int | None
     bound: str | None  # what Sk is compared with, in words (None: a rule under which wmma wins at every Sk)
@@ -104,7 +105,7 @@ class Decision:
     step's plan holds one with ``reasons`` None until asked: ``AttentionPlan.decision`` words it then.)"""
 
     backend: str
-    reasons: tuple[str, ...]
+    reasons: tuple[str, ...] | None
     rejected: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def __str__(self) -> str:

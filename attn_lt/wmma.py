@@ -44,9 +44,9 @@ SMEM_D256 = (64 + 4 * KEY_TILE) * 256 * 2
 #: (q/k head dim, v head dim) pairs: both kernels run v's head dim = q's; only native/flash_sm90.cu runs MLA
 #: prefill's (192, 128) and MLA decode's (576, 512), without a mask (its ``head_dims_built``, ``mask_kind`` and MLA
 #: decode rules).
-HEAD_DIMS = ((64, 64), (128, 128), (256, 256))
+HEAD_DIM_PAIRS = ((64, 64), (128, 128), (256, 256))
 MLA_DECODE = (576, 512)
-HOPPER_HEAD_DIMS = ((192, 128), MLA_DECODE)
+HOPPER_HEAD_DIM_PAIRS = ((192, 128), MLA_DECODE)
 #: Query heads a block of the MLA decode kernel.
 MLA_ROWS = 64
 
@@ -106,14 +106,14 @@ def _device_facts(device: int) -> DeviceFacts | None:
 
 @dataclass(frozen=True)
 class FusedBackend(Backend):
-    """The fused path's declaration: the head-dim pairs of :data:`HEAD_DIMS` (256 where a CTA may take its shared
-    memory), and those of :data:`HOPPER_HEAD_DIMS` where the Hopper kernel takes the case."""
+    """The fused path's declaration: the head-dim pairs of :data:`HEAD_DIM_PAIRS` (256 where a CTA may take its
+    shared memory), and those of :data:`HOPPER_HEAD_DIM_PAIRS` where the Hopper kernel takes the case."""
 
     def not_supported_reasons(self, case: Case, key_mass: bool = False) -> list[str]:
         reasons = super().not_supported_reasons(case, key_mass)
         facts = device_facts()
         dims = (case.D, case.Dv)
-        if dims in HOPPER_HEAD_DIMS:
+        if dims in HOPPER_HEAD_DIM_PAIRS:
             what = f"q/k head dim {case.D} with v's {case.Dv} runs only in the Hopper kernel"
             rows = case.Sq * case.group
             if facts is not None and not facts.hopper:
@@ -127,12 +127,12 @@ class FusedBackend(Backend):
                     reasons.append(f"{what} with v the first {case.Dv} columns of k's memory (v = k[..., :{case.Dv}])")
             elif rows <= DECODE_ROWS:
                 reasons.append(f"{what}, which takes more than {DECODE_ROWS} rows a kv head ({rows} here)")
-        elif dims not in HEAD_DIMS:
-            same = tuple(d for d, _ in HEAD_DIMS)
+        elif dims not in HEAD_DIM_PAIRS:
+            same = tuple(d for d, _ in HEAD_DIM_PAIRS)
             if case.D == case.Dv:
                 reasons.append(f"head dim {case.D} not in {same}")
             else:
-                pairs = ", ".join(map(str, same + tuple(f"{d}/{dv}" for d, dv in HOPPER_HEAD_DIMS)))
+                pairs = ", ".join(map(str, same + tuple(f"{d}/{dv}" for d, dv in HOPPER_HEAD_DIM_PAIRS)))
                 reasons.append(f"head dims {case.D}/{case.Dv} (q·k/v) not in ({pairs})")
         if case.D == 256 and facts is not None and not facts.hopper and facts.smem_optin < SMEM_D256:
             reasons.append(f"head dim 256 needs {SMEM_D256} bytes of shared memory a block; this GPU allows "

@@ -93,13 +93,13 @@ enum attn_lt_softmax_variant {
                                      ring: up to 28160 columns a CTA, 225280 a cluster */
 };
 
-/* The fused path: q (B, Hq, Sq, D), k and v (B, Hkv, Sk, D) with element strides (batch, head, row; the last
- * dimension contiguous), o (B, Hq, Sq, D) and lse FP32 (B, Hq, Sq) contiguous (lse may be null).
+/* The fused path: q (B, Hq, Sq, D), k (B, Hkv, Sk, D) and v (B, Hkv, Sk, Dv) with element strides (batch, head,
+ * row; the last dimension contiguous), o (B, Hq, Sq, Dv) and lse FP32 (B, Hq, Sq) contiguous (lse may be null).
  * attn_lt_flash_fwd (native/flash.cu, mma.sync, sm_80 and later): D 64, 128 or 256; rows and bases 16-byte aligned;
  * an optional dense mask (mask_dtype ATTN_LT_BOOL, true = attend, or F16/BF16/F32, added to the scaled scores)
  * indexed with element strides over (B, Hq, Sq, Sk), 0 for broadcast dimensions; `splits` > 1 cuts the key range
- * into that many parts (flash-decoding), each writing FP32 partials o_part [splits][B][Hq][Sq][D] and lse_part
- * [splits][B][Hq][Sq] that a merge kernel joins into o and lse. Causal is bottom-right aligned. */
+ * into that many parts (flash-decoding), each writing FP32 partials o_part [splits][B][Hq][Sq][Dv] (8-byte aligned)
+ * and lse_part [splits][B][Hq][Sq] that a merge kernel joins into o and lse. Causal is bottom-right aligned. */
 typedef struct attn_lt_flash_args {
     const void* q;
     const void* k;
@@ -117,9 +117,9 @@ typedef struct attn_lt_flash_args {
     int32_t dtype;      /* ATTN_LT_F16 or ATTN_LT_BF16 */
     int32_t variant;    /* attn_lt_flash_sm90_fwd: an attn_lt_flash_sm90_variant; attn_lt_flash_fwd ignores it */
     int32_t mask_dtype; /* ATTN_LT_NONE unless a mask is given (attn_lt_flash_sm90_fwd: bool or dtype only) */
-    int32_t splits;     /* parts of the key range; 0 or 1: one (attn_lt_flash_fwd only; the sm_90a kernel takes 1) */
+    int32_t splits;     /* parts of the key range; 0 or 1: one (attn_lt_flash_sm90_fwd: MLA decode only) */
     int32_t Dv;         /* v's and o's head dim; 0: D (attn_lt_flash_fwd: D only; attn_lt_flash_sm90_fwd: also 128
-                           with D = 192, without a mask) */
+                           with D = 192, and 512 with D = 576, without a mask) */
 } attn_lt_flash_args;
 
 enum attn_lt_flash_sm90_variant {
@@ -130,11 +130,13 @@ enum attn_lt_flash_sm90_variant {
 int attn_lt_abi_version(void);
 int attn_lt_flash_fwd(const attn_lt_flash_args* args, void* stream);
 /* The fused short path on Hopper (native/flash_sm90.cu: TMA, mbarrier ring, wgmma, producer/consumer warpgroups),
- * same arguments: D is 64, 128 or 256 (Dv = D), or 192 with Dv = 128; q, k, v, o 16-byte aligned; strides (batch, head, row) of q, k, v, o positive
- * multiples of 8 elements (any for a dimension of size 1); lse may be null; a mask bool or of q's dtype (read by
- * TMA), 16-byte aligned, keys contiguous, its other strides 0 or multiples of 16 bytes, with the default variant
- * only. cudaErrorNotSupported unless the current device is compute capability 9.0; an attn_lt_status when a
- * precondition fails. */
+ * same arguments: D is 64, 128 or 256 (Dv = D), or 192 with Dv = 128; q, k, v, o 16-byte aligned; strides (batch,
+ * head, row) of q, k, v, o positive multiples of 8 elements (any for a dimension of size 1); lse may be null; a mask
+ * bool or of q's dtype (read by TMA), 16-byte aligned, keys contiguous, its other strides 0 or multiples of 16
+ * bytes, with the default variant only. MLA decode: D 576 with Dv 512, Sq = 1, v = k (the same address and
+ * strides: v is k's first 512 columns), no mask, the default variant, the keys in `splits` parts (o_part, lse_part
+ * as above) — ATTN_LT_ERR_LATENT otherwise. cudaErrorNotSupported unless the current device is compute capability
+ * 9.0; an attn_lt_status when a precondition fails. */
 int attn_lt_flash_sm90_fwd(const attn_lt_flash_args* args, void* stream);
 /* 1 when the current device is compute capability 9.0 and this library holds the sm_90a kernel, else 0. */
 int attn_lt_flash_sm90_supported(void);

@@ -20,6 +20,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <mutex>
 #include <vector>
@@ -564,6 +565,9 @@ extern "C" int attn_lt_flash_fwd(const attn_lt_flash_args* a, void* stream) {
     if (a->mask_dtype < ATTN_LT_NONE || a->mask_dtype > ATTN_LT_BOOL) return ATTN_LT_ERR_MASK;
     if (a->splits < 0 || a->splits > 65535 || (a->splits > 1 && (a->o_part == nullptr || a->lse_part == nullptr)))
         return ATTN_LT_ERR_VARIANT;
+    if (a->splits > 1 && (reinterpret_cast<uintptr_t>(a->o_part) % 8 ||
+                          reinterpret_cast<uintptr_t>(a->lse_part) % 4))
+        return ATTN_LT_ERR_ALIGNMENT;  // float2 partials
     attn_lt_flash_args c = *a;
     c.splits = a->splits > 1 ? a->splits : 1;
     const cudaStream_t s = static_cast<cudaStream_t>(stream);

@@ -9,7 +9,7 @@
 //     S = Q K^T by wgmma (both operands from shared memory), scale and mask, online softmax in FP32 in the exp2
 //     domain, P converted in registers to the A operand of O += P V (wgmma, V from shared memory, N-major).
 //     Default pipeline (variant 0): the QK^T of tile i+1 and the PV of tile i are in flight while the softmax of
-//     tile i+1 runs (FA3's intra-warpgroup overlap), and for D <= 128 the two consumer warpgroups take turns
+//     tile i+1 runs (FA3's intra-warpgroup overlap), and for DV <= 128 the two consumer warpgroups take turns
 //     issuing their GEMMs through two named barriers (FA3's ping-pong), so one's softmax hides under the other's
 //     GEMMs. Variant 1 runs the plain sequence (QK, wait, softmax, PV, wait), for tests and benchmarks.
 // Key tiles are visited from the last one down, so the tiles that need a mask (the key tail, the causal diagonal)
@@ -705,7 +705,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 //     the P and factor stores, as compute-sanitizer's racecheck can follow.)
 // A K stage is released when both warpgroups' P V have landed. The producer warpgroup streams Q once and the K
 // tiles of the CTA's key range through a 2-stage ring (TMA, one mbarrier a stage). Rows past the kv head's query
-// heads are computed (TMA gives zeros past the last head) and not written.
+// heads are computed (the next kv head's queries, or TMA's zeros past the last head) and not written.
 //
 // Shared memory: sQ [9 slabs][64 rows][64] (72 KB), sK[2] [9 slabs][64 keys][64] (144 KB), sP [64 rows][64 keys]
 // (8 KB), each row's rescale factor and final sum (512 B), mbarriers: 226 KB of the 227 KB a block may take.
@@ -1210,10 +1210,12 @@ extern "C" int attn_lt_flash_sm90_fwd(const attn_lt_flash_args* a, void* stream)
     if (a->D == 576) {  // MLA decode: one query a head, v = k[..., :512] (the same memory), keys split in parts
         if (a->Sq != 1 || a->v != a->k || a->v_sb != a->k_sb || a->v_sh != a->k_sh || a->v_ss != a->k_ss)
             return ATTN_LT_ERR_LATENT;
-        if (a->Hkv > 65535) return ATTN_LT_ERR_HEADS;
         if (a->variant != ATTN_LT_FLASH_SM90_DEFAULT) return ATTN_LT_ERR_VARIANT;
-        if (a->splits < 0 || a->splits > 4096 || (a->splits > 1 && (a->o_part == nullptr || a->lse_part == nullptr)))
-            return ATTN_LT_ERR_VARIANT;
+        if (a->splits < 0 || a->splits > 4096) return ATTN_LT_ERR_LENGTH;
+        if (a->splits > 1 && (a->o_part == nullptr || a->lse_part == nullptr)) return ATTN_LT_ERR_ARGS;
+        if (a->splits > 1 && (reinterpret_cast<uintptr_t>(a->o_part) % 8 ||
+                              reinterpret_cast<uintptr_t>(a->lse_part) % 4))
+            return ATTN_LT_ERR_ALIGNMENT;  // float2 partials
     } else if (a->splits > 1) {
         return ATTN_LT_ERR_VARIANT;
     }

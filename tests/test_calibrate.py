@@ -439,3 +439,10 @@ def test_masked_rules_decide_masked_cases_only(isolated):
     calibrate.clear_cache()
     d = select(case(Sq=2000, Sk=16384, mask=m))
     assert "design default" in d.reasons[0] and "masked" in d.reasons[0]
+
+
+def test_a_head_dim_whose_new_points_all_failed_keeps_its_old_ones():
+    old = calibrate.make_entry(SHIPPED, H100.name, "9.0")
+    failed = [{"D": 256, "causal": False, "Sq": 1, "Sk": 1024, "error": "OutOfMemoryError: ..."}]
+    got = calibrate.merged(old, calibrate.make_entry(failed, H100.name, "9.0", grid={"dims": [256]}))
+    assert [p for p in got["points"] if p["D"] == 256 and "error" not in p] == [p for p in SHIPPED if p["D"] == 256]

@@ -451,15 +451,18 @@ def test_j_mla_decode_through_attention_and_a_growing_cache(sm90):
     assert e.decision.backend == "lt" and "one query a head" in str(e), str(e)
 
 
-@pytest.mark.parametrize("bad", [dict(Sq=2), dict(v=1 << 21), dict(v_ss=512)],
-                         ids=["two-queries", "v-elsewhere", "v-strides"])
-def test_j_mla_decode_refuses_what_is_not_a_latent_cache(bad):
+@pytest.mark.parametrize("bad,check", [(dict(Sq=2), "MLA decode"), (dict(v=1 << 21), "MLA decode"),
+                                       (dict(v_ss=512), "MLA decode"), (dict(splits=2), "null"),
+                                       (dict(splits=2, o_part=(1 << 20) + 4, lse_part=1 << 20), "aligned"),
+                                       (dict(splits=5000, o_part=1 << 20, lse_part=1 << 20), "length")],
+                         ids=["two-queries", "v-elsewhere", "v-strides", "no-partials", "partials-4B", "parts"])
+def test_j_mla_decode_refuses_what_is_not_a_latent_cache(bad, check):
     a = _args(D=576, Dv=512, Hq=128, Hkv=1, Sq=1, Sk=1000, q_sb=128 * 576, q_sh=576, q_ss=576, k_sb=1000 * 576,
               k_sh=1000 * 576, k_ss=576, v_sb=1000 * 576, v_sh=1000 * 576, v_ss=576, o_sb=128 * 512, o_sh=512,
               o_ss=512)
     for name, value in bad.items():
         setattr(a, name, value)
-    with pytest.raises(native.CudaError, match="precondition failed: MLA decode"):
+    with pytest.raises(native.CudaError, match=f"precondition failed: .*{check}"):
         native.flash_sm90(a, 0)
 
 

@@ -77,15 +77,34 @@ def test_a_derived_plan_words_the_reason_a_fresh_plan_would_give(monkeypatch):
         return api.AttentionPlan(c, select(c, backend), None, sig, "tune",
                                  fused=wmma.fused_launch(c, wmma.ASSUMED_DEVICE))
 
-    base = full_plan("auto")
+    base = p = full_plan("auto")
     assert base.backend == "wmma"
-    for n in (1001, 1002, 4095):
+    for n in (1001, 1002, 4095):  # a decode loop: each step derives from the last
         k = kc[:, :, :n]
-        p = base.with_keys(k, k, sig, "auto", None)
+        p = p.with_keys(k, k, sig, "auto", None)
         assert p.derived and p.case.Sk == n and p.decision.reasons == select(case(n)).reasons
         assert p.decision.rejected == select(case(n)).rejected
         assert p.fused == wmma.fused_launch(case(n), wmma.ASSUMED_DEVICE)
     assert len(looked_up) == 1
     k = kc[:, :, :4096]
-    assert base.with_keys(k, k, sig, "auto", None) is None  # the threshold: a full plan (lt) instead
+    assert p.with_keys(k, k, sig, "auto", None) is None  # the threshold: a full plan (lt) instead
+    assert base.decision.reasons == select(case(1000)).reasons  # the base plan's own reason, unchanged
     assert full_plan("wmma").with_keys(k, k, sig, "wmma", None).decision.reasons == ("forced by the caller",)
+
+
+def test_a_latent_cache_plan_derives_only_while_v_stays_ks_first_columns(monkeypatch):
+    from attn_lt import wmma
+    from attn_lt.select import select
+    from attn_lt.validate import Case
+
+    monkeypatch.setattr(api, "device_facts", lambda device=None: wmma.ASSUMED_DEVICE)
+    sig = (None,) * 9 + (torch.device("cuda", 0),)
+    c = Case.contiguous(4, 128, 1, 1, 1000, 576, Dv=512, v_in_k=True)
+    base = api.AttentionPlan(c, select(c, "wmma"), None, sig, "tune", fused=wmma.fused_launch(c, wmma.ASSUMED_DEVICE))
+    cache = torch.empty(4, 1, 2000, 576, dtype=torch.bfloat16)
+    k = cache[:, :, :1001]
+    assert base.with_keys(k, k[..., :512], sig, "wmma", None).case.v_in_k
+    buf = torch.empty(4 * 2000 * 1024, dtype=torch.bfloat16)  # v at k's address (the family) with other strides
+    k = buf.as_strided((4, 1, 1001, 576), (2000 * 576, 2000 * 576, 576, 1))
+    v = buf.as_strided((4, 1, 1001, 512), (2000 * 1024, 2000 * 1024, 1024, 1))
+    assert base.with_keys(k, v, sig, "wmma", None) is None

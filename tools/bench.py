@@ -279,8 +279,8 @@ def round_order(providers: list, i: int) -> list:
 
 def run_case(c, providers, tensors, ref, timer, ceil, bar) -> list[dict]:
     """Every provider on one case, a row each: first calls, then ``timer.rounds`` timed rounds in which each
-    provider that ran takes its turn (so a drifting clock touches all of them alike) in :func:`round_order`. ``ms`` is the median of all timed calls, ``spread_pct`` the
-    range of the rounds' medians over it."""
+    provider that ran takes its turn (so a drifting clock touches all of them alike) in :func:`round_order`.
+    ``ms`` is the median of all timed calls, ``spread_pct`` the range of the rounds' medians over it."""
     import torch
 
     rows, ready = {}, {}
