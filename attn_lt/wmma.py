@@ -225,6 +225,17 @@ def hopper_mask_refusal(case: Case) -> str | None:
     return None
 
 
+def _splits(blocks: int, slots: int, most: int, part: int, forced: int | None) -> int:
+    """``forced``, else :func:`split_count`'s parts of the keys, halved while their partials (``part`` bytes each)
+    exceed :data:`MAX_SPLIT_BYTES`."""
+    if forced is not None:
+        return forced
+    splits = split_count(blocks, slots, most)
+    while splits > 1 and splits * part > MAX_SPLIT_BYTES:
+        splits //= 2
+    return splits
+
+
 @functools.lru_cache(maxsize=4096)
 def _fused_launch(B: int, Hq: int, Hkv: int, Sq: int, D: int, Dv: int, masked: bool, mask_refusal: str | None,
                   most: int, facts: DeviceFacts, assumed: bool, kernel: str | None,
@@ -234,9 +245,7 @@ def _fused_launch(B: int, Hq: int, Hkv: int, Sq: int, D: int, Dv: int, masked: b
     part = B * Hq * Sq * (Dv + 1) * 4
     if (D, Dv) == MLA_DECODE:  # one CTA an SM (226 KB of shared memory); the keys split to fill the SMs
         blocks = -(-rows // MLA_ROWS) * B * Hkv
-        splits = forced_splits or split_count(blocks, facts.sms, most)
-        while forced_splits is None and splits > 1 and splits * part > MAX_SPLIT_BYTES:
-            splits //= 2
+        splits = _splits(blocks, facts.sms, most, part, forced_splits)
         why = f"MLA decode: {rows} query heads a latent cache; {blocks} blocks for {facts.sms} SMs"
         return FusedLaunch("sm90", MLA_ROWS, splits, splits * part if splits > 1 else 0, why + note)
     if kernel == "sm90" or kernel is None and facts.hopper and mask_refusal is None and rows > DECODE_ROWS:
@@ -248,12 +257,7 @@ def _fused_launch(B: int, Hq: int, Hkv: int, Sq: int, D: int, Dv: int, masked: b
     # K/V tiles in flight; two such blocks an SM are what the H200's bandwidth needs), else one
     per_sm = 2 if one and D <= 128 or D == 64 else 1
     blocks = -(-rows // block_rows) * B * Hkv
-    if forced_splits is not None:
-        splits = forced_splits
-    else:
-        splits = split_count(blocks, facts.sms * per_sm, most)
-        while splits > 1 and splits * part > MAX_SPLIT_BYTES:
-            splits //= 2
+    splits = _splits(blocks, facts.sms * per_sm, most, part, forced_splits)
     per_head = f"{rows} row{'' if rows == 1 else 's'} a kv head"
     if rows <= DECODE_ROWS:
         why = per_head + (", a mask" if masked else "")

@@ -327,7 +327,86 @@ __device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
     return v;
 }
 
+// ---- the accumulator-fragment steps both kernels share (a thread holds rows rw and rw + 8 of an m64 fragment:
+// d[4j + 0..1] of row rw, d[4j + 2..3] of row rw + 8) ------------------------------------------------------------
+
+// One key tile's online softmax on S (N accumulators, scores times sc are in the exp2 domain): the running row max m
+// and this thread's part of the row sum l are updated, corr gets the factors that rescale what O holds, and S
+// becomes P = exp2(S * sc - max * sc). A row with no visible key yet keeps max -inf and P 0 (no inf - inf).
+template <int N>
+__device__ __forceinline__ void online_softmax(float (&sacc)[N], float (&m)[2], float (&l)[2], float sc,
+                                               float (&corr)[2]) {
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int j = 0; j < N / 4; ++j) {
+        mx[0] = fmaxf(mx[0], fmaxf(sacc[4 * j], sacc[4 * j + 1]));
+        mx[1] = fmaxf(mx[1], fmaxf(sacc[4 * j + 2], sacc[4 * j + 3]));
+    }
+    float ref[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));  // the 4 lanes of a row
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        corr[r] = m[r] == -INFINITY ? 0.f : ex2((m[r] - mx[r]) * sc);
+        ref[r] = mx[r] == -INFINITY ? 0.f : mx[r] * sc;
+        m[r] = mx[r];
+        l[r] *= corr[r];
+    }
+#pragma unroll
+    for (int j = 0; j < N / 4; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sacc[4 * j + e] = ex2(fmaf(sacc[4 * j + e], sc, -ref[e >> 1]));
+        l[0] += sacc[4 * j] + sacc[4 * j + 1];
+        l[1] += sacc[4 * j + 2] + sacc[4 * j + 3];
+    }
+}
+
+// Scores of keys at or past lim0 (row rw) and lim1 (row rw + 8) to -inf; k0: the key of this thread's first column
+// (the tile's first key + 2 (lane % 4)).
+template <int N>
+__device__ __forceinline__ void hide_keys(float (&sacc)[N], int k0, int lim0, int lim1) {
+#pragma unroll
+    for (int j = 0; j < N / 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int key = k0 + 8 * j + e;
+            sacc[4 * j + e] = key < lim0 ? sacc[4 * j + e] : -INFINITY;
+            sacc[4 * j + 2 + e] = key < lim1 ? sacc[4 * j + 2 + e] : -INFINITY;
+        }
+}
+
+// Rows rw and rw + 8 of an accumulator times c0 and c1.
+template <int N>
+__device__ __forceinline__ void scale_rows(float (&acc)[N], float c0, float c1) {
+#pragma unroll
+    for (int j = 0; j < N / 4; ++j) {
+        acc[4 * j] *= c0;
+        acc[4 * j + 1] *= c0;
+        acc[4 * j + 2] *= c1;
+        acc[4 * j + 3] *= c1;
+    }
+}
+
+// P in FP32 to the A operand of P V: the accumulator of columns [16kk, 16kk + 16) is, register for register, the A
+// fragment of k-step kk.
+template <typename T, int N>
+__device__ __forceinline__ void to_a_fragments(const float (&sacc)[N], uint32_t (&pf)[N / 8][4]) {
+#pragma unroll
+    for (int kk = 0; kk < N / 8; ++kk) {
+        pf[kk][0] = pack2<T>(sacc[8 * kk + 0], sacc[8 * kk + 1]);  // row rw,     cols 2(l%4) + 0..1
+        pf[kk][1] = pack2<T>(sacc[8 * kk + 2], sacc[8 * kk + 3]);  // row rw + 8, same columns
+        pf[kk][2] = pack2<T>(sacc[8 * kk + 4], sacc[8 * kk + 5]);  // row rw,     cols 8 + 2(l%4) + 0..1
+        pf[kk][3] = pack2<T>(sacc[8 * kk + 6], sacc[8 * kk + 7]);  // row rw + 8
+    }
+}
+
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a 64-column slab in the 128-byte swizzle (the layout TMA
+// writes and wgmma reads): rows of 128 bytes, chunk c stored at chunk c ^ (row % 8).
+__host__ __device__ constexpr uint32_t swizzled(int row, int chunk) {
+    return uint32_t(row * 128 + ((chunk ^ (row & 7)) << 4));
+}
 
 // Grid: (ceil(Sq / 128), Hq, B), or (Hq * ceil(Sq / 128), 1, B) with head_group; block: 384 threads; dynamic shared
 // memory Layout<D, DV, MK>::kSmem. tmm, the mask's map, is read only when MK != kNoMask. D: q's and k's head dim, DV:
@@ -491,39 +570,9 @@ __global__ void __launch_bounds__(kThreads, 1)
             if (edge) {  // keys below lim_r are visible to row r (the key tail, then the causal diagonal)
                 const int lim0 = p.causal ? min(p.Sk, row0 + shift + 1) : p.Sk;
                 const int lim1 = p.causal ? min(p.Sk, row1 + shift + 1) : p.Sk;
-                const int k0 = n0 + 2 * (lane % 4);
-#pragma unroll
-                for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const int key = k0 + 8 * j + e;
-                        sacc[4 * j + e] = key < lim0 ? sacc[4 * j + e] : -INFINITY;
-                        sacc[4 * j + 2 + e] = key < lim1 ? sacc[4 * j + 2 + e] : -INFINITY;
-                    }
+                hide_keys(sacc, n0 + 2 * (lane % 4), lim0, lim1);
             }
-            float mx[2] = {m_r[0], m_r[1]};
-#pragma unroll
-            for (int j = 0; j < BN / 8; ++j) {
-                mx[0] = fmaxf(mx[0], fmaxf(sacc[4 * j], sacc[4 * j + 1]));
-                mx[1] = fmaxf(mx[1], fmaxf(sacc[4 * j + 2], sacc[4 * j + 3]));
-            }
-            float ref[2];
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));  // the 4 lanes of a row
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-                corr[r] = m_r[r] == -INFINITY ? 0.f : ex2((m_r[r] - mx[r]) * sc);
-                ref[r] = mx[r] == -INFINITY ? 0.f : mx[r] * sc;  // a row with no key yet keeps 0: no inf - inf
-                m_r[r] = mx[r];
-                l_r[r] *= corr[r];
-            }
-#pragma unroll
-            for (int j = 0; j < BN / 8; ++j) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) sacc[4 * j + e] = ex2(fmaf(sacc[4 * j + e], sc, -ref[e >> 1]));
-                l_r[0] += sacc[4 * j] + sacc[4 * j + 1];
-                l_r[1] += sacc[4 * j + 2] + sacc[4 * j + 3];
-            }
+            online_softmax(sacc, m_r, l_r, sc, corr);
         };
         // The softmax of the tile in stage st; its K tile (and mask tile) is released as soon as nothing reads it:
         // before the softmax, or after it when the softmax reads the stage's mask tile.
@@ -532,25 +581,8 @@ __global__ void __launch_bounds__(kThreads, 1)
             softmax(n0, needs_mask(n0), st, corr);
             if constexpr (kMasked) release(empty_k(st));
         };
-        auto rescale_o = [&](const float(&corr)[2]) {
-#pragma unroll
-            for (int j = 0; j < DV / 8; ++j) {
-                o[4 * j] *= corr[0];
-                o[4 * j + 1] *= corr[0];
-                o[4 * j + 2] *= corr[1];
-                o[4 * j + 3] *= corr[1];
-            }
-        };
-        // The S accumulator of columns [16kk, 16kk + 16) is, register for register, the A fragment of k-step kk.
-        auto convert_p = [&]() {
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; ++kk) {
-                pf[kk][0] = pack2<T>(sacc[8 * kk + 0], sacc[8 * kk + 1]);  // row rw,     cols 2(l%4) + 0..1
-                pf[kk][1] = pack2<T>(sacc[8 * kk + 2], sacc[8 * kk + 3]);  // row rw + 8, same columns
-                pf[kk][2] = pack2<T>(sacc[8 * kk + 4], sacc[8 * kk + 5]);  // row rw,     cols 8 + 2(l%4) + 0..1
-                pf[kk][3] = pack2<T>(sacc[8 * kk + 6], sacc[8 * kk + 7]);  // row rw + 8
-            }
-        };
+        auto rescale_o = [&](const float(&corr)[2]) { scale_rows(o, corr[0], corr[1]); };
+        auto convert_p = [&]() { to_a_fragments<T>(sacc, pf); };
 
         if (n_tiles > 0) {
             mbar_wait(full_q, 0);
@@ -659,7 +691,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int j = 0; j < DV / 8; ++j) {
             // Element (rw, 8j + 2(l%4)): slab j / 8, 16-byte chunk j % 8 swizzled by the row; rows rw and rw + 8
             // share the swizzle phase (rw % 8).
-            const uint32_t addr = o_wg + (j / 8) * L::kQSlab + rw * 128 + (((j % 8) ^ (rw % 8)) << 4) + (lane % 4) * 4;
+            const uint32_t addr = o_wg + (j / 8) * L::kQSlab + swizzled(rw, j % 8) + (lane % 4) * 4;
             st_shared_u32(addr, pack2<T>(o[4 * j] * inv0, o[4 * j + 1] * inv0));
             st_shared_u32(addr + 8 * 128, pack2<T>(o[4 * j + 2] * inv1, o[4 * j + 3] * inv1));
         }
@@ -671,7 +703,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             const int r = idx / kChunks, ch = idx % kChunks;
             const int row = m0 + 64 * c + r;
             if (row < p.Sq) {
-                const uint4 v = ld_shared_v4(o_wg + (ch / 8) * L::kQSlab + r * 128 + (((ch % 8) ^ (r % 8)) << 4));
+                const uint4 v = ld_shared_v4(o_wg + (ch / 8) * L::kQSlab + swizzled(r, ch % 8));
                 *reinterpret_cast<uint4*>(out + int64_t(row) * p.o_ss + ch * 8) = v;
             }
         }
@@ -803,15 +835,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto release = [&](uint32_t bar) {
         if (lane == 0) mbar_arrive(bar);
     };
-    auto rescale = [&](float c0, float c1) {
-#pragma unroll
-        for (int j = 0; j < kMlaGroups; ++j) {
-            o[4 * j] *= c0;
-            o[4 * j + 1] *= c0;
-            o[4 * j + 2] *= c1;
-            o[4 * j + 3] *= c1;
-        }
-    };
     if (n_tiles > 0) {
         int s = 0;
         uint32_t ph = 0;
@@ -833,52 +856,17 @@ __global__ void __launch_bounds__(kThreads, 1)
                 wgmma_commit();
                 wgmma_wait<0>();
                 fence_regs(sacc);
-                if (n0 + kMlaKeys > p.Sk) {  // the key tail (TMA gave zeros past the last key)
-#pragma unroll
-                    for (int j = 0; j < kMlaKeys / 8; ++j)
-#pragma unroll
-                        for (int e = 0; e < 2; ++e) {
-                            const bool out = n0 + 8 * j + 2 * (lane % 4) + e >= p.Sk;
-                            sacc[4 * j + e] = out ? -INFINITY : sacc[4 * j + e];
-                            sacc[4 * j + 2 + e] = out ? -INFINITY : sacc[4 * j + 2 + e];
-                        }
-                }
-                // online softmax in the exp2 domain (as the prefill kernel's)
-                float mx[2] = {m_r[0], m_r[1]}, corr[2], ref[2];
-#pragma unroll
-                for (int j = 0; j < kMlaKeys / 8; ++j) {
-                    mx[0] = fmaxf(mx[0], fmaxf(sacc[4 * j], sacc[4 * j + 1]));
-                    mx[1] = fmaxf(mx[1], fmaxf(sacc[4 * j + 2], sacc[4 * j + 3]));
-                }
-#pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-                    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-                    corr[r] = m_r[r] == -INFINITY ? 0.f : ex2((m_r[r] - mx[r]) * p.sl2);
-                    ref[r] = mx[r] == -INFINITY ? 0.f : mx[r] * p.sl2;
-                    m_r[r] = mx[r];
-                    l_r[r] *= corr[r];
-                }
-#pragma unroll
-                for (int j = 0; j < kMlaKeys / 8; ++j) {
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) sacc[4 * j + e] = ex2(fmaf(sacc[4 * j + e], p.sl2, -ref[e >> 1]));
-                    l_r[0] += sacc[4 * j] + sacc[4 * j + 1];
-                    l_r[1] += sacc[4 * j + 2] + sacc[4 * j + 3];
-                }
-#pragma unroll
-                for (int kk = 0; kk < kMlaKeys / 16; ++kk) {
-                    pf[kk][0] = pack2<T>(sacc[8 * kk + 0], sacc[8 * kk + 1]);
-                    pf[kk][1] = pack2<T>(sacc[8 * kk + 2], sacc[8 * kk + 3]);
-                    pf[kk][2] = pack2<T>(sacc[8 * kk + 4], sacc[8 * kk + 5]);
-                    pf[kk][3] = pack2<T>(sacc[8 * kk + 6], sacc[8 * kk + 7]);
-                }
+                if (n0 + kMlaKeys > p.Sk)  // the key tail (TMA gave zeros past the last key)
+                    hide_keys(sacc, n0 + 2 * (lane % 4), p.Sk, p.Sk);
+                float corr[2];
+                online_softmax(sacc, m_r, l_r, p.sl2, corr);
+                to_a_fragments<T>(sacc, pf);
                 if (i > 0) mbar_wait(p_empty, (i - 1) & 1);  // warpgroup 2 has multiplied the previous P
                 // P to shared memory in the 128-byte swizzle (the A operand of warpgroup 2's wgmma): element
                 // (r, 8j + 2(l%4)) at r * 128 + ((j ^ r % 8) << 4) + (l%4) * 4; rows rw and rw + 8 share r % 8.
 #pragma unroll
                 for (int j = 0; j < kMlaKeys / 8; ++j) {
-                    const uint32_t addr = sP + rw * 128 + ((j ^ (rw % 8)) << 4) + (lane % 4) * 4;
+                    const uint32_t addr = sP + swizzled(rw, j) + (lane % 4) * 4;
                     st_shared_u32(addr, pf[j / 2][(j % 2) * 2]);
                     st_shared_u32(addr + 8 * 128, pf[j / 2][(j % 2) * 2 + 1]);
                 }
@@ -888,7 +876,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 }
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // P visible to the wgmma proxy
                 mbar_arrive(p_full);
-                rescale(corr[0], corr[1]);
+                scale_rows(o, corr[0], corr[1]);
                 fence_regs(o);
                 fence_regs(pf);
                 wgmma_fence();
@@ -921,7 +909,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 const uint32_t kb = sK + s * L::kKBytes;
                 mbar_wait(full_k(s), ph);
                 mbar_wait(p_full, i & 1);  // P and the factors of this tile are in shared memory
-                rescale(corr_s[rw], corr_s[rw + 8]);
+                scale_rows(o, corr_s[rw], corr_s[rw + 8]);
                 fence_regs(o);
                 wgmma_fence();
 #pragma unroll
