@@ -13,8 +13,6 @@ NVCCFLAGS ?= -O3 -std=c++17 -Xcompiler -fPIC,-Wall -Xptxas -warn-spills --expt-r
 #   off Hopper (on Hopper the wgmma kernel takes those); decode, masks and D = 256 use one m16 tile a warp (no spill).
 # * flash.cu, flash_fwd<256, T, 1, false> (fp16 and bf16): 16 bytes. Head dim 256 with 64-row blocks (17-64 rows a
 #   kv head, or a mask): the 256-wide FP32 output of one m16 tile (128 registers) plus the scores and the mask.
-# * flash.cu, merge_partials<256> (fp16 and bf16): 8 bytes, the split merge's 64-bit row arithmetic; it reads a few
-#   KB a row.
 # * softmax.cu, softmax_pipe<512, 2|3, HAS_MASK = true, ..., ADD_MASS = true, 8> (fp16 and bf16): 8-16 bytes. The
 #   masked PIPE kernel that also sums P into the attention mass keeps 8 float4 accumulators a thread (32 registers)
 #   at the 128-register ceiling of 512 threads; only calls with return_key_mass run it. The other softmax kernels

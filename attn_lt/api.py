@@ -18,7 +18,7 @@ from . import config
 from .plan import Plan, make_plan, out_strides
 from .select import Decision, route_of, select
 from .validate import Case, address_alignment, check_options, check_out, check_tensors, mask_alignment
-from .wmma import FusedLaunch, device_facts, fused_launch
+from .wmma import FusedLaunch, device_facts, fused_launch, most_splits
 
 log = logging.getLogger("attn_lt")
 
@@ -147,6 +147,7 @@ class AttentionPlan:
         self.signature, self.out_align = signature, out_align
         self.key_mass, self.key_mass_window = key_mass, key_mass_window
         self.derived = False  # made by with_keys from another plan of its family
+        self._key = None  # a derived plan's key in attention()'s plan cache (set when cached there)
         self._route = None  # the selector's route for this plan's family, once a decode step asked (with_keys)
         self._unworded = None  # the decision of the plans derived from this one, without its reason
         self._program = None
@@ -221,15 +222,19 @@ class AttentionPlan:
             decision = self._unworded  # the reason is worded from the route when asked (see decision)
             if decision is None:
                 decision = self._unworded = Decision("wmma", None, self._decision.rejected)
-        fused = fused_launch(case, device_facts(signature[9].index))
-        if fused.kernel != self.fused.kernel:
-            return None
-        p = AttentionPlan(case, decision, None, signature, self.policy, self.out_align, False, None, fused)
-        p.derived, p._route, p._unworded = True, r, self._unworded
+        fused = self.fused
+        if most_splits(Sk) != most_splits(self.case.Sk):  # the only way the key length enters the launch
+            fused = fused_launch(case, device_facts(signature[9].index))
+            if fused.kernel != self.fused.kernel:
+                return None
+        # a copy of this plan's attributes (the lock too: it guards only a first run's preparation)
+        p = object.__new__(AttentionPlan)
+        p.__dict__.update(self.__dict__, case=case, _decision=decision, signature=signature, fused=fused,
+                          derived=True, _route=r)
         if self._program is not None:  # else the new plan prepares its own on its first run
             p._program = self._program.with_keys(case, fused)
-        if fused.workspace_bytes == self.fused.workspace_bytes:
-            p._scratch_views = self._scratch_views  # the same views of the stream's scratch buffer
+        if fused.workspace_bytes != self.fused.workspace_bytes:
+            p._scratch_views = None  # the partials take another size of the stream's scratch buffer
         return p
 
     def run(self, q, k, v, attn_mask=None, *, out=None, return_lse: bool = False, workspace=None):
@@ -402,8 +407,11 @@ def plan(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | None =
     case = check_tensors(q, k, v, attn_mask, causal, scale)
     out_align = 256 if out is None else address_alignment(out.data_ptr())
     sig = _signature(q, k, v, attn_mask, out_align)
-    return _plan_case(case, backend, workspace_bytes, threshold, algo_policy, sig, out_align, return_key_mass,
-                      key_mass_window)
+    p = _plan_case(case, backend, workspace_bytes, threshold, algo_policy, sig, out_align, return_key_mass,
+                   key_mass_window)
+    if p.backend == "wmma":  # the launch arguments (host memory only) built now rather than on the first run
+        p._prepared(q.device.index)
+    return p
 
 
 _plans: collections.OrderedDict = collections.OrderedDict()
@@ -527,12 +535,11 @@ def _remember(cache: collections.OrderedDict, key, p: AttentionPlan) -> None:
 def _remember_derived(family: tuple, key, p: AttentionPlan) -> None:
     """Cache a derived plan in place of its family's previous derived plan (the family's last plan, whose key is
     its signature and the family's options), and make it the family's last plan."""
+    p._key = key
     with _plans_lock:
         last = _families.get(family)  # read again under the lock: another thread may have derived meanwhile
-        if last is not None and last.derived:
-            old = (last.signature, family[1])
-            if _plans.get(old) is last:
-                del _plans[old]
+        if last is not None and last.derived and _plans.get(last._key) is last:
+            del _plans[last._key]
         _plans[key] = p
         if len(_plans) > PLAN_CACHE_SIZE:
             _plans.popitem(last=False)

@@ -130,35 +130,56 @@ inline cudaError_t opt_in_smem(const void* kernel, size_t bytes) {
 
 // Join `splits` partials by their LSE: one warp a row (b, h, position), D / 32 columns a lane. A partial with LSE
 // -inf (no visible key in its range) weighs nothing; a row with no visible key at all gives 0 and LSE -inf.
+// Latency, not bytes, bounds it (a decode step at batch 1 has a few dozen rows and up to 128 splits): the LSEs are
+// read one split a lane and reduced across the warp, and kBatch splits' partial rows are loaded before any is added,
+// so that many loads are in flight at once rather than one split's after another's.
 template <int D, typename T>
 __global__ void __launch_bounds__(128) merge_partials(const attn_lt_flash_args a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;\n" ::: "memory");  // launched early (see merge): wait for the partials
 #endif
     constexpr int kPer = D / 32;
+    constexpr int kBatch = kPer <= 4 ? 8 : kPer <= 8 ? 4 : 2;  // about 16 float2 loads a lane in flight
     const int64_t rows = a.B * a.Hq * a.Sq;
     const int64_t row = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;
     if (row >= rows) return;
     const int lane = threadIdx.x % 32;
     const int n = a.splits;
     float mx = -INFINITY;
-    for (int i = 0; i < n; ++i) mx = fmaxf(mx, a.lse_part[i * rows + row]);
+    for (int i = lane; i < n; i += 32) mx = fmaxf(mx, a.lse_part[i * rows + row]);
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     float acc[kPer] = {};
     float wsum = 0.f;
     if (mx != -INFINITY) {
-        for (int i = 0; i < n; ++i) {
-            const float li = a.lse_part[i * rows + row];
-            if (li == -INFINITY) continue;
-            const float w = ex2((li - mx) * kLog2e);
-            wsum += w;
-            const float* op = a.o_part + (i * rows + row) * D + lane * kPer;
+        for (int base = 0; base < n; base += 32) {
+            const int m = min(32, n - base);  // splits base .. base + m - 1; lane j holds split base + j's weight
+            const float li = lane < m ? a.lse_part[(base + lane) * rows + row] : -INFINITY;
+            const float wl = li == -INFINITY ? 0.f : ex2((li - mx) * kLog2e);
+            wsum += wl;
+            for (int j0 = 0; j0 < m; j0 += kBatch) {
+                float2 x[kBatch][kPer / 2];
+                float w[kBatch];
 #pragma unroll
-            for (int c = 0; c < kPer; c += 2) {
-                const float2 x = *reinterpret_cast<const float2*>(op + c);
-                acc[c] += w * x.x;
-                acc[c + 1] += w * x.y;
+                for (int u = 0; u < kBatch; ++u) {
+                    w[u] = __shfl_sync(0xffffffffu, wl, (j0 + u) & 31);
+                    if (j0 + u >= m) w[u] = 0.f;
+                    const float* op = a.o_part + ((base + j0 + u) * rows + row) * D + lane * kPer;
+#pragma unroll
+                    for (int c = 0; c < kPer / 2; ++c)
+                        x[u][c] = w[u] != 0.f ? reinterpret_cast<const float2*>(op)[c] : make_float2(0.f, 0.f);
+                }
+#pragma unroll
+                for (int u = 0; u < kBatch; ++u)
+#pragma unroll
+                    for (int c = 0; c < kPer / 2; ++c) {
+                        acc[2 * c] = fmaf(w[u], x[u][c].x, acc[2 * c]);
+                        acc[2 * c + 1] = fmaf(w[u], x[u][c].y, acc[2 * c + 1]);
+                    }
             }
         }
+#pragma unroll
+        for (int o = 16; o > 0; o /= 2) wsum += __shfl_xor_sync(0xffffffffu, wsum, o);
     }
     const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
     const int64_t pos = row % a.Sq, bh = row / a.Sq, h = bh % a.Hq, b = bh / a.Hq;

@@ -81,10 +81,14 @@ def test_a_derived_plan_words_the_reason_a_fresh_plan_would_give(monkeypatch):
     assert base.backend == "wmma"
     for n in (1001, 1002, 4095):  # a decode loop: each step derives from the last
         k = kc[:, :, :n]
-        p = p.with_keys(k, k, sig, "auto", None)
+        last, p = p, p.with_keys(k, k, sig, "auto", None)
         assert p.derived and p.case.Sk == n and p.decision.reasons == select(case(n)).reasons
         assert p.decision.rejected == select(case(n)).rejected
         assert p.fused == wmma.fused_launch(case(n), wmma.ASSUMED_DEVICE)
+        # the launch is looked up again only where the key length changes the most splits it allows
+        same = wmma.most_splits(n) == wmma.most_splits(last.case.Sk)
+        assert (p.fused is last.fused) == same
+        assert p.signature is sig and base.case.Sk == 1000 and base.signature is sig  # the base plan unchanged
     assert len(looked_up) == 1
     k = kc[:, :, :4096]
     assert p.with_keys(k, k, sig, "auto", None) is None  # the threshold: a full plan (lt) instead

@@ -26,6 +26,7 @@ def test_plan_run_matches_attention_and_reuses_on_new_data(backend):
     q, k, v = rand_qkv(2, 8, 2, 97, 1000, 64, "bf16")
     p = attn_lt.plan(q, k, v, causal=True, backend=backend)
     assert p.backend == backend and "forced" in str(p.explain())
+    assert (p.program is not None) == (backend == "wmma")  # the fused launch's arguments are built by plan()
     for _ in range(2):  # fresh data, same plan
         q2, k2, v2 = (torch.randn_like(x) for x in (q, k, v))
         out = torch.full_like(q2, math.nan)

@@ -19,7 +19,10 @@ Tokens and first-step logits are compared with ``sdpa``'s (random weights: near-
 
 The decode loop of ``generate()`` is bound by the host (Python), whose speed drifts for seconds at a time on a
 shared machine; ``--interleave ROUNDS`` runs every provider in one process, in turn, ROUNDS times (a provider's
-first round is its cold one), so that such spells fall on all providers alike.
+first round is its cold one; round r starts with the r-th provider), so that such spells fall on all providers
+alike. Before the first round, ``sdpa`` generates a few tokens from the full prompt: the process's own first-use
+costs (the caching allocator's pool for a cache of that size, libraries loaded) are paid there, by no provider's
+timed run; attn_lt's plans and algorithm cache stay cold.
 
     python tools/bench_generate.py [--prompt 32768[,131072]] [--new 256] [--layers 8] [--out DIR] [--quick]
                                    [--providers attn_lt,sdpa,sdpa-nocudnn] [--repeat 2] [--cache dynamic|static]
@@ -140,7 +143,8 @@ def worker(a) -> int:
 
     logging.basicConfig(level=logging.WARNING)
     providers = a.providers if a.worker == "interleaved" else [a.worker]
-    schedule = [p for _ in range(a.repeat) for p in providers]
+    # round r starts with provider r (mod their number): no provider always runs right after the same one
+    schedule = [p for r in range(a.repeat) for p in providers[r % len(providers):] + providers[:r % len(providers)]]
     res = {"provider": a.worker, "prompt": a.prompt, "status": "ok", "runs": []}
 
     def save():
@@ -171,11 +175,12 @@ def worker(a) -> int:
         kw = dict(do_sample=False, pad_token_id=0, use_cache=True)
         if a.cache == "static":
             kw["cache_implementation"] = "static"
-        use(model, "sdpa")  # warm-up: torch, cuBLAS, transformers; attn_lt's cache stays cold
-        warm_ids = ids[:, :256]
+        # warm-up at the full prompt length: torch, cuBLAS, transformers and the caching allocator's pool for a
+        # cache of this size, so that no provider's first run pays the process's own first-use costs; attn_lt's
+        # algorithm cache and plans stay cold (sdpa runs it)
+        use(model, "sdpa")
         with torch.no_grad():
-            model.generate(warm_ids, attention_mask=torch.ones_like(warm_ids), max_new_tokens=4, min_new_tokens=4,
-                           **kw)
+            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, min_new_tokens=4, **kw)
         if "attn_lt" in providers:
             import attn_lt.integrations.transformers as attn_lt_hf
 

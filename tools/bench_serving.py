@@ -8,8 +8,8 @@
    made before the loop, the loop calling ``plan.run`` only (what the loop costs without deriving a plan a step).
 2. **repeated causal prefill**: B1 H32 S32768 D128 causal, called back to back from a fresh cache.
 3. **host cost**: microseconds to issue one cached call (decode B8 Hq32 Hkv8 Sk 4k and 16k) through
-   ``attention()``, ``plan.run`` and SDPA's default, GPU work queued behind a long kernel so that the host alone is
-   timed.
+   ``attention()``, ``plan.run`` and SDPA's default, and a decode step's call (one key longer than the last, its
+   plan derived) through ``attention()``, GPU work queued behind a long kernel so that the host alone is timed.
 4. **graph replay**: the decode call captured in a CUDA graph and replayed.
 
     python tools/bench_serving.py [--steps 1000] [--prefill-calls 6] [--out DIR] [--quick]
@@ -53,39 +53,35 @@ def decode_loop(steps: int, provider: str, start: int = 32768):
     plans = {}
     if provider == "attn_lt_preplanned":  # every step's plan made before the loop: the loop pays launches only
         plans = {n: attn_lt.plan(q, kc[:, :, :n], vc[:, :, :n]) for n in range(start, start + steps)}
-    times = []
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(steps)]
-    t_loop = time.perf_counter()
-    for i in range(steps):
-        n = start + i
+    calls = {"attn_lt": lambda q, k, v, n: attn_lt.attention(q, k, v),
+             "attn_lt_preplanned": lambda q, k, v, n: plans[n].run(q, k, v),
+             "sdpa_default": lambda q, k, v, n: sdpa_call(q, k, v)}
+    call = calls[provider]
+
+    def step(n: int) -> tuple[float, float]:
+        """One loop step at length n: (wall ms, synchronised; ms from an event before the call to one after)."""
         k, v = kc[:, :, :n], vc[:, :, :n]
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        ev[i][0].record()
-        if provider == "attn_lt":
-            attn_lt.attention(q, k, v)
-        elif plans:
-            plans[n].run(q, k, v)
-        else:
-            sdpa_call(q, k, v)
-        ev[i][1].record()
+        s.record()
+        call(q, k, v, n)
+        e.record()
         torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1e3)
+        return (time.perf_counter() - t0) * 1e3, s.elapsed_time(e)
+
+    t_loop = time.perf_counter()
+    measured = [step(start + i) for i in range(steps)]
     loop_s = time.perf_counter() - t_loop
-    gpu = [s.elapsed_time(e) for s, e in ev[1:]]  # event to event: the step's GPU work plus any host gap inside
+    times = [w for w, _ in measured]
+    gpu = [g for _, g in measured[1:]]  # event to event: the step's GPU work plus any host gap inside
     n = start + steps - 1
     k, v = kc[:, :, :n], vc[:, :, :n]
-    call = {"attn_lt": lambda: attn_lt.attention(q, k, v), "attn_lt_preplanned": lambda: plans[n].run(q, k, v),
-            "sdpa_default": lambda: sdpa_call(q, k, v)}[provider]
-    steady = events_ms(call)
-    walls = []  # the same synchronised step, repeated at one length (plan cached): the loop's own steady state
-    for _ in range(50):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        call()
-        torch.cuda.synchronize()
-        walls.append((time.perf_counter() - t0) * 1e3)
-    steady_wall = statistics.median(walls)
+    steady = events_ms(lambda: call(q, k, v, n))
+    # the loop's own steady state: the same step, code and timing alike, repeated at one length (plan cached)
+    again = [step(n) for _ in range(50)]
+    steady_wall = statistics.median(w for w, _ in again)
+    steady_events = statistics.median(g for _, g in again)
     tuned = {x: algos.stats[x] - tuned0[x] for x in algos.stats}
     later = times[1:]
     route = "sdpa" if provider == "sdpa_default" else attn_lt.explain(q, k, v).decision.backend
@@ -93,6 +89,8 @@ def decode_loop(steps: int, provider: str, start: int = 32768):
             "median_ms": round(statistics.median(later), 4), "median_events_ms": round(statistics.median(gpu), 4),
             "worst_after_first_ms": round(max(later), 3),
             "steady_ms": round(steady, 4), "steady_wall_ms": round(steady_wall, 4),
+            "steady_events_ms": round(steady_events, 4),
+            "median_events_over_steady_events": round(statistics.median(gpu) / steady_events, 3),
             "median_over_steady": round(statistics.median(later) / steady, 3),
             "median_over_steady_wall": round(statistics.median(later) / steady_wall, 3),
             "worst_over_steady": round(max(later) / steady, 2), "loop_s": round(loop_s, 2), "resolve": tuned,
@@ -141,6 +139,11 @@ def host_costs():
             row[f"attention_{backend}_us"] = host_us(lambda: attn_lt.attention(q, k, v, backend=backend))
             row[f"plan_run_{backend}_us"] = host_us(lambda: p.run(q, k, v))
         row["sdpa_default_us"] = host_us(lambda: sdpa_call(q, k, v))
+        # a decode step: each call one key longer than the last (views of one cache), its plan derived
+        kc, vc = (torch.randn(8, 8, Sk + 520, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        attn_lt.attention(q, kc[:, :, :Sk], vc[:, :, :Sk])
+        views = iter([(kc[:, :, :n], vc[:, :, :n]) for n in range(Sk + 1, Sk + 512)])
+        row["attention_step_us"] = host_us(lambda: attn_lt.attention(q, *next(views)))
         rows.append(row)
     return rows
 
@@ -198,21 +201,24 @@ def main(argv=None) -> int:
     with open(os.path.join(a.out, "serving.json"), "w") as f:
         json.dump(res, f, indent=1)
     print(f"\n== serving loop on {res['gpu']} ({res['date']})")
-    print("steady: the call repeated at one length, GPU time by CUDA events; steady wall: the same synchronised "
-          "step as the loop's, plan cached")
-    print("events: the loop steps' median from an event before the call to one after it (GPU work and host gaps)")
+    print("steady: the call repeated back to back at one length, GPU time by CUDA events; st.wall: the loop's own "
+          "step (synchronised, the same code and timing) repeated at one length, plan cached")
+    print("events: the loop steps' median from an event before the call to one after it (GPU work and host gaps); "
+          "ev/st.ev: that over the same events of the st.wall repeats")
     print(f"{'decode loop':<20}{'route':>6}{'first ms':>10}{'median':>10}{'events':>9}{'worst>1':>10}{'steady':>10}"
-          f"{'st.wall':>9}{'med/st':>8}{'med/wall':>9}{'worst/st':>9}{'loop s':>8}  resolve")
+          f"{'st.wall':>9}{'med/st':>8}{'med/wall':>9}{'ev/st.ev':>9}{'worst/st':>9}{'loop s':>8}  resolve")
     for r in res["decode_loop"]:
         print(f"{r['provider']:<20}{r['route']:>6}{r['first_ms']:>10.2f}{r['median_ms']:>10.4f}"
               f"{r['median_events_ms']:>9.4f}{r['worst_after_first_ms']:>10.3f}{r['steady_ms']:>10.4f}{r['steady_wall_ms']:>9.4f}"
-              f"{r['median_over_steady']:>8.3f}{r['median_over_steady_wall']:>9.3f}{r['worst_over_steady']:>9.2f}"
+              f"{r['median_over_steady']:>8.3f}{r['median_over_steady_wall']:>9.3f}"
+              f"{r['median_events_over_steady_events']:>9.3f}{r['worst_over_steady']:>9.2f}"
               f"{r['loop_s']:>8.2f}  {r['resolve'] if r['provider'] == 'attn_lt' else ''}")
     for r in res["prefill"]:
         print(f"prefill {r['provider'] + (' (lt)' if r['provider'] == 'attn_lt' else ''):<14} calls ms {r['calls_ms']}  steady {r['steady_ms']}  "
               f"worst-after-first/steady {r['worst_after_first_over_steady']}")
     for r in res["host"]:
         print(f"host us/call Sk={r['Sk']:<6} auto ({r['auto_route']}): attention {r['attention_auto_us']:>6} "
+              f"(a step one key longer {r['attention_step_us']:>6}) "
               f"plan.run {r['plan_run_auto_us']:>6} | lt: attention {r['attention_lt_us']:>6} plan.run "
               f"{r['plan_run_lt_us']:>6} | sdpa default {r['sdpa_default_us']:>6}")
     print(f"graph: {res['graph']}")
