@@ -128,33 +128,39 @@ inline cudaError_t opt_in_smem(const void* kernel, size_t bytes) {
 // ---- the LSE merge of split partials (native/flash.cu's key splits, native/flash_sm90.cu's MLA decode) ----------
 // Partials: o_part [splits][B * Hq * Sq rows][D] FP32, normalised; lse_part [splits][rows], natural log.
 
-// Join `splits` partials by their LSE: one warp a row (b, h, position), D / 32 columns a lane. A partial with LSE
-// -inf (no visible key in its range) weighs nothing; a row with no visible key at all gives 0 and LSE -inf.
-// Latency, not bytes, bounds it (a decode step at batch 1 has a few dozen rows and up to 128 splits): the LSEs are
-// read one split a lane and reduced across the warp, and kBatch splits' partial rows are loaded before any is added,
-// so that many loads are in flight at once rather than one split's after another's.
+// Join `splits` partials by their LSE: one CTA a row (b, h, position), its four warps taking every fourth split,
+// D / 32 columns a lane. A partial with LSE -inf (no visible key in its range) weighs nothing; a row with no visible
+// key at all gives 0 and LSE -inf. Latency, not bytes, bounds it (a decode step at batch 1 has a few dozen rows and
+// up to 128 splits): the LSEs are read one split a thread and reduced across the CTA, and each warp loads kBatch of
+// its splits' partial rows before adding any, so that a row's loads are in flight together, not one after another.
 template <int D, typename T>
 __global__ void __launch_bounds__(128) merge_partials(const attn_lt_flash_args a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;\n" ::: "memory");  // launched early (see merge): wait for the partials
 #endif
-    constexpr int kPer = D / 32;
+    constexpr int kPer = D / 32, kWarps = 4;
     constexpr int kBatch = kPer <= 4 ? 8 : kPer <= 8 ? 4 : 2;  // about 16 float2 loads a lane in flight
+    __shared__ float s_part[kWarps];
+    __shared__ float s_acc[kWarps - 1][D];
     const int64_t rows = a.B * a.Hq * a.Sq;
-    const int64_t row = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;
-    if (row >= rows) return;
-    const int lane = threadIdx.x % 32;
+    const int64_t row = blockIdx.x;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int n = a.splits;
     float mx = -INFINITY;
-    for (int i = lane; i < n; i += 32) mx = fmaxf(mx, a.lse_part[i * rows + row]);
+    for (int i = threadIdx.x; i < n; i += 32 * kWarps) mx = fmaxf(mx, a.lse_part[i * rows + row]);
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if (lane == 0) s_part[warp] = mx;
+    __syncthreads();
+    mx = fmaxf(fmaxf(s_part[0], s_part[1]), fmaxf(s_part[2], s_part[3]));
+    __syncthreads();  // s_part is reused for the weights' sums
     float acc[kPer] = {};
     float wsum = 0.f;
-    if (mx != -INFINITY) {
-        for (int base = 0; base < n; base += 32) {
-            const int m = min(32, n - base);  // splits base .. base + m - 1; lane j holds split base + j's weight
-            const float li = lane < m ? a.lse_part[(base + lane) * rows + row] : -INFINITY;
+    if (mx != -INFINITY) {  // the same for the whole CTA
+        const int mine = warp < n ? (n - warp + kWarps - 1) / kWarps : 0;  // splits warp, warp + 4, ...
+        for (int base = 0; base < mine; base += 32) {
+            const int m = min(32, mine - base);  // lane j holds the weight of split warp + 4 * (base + j)
+            const float li = lane < m ? a.lse_part[(warp + kWarps * (base + lane)) * rows + row] : -INFINITY;
             const float wl = li == -INFINITY ? 0.f : ex2((li - mx) * kLog2e);
             wsum += wl;
             for (int j0 = 0; j0 < m; j0 += kBatch) {
@@ -164,7 +170,8 @@ __global__ void __launch_bounds__(128) merge_partials(const attn_lt_flash_args a
                 for (int u = 0; u < kBatch; ++u) {
                     w[u] = __shfl_sync(0xffffffffu, wl, (j0 + u) & 31);
                     if (j0 + u >= m) w[u] = 0.f;
-                    const float* op = a.o_part + ((base + j0 + u) * rows + row) * D + lane * kPer;
+                    const int64_t split = warp + kWarps * (base + j0 + u);
+                    const float* op = a.o_part + (split * rows + row) * D + lane * kPer;
 #pragma unroll
                     for (int c = 0; c < kPer / 2; ++c)
                         x[u][c] = w[u] != 0.f ? reinterpret_cast<const float2*>(op)[c] : make_float2(0.f, 0.f);
@@ -181,6 +188,19 @@ __global__ void __launch_bounds__(128) merge_partials(const attn_lt_flash_args a
 #pragma unroll
         for (int o = 16; o > 0; o /= 2) wsum += __shfl_xor_sync(0xffffffffu, wsum, o);
     }
+    // warps 1-3 hand their sums to warp 0, which writes the row
+    if (warp > 0) {
+#pragma unroll
+        for (int c = 0; c < kPer; ++c) s_acc[warp - 1][lane * kPer + c] = acc[c];
+        if (lane == 0) s_part[warp] = wsum;
+    }
+    __syncthreads();
+    if (warp > 0) return;
+#pragma unroll
+    for (int w = 0; w < kWarps - 1; ++w)
+#pragma unroll
+        for (int c = 0; c < kPer; ++c) acc[c] += s_acc[w][lane * kPer + c];
+    wsum += s_part[1] + s_part[2] + s_part[3];
     const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
     const int64_t pos = row % a.Sq, bh = row / a.Sq, h = bh % a.Hq, b = bh / a.Hq;
     T* out = static_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh + pos * a.o_ss + lane * kPer;
@@ -201,7 +221,7 @@ cudaError_t merge(const attn_lt_flash_args& a, cudaStream_t stream) {
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(static_cast<unsigned>((out_rows + 3) / 4));
+    cfg.gridDim = dim3(static_cast<unsigned>(out_rows));  // one CTA a row
     cfg.blockDim = dim3(128);
     cfg.dynamicSmemBytes = 0;
     cfg.stream = stream;

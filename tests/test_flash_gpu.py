@@ -66,6 +66,15 @@ def _mask(kind, shape, dtype):
     return (torch.randn(shape, device="cuda") * 2).to(DT.get(dtype, torch.float32) if kind == "q" else torch.float32)
 
 
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("splits", [29, 37, 133])
+def test_merge_of_many_splits(D, splits):
+    """The LSE merge with each of its warps holding several splits (29, 37) and more than 32 a warp (133, most of
+    them with no key at all: LSE -inf, weighing nothing), causal too."""
+    check_flash(*rand_qkv(1, 8, 2, 1, 4160, D, "bf16"), splits=splits)
+    check_flash(*rand_qkv(1, 4, 4, 3, 1000, D, "bf16"), causal=True, splits=splits)
+
+
 @pytest.mark.parametrize("kind", ["bool", "fp32", "q"])
 @pytest.mark.parametrize("shape", ["B1SqSk", "11SqSk", "B11Sk", "BHSqSk", "11Sk-view"])
 @pytest.mark.parametrize("Sq,Sk,splits", [(1, 4097, 6), (16, 2000, 3), (300, 1000, 1)])

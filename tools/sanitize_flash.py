@@ -23,6 +23,9 @@ CASES = [
     (1, 2, 1, 100, 200, 64, torch.bfloat16, False, "bhsd", None, 1),  # 200 rows: two m16 tiles a warp
     (1, 2, 2, 5, 300, 256, torch.float16, False, "bhsd", "bool-B1SqSk", 2),
     (2, 4, 2, 16, 257, 128, torch.bfloat16, False, "bhsd", "fp32-11SqSk", 4),
+    # the merge: several splits a warp, and more than 32 a warp with many empty ones
+    (1, 8, 2, 1, 4160, 128, torch.bfloat16, False, "bhsd", None, 37),
+    (1, 4, 4, 1, 1000, 64, torch.float16, False, "bhsd", None, 133),
     (2, 4, 4, 40, 90, 64, torch.bfloat16, True, "bhsd", "bool-B11Sk", 1),
     # decode blocks staging aligned mask rows with the K/V tiles (key tails inside the last tile, rows past the end)
     (2, 4, 1, 4, 272, 128, torch.bfloat16, False, "bhsd", "bool-B1SqSk", 3),
