@@ -59,8 +59,7 @@ def main() -> int:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     if a.once:
-        B, Hq, Hkv, Sq, Sk = (int(x) for x in (a.cases.split(";")[0] if a.cases != CASES else "8,32,8,1,32768")
-                              .split(","))
+        B, Hq, Hkv, Sq, Sk = (int(x) for x in a.cases.split(";")[0].split(","))
         q, k, v = (torch.randn(s, dtype=torch.bfloat16, device="cuda") for s in
                    ((B, Hq, Sq, 128), (B, Hkv, Sk, 128), (B, Hkv, Sk, 128)))
         forced_flash(q, k, v, splits=fused_launch(check_tensors(q, k, v)).splits)[0]()
