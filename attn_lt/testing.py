@@ -197,7 +197,7 @@ def attention_reference(q, k, v, *, attn_mask=None, causal=False, scale=None, re
 def forced_flash(q, k, v, attn_mask=None, causal=False, splits: int = 1, kernel: str = "flash"):
     """The fused ``kernel`` forced — native/flash.cu ("flash", its keys split ``splits`` ways) or
     native/flash_sm90.cu ("sm90"; ``splits`` parts of the keys for MLA decode, else one) — for tests, benchmarks
-    and sanitizer runs, on the current stream: returns ``(run, out, lse)``; ``run()`` launches without allocating.
+    and sanitizer runs: returns ``(run, out, lse)``; ``run()`` launches without allocating.
     out, lse and the workspace are poisoned with NaN first, so that whatever the kernel leaves unwritten shows."""
     from .plan import out_strides
     from .validate import check_tensors
@@ -210,12 +210,11 @@ def forced_flash(q, k, v, attn_mask=None, causal=False, splits: int = 1, kernel:
     out = torch.full((case.B, case.Hq, case.Sq, case.Dv), math.nan, dtype=q.dtype, device=q.device)
     lse = torch.full((case.B, case.Hq, case.Sq), math.nan, dtype=torch.float32, device=q.device)
     ws = torch.full((max(launch.workspace_bytes, 4) // 4,), math.nan, dtype=torch.float32, device=q.device)
-    stream = torch.cuda.current_stream().cuda_stream
     mask = 0 if attn_mask is None else attn_mask.data_ptr()
 
-    def run():
-        program.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), stream, mask,
-                    ws.data_ptr())
+    def run():  # on the stream current at the call (a CUDA graph's capture stream, say)
+        program.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
+                    torch.cuda.current_stream().cuda_stream, mask, ws.data_ptr())
 
     return run, out, lse
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from dataclasses import dataclass
 
 from . import native
@@ -37,6 +38,9 @@ DECODE_ROWS, WARP_SPLIT_ROWS = 64, 16
 #: Keys a tile of native/flash.cu; a split gets at least MIN_SPLIT_TILES of them.
 KEY_TILE, MIN_SPLIT_TILES = 64, 4
 MAX_SPLITS = 128
+#: How full, against the best split count's, the last wave of the chosen one must be. FlashAttention-2 takes 85 %;
+#: on the H200 that picked 15 and 29 splits (240 and 232 CTAs for 264 slots), 3–5 % slower than 16 and 32.
+SPLIT_FILL = 0.95
 #: Largest workspace the split partials may take (FP32 outputs and LSEs).
 MAX_SPLIT_BYTES = 256 << 20
 #: Shared memory a CTA of native/flash.cu needs at head dim 256 (64 query rows, two K and two V tiles of 64 keys).
@@ -174,13 +178,13 @@ def most_splits(Sk: int) -> int:
 @functools.lru_cache(maxsize=1024)
 def split_count(blocks: int, slots: int, most: int) -> int:
     """How many parts (at most ``most``) to cut each row block's keys into so that ``blocks`` CTAs fill ``slots``
-    (SMs × CTAs an SM): FlashAttention-2's rule — the fewest splits whose last wave is at least 85 % as full as the
-    best — and 1 when the blocks already fill 80 % of the slots."""
+    (SMs × CTAs an SM): FlashAttention-2's rule — the fewest splits whose last wave is nearly as full as the best
+    (:data:`SPLIT_FILL` of it) — and 1 when the blocks already fill 80 % of the slots."""
     if blocks >= 0.8 * slots or most <= 1:
         return 1
     fills = [blocks * s / slots / math.ceil(blocks * s / slots) for s in range(1, most + 1)]
     best = max(fills)
-    return next(s for s, f in enumerate(fills, 1) if f >= 0.85 * best)
+    return next(s for s, f in enumerate(fills, 1) if f >= SPLIT_FILL * best)
 
 
 def fused_launch(case: Case, facts: DeviceFacts | None = None, *, kernel: str | None = None,
@@ -273,7 +277,9 @@ def _fused_launch(B: int, Hq: int, Hkv: int, Sq: int, D: int, Dv: int, masked: b
 
 
 class Program:
-    """The fused kernel's launch for one case, its arguments built once; ``run`` sets the addresses."""
+    """The fused kernel's launch for one case, its arguments built once; ``run`` sets the addresses and launches.
+    One program serves one call at a time (a lock guards its argument struct, which the library reads while other
+    Python threads run)."""
 
     def __init__(self, case: Case, out_strides: tuple[int, ...], launch: FusedLaunch):
         a = self.args = native.FlashArgs()
@@ -292,6 +298,7 @@ class Program:
         self.kernel = launch.kernel
         self._lse_part_offset = launch.splits * case.B * case.Hq * case.Sq * case.Dv * 4
         self._launch = native.flash_sm90 if launch.kernel == "sm90" else native.flash
+        self._lock = threading.Lock()
 
     def with_keys(self, case: Case, launch: FusedLaunch) -> Program:
         """This launch for ``case``, which differs from this program's only in its key length and K/V strides (a
@@ -301,7 +308,7 @@ class Program:
         a.Sk, a.splits = case.Sk, launch.splits
         a.k_sb, a.k_sh, a.k_ss = case.k_strides[:3]
         a.v_sb, a.v_sh, a.v_ss = case.v_strides[:3]
-        p.launch, p.kernel, p._launch = launch, launch.kernel, self._launch
+        p.launch, p.kernel, p._launch, p._lock = launch, launch.kernel, self._launch, threading.Lock()
         p._lse_part_offset = self._lse_part_offset // max(1, self.launch.splits) * launch.splits
         return p
 
@@ -309,7 +316,8 @@ class Program:
         """Launch on ``stream`` with the device addresses of q, k, v, the output, the FP32 LSE, the mask (0: none)
         and the workspace (the split partials; ``launch.workspace_bytes``)."""
         a = self.args
-        a.q, a.k, a.v, a.o, a.lse, a.mask = q, k, v, o, lse, mask
-        if self.launch.splits > 1:
-            a.o_part, a.lse_part = workspace, workspace + self._lse_part_offset
-        self._launch(a, stream)
+        with self._lock:
+            a.q, a.k, a.v, a.o, a.lse, a.mask = q, k, v, o, lse, mask
+            if self.launch.splits > 1:
+                a.o_part, a.lse_part = workspace, workspace + self._lse_part_offset
+            self._launch(a, stream)

@@ -79,6 +79,20 @@ __device__ __forceinline__ void load_tile(T* dst, const T* src, int64_t stride, 
     }
 }
 
+// load_tile of a whole key tile (kBlockN rows, no tail): a thread's chunks are rows r0, r0 + kRowStep, ... of one
+// column, so the loop unrolls into one pointer step and one cp.async a chunk (a decode block is issue-bound on the
+// H200 with the general loop's index arithmetic).
+template <int D, typename T>
+__device__ __forceinline__ void load_key_tile(T* dst, const T* src, int64_t stride) {
+    constexpr int kChunks = D / 8, kRowStep = kThreads / kChunks, kPasses = kBlockN / kRowStep;
+    static_assert(kThreads % kChunks == 0 && kBlockN % kRowStep == 0, "whole rows a pass");
+    const int r0 = threadIdx.x / kChunks, c = (threadIdx.x % kChunks) * 8;
+    const T* p = src + r0 * stride + c;
+    const int64_t step = kRowStep * stride;
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i, p += step) cp_async16(dst + swz<D>(r0 + i * kRowStep, c), p);
+}
+
 // One element of the user mask in the exp2 domain: 0 or -inf for a bool mask (true = attend), else the additive
 // value times log2(e).
 __device__ __forceinline__ float mask_value(const void* mask, int dtype, int64_t idx) {
@@ -132,20 +146,28 @@ __host__ __device__ __forceinline__ int mask_stage_rows(const attn_lt_flash_args
     return mask_elem_bytes(a.mask_dtype) <= 2 ? 64 : 0;
 }
 
-// Copy keys [n0, n0 + kBlockN) of the `rows` staged rows into `dst` (rows `pitch` bytes apart): this thread's
-// chunks u < U are chunk threadIdx.x + u * kThreads of the tile, of mask row off[u] (element offset; ok[u] false
-// past the last row: zeros); keys past Sk are zero-filled (the key tail is masked anyway).
+// This thread's chunks of a staged mask tile: chunk u < U is chunk threadIdx.x + u * kThreads of the rows copied a
+// tile (16-byte chunks, row by row); where it lands in the stage, its first key in the tile, its mask row's element
+// offset (`ok` false past the block's last row: zeros) — the same for every tile, so computed once.
 template <int U>
-__device__ __forceinline__ void load_mask_tile(unsigned char* dst, const unsigned char* mask, const int64_t* off,
-                                               const bool* ok, int es, int pitch, int rows, int n0, int Sk) {
-    const int per_row = kBlockN * es / 16;  // 16-byte chunks a row: 4, 8 or 16
+struct MaskChunks {
+    int dst[U];  // byte offset in the stage, -1: no chunk
+    int key[U];
+    int64_t off[U];
+    bool ok[U];
+};
+
+// Copy keys [n0, n0 + kBlockN) of the staged rows into `dst`; keys past Sk are zero-filled (the key tail is masked
+// anyway).
+template <int U>
+__device__ __forceinline__ void load_mask_tile(unsigned char* dst, const unsigned char* mask, const MaskChunks<U>& m,
+                                               int es, int n0, int Sk) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-        const int i = threadIdx.x + u * kThreads;
-        if (i >= rows * per_row) break;
-        const int row = i / per_row, c = i % per_row, key = n0 + c * (16 / es);
-        const int bytes = ok[u] ? max(0, min(16, (Sk - key) * es)) : 0;
-        cp_async16(dst + row * pitch + c * 16, mask + (bytes ? (off[u] + key) * es : 0), bytes);
+        if (m.dst[u] < 0) break;
+        const int key = n0 + m.key[u];
+        const int bytes = m.ok[u] ? max(0, min(16, (Sk - key) * es)) : 0;
+        cp_async16(dst + m.dst[u], mask + (bytes ? (m.off[u] + key) * es : 0), bytes);
     }
 }
 
@@ -210,18 +232,23 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
     const bool by_pos = staged && (W ? a.m_sh == 0 : n_stage == 16);
     const int p0 = m0 / g, n_pos = (m0 + m_valid - 1) / g - p0 + 1;
     const int stage_bytes = n_stage * mpitch;
+    // rows copied a tile: by position only the block's positions (nothing reads past them), else all staged rows
+    // (rows past the block's last are zero-filled: they feed rows whose results are dropped)
+    const int n_load = by_pos ? n_pos : n_stage;
     unsigned char* sM = reinterpret_cast<unsigned char*>(sV + kStages * kBlockN * D);  // [kStages][stage_bytes]
     const unsigned char* mask_bytes = static_cast<const unsigned char*>(a.mask);
     // The mask's element offset of folded row r: (b, query head hk * g + r % g, position r / g).
     auto mask_row = [&](int r) { return b * a.m_sb + (hk * g + r % g) * a.m_sh + int64_t(r / g) * a.m_sq; };
-    int64_t ld_off[kMU];  // staged: the mask rows of this thread's chunks of a tile
-    bool ld_ok[kMU];
+    MaskChunks<kMU> mch;  // staged: this thread's chunks of a mask tile
 #pragma unroll
     for (int u = 0; u < kMU; ++u) {
-        const int row = (threadIdx.x + u * kThreads) / (kBlockN * mes / 16);
-        ld_ok[u] = staged && row < (by_pos ? n_pos : m_valid);
+        const int per_row = kBlockN * mes / 16;  // 16-byte chunks a row: 4, 8 or 16
+        const int i = threadIdx.x + u * kThreads, row = i / per_row, c = i % per_row;
+        mch.dst[u] = staged && i < n_load * per_row ? row * mpitch + c * 16 : -1;
+        mch.key[u] = c * (16 / mes);
+        mch.ok[u] = staged && row < (by_pos ? n_pos : m_valid);
         // by position: the heads share the mask (m_sh == 0), so the position's first folded row stands for it
-        ld_off[u] = ld_ok[u] ? mask_row(by_pos ? (p0 + row) * g : m0 + row) : 0;
+        mch.off[u] = mch.ok[u] ? mask_row(by_pos ? (p0 + row) * g : m0 + row) : 0;
     }
     int pos[MT][2];
     int64_t moff[MT][2];
@@ -248,10 +275,14 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
     auto load_stage = [&](int slot, int tile) {
         if (tile < t_end) {
             const int n0 = tile * kBlockN, valid = min(kBlockN, Sk - n0);
-            load_tile<D>(sK + slot * kBlockN * D, k + int64_t(n0) * a.k_ss, a.k_ss, kBlockN, valid);
-            load_tile<D>(sV + slot * kBlockN * D, v + int64_t(n0) * a.v_ss, a.v_ss, kBlockN, valid);
-            if (staged)
-                load_mask_tile<kMU>(sM + slot * stage_bytes, mask_bytes, ld_off, ld_ok, mes, mpitch, n_stage, n0, Sk);
+            if (valid == kBlockN && (D <= 128 || W)) {  // (D 256 row blocks: the unrolled copy spills there)
+                load_key_tile<D>(sK + slot * kBlockN * D, k + int64_t(n0) * a.k_ss, a.k_ss);
+                load_key_tile<D>(sV + slot * kBlockN * D, v + int64_t(n0) * a.v_ss, a.v_ss);
+            } else {
+                load_tile<D>(sK + slot * kBlockN * D, k + int64_t(n0) * a.k_ss, a.k_ss, kBlockN, valid);
+                load_tile<D>(sV + slot * kBlockN * D, v + int64_t(n0) * a.v_ss, a.v_ss, kBlockN, valid);
+            }
+            if (staged) load_mask_tile<kMU>(sM + slot * stage_bytes, mask_bytes, mch, mes, n0, Sk);
         }
         cp_async_commit();
     };
@@ -273,11 +304,23 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
     const int wrow = W ? 0 : warp * MT * 16;  // this warp's first row in the block
     const int wkey = W ? warp * kNW : 0;      // and first key in a tile
 
+    // Decode blocks (W, D <= 128) keep their 16 rows of Q as A fragments in registers (read from shared memory
+    // once, with the first tile), not again every tile.
+    constexpr bool kQRegs = W && D <= 128;
+    unsigned qr[kQRegs ? D / 16 : 1][4];
     for (int it = t_begin; it < t_end; ++it) {
         const int buf = (it - t_begin) % kStages;
         cp_async_wait<kStages - 2>();
         __syncthreads();  // tile it (and Q) is in; every warp is done with tile it - 1's buffer
         load_stage((buf + kStages - 1) % kStages, it + kStages - 1);  // into the slot tile it - 1 used
+        if constexpr (kQRegs) {
+            if (it == t_begin) {
+#pragma unroll
+                for (int kk = 0; kk < D / 16; ++kk)
+                    ldsm_x4(qr[kk][0], qr[kk][1], qr[kk][2], qr[kk][3],
+                            sQ + swz<D>(lane % 16, kk * 16 + (lane / 16) * 8));
+            }
+        }
         if (!warp_active) continue;  // this warp's rows are all past the end (decode: a few rows a block)
         const T* tK = sK + buf * kBlockN * D;
         const T* tV = sV + buf * kBlockN * D;
@@ -319,9 +362,14 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
         for (int kk = 0; kk < D / 16; ++kk) {
             unsigned qf[MT][4];
 #pragma unroll
-            for (int t = 0; t < MT; ++t)
-                ldsm_x4(qf[t][0], qf[t][1], qf[t][2], qf[t][3],
-                        sQ + swz<D>(wrow + t * 16 + (lane % 16), kk * 16 + (lane / 16) * 8));
+            for (int t = 0; t < MT; ++t) {
+                if constexpr (kQRegs) {
+                    qf[t][0] = qr[kk][0], qf[t][1] = qr[kk][1], qf[t][2] = qr[kk][2], qf[t][3] = qr[kk][3];
+                } else {
+                    ldsm_x4(qf[t][0], qf[t][1], qf[t][2], qf[t][3],
+                            sQ + swz<D>(wrow + t * 16 + (lane % 16), kk * 16 + (lane / 16) * 8));
+                }
+            }
 #pragma unroll
             for (int j = 0; j < kNW / 8; j += 2) {
                 unsigned b0, b1, b2, b3;
@@ -367,12 +415,16 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
                 m[t][r] = mx[r];
                 l[t][r] *= c[r];
             }
+            // O rescaled only when a row max of the warp moved (c = 1 otherwise; rare after the first tiles; D 256
+            // always: its registers are full)
+            if (D == 256 || __any_sync(0xffffffffu, c[0] != 1.f || c[1] != 1.f)) {
 #pragma unroll
-            for (int d = 0; d < D / 8; ++d) {
-                o[t][d][0] *= c[0];
-                o[t][d][1] *= c[0];
-                o[t][d][2] *= c[1];
-                o[t][d][3] *= c[1];
+                for (int d = 0; d < D / 8; ++d) {
+                    o[t][d][0] *= c[0];
+                    o[t][d][1] *= c[0];
+                    o[t][d][2] *= c[1];
+                    o[t][d][3] *= c[1];
+                }
             }
             // P = exp2(S - m), straight into A fragments (two n8 tiles = one k16 step of P V).
 #pragma unroll

@@ -150,3 +150,41 @@ def test_a_forced_launch_keeps_the_rules_tiling_and_workspace():
         fused_launch(c, H100, kernel="wgmma")
     with pytest.raises(ValueError):
         fused_launch(c, H100, splits=0)
+
+
+def test_one_program_serves_one_call_at_a_time():
+    """The library reads a program's argument struct while other Python threads run (ctypes lets go of the GIL):
+    each launch must see the addresses of its own call, never a mix of two threads' calls."""
+    import threading
+    import time
+
+    from attn_lt.plan import out_strides
+    from attn_lt.wmma import Program
+
+    case = Case.contiguous(8, 32, 8, 1, 32768, 128)
+    launch = fused_launch(case, H100)
+    seen, errors = [], []
+
+    def fake_launch(a, stream):  # what the library would read, read slowly
+        first = (a.q, a.k, a.v)
+        time.sleep(0.0002)
+        seen.append(first == (a.q, a.k, a.v) and a.q == a.k - 1 == a.v - 2 and stream == a.q)
+
+    for program in (Program(case, out_strides(case), launch),
+                    Program(case, out_strides(case), launch).with_keys(case, launch)):
+        program._launch = fake_launch
+
+        def call(base, program=program):
+            try:
+                for i in range(40):
+                    x = base + 16 * i
+                    program.run(x, x + 1, x + 2, 0, 0, x, 0, 0)
+            except Exception as e:  # pragma: no cover - reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=call, args=(1 << (20 + t),)) for t in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors and len(seen) == 2 * 4 * 40 and all(seen)

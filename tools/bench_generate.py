@@ -22,11 +22,15 @@ shared machine; ``--interleave ROUNDS`` runs every provider in one process, in t
 first round is its cold one; round r starts with the r-th provider), so that such spells fall on all providers
 alike. Before the first round, ``sdpa`` generates a few tokens from the full prompt: the process's own first-use
 costs (the caching allocator's pool for a cache of that size, libraries loaded) are paid there, by no provider's
-timed run; attn_lt's plans and algorithm cache stay cold.
+timed run; attn_lt's plans and algorithm cache stay cold. ``--per-token CALLS`` then makes CALLS more
+``generate()`` calls whose attention changes provider every token (one registered implementation that dispatches
+to attn_lt's function or to sdpa's, cuDNN on or off; the order turns every cycle and every call): the finest
+interleaving, each provider's steps taken between the others' within the same seconds.
 
     python tools/bench_generate.py [--prompt 32768[,131072]] [--new 256] [--layers 8] [--out DIR] [--quick]
                                    [--providers attn_lt,sdpa,sdpa-nocudnn] [--repeat 2] [--cache dynamic|static]
                                    [--algo-policy tune] [--timeout-s 600] [--profile N] [--interleave ROUNDS]
+                                   [--per-token CALLS]
 
 Writes DIR/results.json (metadata, one row per prompt × provider × run with every step's time) and a log per
 process; prints a short table last. Exit codes: 0 ok, 1 a provider failed, 2 no GPU or bad arguments.
@@ -121,6 +125,50 @@ def attn_lt_paths(a) -> dict:
     return {"prefill": path(a.prompt, a.prompt, True), "decode": path(1, a.prompt + a.new, False)}
 
 
+def per_token_dispatch(providers: list[str], host_us: dict):
+    """Register the implementation ``bench_switch`` (sdpa's mask builder, as attn_lt's ``register`` does) whose
+    attention is the current provider's, and whose host microseconds a call go to ``host_us[provider]``; returns
+    the function that makes a provider current."""
+    import torch
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    fns = {p: sdpa_attention_forward for p in providers}
+    if "attn_lt" in providers:
+        import attn_lt.integrations.transformers as attn_lt_hf
+
+        fns["attn_lt"] = attn_lt_hf.make_attention_forward()
+    current = [fns[providers[0]], host_us[providers[0]]]
+
+    def forward(*args, **kwargs):
+        t = time.perf_counter()
+        out = current[0](*args, **kwargs)
+        current[1].append((time.perf_counter() - t) * 1e6)
+        return out
+
+    AttentionInterface.register("bench_switch", forward)
+    AttentionMaskInterface.register("bench_switch", ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+
+    def make_current(provider: str) -> None:
+        torch.backends.cuda.enable_cudnn_sdp(provider != "sdpa-nocudnn")
+        current[0], current[1] = fns[provider], host_us[provider]
+
+    return make_current
+
+
+def per_token_order(providers: list[str], call: int):
+    """The provider of forward j in per-token call ``call``: providers in turn, the order reversed every other
+    cycle and shifted by the call, so that no provider always follows the same one."""
+    n = len(providers)
+
+    def of(j: int) -> str:
+        order = providers if (j // n) % 2 == 0 else providers[::-1]
+        return order[(j + call) % n]
+
+    return of
+
+
 def summarise(stamps: list[float], t0: float, t1: float) -> dict:
     steps = [(b - c) * 1e3 for b, c in zip(stamps[1:], stamps[:-1])]
     med = statistics.median(steps) if steps else float("nan")
@@ -199,12 +247,14 @@ def worker(a) -> int:
 
             def __init__(self, t0: float, run: str, provider: str):
                 self.t0, self.run, self.provider = t0, run, provider
-                self.stamps, self.first, self.saved = [], None, time.perf_counter()
+                self.stamps, self.waits, self.first, self.saved = [], [], None, time.perf_counter()
 
             def __call__(self, input_ids, scores):
+                t = time.perf_counter()
                 sync(a.device)
                 now = time.perf_counter()
                 self.stamps.append(now)
+                self.waits.append((now - t) * 1e3)  # the GPU work left when the host reached the end of the step
                 if self.first is None:
                     self.first = scores[0].float().cpu()
                 if now - self.saved > 5:
@@ -240,6 +290,41 @@ def worker(a) -> int:
             print(f"{provider} S={a.prompt} {row['run']}: prefill {row['prefill_ms']:.0f} ms, "
                   f"median {row['median_ms']:.2f} ms/token, worst {row['worst_ms']:.1f}", flush=True)
             del out
+        if a.per_token:
+            by = res["per_token"] = {p: [] for p in providers}
+            waits = res["per_token_sync_wait_ms"] = {p: [] for p in providers}
+            host = res["per_token_attention_host_us"] = {p: [] for p in providers}
+            make_current = per_token_dispatch(providers, host)
+            use(model, "bench_switch")
+            for call in range(a.per_token):
+                of = per_token_order(providers, call)
+                seq = [of(0)]
+                make_current(seq[0])
+
+                class Flip(Clock):
+                    def __call__(self, input_ids, scores):
+                        scores = super().__call__(input_ids, scores)
+                        seq.append(of(len(self.stamps)))  # the next forward's provider
+                        make_current(seq[-1])
+                        return scores
+
+                sync(a.device)
+                t0 = time.perf_counter()
+                clock = Flip(t0, f"per-token {call + 1}", "per-token")
+                res["runs"].append({"provider": "per-token"})
+                with torch.no_grad():
+                    model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=a.new,
+                                   min_new_tokens=a.new, logits_processor=transformers.LogitsProcessorList([clock]),
+                                   **kw)
+                sync(a.device)
+                res["runs"][-1] = {"provider": "per-token", "run": clock.run}
+                for j in range(1, len(clock.stamps)):  # forward j ran between stamps j - 1 and j
+                    by[seq[j]].append((clock.stamps[j] - clock.stamps[j - 1]) * 1e3)
+                    waits[seq[j]].append(clock.waits[j])
+                save()
+                print(f"per-token call {call + 1}: " + ", ".join(
+                    f"{p} {statistics.median(v):.2f}" for p, v in by.items() if v) + " ms/token (median so far)",
+                    flush=True)
         if a.profile:
             res["profile"] = {}
             for provider in providers:
@@ -391,6 +476,31 @@ def pooled(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def per_token_table(rows: list[dict]) -> str:
+    """Per prompt: each provider's steps of the per-token calls (median, p90, worst), against the best sdpa."""
+    lines = ["| prompt | provider | steps | median ms/tok | p90 | worst | median / best sdpa | sync wait ms | "
+             "attention host µs a call |", "|---|---|---|---|---|---|---|---|---|"]
+    done = set()
+    for r in rows:
+        pt = r.get("per_token")
+        if not pt or r["prompt"] in done:
+            continue
+        done.add(r["prompt"])
+        med = {p: statistics.median(v) for p, v in pt.items() if v}
+        best = min((m for p, m in med.items() if p != "attn_lt"), default=None)
+        for p, v in pt.items():
+            if not v:
+                continue
+            srt = sorted(v)
+            ratio = "" if best is None else f"{med[p] / best:.3f}"
+            wait = r.get("per_token_sync_wait_ms", {}).get(p)
+            host = r.get("per_token_attention_host_us", {}).get(p)
+            lines.append(f"| {r['prompt']} | {p} | {len(v)} | {med[p]:.2f} | {srt[int(0.9 * (len(v) - 1))]:.2f} | "
+                         f"{srt[-1]:.1f} | {ratio} | {statistics.median(wait) if wait else float('nan'):.3f} | "
+                         f"{statistics.median(host) if host else float('nan'):.1f} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
 def parent(a, argv) -> int:
     import torch
 
@@ -407,7 +517,7 @@ def parent(a, argv) -> int:
     meta = metadata(argv)
     meta["model"] = {k: getattr(a, k) for k in ("layers", "hidden", "heads", "kv_heads", "head_dim",
                                                 "intermediate", "vocab", "batch", "new", "repeat", "interleave",
-                                                "cache", "algo_policy", "seed")}
+                                                "per_token", "cache", "algo_policy", "seed")}
     rows = []
     t_start = time.time()
     workers = ["interleaved"] if a.interleave else a.providers
@@ -419,7 +529,7 @@ def parent(a, argv) -> int:
                    "--repeat", str(a.interleave or a.repeat)] + [
                 f"--{k.replace('_', '-')}={getattr(a, k)}" for k in
                 ("new", "layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab", "batch",
-                 "cache", "seed", "device", "profile")]
+                 "cache", "seed", "device", "profile", "per_token")]
             env = dict(os.environ)
             tmp = None
             if p in ("attn_lt", "interleaved") and "attn_lt" in a.providers:
@@ -461,6 +571,8 @@ def parent(a, argv) -> int:
     with open(os.path.join(out_dir, "results.json"), "w") as f:
         json.dump({"metadata": meta, "rows": rows}, f, indent=1)
     text = table(rows) + "\n\n" + pooled(rows)
+    if per_token_table(rows):
+        text += "\n\nProviders changed every token (--per-token):\n\n" + per_token_table(rows)
     with open(os.path.join(out_dir, "summary.md"), "w") as f:
         f.write(f"{meta.get('gpu', '')}; {meta.get('versions', {})}\n\n{text}\n")
     print(f"\n{meta.get('gpu', '')}, transformers {meta.get('versions', {}).get('transformers')}; model: "
@@ -489,6 +601,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--interleave", type=int, default=0, metavar="ROUNDS",
                     help="one process, ROUNDS rounds of every provider in turn (the host's slow spells fall on all "
                          "alike); a provider's first round is cold")
+    ap.add_argument("--per-token", type=int, default=0, metavar="CALLS",
+                    help="with --interleave: CALLS more generate() calls whose provider changes every token")
     ap.add_argument("--cache", choices=("dynamic", "static"), default="dynamic", help="transformers' KV cache")
     ap.add_argument("--algo-policy", default="tune", choices=("tune", "cache", "heuristic"),
                     help="attn_lt's ATTN_LT_ALGO_POLICY for its run (default tune)")
@@ -517,7 +631,10 @@ def main(argv=None) -> int:
         return 2
     a.providers = [p.strip() for p in a.providers.split(",") if p.strip()]
     bad = [p for p in a.providers if p not in PROVIDERS]
-    if bad or not a.prompts or min(a.prompts) < 1 or a.new < 2 or a.repeat < 1:
+    if a.per_token and not a.interleave and not a.worker:
+        print("bench_generate: --per-token needs --interleave (every provider in one process)", file=sys.stderr)
+        return 2
+    if bad or not a.prompts or min(a.prompts) < 1 or a.new < 2 or a.repeat < 1 or a.per_token < 0:
         print(f"bench_generate: bad arguments (providers {bad}, prompts {a.prompts}, new {a.new})", file=sys.stderr)
         return 2
     if a.worker:
