@@ -38,9 +38,16 @@ DECODE_ROWS, WARP_SPLIT_ROWS = 64, 16
 #: Keys a tile of native/flash.cu; a split gets at least MIN_SPLIT_TILES of them.
 KEY_TILE, MIN_SPLIT_TILES = 64, 4
 MAX_SPLITS = 128
-#: How full, against the best split count's, the last wave of the chosen one must be. FlashAttention-2 takes 85 %;
-#: on the H200 that picked 15 and 29 splits (240 and 232 CTAs for 264 slots), 3–5 % slower than 16 and 32.
-SPLIT_FILL = 0.95
+#: How close to the shortest the chosen split count's critical path must be (see :func:`split_count`).
+#: FlashAttention-2's own rule (the fewest splits whose last wave is 85 % as full as the best) picked 15, 29 and 31
+#: splits on the H200 (240, 232 and 248 CTAs for 264 slots; at 31 parts of 128 key tiles five CTAs get none),
+#: 3–5 % slower than 16 and 32.
+SPLIT_FILL = 0.96
+#: Decode blocks without a mask split their keys to fill one CTA an SM (not two) while each part keeps this many key
+#: tiles: on the H200 1–3 % faster than two an SM (fewer partials to merge); with a mask, two an SM stay 15–25 %
+#: faster (the mask tile's latency needs the second CTA), and so do shorter parts (B1 Sk8k: 16 parts of 8 tiles
+#: 2.37 TB/s, 32 of 4 tiles 2.55).
+ONE_CTA_MIN_TILES = 16
 #: Largest workspace the split partials may take (FP32 outputs and LSEs).
 MAX_SPLIT_BYTES = 256 << 20
 #: Shared memory a CTA of native/flash.cu needs at head dim 256 (64 query rows, two K and two V tiles of 64 keys).
@@ -177,14 +184,18 @@ def most_splits(Sk: int) -> int:
 
 @functools.lru_cache(maxsize=1024)
 def split_count(blocks: int, slots: int, most: int) -> int:
-    """How many parts (at most ``most``) to cut each row block's keys into so that ``blocks`` CTAs fill ``slots``
-    (SMs × CTAs an SM): FlashAttention-2's rule — the fewest splits whose last wave is nearly as full as the best
-    (:data:`SPLIT_FILL` of it) — and 1 when the blocks already fill 80 % of the slots."""
+    """How many parts (at most ``most``) to cut each row block's keys into for ``blocks`` CTAs on ``slots`` (SMs ×
+    CTAs an SM): 1 when the blocks already fill 80 % of the slots, else the fewest parts whose critical path — the
+    key tiles of a part, ceil(tiles / s), times the waves, ceil(blocks · s / slots) — is within :data:`SPLIT_FILL`
+    of the shortest (FlashAttention-2's rule, counted in key tiles so that short last parts and empty CTAs count).
+    The key length enters through ``most`` alone (tiles taken as ``most`` · MIN_SPLIT_TILES), so that a decode
+    loop's steps share one launch."""
     if blocks >= 0.8 * slots or most <= 1:
         return 1
-    fills = [blocks * s / slots / math.ceil(blocks * s / slots) for s in range(1, most + 1)]
-    best = max(fills)
-    return next(s for s, f in enumerate(fills, 1) if f >= SPLIT_FILL * best)
+    tiles = most * MIN_SPLIT_TILES
+    path = [math.ceil(tiles / s) * math.ceil(blocks * s / slots) for s in range(1, most + 1)]
+    shortest = min(path)
+    return next(s for s, p in enumerate(path, 1) if SPLIT_FILL * p <= shortest)
 
 
 def fused_launch(case: Case, facts: DeviceFacts | None = None, *, kernel: str | None = None,
@@ -261,7 +272,14 @@ def _fused_launch(B: int, Hq: int, Hkv: int, Sq: int, D: int, Dv: int, masked: b
     # K/V tiles in flight; two such blocks an SM are what the H200's bandwidth needs), else one
     per_sm = 2 if one and D <= 128 or D == 64 else 1
     blocks = -(-rows // block_rows) * B * Hkv
-    splits = _splits(blocks, facts.sms * per_sm, most, part, forced_splits)
+    slots = facts.sms * per_sm
+    if rows <= WARP_SPLIT_ROWS and not masked and forced_splits is None:
+        # without a mask a decode block keeps the memory busy on its own: one CTA an SM (fewer, longer parts, less
+        # to merge), unless that cuts the keys into parts of fewer than ONE_CTA_MIN_TILES tiles
+        alone = _splits(blocks, facts.sms, most, part, None)
+        if alone == 1 or alone <= most * MIN_SPLIT_TILES // ONE_CTA_MIN_TILES:
+            slots = facts.sms
+    splits = _splits(blocks, slots, most, part, forced_splits)
     per_head = f"{rows} row{'' if rows == 1 else 's'} a kv head"
     if rows <= DECODE_ROWS:
         why = per_head + (", a mask" if masked else "")
@@ -272,7 +290,7 @@ def _fused_launch(B: int, Hq: int, Hkv: int, Sq: int, D: int, Dv: int, masked: b
     if forced_splits is not None or kernel is not None:
         why = "forced by the caller"
     elif splits > 1:
-        why += f"; {blocks} row blocks for {facts.sms} SMs"
+        why += f"; {blocks} row blocks for {facts.sms} SMs" + (", one CTA an SM" if slots == facts.sms else "")
     return FusedLaunch("flash", block_rows, splits, splits * part if splits > 1 else 0, why + note)
 
 

@@ -188,3 +188,29 @@ def test_one_program_serves_one_call_at_a_time():
         for t in threads:
             t.join()
     assert not errors and len(seen) == 2 * 4 * 40 and all(seen)
+
+
+@pytest.mark.parametrize("B,Hkv,Sk,masked,splits,alone", [
+    (8, 8, 8192, False, 2, True),      # 64 blocks: one CTA an SM, parts of 64 key tiles
+    (1, 8, 32768, False, 16, True),    # 8 blocks: 128 CTAs, parts of 32 tiles
+    (1, 8, 8192, False, 32, False),    # parts of 8 tiles would be too short: two an SM, 32 parts of 4 (not 31)
+    (4, 32, 32768, False, 1, False),   # 128 blocks already fill one CTA an SM
+    (8, 8, 8192, True, 4, False),      # a mask: two CTAs an SM
+    (1, 8, 32768, True, 32, False),
+])
+def test_decode_splits_for_one_or_two_ctas_an_sm(B, Hkv, Sk, masked, splits, alone):
+    import dataclasses
+
+    c = Case.contiguous(B, 32, Hkv, 1, Sk, 128)
+    if masked:
+        c = dataclasses.replace(c, mask=MaskInfo("float", "bf16", (B, 1, 1, Sk), (Sk, 0, Sk, 1)))
+    f = fused_launch(c, H100)
+    assert f.splits == splits
+    assert ("one CTA an SM" in f.why) == alone
+
+
+def test_split_count_counts_the_critical_path_in_key_tiles():
+    # 8 blocks, 264 slots, 128 key tiles: 31 parts give 26 busy CTAs of 5 tiles (5 idle), 32 parts 4 tiles each
+    assert split_count(8, 264, 32) == 32
+    # one wave either way: the fewest parts among those within SPLIT_FILL of the shortest path
+    assert split_count(64, 132, 128) == 2
