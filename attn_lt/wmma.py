@@ -269,7 +269,7 @@ def _fused_launch(B: int, Hq: int, Hkv: int, Sq: int, D: int, Dv: int, masked: b
     one = D == 256 or masked or rows <= DECODE_ROWS
     block_rows = 16 if rows <= WARP_SPLIT_ROWS else 64 if one else 128
     # CTAs an SM the split rule fills: two where registers and shared memory allow it (a decode block keeps two
-    # K/V tiles in flight; two such blocks an SM are what the H200's bandwidth needs), else one
+    # K/V tiles in flight; with a mask, two such blocks an SM are what the H200's bandwidth needs), else one
     per_sm = 2 if one and D <= 128 or D == 64 else 1
     blocks = -(-rows // block_rows) * B * Hkv
     slots = facts.sms * per_sm
