@@ -272,14 +272,15 @@ def _fused_launch(B: int, Hq: int, Hkv: int, Sq: int, D: int, Dv: int, masked: b
     # K/V tiles in flight; with a mask, two such blocks an SM are what the H200's bandwidth needs), else one
     per_sm = 2 if one and D <= 128 or D == 64 else 1
     blocks = -(-rows // block_rows) * B * Hkv
-    slots = facts.sms * per_sm
+    slots, splits = facts.sms * per_sm, None
     if rows <= WARP_SPLIT_ROWS and not masked and forced_splits is None:
         # without a mask a decode block keeps the memory busy on its own: one CTA an SM (fewer, longer parts, less
         # to merge), unless that cuts the keys into parts of fewer than ONE_CTA_MIN_TILES tiles
         alone = _splits(blocks, facts.sms, most, part, None)
         if alone == 1 or alone <= most * MIN_SPLIT_TILES // ONE_CTA_MIN_TILES:
-            slots = facts.sms
-    splits = _splits(blocks, slots, most, part, forced_splits)
+            slots, splits = facts.sms, alone
+    if splits is None:
+        splits = _splits(blocks, slots, most, part, forced_splits)
     per_head = f"{rows} row{'' if rows == 1 else 's'} a kv head"
     if rows <= DECODE_ROWS:
         why = per_head + (", a mask" if masked else "")

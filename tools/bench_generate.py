@@ -169,12 +169,15 @@ def per_token_order(providers: list[str], call: int):
     return of
 
 
+def p90(values: list[float]) -> float:
+    return sorted(values)[int(0.9 * (len(values) - 1))] if values else float("nan")
+
+
 def summarise(stamps: list[float], t0: float, t1: float) -> dict:
     steps = [(b - c) * 1e3 for b, c in zip(stamps[1:], stamps[:-1])]
     med = statistics.median(steps) if steps else float("nan")
     worst = max(steps) if steps else float("nan")
-    p90 = sorted(steps)[int(0.9 * (len(steps) - 1))] if steps else float("nan")
-    return {"prefill_ms": (stamps[0] - t0) * 1e3, "step_ms": steps, "median_ms": med, "p90_ms": p90,
+    return {"prefill_ms": (stamps[0] - t0) * 1e3, "step_ms": steps, "median_ms": med, "p90_ms": p90(steps),
             "worst_ms": worst, "worst_step": steps.index(worst) + 1 if steps else None,
             "steps_over_3x_median": sum(s > 3 * med for s in steps), "decode_ms": (stamps[-1] - stamps[0]) * 1e3,
             "total_ms": (t1 - t0) * 1e3}
@@ -296,21 +299,26 @@ def worker(a) -> int:
             host = res["per_token_attention_host_us"] = {p: [] for p in providers}
             make_current = per_token_dispatch(providers, host)
             use(model, "bench_switch")
+
+            class Flip(Clock):
+                """The clock, then the next forward's provider made current (``seq``: each forward's provider)."""
+
+                def __init__(self, t0: float, run: str, of):
+                    super().__init__(t0, run, "per-token")
+                    self.of, self.seq = of, [of(0)]
+                    make_current(self.seq[0])
+
+                def __call__(self, input_ids, scores):
+                    scores = super().__call__(input_ids, scores)
+                    self.seq.append(self.of(len(self.stamps)))
+                    make_current(self.seq[-1])
+                    return scores
+
             for call in range(a.per_token):
-                of = per_token_order(providers, call)
-                seq = [of(0)]
-                make_current(seq[0])
-
-                class Flip(Clock):
-                    def __call__(self, input_ids, scores):
-                        scores = super().__call__(input_ids, scores)
-                        seq.append(of(len(self.stamps)))  # the next forward's provider
-                        make_current(seq[-1])
-                        return scores
-
                 sync(a.device)
                 t0 = time.perf_counter()
-                clock = Flip(t0, f"per-token {call + 1}", "per-token")
+                clock = Flip(t0, f"per-token {call + 1}", per_token_order(providers, call))
+                seq = clock.seq
                 res["runs"].append({"provider": "per-token"})
                 with torch.no_grad():
                     model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=a.new,
@@ -491,12 +499,11 @@ def per_token_table(rows: list[dict]) -> str:
         for p, v in pt.items():
             if not v:
                 continue
-            srt = sorted(v)
             ratio = "" if best is None else f"{med[p] / best:.3f}"
             wait = r.get("per_token_sync_wait_ms", {}).get(p)
             host = r.get("per_token_attention_host_us", {}).get(p)
-            lines.append(f"| {r['prompt']} | {p} | {len(v)} | {med[p]:.2f} | {srt[int(0.9 * (len(v) - 1))]:.2f} | "
-                         f"{srt[-1]:.1f} | {ratio} | {statistics.median(wait) if wait else float('nan'):.3f} | "
+            lines.append(f"| {r['prompt']} | {p} | {len(v)} | {med[p]:.2f} | {p90(v):.2f} | "
+                         f"{max(v):.1f} | {ratio} | {statistics.median(wait) if wait else float('nan'):.3f} | "
                          f"{statistics.median(host) if host else float('nan'):.1f} |")
     return "\n".join(lines) if len(lines) > 2 else ""
 
@@ -571,8 +578,9 @@ def parent(a, argv) -> int:
     with open(os.path.join(out_dir, "results.json"), "w") as f:
         json.dump({"metadata": meta, "rows": rows}, f, indent=1)
     text = table(rows) + "\n\n" + pooled(rows)
-    if per_token_table(rows):
-        text += "\n\nProviders changed every token (--per-token):\n\n" + per_token_table(rows)
+    flips = per_token_table(rows)
+    if flips:
+        text += "\n\nProviders changed every token (--per-token):\n\n" + flips
     with open(os.path.join(out_dir, "summary.md"), "w") as f:
         f.write(f"{meta.get('gpu', '')}; {meta.get('versions', {})}\n\n{text}\n")
     print(f"\n{meta.get('gpu', '')}, transformers {meta.get('versions', {}).get('transformers')}; model: "
