@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import itertools
 import logging
 import threading
 from dataclasses import dataclass
@@ -72,6 +73,11 @@ def release_scratch() -> None:
         _scratch.clear()
 
 
+def _device_of(index: int) -> torch.device:
+    """The torch.device of a signature's device index (``Tensor.get_device()``: -1 for CPU)."""
+    return torch.device("cpu") if index < 0 else torch.device("cuda", index)
+
+
 def _is_cupy(x) -> bool:
     return type(x).__module__.split(".")[0] == "cupy"
 
@@ -89,14 +95,16 @@ def _cupy_stream():
 
 
 def _signature(q, k, v, attn_mask, out_align: int) -> tuple:
-    """What a plan fixes about its tensors: shapes, strides, dtypes, devices, the address alignment, and whether v
-    starts at k's address (an MLA latent cache: ``Case.v_in_k``)."""
-    kp = k.data_ptr()
-    align = address_alignment(q.data_ptr() | kp | v.data_ptr())
-    m = None if attn_mask is None else (attn_mask.shape, attn_mask.stride(), attn_mask.dtype, attn_mask.device,
-                                        mask_alignment(attn_mask))
-    return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype, q.device,
-            k.device, v.device, m, align, out_align, v.data_ptr() == kp)
+    """What a plan fixes about its tensors: shapes, strides, dtypes, device indices (-1: CPU), the address
+    alignment, and whether v starts at k's address (an MLA latent cache: ``Case.v_in_k``). A decode step's hot
+    path: ints, not torch.device objects (cheaper to make, hash and compare)."""
+    kp, vp = k.data_ptr(), v.data_ptr()
+    bits = q.data_ptr() | kp | vp
+    m = None if attn_mask is None else (attn_mask.shape, attn_mask.stride(), attn_mask.dtype,
+                                        attn_mask.get_device(), mask_alignment(attn_mask))
+    return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
+            q.get_device(), k.get_device(), v.get_device(), m, min(256, bits & -bits) if bits else 256, out_align,
+            vp == kp)
 
 
 @dataclass(frozen=True)
@@ -145,9 +153,12 @@ class AttentionPlan:
         self._decision = decision
         self.backend = decision.backend  # "lt" or "wmma"
         self.signature, self.out_align = signature, out_align
+        #: the device the plan runs on (None for a plan made from shapes)
+        self.device = None if signature is None else _device_of(signature[9])
         self.key_mass, self.key_mass_window = key_mass, key_mass_window
         self.derived = False  # made by with_keys from another plan of its family
         self._key = None  # a derived plan's key in attention()'s plan cache (set when cached there)
+        self._used = 0  # when attention() last used it (its plan cache's eviction order)
         self._route = None  # the selector's route for this plan's family, once a decode step asked (with_keys)
         self._unworded = None  # the decision of the plans derived from this one, without its reason
         self._program = None
@@ -224,7 +235,7 @@ class AttentionPlan:
                 decision = self._unworded = Decision("wmma", None, self._decision.rejected)
         fused = self.fused
         if most_splits(Sk) != most_splits(self.case.Sk):  # the only way the key length enters the launch
-            fused = fused_launch(case, device_facts(signature[9].index))
+            fused = fused_launch(case, device_facts(self.device.index))
             if fused.kernel != self.fused.kernel:
                 return None
         # a copy of this plan's attributes (the lock too: it guards only a first run's preparation)
@@ -258,36 +269,40 @@ class AttentionPlan:
                              "the plan's)")
         return self._execute(q, k, v, attn_mask, out, return_lse, workspace)
 
-    def _scratch(self, device: torch.device, stream: int, capturing: bool):
-        """(workspace, LSE scratch) views of the stream's shared scratch buffer (see :func:`scratch_buffer`)."""
+    def _scratch(self, device: torch.device, stream: int, capturing: bool) -> tuple:
+        """(workspace, LSE scratch, their addresses): views of the stream's shared scratch buffer (see
+        :func:`scratch_buffer`), kept while the buffer stays the same."""
         case = self.case
         ws_bytes = -(-self.workspace_bytes // 256) * 256
-        buf = scratch_buffer(device, stream, ws_bytes + 4 * case.B * case.Hq * case.Sq, capturing)
+        lse_bytes = 4 * case.B * case.Hq * case.Sq
+        buf = scratch_buffer(device, stream, ws_bytes + lse_bytes, capturing)
         s = self._scratch_views
         if s is not None and s[0] is buf:
-            return s[1], s[2]
+            return s[1]
         ws = buf[:ws_bytes]
-        lse = buf[ws_bytes:ws_bytes + 4 * case.B * case.Hq * case.Sq].view(torch.float32).view(case.B, case.Hq,
-                                                                                              case.Sq)
+        lse = buf[ws_bytes:ws_bytes + lse_bytes].view(torch.float32).view(case.B, case.Hq, case.Sq)
+        views = (ws, lse, ws.data_ptr(), lse.data_ptr())
         if not capturing:
-            self._scratch_views = (buf, ws, lse)
-        return ws, lse
+            self._scratch_views = (buf, views)
+        return views
 
     def _execute(self, q, k, v, attn_mask, out, return_lse, workspace, tune_budget_ms=None):
-        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        """Launch (the caller checked the tensors against the plan's signature)."""
+        if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
             raise NotImplementedError(_NO_BACKWARD)
         case = self.case
-        dev = q.device
+        dev = self.device
+        device = dev.index
         if out is None:
             out = torch.empty((case.B, case.Hq, case.Sq, case.Dv), dtype=q.dtype, device=dev)
         else:
             check_out(out, case, q)
-        device = dev.index
         stream = _raw_stream(device)
         capturing = _capturing()
-        ws, lse = self._scratch(dev, stream, capturing)
+        ws, lse, ws_ptr, lse_ptr = self._scratch(dev, stream, capturing)
         if return_lse:
             lse = torch.empty((case.B, case.Hq, case.Sq), dtype=torch.float32, device=dev)
+            lse_ptr = lse.data_ptr()
         if workspace is not None:
             need = self.workspace_bytes
             if not (isinstance(workspace, torch.Tensor) and workspace.device == dev
@@ -295,21 +310,24 @@ class AttentionPlan:
                     and workspace.is_contiguous() and workspace.data_ptr() % 256 == 0):
                 raise ValueError(f"workspace must be a contiguous, 256-byte aligned uint8 tensor of at least "
                                  f"{need} bytes on {dev}")
-            ws = workspace
+            ws, ws_ptr = workspace, workspace.data_ptr()
         program = self._program or self._prepared(device)
         switch = _current_device() != device
-        with torch.cuda.device(device) if switch else contextlib.nullcontext():
-            if self.backend == "wmma":
-                program.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), stream,
-                            0 if attn_mask is None else attn_mask.data_ptr(), ws.data_ptr())
+        if self.backend == "wmma":
+            args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse_ptr, stream,
+                    0 if attn_mask is None else attn_mask.data_ptr(), ws_ptr)
+            if switch:
+                with torch.cuda.device(device):
+                    program.run(*args)
             else:
-                mass = None
-                if self.key_mass:
-                    mass = program.key_mass_buffer(dev, self.key_mass_window)
-                program.run(q, k, v, attn_mask, out, lse, ws, stream, not capturing, tune_budget_ms, mass,
-                            self.key_mass_window)
-                if mass is not None:
-                    return (out, lse, mass) if return_lse else (out, mass)
+                program.run(*args)
+            return (out, lse) if return_lse else out
+        mass = program.key_mass_buffer(dev, self.key_mass_window) if self.key_mass else None
+        with torch.cuda.device(device) if switch else contextlib.nullcontext():
+            program.run(q, k, v, attn_mask, out, lse, ws, stream, not capturing, tune_budget_ms, mass,
+                        self.key_mass_window)
+        if mass is not None:
+            return (out, lse, mass) if return_lse else (out, mass)
         return (out, lse) if return_lse else out
 
     def tune(self, q=None, k=None, v=None, attn_mask=None) -> AttentionPlan:
@@ -362,7 +380,7 @@ class AttentionPlan:
 def _random_like(p: AttentionPlan):
     """Random tensors with a plan's shapes and strides (for ``tune`` without the caller's data)."""
     c = p.case
-    dev = p.signature[9]
+    dev = p.device
     dt = p.signature[6]
 
     def rnd(shape, strides):
@@ -392,7 +410,7 @@ def _plan_case(case: Case, backend: str, workspace_bytes, threshold, algo_policy
         chunks = make_plan(case, workspace_bytes, key_tiles=config.key_tiles() and not return_key_mass)
     fused = None
     if decision.backend == "wmma":
-        device = None if signature is None else signature[9].index
+        device = None if signature is None else _device_of(signature[9]).index
         fused = fused_launch(case, device_facts(device))
     return AttentionPlan(case, decision, chunks, signature, policy, out_align, bool(return_key_mass),
                          key_mass_window, fused)
@@ -414,7 +432,10 @@ def plan(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | None =
     return p
 
 
-_plans: collections.OrderedDict = collections.OrderedDict()
+#: attention()'s plans by call key. Each plan's ``_used`` stamp (from ``_uses``) orders them for eviction, least
+#: recently used first out: a hit stamps its plan, cheaper than reordering an OrderedDict on a decode step's hot path.
+_plans: dict = {}
+_uses = itertools.count()
 #: The last fused plan of each family (a signature without the key length): a decode step derives from it.
 _families: collections.OrderedDict = collections.OrderedDict()
 _plans_lock = threading.Lock()
@@ -512,24 +533,30 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
                      workspace_bytes=workspace_bytes, threshold=threshold, algo_policy=algo_policy,
                      return_key_mass=return_key_mass, key_mass_window=key_mass_window, out=out)
             log.debug("attention: new plan %s -> %s", p.case, p.backend)
-            _remember(_plans, key, p)
-            if p.backend == "wmma":
-                _remember(_families, family, p)
+            _remember(key, p, family if p.backend == "wmma" else None)
         else:
             _remember_derived(family, key, p)
     else:
-        try:
-            _plans.move_to_end(key)  # least recently used first out
-        except KeyError:  # evicted by another thread meanwhile
-            pass
+        p._used = next(_uses)
     return p._execute(q, k, v, attn_mask, out, return_lse, None)
 
 
-def _remember(cache: collections.OrderedDict, key, p: AttentionPlan) -> None:
+def _remember(key, p: AttentionPlan, family: tuple | None = None) -> None:
+    """Cache a new plan (and make it its ``family``'s last plan, when given)."""
     with _plans_lock:
-        cache[key] = p
-        if len(cache) > PLAN_CACHE_SIZE:
-            cache.popitem(last=False)
+        _keep(key, p)
+        if family is not None:
+            _families[family] = p
+            if len(_families) > PLAN_CACHE_SIZE:
+                _families.popitem(last=False)
+
+
+def _keep(key, p: AttentionPlan) -> None:
+    """Put ``p`` in the plan cache, evicting the least recently used plan beyond its size (under the lock)."""
+    p._used = next(_uses)
+    _plans[key] = p
+    if len(_plans) > PLAN_CACHE_SIZE:
+        del _plans[min(_plans, key=lambda k: _plans[k]._used)]
 
 
 def _remember_derived(family: tuple, key, p: AttentionPlan) -> None:
@@ -540,9 +567,7 @@ def _remember_derived(family: tuple, key, p: AttentionPlan) -> None:
         last = _families.get(family)  # read again under the lock: another thread may have derived meanwhile
         if last is not None and last.derived and _plans.get(last._key) is last:
             del _plans[last._key]
-        _plans[key] = p
-        if len(_plans) > PLAN_CACHE_SIZE:
-            _plans.popitem(last=False)
+        _keep(key, p)
         _families[family] = p
 
 

@@ -58,7 +58,13 @@ def env_snapshot(names: tuple[str, ...]) -> tuple:
     """The values of the variables ``names`` now, raw (equal snapshots: equal settings), for a cache key."""
     if _environ is None:  # pragma: no cover - other Pythons
         return tuple(map(os.environ.get, names))
-    return tuple(map(_environ.get, map(_encoded, names)))
+    keys = _encoded_names.get(names)
+    if keys is None:
+        keys = _encoded_names[names] = tuple(map(_encoded, names))
+    return tuple(map(_environ.get, keys))
+
+
+_encoded_names: dict[tuple[str, ...], tuple] = {}
 
 
 def _env_int(name: str, default: int, minimum: int) -> int:

@@ -55,15 +55,24 @@ class TileMergeArgs(ctypes.Structure):
         (n, ctypes.c_int32) for n in ("out_dtype", "last")]
 
 
+#: ``FlashArgs``' address fields, in order (its first fields).
+FLASH_ADDRESSES = ("q", "k", "v", "o", "lse", "mask", "o_part", "lse_part")
+
+
 class FlashArgs(ctypes.Structure):
     """Mirror of ``attn_lt_flash_args`` in native/attn_lt.h."""
 
-    _fields_ = [(n, ctypes.c_void_p) for n in ("q", "k", "v", "o", "lse", "mask", "o_part", "lse_part")] + [
+    _fields_ = [(n, ctypes.c_void_p) for n in FLASH_ADDRESSES] + [
         (n, ctypes.c_int64) for n in ("B", "Hq", "Hkv", "Sq", "Sk", "D", "q_sb", "q_sh", "q_ss", "k_sb", "k_sh",
                                       "k_ss", "v_sb", "v_sh", "v_ss", "o_sb", "o_sh", "o_ss", "m_sb", "m_sh",
                                       "m_sq", "m_sk")] + [
         ("scale", ctypes.c_float)] + [
         (n, ctypes.c_int32) for n in ("causal", "dtype", "variant", "mask_dtype", "splits", "Dv")]
+
+
+def flash_addresses(args: FlashArgs) -> ctypes.Array:
+    """The address fields of ``args`` as one array over its memory: set in one assignment (a launch's hot path)."""
+    return (ctypes.c_void_p * len(FLASH_ADDRESSES)).from_buffer(args)
 
 
 def source_hash(src_dir: Path | None = None) -> str | None:

@@ -313,6 +313,7 @@ class Program:
             a.mask_dtype = native.DTYPE_CODES[case.mask.dtype]
             a.m_sb, a.m_sh, a.m_sq, a.m_sk = case.mask.strides
         a.splits = launch.splits
+        self._addresses = native.flash_addresses(a)
         self.launch = launch
         self.kernel = launch.kernel
         self._lse_part_offset = launch.splits * case.B * case.Hq * case.Sq * case.Dv * 4
@@ -327,6 +328,7 @@ class Program:
         a.Sk, a.splits = case.Sk, launch.splits
         a.k_sb, a.k_sh, a.k_ss = case.k_strides[:3]
         a.v_sb, a.v_sh, a.v_ss = case.v_strides[:3]
+        p._addresses = native.flash_addresses(a)
         p.launch, p.kernel, p._launch, p._lock = launch, launch.kernel, self._launch, threading.Lock()
         p._lse_part_offset = self._lse_part_offset // max(1, self.launch.splits) * launch.splits
         return p
@@ -334,9 +336,6 @@ class Program:
     def run(self, q: int, k: int, v: int, o: int, lse: int, stream: int, mask: int = 0, workspace: int = 0) -> None:
         """Launch on ``stream`` with the device addresses of q, k, v, the output, the FP32 LSE, the mask (0: none)
         and the workspace (the split partials; ``launch.workspace_bytes``)."""
-        a = self.args
-        with self._lock:
-            a.q, a.k, a.v, a.o, a.lse, a.mask = q, k, v, o, lse, mask
-            if self.launch.splits > 1:
-                a.o_part, a.lse_part = workspace, workspace + self._lse_part_offset
-            self._launch(a, stream)
+        with self._lock:  # the partials' addresses are read only with splits > 1
+            self._addresses[:] = (q, k, v, o, lse, mask, workspace, workspace + self._lse_part_offset)
+            self._launch(self.args, stream)

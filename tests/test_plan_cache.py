@@ -66,7 +66,7 @@ def test_a_derived_plan_words_the_reason_a_fresh_plan_would_give(monkeypatch):
     q = torch.empty(2, 32, 1, 128, dtype=torch.bfloat16)
     kc = torch.empty(2, 8, 6000, 128, dtype=torch.bfloat16)
 
-    sig = (None,) * 9 + (torch.device("cuda", 0),)  # with_keys reads the device from a signature
+    sig = (None,) * 9 + (0,)  # with_keys reads the device (index) from a signature
 
     def case(n):
         c = Case.contiguous(2, 32, 8, 1, n, 128)
@@ -102,7 +102,7 @@ def test_a_latent_cache_plan_derives_only_while_v_stays_ks_first_columns(monkeyp
     from attn_lt.validate import Case
 
     monkeypatch.setattr(api, "device_facts", lambda device=None: wmma.ASSUMED_DEVICE)
-    sig = (None,) * 9 + (torch.device("cuda", 0),)
+    sig = (None,) * 9 + (0,)
     c = Case.contiguous(4, 128, 1, 1, 1000, 576, Dv=512, v_in_k=True)
     base = api.AttentionPlan(c, select(c, "wmma"), None, sig, "tune", fused=wmma.fused_launch(c, wmma.ASSUMED_DEVICE))
     cache = torch.empty(4, 1, 2000, 576, dtype=torch.bfloat16)
@@ -112,3 +112,30 @@ def test_a_latent_cache_plan_derives_only_while_v_stays_ks_first_columns(monkeyp
     k = buf.as_strided((4, 1, 1001, 576), (2000 * 576, 2000 * 576, 576, 1))
     v = buf.as_strided((4, 1, 1001, 512), (2000 * 1024, 2000 * 1024, 1024, 1))
     assert base.with_keys(k, v, sig, "wmma", None) is None
+
+
+def test_the_least_recently_used_plan_goes_first(monkeypatch):
+    """Beyond PLAN_CACHE_SIZE plans, the one whose last use is oldest is evicted (a hit counts as a use)."""
+    made = []
+
+    def plan(q, k, v, **kw):
+        made.append(StandIn())
+        made[-1].backend = "lt"  # no family: every length its own plan
+        return made[-1]
+
+    monkeypatch.setattr(api, "plan", plan)
+    monkeypatch.setattr(api, "PLAN_CACHE_SIZE", 3)
+    attn_lt.api.clear_plans()
+    q = torch.empty(1, 4, 1, 64, dtype=torch.bfloat16)
+    kc = torch.empty(1, 4, 10, 64, dtype=torch.bfloat16)
+
+    def call(n):
+        return attn_lt.attention(q, kc[:, :, :n], kc[:, :, :n])
+
+    a, b, c = call(1), call(2), call(3)
+    assert call(1) is a  # a hit: 1 is now the most recently used
+    call(4)  # evicts 2, the least recently used
+    assert attn_lt.api.cached_plans() == 3
+    assert call(1) is a and call(3) is c and call(4) is made[3]
+    assert call(2) is not b and len(made) == 5
+    attn_lt.api.clear_plans()

@@ -190,6 +190,17 @@ def test_unsupported_arguments_raise_before_any_work(kwargs, match, monkeypatch)
         hf.attention_forward(_Layer(2), q, k, v, mask, **kwargs)
 
 
+def test_unset_arguments_are_accepted(monkeypatch):
+    """transformers may pass the refused features unset (None, False, dropout 0.0): the call goes through."""
+    seen = []
+    monkeypatch.setattr(hf, "attention", lambda q, k, v, **kw: (seen.append(kw), torch.zeros_like(q))[1])
+    q, k, v = _qkv()
+    out, weights = hf.attention_forward(_Layer(2), q, k, v, None, dropout=0.0, output_attentions=False,
+                                        softcap=None, head_mask=None, position_bias=None, s_aux=None, cache=None,
+                                        position_ids=None)
+    assert weights is None and out.shape == (1, 8, 4, 128) and seen[0]["causal"]
+
+
 def test_sliding_window_with_mask_or_short_keys_is_accepted(monkeypatch):
     seen = []
     monkeypatch.setattr(hf, "attention", lambda q, k, v, **kw: (seen.append(kw), torch.zeros_like(q))[1])

@@ -108,7 +108,7 @@ def _decode_plan(Sk=32768, mask=None):
     from attn_lt.select import select
 
     case = Case.contiguous(8, 32, 8, 1, Sk, 128, mask=mask)
-    sig = (None,) * 9 + (torch.device("cuda", 0),)  # what with_keys reads of a signature: the device
+    sig = (None,) * 9 + (0,)  # what with_keys reads of a signature: the device index
     return AttentionPlan(case, select(case, "wmma"), None, sig, "heuristic", fused=fused_launch(case, H100)), sig
 
 

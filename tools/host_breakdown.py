@@ -104,6 +104,7 @@ def main(argv=None) -> int:
 
     import attn_lt
     from attn_lt import native
+    from attn_lt.integrations import transformers as hf
     from attn_lt.testing import host_us
 
     q = torch.randn(8, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
@@ -140,6 +141,12 @@ def main(argv=None) -> int:
         "sdpa default": lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
         "torch.bmm (qk-sized)": lambda: torch.bmm(q.view(64, 4, 128), k.view(64, a.sk, 128).transpose(1, 2)),
     }
+    fused = attn_lt.plan(q, k, v)  # what "auto" takes for this case (decode: the fused kernel)
+    rows[f"attention() auto ({fused.backend})"] = lambda: attn_lt.attention(q, k, v)
+    rows[f"plan.run auto ({fused.backend})"] = lambda: fused.run(q, k, v)
+    layer = type("Layer", (), {"is_causal": True})()  # the adapter needs no transformers
+    rows["transformers adapter (auto)"] = lambda: hf.attention_forward(layer, q, k, v, None, dropout=0.0,
+                                                                        scaling=None, position_ids=None)
     raw = raw_cublaslt(step.qk, (k.data_ptr(), q.data_ptr(), scores, one.ctypes.data, ws.data_ptr(), gws,
                                  stream))
     if raw is not None:

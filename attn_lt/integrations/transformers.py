@@ -51,6 +51,11 @@ OPTIONS = ("backend", "workspace_bytes", "threshold", "algo_policy")
 MIN_TRANSFORMERS = (4, 48)
 
 _MASK_FLOAT_DTYPES_READ = (torch.float32,)  # besides q's own dtype (see attn_lt.attention)
+#: Keyword arguments refused unless None, and what they ask for.
+_REFUSED_WHEN_SET = {"softcap": "logit softcapping", "head_mask": "a head mask", "position_bias": "a position bias",
+                     "s_aux": "attention sinks (s_aux)"}
+#: Every keyword argument :func:`_refuse` looks at (a call without any of them and without dropout skips it).
+_CHECKED = frozenset(_REFUSED_WHEN_SET) | {"output_attentions", "cache"}
 
 
 def _shape(t) -> str:
@@ -65,8 +70,7 @@ def _refuse(kwargs: dict, dropout: float) -> None:
     if kwargs.get("output_attentions"):
         raise ValueError("attn_lt does not return attention weights (output_attentions=True): use "
                          'attn_implementation="eager" for them')
-    for key, what in (("softcap", "logit softcapping"), ("head_mask", "a head mask"),
-                      ("position_bias", "a position bias"), ("s_aux", "attention sinks (s_aux)")):
+    for key, what in _REFUSED_WHEN_SET.items():
         if kwargs.get(key) is not None:
             raise ValueError(f"attn_lt does not support {what} ({key}=...); use the model's eager attention")
     cache = kwargs.get("cache")
@@ -101,29 +105,34 @@ def attention_forward(module: torch.nn.Module | None, query: torch.Tensor, key: 
         ValueError: an unsupported feature, or a mask that is not 4-D; attn_lt's own TypeError/ValueError for bad
             shapes or dtypes, all before GPU work.
     """
-    _refuse(kwargs, dropout)
-    Sq, Sk = query.shape[2], key.shape[2]
+    if dropout or not _CHECKED.isdisjoint(kwargs):  # one set operation on a decode step's hot path
+        _refuse(kwargs, dropout)
     mask = attention_mask
+    causal = False
     if mask is not None:
+        Sk = key.shape[2]
         if mask.dim() != 4:
             raise ValueError(f"attn_lt expects the 4-D attention mask transformers builds for sdpa, (B, 1, Sq, Sk) "
-                             f"with Sq={Sq}, Sk={Sk}; got {_shape(mask)} (query {_shape(query)}, key {_shape(key)})")
+                             f"with Sq={query.shape[2]}, Sk={Sk}; got {_shape(mask)} (query {_shape(query)}, key "
+                             f"{_shape(key)})")
         if mask.shape[-1] > Sk:  # masks sized for a longer (static) cache: transformers' sdpa slices them too
             mask = mask[..., :Sk]
         if mask.is_floating_point() and mask.dtype != query.dtype and mask.dtype not in _MASK_FLOAT_DTYPES_READ:
             mask = mask.to(torch.float32)  # exact for fp16/bf16 masks; attn_lt reads fp32 or q's dtype
-    if is_causal is None:
-        is_causal = getattr(module, "is_causal", True)
-    causal = bool(is_causal) and Sq > 1 and mask is None
-    window = kwargs.get("sliding_window")
-    if window is not None and mask is None and Sk > window:
-        raise ValueError(f"a sliding window of {window} keys with no attention mask over Sk={Sk} keys: attn_lt "
-                         "applies windows only through the mask; register the adapter with attn_lt.integrations."
-                         "transformers.register() so that transformers builds it")
-    if causal and Sk > Sq:
-        # transformers leaves the mask out with Sk > Sq > 1 only for the prefill of an empty static cache, whose
-        # keys past Sq are empty slots; its sdpa cuts them off (top-left causal), which we do by a view as well.
-        key, value = key[:, :, :Sq], value[:, :, :Sq]
+    else:
+        Sq, Sk = query.shape[2], key.shape[2]
+        window = kwargs.get("sliding_window")
+        if window is not None and Sk > window:
+            raise ValueError(f"a sliding window of {window} keys with no attention mask over Sk={Sk} keys: attn_lt "
+                             "applies windows only through the mask; register the adapter with attn_lt."
+                             "integrations.transformers.register() so that transformers builds it")
+        if Sq > 1:  # decode (Sq 1) sees every key
+            causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
+            if causal and Sk > Sq:
+                # transformers leaves the mask out with Sk > Sq > 1 only for the prefill of an empty static cache,
+                # whose keys past Sq are empty slots; its sdpa cuts them off (top-left causal), which we do by a
+                # view as well.
+                key, value = key[:, :, :Sq], value[:, :, :Sq]
     out = attention(query, key, value, attn_mask=mask, causal=causal, scale=scaling, **(attn_lt_options or {}))
     return out.transpose(1, 2).contiguous(), None
 
