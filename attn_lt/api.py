@@ -157,7 +157,6 @@ class AttentionPlan:
         self.device = None if signature is None else _device_of(signature[9])
         self.key_mass, self.key_mass_window = key_mass, key_mass_window
         self.derived = False  # made by with_keys from another plan of its family
-        self._key = None  # a derived plan's key in attention()'s plan cache (set when cached there)
         self._used = 0  # when attention() last used it (its plan cache's eviction order)
         self._route = None  # the selector's route for this plan's family, once a decode step asked (with_keys)
         self._unworded = None  # the decision of the plans derived from this one, without its reason
@@ -202,39 +201,59 @@ class AttentionPlan:
                     self._program = p
         return p
 
-    def with_keys(self, k, v, signature: tuple, backend: str, threshold) -> AttentionPlan | None:
-        """This plan for the same call with another key length (a decode step: the KV cache grew), derived
-        without planning anew, or None when that takes a full plan: only a fused plan without a mask derives, and
-        only while the selector still routes the new length to it (``backend`` "auto") and its kernel stays the
-        same. What may differ (the key length, K/V strides, whether v is still k's first columns) is checked here;
-        everything else is in ``signature``'s family. The family's route is looked up once and handed from plan to
-        plan (a new calibration takes effect after :func:`clear_plans`)."""
-        if self.backend != "wmma" or self.case.mask is not None or self.key_mass:
-            return None
-        Sk, ks, vs = k.shape[2], k.stride(), v.stride()
-        if self.case.v_in_k and ks != vs:  # v at k's address (the family) but not k's first columns
-            return None
+    def _route_for(self, Sk: int, ks: tuple, vs: tuple, backend: str, threshold):
+        """The family's route if this plan's kernel may run ``Sk`` keys with K/V strides ``ks``, ``vs`` (what a
+        decode step changes), ``False`` if a full plan is needed; None when ``backend`` is forced (no route).
+        Only a fused plan without a mask runs other key lengths, and only while the selector still routes them to
+        it (``backend`` "auto"). The family's route is looked up once and handed from plan to plan (a new
+        calibration takes effect after :func:`clear_plans`)."""
+        case = self.case
+        if self.backend != "wmma" or case.mask is not None or self.key_mass:
+            return False
+        if case.v_in_k and ks != vs:  # v at k's address (the family) but not k's first columns
+            return False
         st = ks[:3] + vs[:3]
         if Sk < 1 or ks[3] != 1 or vs[3] != 1 or min(st) <= 0 or (st[0] | st[1] | st[2] | st[3] | st[4] | st[5]) % 8:
-            return None  # positive multiples of 8 elements, as the fused kernels read them
-        # the case with the new length and strides, built without dataclasses.replace or copy.copy (16 µs each;
-        # this is a decode step's hot path)
-        case = object.__new__(Case)
-        case.__dict__.update(self.case.__dict__, Sk=Sk, k_strides=ks, v_strides=vs)
-        r = None
+            return False  # positive multiples of 8 elements, as the fused kernels read them
         if backend != "auto":
+            return None
+        r = self._route  # the family's route holds for every key length on the same side of Sq >= Sk
+        if r is None or not r.holds_for(case.Sq, Sk):
+            r = route_of(Case.with_keys(case, Sk, ks, vs), threshold)
+        return False if r.prefers_lt(Sk) else r
+
+    def runs_keys_of(self, signature: tuple, backend: str, threshold) -> bool:
+        """Whether this plan runs, as it is, the call of ``signature`` — this plan's family with another key length
+        or K/V strides (a decode step): a fused plan without a mask, whose kernel reads the key length and the K/V
+        strides from each call, while the launch (the split count) and the route stay those of its own length."""
+        Sk = signature[2][2]
+        if most_splits(Sk) != most_splits(self.case.Sk):  # the only way the key length enters the launch
+            return False
+        r = self._route_for(Sk, signature[3], signature[5], backend, threshold)
+        if r is False:
+            return False
+        if r is not None:
+            self._route = r
+        return True
+
+    def with_keys(self, k, v, signature: tuple, backend: str, threshold) -> AttentionPlan | None:
+        """This plan for the same call with another key length (a decode step: the KV cache grew) whose launch
+        differs (another split count), derived without planning anew, or None when that takes a full plan (see
+        :meth:`_route_for`) or the kernel changes. Everything but the key length and the K/V strides is in
+        ``signature``'s family."""
+        Sk, ks, vs = k.shape[2], k.stride(), v.stride()
+        r = self._route_for(Sk, ks, vs, backend, threshold)
+        if r is False:
+            return None
+        case = Case.with_keys(self.case, Sk, ks, vs)
+        if r is None:
             decision = self.decision
         else:
-            r = self._route  # the family's route holds for every key length on the same side of Sq >= Sk
-            if r is None or not r.holds_for(case.Sq, Sk):
-                r = route_of(case, threshold)
-            if r.prefers_lt(Sk):
-                return None
             decision = self._unworded  # the reason is worded from the route when asked (see decision)
             if decision is None:
                 decision = self._unworded = Decision("wmma", None, self._decision.rejected)
         fused = self.fused
-        if most_splits(Sk) != most_splits(self.case.Sk):  # the only way the key length enters the launch
+        if most_splits(Sk) != most_splits(self.case.Sk):
             fused = fused_launch(case, device_facts(self.device.index))
             if fused.kernel != self.fused.kernel:
                 return None
@@ -267,7 +286,7 @@ class AttentionPlan:
                              f"{tuple(q.stride())}, k {tuple(k.shape)} {tuple(k.stride())}, v {tuple(v.shape)} "
                              f"{tuple(v.stride())}{mask} (shapes, strides, dtypes, device and alignment must match "
                              "the plan's)")
-        return self._execute(q, k, v, attn_mask, out, return_lse, workspace)
+        return self._execute(q, k, v, attn_mask, out, return_lse, workspace, sig)
 
     def _scratch(self, device: torch.device, stream: int, capturing: bool) -> tuple:
         """(workspace, LSE scratch, their addresses): views of the stream's shared scratch buffer (see
@@ -286,8 +305,9 @@ class AttentionPlan:
             self._scratch_views = (buf, views)
         return views
 
-    def _execute(self, q, k, v, attn_mask, out, return_lse, workspace, tune_budget_ms=None):
-        """Launch (the caller checked the tensors against the plan's signature)."""
+    def _execute(self, q, k, v, attn_mask, out, return_lse, workspace, sig, tune_budget_ms=None):
+        """Launch (the caller checked the tensors against the plan's family: ``sig`` is their signature, whose key
+        length and K/V strides the fused kernel reads from each call, see :meth:`runs_keys_of`)."""
         if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
             raise NotImplementedError(_NO_BACKWARD)
         case = self.case
@@ -315,7 +335,7 @@ class AttentionPlan:
         switch = _current_device() != device
         if self.backend == "wmma":
             args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse_ptr, stream,
-                    0 if attn_mask is None else attn_mask.data_ptr(), ws_ptr)
+                    0 if attn_mask is None else attn_mask.data_ptr(), ws_ptr, sig[2][2], sig[3], sig[5])
             if switch:
                 with torch.cuda.device(device):
                     program.run(*args)
@@ -338,7 +358,7 @@ class AttentionPlan:
         if q is None:
             q, k, v, attn_mask = _random_like(self)
         self.run(q, k, v, attn_mask)  # checks the signature
-        self._execute(q, k, v, attn_mask, None, False, None, tune_budget_ms=float("inf"))
+        self._execute(q, k, v, attn_mask, None, False, None, self.signature, tune_budget_ms=float("inf"))
         torch.cuda.synchronize(q.device)
         return self
 
@@ -522,12 +542,16 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
         check_tensors(q, k, v, attn_mask, causal, scale)
         raise
     if p is None:
-        # A decode step: the same call as one planned before but for the key length (the family drops it). The
-        # plan cache holds one derived plan a family, the newest (the other layers of the same step hit it), so
-        # that a decode loop does not push the other plans out of it.
+        # A decode step: the same call as one planned before but for the key length and the K/V strides (the
+        # family drops them). The family's last plan runs it as it is while its launch stays the same, else a plan
+        # is derived from it. The plan cache holds one such key a family, the newest (the other layers of the same
+        # step hit it), so that a decode loop does not push the other plans out of it.
         family = (_family(sig), options)
-        base = _families.get(family)
-        p = None if base is None else base.with_keys(k, v, sig, backend, threshold)
+        last = _families.get(family)
+        p = None
+        if last is not None:
+            base = last[0]
+            p = base if base.runs_keys_of(sig, backend, threshold) else base.with_keys(k, v, sig, backend, threshold)
         if p is None:
             p = plan(q, k, v, attn_mask=attn_mask, causal=causal, scale=scale, backend=backend,
                      workspace_bytes=workspace_bytes, threshold=threshold, algo_policy=algo_policy,
@@ -535,10 +559,10 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
             log.debug("attention: new plan %s -> %s", p.case, p.backend)
             _remember(key, p, family if p.backend == "wmma" else None)
         else:
-            _remember_derived(family, key, p)
+            _remember_step(family, key, p)
     else:
         p._used = next(_uses)
-    return p._execute(q, k, v, attn_mask, out, return_lse, None)
+    return p._execute(q, k, v, attn_mask, out, return_lse, None, sig)
 
 
 def _remember(key, p: AttentionPlan, family: tuple | None = None) -> None:
@@ -546,7 +570,7 @@ def _remember(key, p: AttentionPlan, family: tuple | None = None) -> None:
     with _plans_lock:
         _keep(key, p)
         if family is not None:
-            _families[family] = p
+            _families[family] = (p, None)
             if len(_families) > PLAN_CACHE_SIZE:
                 _families.popitem(last=False)
 
@@ -559,16 +583,16 @@ def _keep(key, p: AttentionPlan) -> None:
         del _plans[min(_plans, key=lambda k: _plans[k]._used)]
 
 
-def _remember_derived(family: tuple, key, p: AttentionPlan) -> None:
-    """Cache a derived plan in place of its family's previous derived plan (the family's last plan, whose key is
-    its signature and the family's options), and make it the family's last plan."""
-    p._key = key
+def _remember_step(family: tuple, key, p: AttentionPlan) -> None:
+    """Cache ``p`` (the family's last plan, or one derived from it) under a decode step's ``key`` in place of the
+    family's previous step key, and make it the family's last plan. ``_families`` holds (last plan, its step key
+    or None); a derived plan lives on there once its own key has gone."""
     with _plans_lock:
-        last = _families.get(family)  # read again under the lock: another thread may have derived meanwhile
-        if last is not None and last.derived and _plans.get(last._key) is last:
-            del _plans[last._key]
+        last = _families.get(family)  # read again under the lock: another thread may have stepped meanwhile
+        if last is not None and last[1] is not None and _plans.get(last[1]) is last[0]:
+            del _plans[last[1]]
         _keep(key, p)
-        _families[family] = p
+        _families[family] = (p, key)
 
 
 def _family(sig: tuple) -> tuple:

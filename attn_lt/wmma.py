@@ -333,9 +333,16 @@ class Program:
         p._lse_part_offset = self._lse_part_offset // max(1, self.launch.splits) * launch.splits
         return p
 
-    def run(self, q: int, k: int, v: int, o: int, lse: int, stream: int, mask: int = 0, workspace: int = 0) -> None:
+    def run(self, q: int, k: int, v: int, o: int, lse: int, stream: int, mask: int = 0, workspace: int = 0,
+            Sk: int | None = None, k_strides: tuple | None = None, v_strides: tuple | None = None) -> None:
         """Launch on ``stream`` with the device addresses of q, k, v, the output, the FP32 LSE, the mask (0: none)
-        and the workspace (the split partials; ``launch.workspace_bytes``)."""
+        and the workspace (the split partials; ``launch.workspace_bytes``); ``Sk`` and the K/V element strides, when
+        given, replace the case's (a decode step of the same launch: the split count stays this program's)."""
+        a = self.args
         with self._lock:  # the partials' addresses are read only with splits > 1
             self._addresses[:] = (q, k, v, o, lse, mask, workspace, workspace + self._lse_part_offset)
-            self._launch(self.args, stream)
+            if Sk is not None:
+                a.Sk = Sk
+                a.k_sb, a.k_sh, a.k_ss = k_strides[:3]
+                a.v_sb, a.v_sh, a.v_ss = v_strides[:3]
+            self._launch(a, stream)

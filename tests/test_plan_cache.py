@@ -11,10 +11,13 @@ from attn_lt import api
 class StandIn:
     """A fused plan as attention() sees it: derives a plan for another key length, runs."""
 
-    backend, case = "wmma", "a decode case"
+    backend, case, same_launch = "wmma", "a decode case", False
 
     def __init__(self, signature=None, derived=False):
         self.signature, self.derived = signature, derived
+
+    def runs_keys_of(self, signature, backend, threshold):
+        return self.same_launch
 
     def with_keys(self, k, v, signature, backend, threshold):
         return StandIn(signature, derived=True)
@@ -48,6 +51,31 @@ def test_a_decode_loop_keeps_one_derived_plan_a_family(monkeypatch):
     other = torch.empty(2, 8, 200, 64, dtype=torch.bfloat16)  # another family: a plan of its own
     attn_lt.attention(q[..., :64].contiguous(), other[:, :, :50], other[:, :, :50])
     assert len(made) == 2 and attn_lt.api.cached_plans() == n + 2
+    attn_lt.api.clear_plans()
+
+
+def test_a_plan_whose_launch_stays_runs_every_step_itself(monkeypatch):
+    """Where the family's plan runs the new key length as it is (same launch), no plan is made or derived: every
+    step's key maps to the same plan, and the cache keeps one step key a family beside the full plan's."""
+    made = []
+
+    def plan(q, k, v, **kw):
+        made.append(StandIn())
+        made[-1].same_launch = True
+        return made[-1]
+
+    monkeypatch.setattr(api, "plan", plan)
+    attn_lt.api.clear_plans()
+    q = torch.empty(2, 32, 1, 128, dtype=torch.bfloat16)
+    kc = torch.empty(2, 8, 200, 128, dtype=torch.bfloat16)
+    full = attn_lt.attention(q, kc[:, :, :100], kc[:, :, :100])
+    n = attn_lt.api.cached_plans()
+    for step in range(1, 30):
+        k = kc[:, :, :100 + step].contiguous()  # new strides too (a cache that torch.cat grows)
+        for _layer in range(4):
+            assert attn_lt.attention(q, k, k) is full
+        assert attn_lt.api.cached_plans() == n + 1
+    assert len(made) == 1
     attn_lt.api.clear_plans()
 
 
@@ -139,3 +167,41 @@ def test_the_least_recently_used_plan_goes_first(monkeypatch):
     assert call(1) is a and call(3) is c and call(4) is made[3]
     assert call(2) is not b and len(made) == 5
     attn_lt.api.clear_plans()
+
+
+def test_runs_keys_of_holds_while_the_launch_and_the_route_stay(monkeypatch):
+    """runs_keys_of (CPU, a real fused plan): a longer or shorter cache of the same split count and route runs on
+    the plan as it is, strides reallocated or not; another split count, a length the route sends to lt, strides the
+    kernel cannot read, or a masked plan do not."""
+    from attn_lt import wmma
+    from attn_lt.select import select
+    from attn_lt.validate import Case, MaskInfo
+
+    monkeypatch.setattr(api, "device_facts", lambda device=None: wmma.ASSUMED_DEVICE)
+    monkeypatch.setenv("ATTN_LT_THRESHOLD", "4096")
+    kc = torch.empty(2, 8, 6000, 128, dtype=torch.bfloat16)
+
+    def sig(k, v=None):
+        v = k if v is None else v
+        return (None, None, tuple(k.shape), k.stride(), tuple(v.shape), v.stride(), None, None, None, 0)
+
+    c = Case.contiguous(2, 32, 8, 1, 1000, 128)
+    c = Case(**{**c.__dict__, "k_strides": kc.stride(), "v_strides": kc.stride()})
+    base = api.AttentionPlan(c, select(c), None, sig(kc[:, :, :1000]), "tune",
+                             fused=wmma.fused_launch(c, wmma.ASSUMED_DEVICE))
+    same = [n for n in (990, 1001, 1020) if wmma.most_splits(n) == wmma.most_splits(1000)]
+    assert same
+    for n in same:
+        assert base.runs_keys_of(sig(kc[:, :, :n]), "auto", None)
+        assert base.runs_keys_of(sig(kc[:, :, :n].contiguous()), "auto", None)  # reallocated: new strides
+    assert not base.runs_keys_of(sig(kc[:, :, :2000]), "auto", None)  # another split count
+    assert not base.runs_keys_of(sig(kc[:, :, :1001, ::2]), "auto", None)  # elements 2 apart: not readable
+    assert base.runs_keys_of(sig(kc[:, :, :1001]), "wmma", None)
+    masked = Case(**{**c.__dict__, "mask": MaskInfo("bool", "bool", (2, 1, 1, 1000), (0, 0, 0, 1))})
+    mplan = api.AttentionPlan(masked, select(masked), None, sig(kc[:, :, :1000]), "tune",
+                              fused=wmma.fused_launch(masked, wmma.ASSUMED_DEVICE))
+    assert not mplan.runs_keys_of(sig(kc[:, :, :1001]), "auto", None)
+    monkeypatch.setenv("ATTN_LT_THRESHOLD", "1001")  # the route of the family sends 1001 keys to lt
+    fresh = api.AttentionPlan(c, select(c), None, sig(kc[:, :, :1000]), "tune",
+                              fused=wmma.fused_launch(c, wmma.ASSUMED_DEVICE))
+    assert not fresh.runs_keys_of(sig(kc[:, :, :1001]), "auto", None)
