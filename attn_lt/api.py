@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
+import math
 import logging
 import threading
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from . import config
 from .plan import Plan, make_plan, out_strides
 from .select import Decision, route_of, select
 from .validate import Case, address_alignment, check_options, check_out, check_tensors, mask_alignment
-from .wmma import FusedLaunch, device_facts, fused_launch, most_splits
+from .wmma import FusedLaunch, device_facts, fused_launch, keys_of_most, most_splits
 
 log = logging.getLogger("attn_lt")
 
@@ -94,17 +95,25 @@ def _cupy_stream():
         yield
 
 
-def _signature(q, k, v, attn_mask, out_align: int) -> tuple:
-    """What a plan fixes about its tensors: shapes, strides, dtypes, device indices (-1: CPU), the address
-    alignment, and whether v starts at k's address (an MLA latent cache: ``Case.v_in_k``). A decode step's hot
-    path: ints, not torch.device objects (cheaper to make, hash and compare)."""
+#: Positions in a signature's family (its first element; see :func:`call_signature`).
+_DTYPE, _DEVICE, _MASK = 8, 11, 14
+
+
+def call_signature(q, k, v, attn_mask, out_align: int) -> tuple:
+    """What a plan fixes about its tensors, as ``(family, Sk, v's Sk, k strides, v strides)``: the family holds the
+    shapes and strides but the key lengths and K/V strides (what a decode step changes), the dtypes, the device
+    indices (-1: CPU), the mask's layout, the address alignment, and whether v starts at k's address (an MLA latent
+    cache: ``Case.v_in_k``). A decode step's hot path: built from tensor attributes read once, unpacked, with ints
+    where torch.device objects would cost more to make, hash and compare."""
     kp, vp = k.data_ptr(), v.data_ptr()
     bits = q.data_ptr() | kp | vp
+    kb, kh, Sk, kd = k.shape
+    vb, vh, vSk, vd = v.shape
     m = None if attn_mask is None else (attn_mask.shape, attn_mask.stride(), attn_mask.dtype,
                                         attn_mask.get_device(), mask_alignment(attn_mask))
-    return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
-            q.get_device(), k.get_device(), v.get_device(), m, min(256, bits & -bits) if bits else 256, out_align,
-            vp == kp)
+    family = (q.shape, q.stride(), kb, kh, kd, vb, vh, vd, q.dtype, k.dtype, v.dtype, q.get_device(),
+              k.get_device(), v.get_device(), m, min(256, bits & -bits) if bits else 256, out_align, vp == kp)
+    return family, Sk, vSk, k.stride(), v.stride()
 
 
 @dataclass(frozen=True)
@@ -154,10 +163,11 @@ class AttentionPlan:
         self.backend = decision.backend  # "lt" or "wmma"
         self.signature, self.out_align = signature, out_align
         #: the device the plan runs on (None for a plan made from shapes)
-        self.device = None if signature is None else _device_of(signature[9])
+        self.device = None if signature is None else _device_of(signature[0][_DEVICE])
         self.key_mass, self.key_mass_window = key_mass, key_mass_window
         self.derived = False  # made by with_keys from another plan of its family
         self._used = 0  # when attention() last used it (its plan cache's eviction order)
+        self._keys = None  # the key lengths runs_keys_of accepts, once asked
         self._route = None  # the selector's route for this plan's family, once a decode step asked (with_keys)
         self._unworded = None  # the decision of the plans derived from this one, without its reason
         self._program = None
@@ -208,13 +218,8 @@ class AttentionPlan:
         it (``backend`` "auto"). The family's route is looked up once and handed from plan to plan (a new
         calibration takes effect after :func:`clear_plans`)."""
         case = self.case
-        if self.backend != "wmma" or case.mask is not None or self.key_mass:
+        if self.backend != "wmma" or case.mask is not None or self.key_mass or Sk < 1 or not self._reads(ks, vs):
             return False
-        if case.v_in_k and ks != vs:  # v at k's address (the family) but not k's first columns
-            return False
-        st = ks[:3] + vs[:3]
-        if Sk < 1 or ks[3] != 1 or vs[3] != 1 or min(st) <= 0 or (st[0] | st[1] | st[2] | st[3] | st[4] | st[5]) % 8:
-            return False  # positive multiples of 8 elements, as the fused kernels read them
         if backend != "auto":
             return None
         r = self._route  # the family's route holds for every key length on the same side of Sq >= Sk
@@ -222,26 +227,48 @@ class AttentionPlan:
             r = route_of(Case.with_keys(case, Sk, ks, vs), threshold)
         return False if r.prefers_lt(Sk) else r
 
+    def _reads(self, ks: tuple, vs: tuple) -> bool:
+        """Whether the fused kernels read K/V of strides ``ks``, ``vs`` as this plan's family (positive multiples
+        of 8 elements, the last 1; v at k's address only as k's first columns)."""
+        a, b, c, d = ks
+        e, f, g, h = vs
+        return (d == 1 and h == 1 and a > 0 and b > 0 and c > 0 and e > 0 and f > 0 and g > 0
+                and not (a | b | c | e | f | g) % 8 and (ks == vs or not self.case.v_in_k))
+
     def runs_keys_of(self, signature: tuple, backend: str, threshold) -> bool:
         """Whether this plan runs, as it is, the call of ``signature`` — this plan's family with another key length
         or K/V strides (a decode step): a fused plan without a mask, whose kernel reads the key length and the K/V
-        strides from each call, while the launch (the split count) and the route stay those of its own length."""
-        Sk = signature[2][2]
-        if most_splits(Sk) != most_splits(self.case.Sk):  # the only way the key length enters the launch
-            return False
-        r = self._route_for(Sk, signature[3], signature[5], backend, threshold)
-        if r is False:
-            return False
-        if r is not None:
-            self._route = r
-        return True
+        strides from each call, while the launch (the split count) and the route stay those of its own length.
+        ``backend`` and ``threshold`` are the family's (the key lengths it covers are worked out once)."""
+        keys = self._keys
+        if keys is None:
+            keys = self._keys = self._keys_covered(backend, threshold)
+        Sk = signature[1]
+        return keys[0] <= Sk <= keys[1] and signature[2] == Sk and self._reads(signature[3], signature[4])
 
-    def with_keys(self, k, v, signature: tuple, backend: str, threshold) -> AttentionPlan | None:
+    def _keys_covered(self, backend: str, threshold) -> tuple[int, float]:
+        """The key lengths (lo, hi) :meth:`runs_keys_of` accepts: those of this plan's split count that its route
+        (``backend`` "auto") sends to wmma; (1, 0) for none."""
+        case = self.case
+        if self.backend != "wmma" or case.mask is not None or self.key_mass:
+            return 1, 0
+        lo, hi = keys_of_most(most_splits(case.Sk))
+        if backend == "auto":
+            r = self._route
+            if r is None or not r.holds_for(case.Sq, case.Sk):
+                r = self._route = route_of(case, threshold)
+            rlo, rhi = r.wmma_keys(case.Sq)
+            lo, hi = max(lo, rlo), min(math.inf if hi is None else hi, math.inf if rhi is None else rhi)
+        return lo, (math.inf if hi is None else hi)
+
+    def with_keys(self, signature: tuple, backend: str, threshold) -> AttentionPlan | None:
         """This plan for the same call with another key length (a decode step: the KV cache grew) whose launch
         differs (another split count), derived without planning anew, or None when that takes a full plan (see
-        :meth:`_route_for`) or the kernel changes. Everything but the key length and the K/V strides is in
-        ``signature``'s family."""
-        Sk, ks, vs = k.shape[2], k.stride(), v.stride()
+        :meth:`_route_for`) or the kernel changes; ``signature`` is the call's (:func:`call_signature`), of this plan's
+        family."""
+        Sk, ks, vs = signature[1], signature[3], signature[4]
+        if signature[2] != Sk:  # v of another length: invalid, which a full plan's validation says
+            return None
         r = self._route_for(Sk, ks, vs, backend, threshold)
         if r is False:
             return None
@@ -260,7 +287,7 @@ class AttentionPlan:
         # a copy of this plan's attributes (the lock too: it guards only a first run's preparation)
         p = object.__new__(AttentionPlan)
         p.__dict__.update(self.__dict__, case=case, _decision=decision, signature=signature, fused=fused,
-                          derived=True, _route=r)
+                          derived=True, _route=r, _keys=None)
         if self._program is not None:  # else the new plan prepares its own on its first run
             p._program = self._program.with_keys(case, fused)
         if fused.workspace_bytes != self.fused.workspace_bytes:
@@ -279,7 +306,7 @@ class AttentionPlan:
             raise RuntimeError("this plan was made from shapes without tensors (explain only); make one from "
                                "CUDA tensors with attn_lt.plan(q, k, v, ...) to run it")
         out_align = 256 if out is None else address_alignment(out.data_ptr())
-        sig = _signature(q, k, v, attn_mask, min(out_align, self.out_align))
+        sig = call_signature(q, k, v, attn_mask, min(out_align, self.out_align))
         if sig != self.signature:
             mask = "" if attn_mask is None else f", mask {tuple(attn_mask.shape)}"
             raise ValueError(f"plan made for {self.case} cannot run these tensors: q {tuple(q.shape)} "
@@ -335,7 +362,7 @@ class AttentionPlan:
         switch = _current_device() != device
         if self.backend == "wmma":
             args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse_ptr, stream,
-                    0 if attn_mask is None else attn_mask.data_ptr(), ws_ptr, sig[2][2], sig[3], sig[5])
+                    0 if attn_mask is None else attn_mask.data_ptr(), ws_ptr, sig[1], sig[3], sig[4])
             if switch:
                 with torch.cuda.device(device):
                     program.run(*args)
@@ -401,7 +428,7 @@ def _random_like(p: AttentionPlan):
     """Random tensors with a plan's shapes and strides (for ``tune`` without the caller's data)."""
     c = p.case
     dev = p.device
-    dt = p.signature[6]
+    dt = p.signature[0][_DTYPE]
 
     def rnd(shape, strides):
         n = 1 + sum((s - 1) * st for s, st in zip(shape, strides))
@@ -411,8 +438,8 @@ def _random_like(p: AttentionPlan):
     k = rnd((c.B, c.Hkv, c.Sk, c.D), c.k_strides)
     v = k[..., :c.Dv] if c.v_in_k else rnd((c.B, c.Hkv, c.Sk, c.Dv), c.v_strides)
     m = None
-    if p.signature[12] is not None:
-        shape, strides, mdt = p.signature[12][:3]
+    if p.signature[0][_MASK] is not None:
+        shape, strides, mdt = p.signature[0][_MASK][:3]
         n = 1 + sum((s - 1) * st for s, st in zip(shape, strides))
         base = torch.rand(n, device=dev) > 0.1 if mdt == torch.bool else torch.randn(n, device=dev).to(mdt)
         m = base.as_strided(shape, strides)
@@ -430,7 +457,7 @@ def _plan_case(case: Case, backend: str, workspace_bytes, threshold, algo_policy
         chunks = make_plan(case, workspace_bytes, key_tiles=config.key_tiles() and not return_key_mass)
     fused = None
     if decision.backend == "wmma":
-        device = None if signature is None else _device_of(signature[9]).index
+        device = None if signature is None else _device_of(signature[0][_DEVICE]).index
         fused = fused_launch(case, device_facts(device))
     return AttentionPlan(case, decision, chunks, signature, policy, out_align, bool(return_key_mass),
                          key_mass_window, fused)
@@ -444,7 +471,7 @@ def plan(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | None =
     :func:`attention`; pass ``out`` if ``run`` will write into a preallocated output (its alignment counts)."""
     case = check_tensors(q, k, v, attn_mask, causal, scale)
     out_align = 256 if out is None else address_alignment(out.data_ptr())
-    sig = _signature(q, k, v, attn_mask, out_align)
+    sig = call_signature(q, k, v, attn_mask, out_align)
     p = _plan_case(case, backend, workspace_bytes, threshold, algo_policy, sig, out_align, return_key_mass,
                    key_mass_window)
     if p.backend == "wmma":  # the launch arguments (host memory only) built now rather than on the first run
@@ -456,7 +483,8 @@ def plan(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | None =
 #: recently used first out: a hit stamps its plan, cheaper than reordering an OrderedDict on a decode step's hot path.
 _plans: dict = {}
 _uses = itertools.count()
-#: The last fused plan of each family (a signature without the key length): a decode step derives from it.
+#: The last fused plan of each family (a call key without the key length and the K/V strides): a decode step runs
+#: it, or derives a plan from it.
 _families: collections.OrderedDict = collections.OrderedDict()
 _plans_lock = threading.Lock()
 
@@ -533,46 +561,40 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
                                key_mass_window=key_mass_window)
     try:
         out_align = 256 if out is None else address_alignment(out.data_ptr())
-        sig = _signature(q, k, v, attn_mask, out_align)
+        sig = call_signature(q, k, v, attn_mask, out_align)
         options = (causal, scale, backend, workspace_bytes, threshold, algo_policy, return_key_mass,
                    key_mass_window, config.env_snapshot(_ENV_VARS))
-        key = (sig, options)
-        p = _plans.get(key)
-    except (AttributeError, TypeError, RuntimeError):  # not tensors, unhashable options: validation explains
+        family = (sig[0], options)
+        last = _families.get(family)
+    except (AttributeError, TypeError, ValueError, RuntimeError):  # not 4-D tensors, unhashable options: validation explains
         check_tensors(q, k, v, attn_mask, causal, scale)
         raise
-    if p is None:
-        # A decode step: the same call as one planned before but for the key length and the K/V strides (the
-        # family drops them). The family's last plan runs it as it is while its launch stays the same, else a plan
-        # is derived from it. The plan cache holds one such key a family, the newest (the other layers of the same
-        # step hit it), so that a decode loop does not push the other plans out of it.
-        family = (_family(sig), options)
-        last = _families.get(family)
-        p = None
-        if last is not None:
-            base = last[0]
-            p = base if base.runs_keys_of(sig, backend, threshold) else base.with_keys(k, v, sig, backend, threshold)
-        if p is None:
-            p = plan(q, k, v, attn_mask=attn_mask, causal=causal, scale=scale, backend=backend,
-                     workspace_bytes=workspace_bytes, threshold=threshold, algo_policy=algo_policy,
-                     return_key_mass=return_key_mass, key_mass_window=key_mass_window, out=out)
-            log.debug("attention: new plan %s -> %s", p.case, p.backend)
-            _remember(key, p, family if p.backend == "wmma" else None)
-        else:
-            _remember_step(family, key, p)
-    else:
+    if last is not None and last.runs_keys_of(sig, backend, threshold):
+        # Every call of a decode loop: the family's last plan runs the call's key length and K/V strides as they
+        # are (a fused plan without a mask, while its split count and route stay), with no lookup by exact key.
+        p = last
         p._used = next(_uses)
+    else:
+        key = (sig, options)
+        p = _plans.get(key)
+        if p is None:
+            # a decode step whose split count or route changes: a plan derived from the family's last one, which
+            # it replaces there (it has no key of its own: the family finds it); else a full plan
+            p = None if last is None else last.with_keys(sig, backend, threshold)
+            if p is None:
+                p = plan(q, k, v, attn_mask=attn_mask, causal=causal, scale=scale, backend=backend,
+                         workspace_bytes=workspace_bytes, threshold=threshold, algo_policy=algo_policy,
+                         return_key_mass=return_key_mass, key_mass_window=key_mass_window, out=out)
+                log.debug("attention: new plan %s -> %s", p.case, p.backend)
+                with _plans_lock:
+                    _keep(key, p)
+            if p.backend == "wmma":
+                _remember_family(family, p)
+        else:
+            p._used = next(_uses)
+            if last is None and p.backend == "wmma":  # its family was evicted: the plan heads it again
+                _remember_family(family, p)
     return p._execute(q, k, v, attn_mask, out, return_lse, None, sig)
-
-
-def _remember(key, p: AttentionPlan, family: tuple | None = None) -> None:
-    """Cache a new plan (and make it its ``family``'s last plan, when given)."""
-    with _plans_lock:
-        _keep(key, p)
-        if family is not None:
-            _families[family] = (p, None)
-            if len(_families) > PLAN_CACHE_SIZE:
-                _families.popitem(last=False)
 
 
 def _keep(key, p: AttentionPlan) -> None:
@@ -583,22 +605,12 @@ def _keep(key, p: AttentionPlan) -> None:
         del _plans[min(_plans, key=lambda k: _plans[k]._used)]
 
 
-def _remember_step(family: tuple, key, p: AttentionPlan) -> None:
-    """Cache ``p`` (the family's last plan, or one derived from it) under a decode step's ``key`` in place of the
-    family's previous step key, and make it the family's last plan. ``_families`` holds (last plan, its step key
-    or None); a derived plan lives on there once its own key has gone."""
+def _remember_family(family: tuple, p: AttentionPlan) -> None:
+    """Make ``p`` its family's last plan (the oldest family out beyond PLAN_CACHE_SIZE)."""
     with _plans_lock:
-        last = _families.get(family)  # read again under the lock: another thread may have stepped meanwhile
-        if last is not None and last[1] is not None and _plans.get(last[1]) is last[0]:
-            del _plans[last[1]]
-        _keep(key, p)
-        _families[family] = (p, key)
-
-
-def _family(sig: tuple) -> tuple:
-    """A plan signature without the key length and the K/V strides (which follow it in a growing KV cache)."""
-    ks, vs = sig[2], sig[4]
-    return (sig[0], sig[1], ks[:2] + ks[3:], vs[:2] + vs[3:]) + sig[6:]
+        _families[family] = p
+        if len(_families) > PLAN_CACHE_SIZE:
+            _families.popitem(last=False)
 
 
 def _attention_cupy(q, k, v, *, out=None, return_lse=False, attn_mask=None, **kw):

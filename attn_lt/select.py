@@ -66,6 +66,13 @@ class Route:
         """Whether this route decides the family's case of ``Sq`` queries and ``Sk`` keys too."""
         return (Sq >= Sk) == self.prefill
 
+    def wmma_keys(self, Sq: int) -> tuple[int, int | None]:
+        """The key lengths (lo, hi; None: no bound) this route sends to wmma on its own side of Sq >= Sk."""
+        lo, hi = (1, Sq) if self.prefill else (Sq + 1, None)
+        if self.lt_from is not None:
+            hi = self.lt_from - 1 if hi is None else min(hi, self.lt_from - 1)
+        return lo, hi
+
 
 def route_of(case: Case, threshold: int | None = None) -> Route:
     """The :class:`Route` of ``case``: the one place of the rule described at the top of this module."""

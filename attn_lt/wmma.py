@@ -182,6 +182,14 @@ def most_splits(Sk: int) -> int:
     return min(MAX_SPLITS, -(-Sk // KEY_TILE) // MIN_SPLIT_TILES)
 
 
+def keys_of_most(most: int) -> tuple[int, int | None]:
+    """The key lengths (lo, hi; None: no bound) whose :func:`most_splits` is ``most``."""
+    if most >= MAX_SPLITS:
+        return (MAX_SPLITS * MIN_SPLIT_TILES - 1) * KEY_TILE + 1, None
+    lo = 1 if most == 0 else (most * MIN_SPLIT_TILES - 1) * KEY_TILE + 1
+    return lo, ((most + 1) * MIN_SPLIT_TILES - 1) * KEY_TILE
+
+
 @functools.lru_cache(maxsize=1024)
 def split_count(blocks: int, slots: int, most: int) -> int:
     """How many parts (at most ``most``) to cut each row block's keys into for ``blocks`` CTAs on ``slots`` (SMs ×

@@ -1,6 +1,6 @@
-"""attention()'s plan cache (CPU): a decode loop derives one plan a step from its family, the step's other calls
-hit it, and the cache keeps only the newest derived plan of a family (the plans themselves are stand-ins; what is
-tested is the bookkeeping around them)."""
+"""attention()'s plan cache (CPU): a decode loop runs its family's last plan, or derives one where the launch
+changes, which the step's other calls then find by their family; derived plans take no place in the plan cache
+(the plans themselves are stand-ins where only the bookkeeping around them is tested)."""
 
 import torch
 
@@ -17,9 +17,9 @@ class StandIn:
         self.signature, self.derived = signature, derived
 
     def runs_keys_of(self, signature, backend, threshold):
-        return self.same_launch
+        return self.same_launch or signature == self.signature  # a plan runs its own call
 
-    def with_keys(self, k, v, signature, backend, threshold):
+    def with_keys(self, signature, backend, threshold):
         return StandIn(signature, derived=True)
 
     def _execute(self, *args):
@@ -43,20 +43,20 @@ def test_a_decode_loop_keeps_one_derived_plan_a_family(monkeypatch):
         k = kc[:, :, :100 + step]
         first = attn_lt.attention(q, k, k)
         assert first is not full and first.derived
-        for _layer in range(3):  # the other layers of the step hit the step's plan
+        for _layer in range(3):  # the other layers of the step find the step's plan by their family
             assert attn_lt.attention(q, k, k) is first
-        assert attn_lt.api.cached_plans() == n + 1
+        assert attn_lt.api.cached_plans() == n  # derived plans live in their family only
     assert len(made) == 1  # one full plan; every step derived
     assert attn_lt.attention(q, kc[:, :, :100], kc[:, :, :100]) is full  # the full plan stayed
     other = torch.empty(2, 8, 200, 64, dtype=torch.bfloat16)  # another family: a plan of its own
     attn_lt.attention(q[..., :64].contiguous(), other[:, :, :50], other[:, :, :50])
-    assert len(made) == 2 and attn_lt.api.cached_plans() == n + 2
+    assert len(made) == 2 and attn_lt.api.cached_plans() == n + 1
     attn_lt.api.clear_plans()
 
 
 def test_a_plan_whose_launch_stays_runs_every_step_itself(monkeypatch):
-    """Where the family's plan runs the new key length as it is (same launch), no plan is made or derived: every
-    step's key maps to the same plan, and the cache keeps one step key a family beside the full plan's."""
+    """Where the family's plan runs the new key length as it is (same launch), no plan is made or derived and no
+    key is added: every call of every step finds the same plan by its family."""
     made = []
 
     def plan(q, k, v, **kw):
@@ -64,17 +64,25 @@ def test_a_plan_whose_launch_stays_runs_every_step_itself(monkeypatch):
         made[-1].same_launch = True
         return made[-1]
 
+    def aligned(*shape):  # 256-byte aligned, as CUDA allocations are (the alignment is part of the family)
+        n = 1
+        for d in shape:
+            n *= d
+        buf = torch.empty(n + 128, dtype=torch.bfloat16)
+        skip = (-buf.data_ptr() % 256) // 2
+        return buf[skip:skip + n].view(shape)
+
     monkeypatch.setattr(api, "plan", plan)
     attn_lt.api.clear_plans()
-    q = torch.empty(2, 32, 1, 128, dtype=torch.bfloat16)
-    kc = torch.empty(2, 8, 200, 128, dtype=torch.bfloat16)
+    q = aligned(2, 32, 1, 128)
+    kc = aligned(2, 8, 200, 128)
     full = attn_lt.attention(q, kc[:, :, :100], kc[:, :, :100])
     n = attn_lt.api.cached_plans()
     for step in range(1, 30):
-        k = kc[:, :, :100 + step].contiguous()  # new strides too (a cache that torch.cat grows)
+        k = aligned(2, 8, 100 + step, 128)  # new strides too (a cache that torch.cat grows)
         for _layer in range(4):
             assert attn_lt.attention(q, k, k) is full
-        assert attn_lt.api.cached_plans() == n + 1
+        assert attn_lt.api.cached_plans() == n
     assert len(made) == 1
     attn_lt.api.clear_plans()
 
@@ -94,7 +102,7 @@ def test_a_derived_plan_words_the_reason_a_fresh_plan_would_give(monkeypatch):
     q = torch.empty(2, 32, 1, 128, dtype=torch.bfloat16)
     kc = torch.empty(2, 8, 6000, 128, dtype=torch.bfloat16)
 
-    sig = (None,) * 9 + (0,)  # with_keys reads the device (index) from a signature
+    sig = api.call_signature(q, kc[:, :, :1000], kc[:, :, :1000], None, 256)
 
     def case(n):
         c = Case.contiguous(2, 32, 8, 1, n, 128)
@@ -109,19 +117,22 @@ def test_a_derived_plan_words_the_reason_a_fresh_plan_would_give(monkeypatch):
     assert base.backend == "wmma"
     for n in (1001, 1002, 4095):  # a decode loop: each step derives from the last
         k = kc[:, :, :n]
-        last, p = p, p.with_keys(k, k, sig, "auto", None)
+        s = api.call_signature(q, k, k, None, 256)
+        last, p = p, p.with_keys(s, "auto", None)
         assert p.derived and p.case.Sk == n and p.decision.reasons == select(case(n)).reasons
         assert p.decision.rejected == select(case(n)).rejected
         assert p.fused == wmma.fused_launch(case(n), wmma.ASSUMED_DEVICE)
         # the launch is looked up again only where the key length changes the most splits it allows
         same = wmma.most_splits(n) == wmma.most_splits(last.case.Sk)
         assert (p.fused is last.fused) == same
-        assert p.signature is sig and base.case.Sk == 1000 and base.signature is sig  # the base plan unchanged
+        assert p.signature is s and base.case.Sk == 1000 and base.signature is sig  # the base plan unchanged
     assert len(looked_up) == 1
-    k = kc[:, :, :4096]
-    assert p.with_keys(k, k, sig, "auto", None) is None  # the threshold: a full plan (lt) instead
+    s = api.call_signature(q, kc[:, :, :4096], kc[:, :, :4096], None, 256)
+    assert p.with_keys(s, "auto", None) is None  # the threshold: a full plan (lt) instead
     assert base.decision.reasons == select(case(1000)).reasons  # the base plan's own reason, unchanged
-    assert full_plan("wmma").with_keys(k, k, sig, "wmma", None).decision.reasons == ("forced by the caller",)
+    assert full_plan("wmma").with_keys(s, "wmma", None).decision.reasons == ("forced by the caller",)
+    s = api.call_signature(q, kc[:, :, :1001], kc[:, :, :1002], None, 256)
+    assert base.with_keys(s, "auto", None) is None  # v of another length: a full plan's validation refuses it
 
 
 def test_a_latent_cache_plan_derives_only_while_v_stays_ks_first_columns(monkeypatch):
@@ -130,16 +141,17 @@ def test_a_latent_cache_plan_derives_only_while_v_stays_ks_first_columns(monkeyp
     from attn_lt.validate import Case
 
     monkeypatch.setattr(api, "device_facts", lambda device=None: wmma.ASSUMED_DEVICE)
-    sig = (None,) * 9 + (0,)
+    q = torch.empty(4, 128, 1, 576, dtype=torch.bfloat16)
+    cache = torch.empty(4, 1, 2000, 576, dtype=torch.bfloat16)
+    sig = api.call_signature(q, cache[:, :, :1000], cache[:, :, :1000, :512], None, 256)
     c = Case.contiguous(4, 128, 1, 1, 1000, 576, Dv=512, v_in_k=True)
     base = api.AttentionPlan(c, select(c, "wmma"), None, sig, "tune", fused=wmma.fused_launch(c, wmma.ASSUMED_DEVICE))
-    cache = torch.empty(4, 1, 2000, 576, dtype=torch.bfloat16)
     k = cache[:, :, :1001]
-    assert base.with_keys(k, k[..., :512], sig, "wmma", None).case.v_in_k
+    assert base.with_keys(api.call_signature(q, k, k[..., :512], None, 256), "wmma", None).case.v_in_k
     buf = torch.empty(4 * 2000 * 1024, dtype=torch.bfloat16)  # v at k's address (the family) with other strides
     k = buf.as_strided((4, 1, 1001, 576), (2000 * 576, 2000 * 576, 576, 1))
     v = buf.as_strided((4, 1, 1001, 512), (2000 * 1024, 2000 * 1024, 1024, 1))
-    assert base.with_keys(k, v, sig, "wmma", None) is None
+    assert base.with_keys(api.call_signature(q, k, v, None, 256), "wmma", None) is None
 
 
 def test_the_least_recently_used_plan_goes_first(monkeypatch):
@@ -181,9 +193,10 @@ def test_runs_keys_of_holds_while_the_launch_and_the_route_stay(monkeypatch):
     monkeypatch.setenv("ATTN_LT_THRESHOLD", "4096")
     kc = torch.empty(2, 8, 6000, 128, dtype=torch.bfloat16)
 
+    q = torch.empty(2, 32, 1, 128, dtype=torch.bfloat16)
+
     def sig(k, v=None):
-        v = k if v is None else v
-        return (None, None, tuple(k.shape), k.stride(), tuple(v.shape), v.stride(), None, None, None, 0)
+        return api.call_signature(q, k, k if v is None else v, None, 256)
 
     c = Case.contiguous(2, 32, 8, 1, 1000, 128)
     c = Case(**{**c.__dict__, "k_strides": kc.stride(), "v_strides": kc.stride()})
@@ -196,7 +209,11 @@ def test_runs_keys_of_holds_while_the_launch_and_the_route_stay(monkeypatch):
         assert base.runs_keys_of(sig(kc[:, :, :n].contiguous()), "auto", None)  # reallocated: new strides
     assert not base.runs_keys_of(sig(kc[:, :, :2000]), "auto", None)  # another split count
     assert not base.runs_keys_of(sig(kc[:, :, :1001, ::2]), "auto", None)  # elements 2 apart: not readable
-    assert base.runs_keys_of(sig(kc[:, :, :1001]), "wmma", None)
+    forced = api.AttentionPlan(c, select(c, "wmma"), None, sig(kc[:, :, :1000]), "tune",
+                               fused=wmma.fused_launch(c, wmma.ASSUMED_DEVICE))
+    lo, hi = wmma.keys_of_most(wmma.most_splits(1000))
+    assert forced.runs_keys_of(sig(kc[:, :, :hi]), "wmma", None)  # forced: the split count alone bounds it
+    assert not forced.runs_keys_of(sig(kc[:, :, :hi + 1]), "wmma", None)
     masked = Case(**{**c.__dict__, "mask": MaskInfo("bool", "bool", (2, 1, 1, 1000), (0, 0, 0, 1))})
     mplan = api.AttentionPlan(masked, select(masked), None, sig(kc[:, :, :1000]), "tune",
                               fused=wmma.fused_launch(masked, wmma.ASSUMED_DEVICE))
@@ -205,3 +222,5 @@ def test_runs_keys_of_holds_while_the_launch_and_the_route_stay(monkeypatch):
     fresh = api.AttentionPlan(c, select(c), None, sig(kc[:, :, :1000]), "tune",
                               fused=wmma.fused_launch(c, wmma.ASSUMED_DEVICE))
     assert not fresh.runs_keys_of(sig(kc[:, :, :1001]), "auto", None)
+    assert fresh.runs_keys_of(sig(kc[:, :, :1000]), "auto", None) and fresh.runs_keys_of(sig(kc[:, :, :lo]), "auto",
+                                                                                          None)

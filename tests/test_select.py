@@ -127,3 +127,17 @@ def test_measured_rules_route_auto_and_say_so(tmp_path, monkeypatch):
         "Sk 4096 (lt 0.41 ms vs wmma 0.93 ms at Sk 4096; wmma 0.2 ms vs lt 0.3 ms at Sk 1024))")
     assert select(case(2048, Sq=1)).backend == "wmma"
     assert "design default; no calibration of this GPU covers D64" in select(case(100, D=64)).reasons[0]
+
+
+def test_a_routes_wmma_keys_are_those_it_sends_to_wmma():
+    """Route.wmma_keys(Sq): the key lengths on the route's side of Sq >= Sk that it does not send to lt."""
+    from attn_lt.select import Route
+
+    for lt_from in (None, 3, 50, 4096):
+        for prefill in (False, True):
+            r = Route(lt_from, None if lt_from is None else f"{lt_from}", "", prefill)
+            for Sq in (1, 16, 40):
+                lo, hi = r.wmma_keys(Sq)
+                inside = {Sk for Sk in range(1, 5000) if r.holds_for(Sq, Sk) and not r.prefers_lt(Sk)}
+                got = {Sk for Sk in range(1, 5000) if lo <= Sk and (hi is None or Sk <= hi)}
+                assert got == inside, (lt_from, prefill, Sq)

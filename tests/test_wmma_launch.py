@@ -2,6 +2,7 @@
 
 import pytest
 
+from attn_lt import wmma
 from attn_lt.validate import Case, MaskInfo
 from attn_lt.wmma import ASSUMED_DEVICE, DeviceFacts, fused_launch, hopper_mask_refusal, most_splits, split_count
 
@@ -108,34 +109,44 @@ def _decode_plan(Sk=32768, mask=None):
     from attn_lt.select import select
 
     case = Case.contiguous(8, 32, 8, 1, Sk, 128, mask=mask)
-    sig = (None,) * 9 + (0,)  # what with_keys reads of a signature: the device index
-    return AttentionPlan(case, select(case, "wmma"), None, sig, "heuristic", fused=fused_launch(case, H100)), sig
+    k = torch.empty(8, 8, Sk, 128)
+    return AttentionPlan(case, select(case, "wmma"), None, _sig(k, k), "heuristic", fused=fused_launch(case, H100))
+
+
+def _sig(k, v):
+    """A call's signature (CPU tensors: the plan's device is the CPU, its launch facts the assumed GPU's)."""
+    import torch
+
+    from attn_lt.api import call_signature
+
+    return call_signature(torch.empty(8, 32, 1, 128), k, v, None, 256)
 
 
 def test_a_decode_step_derives_its_plan_from_the_last_one():
     import torch
 
-    p, sig = _decode_plan()
+    p = _decode_plan()
     k = torch.empty(8, 8, 40000, 128)[:, :, :32769]  # a static cache: the strides stay, the length grows
-    q = p.with_keys(k, k, sig, "wmma", None)
+    q = p.with_keys(_sig(k, k), "wmma", None)
     assert q is not None and q.case.Sk == 32769 and q.case.k_strides == k.stride() and q.backend == "wmma"
     assert q.fused.kernel == "flash" and q.workspace_bytes == q.fused.workspace_bytes
     assert p.case.Sk == 32768  # the base plan is unchanged
     fresh = torch.empty(8, 8, 50000, 128)  # a cache reallocated: new strides too
-    assert p.with_keys(fresh, fresh, sig, "wmma", None).case.k_strides == fresh.stride()
+    assert p.with_keys(_sig(fresh, fresh), "wmma", None).case.k_strides == fresh.stride()
 
 
 def test_what_does_not_derive_takes_a_full_plan():
     import torch
 
-    p, sig = _decode_plan()
+    p = _decode_plan()
     k = torch.empty(8, 8, 40000, 128)[:, :, :32769]
-    assert p.with_keys(k, k, sig, "auto", 4096) is None  # the route now prefers lt (threshold 4096)
-    assert p.with_keys(k.transpose(2, 3), k, sig, "wmma", None) is None  # not rows of contiguous elements
-    assert p.with_keys(torch.empty(8, 8, 40000, 130)[..., :128], k, sig, "wmma", None) is None  # strides % 8
+    assert p.with_keys(_sig(k, k), "auto", 4096) is None  # the route now prefers lt (threshold 4096)
+    t = torch.empty(8, 8, 128, 32769).transpose(2, 3)
+    assert p.with_keys(_sig(t, k), "wmma", None) is None  # not rows of contiguous elements
+    assert p.with_keys(_sig(torch.empty(8, 8, 40000, 130)[:, :, :32769, :128], k), "wmma", None) is None  # % 8
     m = MaskInfo("bool", "bool", (8, 1, 1, 32768), (32768, 0, 0, 1))
-    masked, sig = _decode_plan(mask=m)
-    assert masked.with_keys(k, k, sig, "wmma", None) is None
+    masked = _decode_plan(mask=m)
+    assert masked.with_keys(_sig(k, k), "wmma", None) is None
 
 
 def test_a_forced_launch_keeps_the_rules_tiling_and_workspace():
@@ -214,3 +225,14 @@ def test_split_count_counts_the_critical_path_in_key_tiles():
     assert split_count(8, 264, 32) == 32
     # one wave either way: the fewest parts among those within SPLIT_FILL of the shortest path
     assert split_count(64, 132, 128) == 2
+
+
+def test_keys_of_most_inverts_most_splits():
+    """keys_of_most(m) is exactly the key lengths whose most_splits is m (a decode plan's range of key lengths)."""
+    for m in range(wmma.MAX_SPLITS + 1):
+        lo, hi = wmma.keys_of_most(m)
+        assert wmma.most_splits(lo) == m and (lo == 1 or wmma.most_splits(lo - 1) != m)
+        if hi is None:
+            assert m == wmma.MAX_SPLITS and wmma.most_splits(10**8) == m
+        else:
+            assert wmma.most_splits(hi) == m and wmma.most_splits(hi + 1) != m
