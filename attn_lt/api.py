@@ -9,8 +9,8 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
-import math
 import logging
+import math
 import threading
 from dataclasses import dataclass
 
@@ -566,7 +566,8 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
                    key_mass_window, config.env_snapshot(_ENV_VARS))
         family = (sig[0], options)
         last = _families.get(family)
-    except (AttributeError, TypeError, ValueError, RuntimeError):  # not 4-D tensors, unhashable options: validation explains
+    except (AttributeError, TypeError, ValueError, RuntimeError):  # not 4-D tensors, unhashable options:
+        # the validation explains
         check_tensors(q, k, v, attn_mask, causal, scale)
         raise
     if last is not None and last.runs_keys_of(sig, backend, threshold):
