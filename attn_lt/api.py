@@ -19,7 +19,7 @@ import torch
 from . import config
 from .plan import Plan, make_plan, out_strides
 from .select import Decision, route_of, select
-from .validate import Case, address_alignment, check_options, check_out, check_tensors, mask_alignment
+from .validate import Case, address_alignment, check_options, check_out, check_tensors, mask_alignment, out_shape
 from .wmma import FusedLaunch, device_facts, fused_launch, keys_of_most, most_splits
 
 log = logging.getLogger("attn_lt")
@@ -157,7 +157,7 @@ class AttentionPlan:
 
     def __init__(self, case: Case, decision: Decision, chunks: Plan | None, signature: tuple | None,
                  policy: str, out_align: int = 256, key_mass: bool = False, key_mass_window: int | None = None,
-                 fused: FusedLaunch | None = None):
+                 fused: FusedLaunch | None = None, out_layout: str = "bhsd"):
         self.case, self.chunks, self.policy, self.fused = case, chunks, policy, fused
         self._decision = decision
         self.backend = decision.backend  # "lt" or "wmma"
@@ -165,6 +165,8 @@ class AttentionPlan:
         #: the device the plan runs on (None for a plan made from shapes)
         self.device = None if signature is None else _device_of(signature[0][_DEVICE])
         self.key_mass, self.key_mass_window = key_mass, key_mass_window
+        self.out_layout = out_layout  # "bhsd" or "bshd" (validate.OUT_LAYOUTS)
+        self._out_shape = out_shape(case, out_layout)
         self.derived = False  # made by with_keys from another plan of its family
         self._used = 0  # when attention() last used it (its plan cache's eviction order)
         self._keys = None  # the key lengths runs_keys_of accepts, once asked
@@ -203,7 +205,7 @@ class AttentionPlan:
                     if self.backend == "wmma":
                         from .wmma import Program as WmmaProgram
 
-                        p = WmmaProgram(self.case, out_strides(self.case), self.fused)
+                        p = WmmaProgram(self.case, out_strides(self.case, self.out_layout), self.fused)
                     else:
                         from .lt.path import Program as LtProgram
 
@@ -296,7 +298,8 @@ class AttentionPlan:
 
     def run(self, q, k, v, attn_mask=None, *, out=None, return_lse: bool = False, workspace=None):
         """Attention of q, k, v (and ``attn_mask``) as planned; tensors must match the plan's shapes, strides,
-        dtypes and device (the data may differ). Returns ``out`` (B, Hq, Sq, Dv); with ``return_lse``
+        dtypes and device (the data may differ). Returns ``out`` (B, Hq, Sq, Dv), or (B, Sq, Hq, Dv) for a plan
+        made with ``out_layout="bshd"``; with ``return_lse``
         ``(out, lse)``; a plan made with ``return_key_mass`` adds the mass last: ``(out, mass)`` or
         ``(out, lse, mass)``.
 
@@ -341,9 +344,9 @@ class AttentionPlan:
         dev = self.device
         device = dev.index
         if out is None:
-            out = torch.empty((case.B, case.Hq, case.Sq, case.Dv), dtype=q.dtype, device=dev)
+            out = torch.empty(self._out_shape, dtype=q.dtype, device=dev)
         else:
-            check_out(out, case, q)
+            check_out(out, case, q, self.out_layout)
         stream = _raw_stream(device)
         capturing = _capturing()
         ws, lse, ws_ptr, lse_ptr = self._scratch(dev, stream, capturing)
@@ -370,9 +373,18 @@ class AttentionPlan:
                 program.run(*args)
             return (out, lse) if return_lse else out
         mass = program.key_mass_buffer(dev, self.key_mass_window) if self.key_mass else None
+        target = None
+        if self.out_layout == "bshd":  # the long path writes (B, Hq, Sq, Dv): the same memory when Sq is 1
+            target = out
+            shape = (case.B, case.Hq, case.Sq, case.Dv)
+            out = out.view(shape) if case.Sq == 1 else torch.empty(shape, dtype=out.dtype, device=dev)
         with torch.cuda.device(device) if switch else contextlib.nullcontext():
             program.run(q, k, v, attn_mask, out, lse, ws, stream, not capturing, tune_budget_ms, mass,
                         self.key_mass_window)
+        if target is not None:
+            if case.Sq > 1:
+                target.copy_(out.transpose(1, 2))
+            out = target
         if mass is not None:
             return (out, lse, mass) if return_lse else (out, mass)
         return (out, lse) if return_lse else out
@@ -447,9 +459,10 @@ def _random_like(p: AttentionPlan):
 
 
 def _plan_case(case: Case, backend: str, workspace_bytes, threshold, algo_policy, signature=None,
-               out_align: int = 256, return_key_mass: bool = False, key_mass_window=None) -> AttentionPlan:
+               out_align: int = 256, return_key_mass: bool = False, key_mass_window=None,
+               out_layout: str = "bhsd") -> AttentionPlan:
     check_options(case, workspace_bytes=workspace_bytes, threshold=threshold, return_key_mass=return_key_mass,
-                  key_mass_window=key_mass_window)
+                  key_mass_window=key_mass_window, out_layout=out_layout)
     decision = select(case, backend, threshold, key_mass=bool(return_key_mass))
     policy = config.algo_policy(algo_policy)
     chunks = None
@@ -460,12 +473,13 @@ def _plan_case(case: Case, backend: str, workspace_bytes, threshold, algo_policy
         device = None if signature is None else _device_of(signature[0][_DEVICE]).index
         fused = fused_launch(case, device_facts(device))
     return AttentionPlan(case, decision, chunks, signature, policy, out_align, bool(return_key_mass),
-                         key_mass_window, fused)
+                         key_mass_window, fused, out_layout)
 
 
 def plan(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | None = None, backend: str = "auto",
          workspace_bytes: int | None = None, threshold: int | None = None, algo_policy: str | None = None,
-         return_key_mass: bool = False, key_mass_window: int | None = None, out=None) -> AttentionPlan:
+         return_key_mass: bool = False, key_mass_window: int | None = None, out=None,
+         out_layout: str = "bhsd") -> AttentionPlan:
     """Plan attention for tensors like these (validated once; no GPU work): returns an :class:`AttentionPlan`
     whose ``run`` takes tensors of the same shapes, strides, dtypes and device. Arguments as in
     :func:`attention`; pass ``out`` if ``run`` will write into a preallocated output (its alignment counts)."""
@@ -473,7 +487,7 @@ def plan(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | None =
     out_align = 256 if out is None else address_alignment(out.data_ptr())
     sig = call_signature(q, k, v, attn_mask, out_align)
     p = _plan_case(case, backend, workspace_bytes, threshold, algo_policy, sig, out_align, return_key_mass,
-                   key_mass_window)
+                   key_mass_window, out_layout)
     if p.backend == "wmma":  # the launch arguments (host memory only) built now rather than on the first run
         p._prepared(q.device.index)
     return p
@@ -504,7 +518,7 @@ def cached_plans() -> int:
 def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | None = None,
               backend: str = "auto", return_lse: bool = False, out=None, workspace_bytes: int | None = None,
               threshold: int | None = None, algo_policy: str | None = None, return_key_mass: bool = False,
-              key_mass_window: int | None = None):
+              key_mass_window: int | None = None, out_layout: str = "bhsd"):
     """Scaled dot-product attention, ``softmax(scale * q @ k^T + mask) @ v``.
 
     Args:
@@ -522,7 +536,8 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
         backend: "auto" (the hybrid selector), "lt" (cuBLASLt long path) or "wmma" (fused short path); a forced
             backend that cannot run the case raises ValueError naming every reason.
         return_lse: also return the FP32 log-sum-exp of each row's scaled, masked scores.
-        out: optional preallocated output, contiguous (B, Hq, Sq, Dv) of q's dtype and device, written in full.
+        out: optional preallocated output, contiguous (B, Hq, Sq, Dv) — (B, Sq, Hq, Dv) with ``out_layout="bshd"``
+            — of q's dtype and device, written in full.
         workspace_bytes: budget of the long path's workspace (default ``ATTN_LT_WORKSPACE_MB``, 1 GiB).
         threshold: key length from which "auto" takes the long path, for every case (default: ``ATTN_LT_THRESHOLD``,
             else the rules ``attn-lt calibrate`` measured on this GPU or shipped for its model, else 4096).
@@ -532,9 +547,11 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
             of the probabilities P (as the long path holds them, in the input dtype, summed in FP32) — what
             score-based KV-cache compression (H2O, SnapKV, ...) needs. The call takes the long path.
         key_mass_window: sum only over the last ``key_mass_window`` query rows (SnapKV's observation window).
+        out_layout: "bhsd" (default) or "bshd": the output as (B, Sq, Hq, Dv), contiguous — FlashAttention's and
+            transformers' layout, written so by the fused path (no transpose after the call).
 
     Returns:
-        out: (B, Hq, Sq, Dv) in the input dtype, contiguous; with ``return_lse``, ``(out, lse)`` with lse FP32
+        out: (B, Hq, Sq, Dv) in the input dtype, contiguous ((B, Sq, Hq, Dv) with ``out_layout="bshd"``); with ``return_lse``, ``(out, lse)`` with lse FP32
         (B, Hq, Sq). A row whose keys are all masked gives zeros in out and -inf in lse, never NaN. With
         ``return_key_mass`` the mass comes last: ``(out, mass)`` or ``(out, lse, mass)``.
 
@@ -551,19 +568,22 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
                 raise ValueError("out= is not supported inside torch.compile")
             if return_key_mass:
                 raise ValueError("return_key_mass is not supported inside torch.compile")
+            check_options(out_layout=out_layout)
             res = torch.ops.attn_lt.attention(q, k, v, attn_mask, causal, scale, backend, workspace_bytes,
                                               threshold, algo_policy)
+            if out_layout == "bshd":
+                res = (res[0].transpose(1, 2).contiguous(), res[1])
             return res if return_lse else res[0]
     elif _is_cupy(q):
         return _attention_cupy(q, k, v, attn_mask=attn_mask, causal=causal, scale=scale, backend=backend,
                                return_lse=return_lse, out=out, workspace_bytes=workspace_bytes,
                                threshold=threshold, algo_policy=algo_policy, return_key_mass=return_key_mass,
-                               key_mass_window=key_mass_window)
+                               key_mass_window=key_mass_window, out_layout=out_layout)
     try:
         out_align = 256 if out is None else address_alignment(out.data_ptr())
         sig = call_signature(q, k, v, attn_mask, out_align)
         options = (causal, scale, backend, workspace_bytes, threshold, algo_policy, return_key_mass,
-                   key_mass_window, config.env_snapshot(_ENV_VARS))
+                   key_mass_window, out_layout, config.env_snapshot(_ENV_VARS))
         family = (sig[0], options)
         last = _families.get(family)
     except (AttributeError, TypeError, ValueError, RuntimeError):  # not 4-D tensors, unhashable options:
@@ -585,7 +605,8 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
             if p is None:
                 p = plan(q, k, v, attn_mask=attn_mask, causal=causal, scale=scale, backend=backend,
                          workspace_bytes=workspace_bytes, threshold=threshold, algo_policy=algo_policy,
-                         return_key_mass=return_key_mass, key_mass_window=key_mass_window, out=out)
+                         return_key_mass=return_key_mass, key_mass_window=key_mass_window, out=out,
+                         out_layout=out_layout)
                 log.debug("attention: new plan %s -> %s", p.case, p.backend)
                 with _plans_lock:
                     _keep(key, p)
@@ -628,18 +649,18 @@ def _attention_cupy(q, k, v, *, out=None, return_lse=False, attn_mask=None, **kw
 
 def explain_case(case: Case, backend: str = "auto", workspace_bytes: int | None = None,
                  threshold: int | None = None, algo_policy: str | None = None,
-                 return_key_mass: bool = False) -> Explanation:
+                 return_key_mass: bool = False, out_layout: str = "bhsd") -> Explanation:
     """What a call of ``case`` would do (no GPU work)."""
-    return _plan_case(case, backend, workspace_bytes, threshold, algo_policy,
-                      return_key_mass=return_key_mass).explain()
+    return _plan_case(case, backend, workspace_bytes, threshold, algo_policy, return_key_mass=return_key_mass,
+                      out_layout=out_layout).explain()
 
 
 def explain(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | None = None, backend: str = "auto",
             workspace_bytes: int | None = None, threshold: int | None = None, algo_policy: str | None = None,
-            return_key_mass: bool = False) -> Explanation:
+            return_key_mass: bool = False, out_layout: str = "bhsd") -> Explanation:
     """What ``attention`` would do with these arguments (tensors on any device, "meta" included); no GPU work."""
     case = check_tensors(q, k, v, attn_mask, causal, scale, require_cuda=False)
-    return explain_case(case, backend, workspace_bytes, threshold, algo_policy, return_key_mass)
+    return explain_case(case, backend, workspace_bytes, threshold, algo_policy, return_key_mass, out_layout)
 
 
 # torch.compile: attention() dispatches to this custom op while compiling; the fake implementation gives shapes

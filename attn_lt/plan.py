@@ -431,8 +431,11 @@ class ChunkLayout:
     part: MatrixView | None = None
 
 
-def out_strides(case: Case) -> tuple[int, int, int, int]:
-    """Strides of the output, which is contiguous (B, Hq, Sq, Dv)."""
+def out_strides(case: Case, layout: str = "bhsd") -> tuple[int, int, int, int]:
+    """Strides over (B, Hq, Sq, Dv) of the output, contiguous in ``layout`` ("bhsd": (B, Hq, Sq, Dv); "bshd":
+    (B, Sq, Hq, Dv))."""
+    if layout == "bshd":
+        return (case.Sq * case.Hq * case.Dv, case.Dv, case.Hq * case.Dv, 1)
     return (case.Hq * case.Sq * case.Dv, case.Sq * case.Dv, case.Dv, 1)
 
 

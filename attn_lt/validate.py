@@ -219,10 +219,13 @@ def check_scale(scale) -> float:
 
 
 def check_options(case: Case | None = None, *, workspace_bytes=None, threshold=None, return_key_mass=False,
-                  key_mass_window=None) -> None:
+                  key_mass_window=None, out_layout="bhsd") -> None:
     """Options checked whatever path the call takes (before selection): ``workspace_bytes`` and ``threshold``,
-    each None or a positive int. Wrong types raise TypeError, values < 1 ValueError; ``case`` names the call."""
+    each None or a positive int; ``out_layout`` one of :data:`OUT_LAYOUTS`. Wrong types raise TypeError, values
+    < 1 ValueError; ``case`` names the call."""
     where = f" (for {case})" if case is not None else ""
+    if out_layout not in OUT_LAYOUTS:
+        raise ValueError(f"out_layout must be one of {OUT_LAYOUTS}, got {out_layout!r}{where}")
     for name, value in (("workspace_bytes", workspace_bytes), ("threshold", threshold)):
         if value is None:
             continue
@@ -237,9 +240,19 @@ def check_options(case: Case | None = None, *, workspace_bytes=None, threshold=N
             raise ValueError(f"key_mass_window={key_mass_window} is given but return_key_mass is False{where}")
 
 
-def check_out(out, case: Case, q) -> None:
-    """A preallocated output: contiguous (B, Hq, Sq, Dv) of q's dtype on q's device."""
-    shape = (case.B, case.Hq, case.Sq, case.Dv)
+#: Layouts of the output: (B, Hq, Sq, Dv) as SDPA returns it, or (B, Sq, Hq, Dv) as FlashAttention and
+#: transformers' attention functions return it (no transpose after the call).
+OUT_LAYOUTS = ("bhsd", "bshd")
+
+
+def out_shape(case: Case, layout: str = "bhsd") -> tuple[int, int, int, int]:
+    """The output's shape in ``layout`` (see :data:`OUT_LAYOUTS`)."""
+    return (case.B, case.Sq, case.Hq, case.Dv) if layout == "bshd" else (case.B, case.Hq, case.Sq, case.Dv)
+
+
+def check_out(out, case: Case, q, layout: str = "bhsd") -> None:
+    """A preallocated output: contiguous, of q's dtype on q's device, :func:`out_shape` in ``layout``."""
+    shape = out_shape(case, layout)
     if not (isinstance(out, torch.Tensor) and tuple(out.shape) == shape and out.dtype == q.dtype
             and out.device == q.device and out.is_contiguous()):
         desc = f"{tuple(out.shape)} {out.dtype} on {out.device}" if isinstance(out, torch.Tensor) else type(out)

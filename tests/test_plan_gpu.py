@@ -147,3 +147,32 @@ def test_value_head_dim_differs_and_v_is_a_view_of_k(Dv):
     assert o.shape == (1, 8, 33, Dv)
     ref, _ = reference(q, k, v, causal=True)
     assert rel_error(o, ref) < 1e-2
+
+
+@pytest.mark.parametrize("backend,B,Hq,Hkv,Sq,Sk,D,causal", [
+    ("wmma", 2, 32, 8, 1, 5000, 128, False),  # decode: key splits and their merge
+    ("wmma", 1, 8, 2, 97, 1000, 64, True),  # flash.cu row blocks, or the Hopper kernel
+    ("wmma", 1, 4, 4, 300, 300, 128, True),
+    ("lt", 2, 8, 2, 1, 4097, 128, False),  # the long path: the same memory at Sq 1
+    ("lt", 1, 4, 2, 97, 4095, 80, True),  # ... a copy after the call beyond
+])
+def test_output_layout_bshd(backend, B, Hq, Hkv, Sq, Sk, D, causal):
+    """out_layout="bshd": (B, Sq, Hq, D), equal to the default's transpose, written in full into a poisoned out;
+    a decode loop through the family's plan keeps the layout."""
+    q, k, v = rand_qkv(B, Hq, Hkv, Sq, Sk, D, "bf16")
+    out = torch.full((B, Sq, Hq, D), math.nan, dtype=q.dtype, device="cuda")
+    o, lse = attn_lt.attention(q, k, v, causal=causal, backend=backend, out=out, out_layout="bshd",
+                               return_lse=True)
+    assert o is out and o.shape == (B, Sq, Hq, D) and lse.shape == (B, Hq, Sq)
+    assert_close(o.transpose(1, 2), q, k, v, causal=causal)
+    ref = attn_lt.attention(q, k, v, causal=causal, backend=backend)
+    assert torch.equal(o, ref.transpose(1, 2))
+    p = attn_lt.plan(q, k, v, causal=causal, backend=backend, out_layout="bshd")
+    assert torch.equal(p.run(q, k, v), o)
+    if Sq == 1:
+        kc, vc = (torch.randn(B, Hkv, Sk + 8, D, device="cuda", dtype=q.dtype) for _ in range(2))
+        for n in (Sk + 1, Sk + 8):  # new lengths, and new strides
+            kn, vn = kc[:, :, :n].contiguous(), vc[:, :, :n].contiguous()
+            o = attn_lt.attention(q, kn, vn, backend=backend, out_layout="bshd")
+            assert o.shape == (B, 1, Hq, D) and o.is_contiguous()
+            assert_close(o.transpose(1, 2), q, kn, vn)

@@ -57,15 +57,19 @@ def mode(request, monkeypatch):
     calls = Calls()
     real = attn_lt.attention
 
-    def ref_attention(q, k, v, *, attn_mask=None, causal=False, scale=None, **options):
+    def ref_attention(q, k, v, *, attn_mask=None, causal=False, scale=None, out_layout="bhsd", **options):
         check_tensors(q, k, v, attn_mask, causal, scale, require_cuda=False)  # attn_lt's own argument rules
         calls.record(q, k, v, attn_mask, causal, scale, options)
-        return reference(q, k, v, attn_mask, causal, scale)[0].to(q.dtype)
+        out = reference(q, k, v, attn_mask, causal, scale)[0].to(q.dtype)
+        return out.transpose(1, 2).contiguous() if out_layout == "bshd" else out
 
-    def gpu_attention(q, k, v, *, attn_mask=None, causal=False, scale=None, **options):
+    def gpu_attention(q, k, v, *, attn_mask=None, causal=False, scale=None, out_layout="bhsd", **options):
         calls.record(q, k, v, attn_mask, causal, scale, options)
-        poisoned = torch.full((*q.shape[:3], v.shape[-1]), math.nan, dtype=q.dtype, device=q.device)
-        out = real(q, k, v, attn_mask=attn_mask, causal=causal, scale=scale, out=poisoned, **options)
+        B, H, S = q.shape[:3]
+        shape = (B, S, H, v.shape[-1]) if out_layout == "bshd" else (B, H, S, v.shape[-1])
+        poisoned = torch.full(shape, math.nan, dtype=q.dtype, device=q.device)
+        out = real(q, k, v, attn_mask=attn_mask, causal=causal, scale=scale, out=poisoned, out_layout=out_layout,
+                   **options)
         assert out is poisoned and not torch.isnan(out).any(), "attn_lt left NaN in its output"
         return out
 
@@ -190,20 +194,24 @@ def test_unsupported_arguments_raise_before_any_work(kwargs, match, monkeypatch)
         hf.attention_forward(_Layer(2), q, k, v, mask, **kwargs)
 
 
+def _bshd_zeros(q, v):
+    return torch.zeros(q.shape[0], q.shape[2], q.shape[1], v.shape[-1], dtype=q.dtype)
+
+
 def test_unset_arguments_are_accepted(monkeypatch):
     """transformers may pass the refused features unset (None, False, dropout 0.0): the call goes through."""
     seen = []
-    monkeypatch.setattr(hf, "attention", lambda q, k, v, **kw: (seen.append(kw), torch.zeros_like(q))[1])
+    monkeypatch.setattr(hf, "attention", lambda q, k, v, **kw: (seen.append(kw), _bshd_zeros(q, v))[1])
     q, k, v = _qkv()
     out, weights = hf.attention_forward(_Layer(2), q, k, v, None, dropout=0.0, output_attentions=False,
                                         softcap=None, head_mask=None, position_bias=None, s_aux=None, cache=None,
                                         position_ids=None)
-    assert weights is None and out.shape == (1, 8, 4, 128) and seen[0]["causal"]
+    assert weights is None and out.shape == (1, 8, 4, 128) and seen[0]["causal"] and seen[0]["out_layout"] == "bshd"
 
 
 def test_sliding_window_with_mask_or_short_keys_is_accepted(monkeypatch):
     seen = []
-    monkeypatch.setattr(hf, "attention", lambda q, k, v, **kw: (seen.append(kw), torch.zeros_like(q))[1])
+    monkeypatch.setattr(hf, "attention", lambda q, k, v, **kw: (seen.append(kw), _bshd_zeros(q, v))[1])
     q, k, v = _qkv()
     hf.attention_forward(_Layer(2), q, k, v, torch.ones(1, 1, 8, 8, dtype=torch.bool), sliding_window=4)
     hf.attention_forward(_Layer(2), q, k, v, None, sliding_window=8)  # the window does not bite

@@ -177,6 +177,7 @@ def test_other_causal_values_rejected_with_a_sentence(causal, name):
     (dict(workspace_bytes="1GiB"), TypeError, "got str"),
     (dict(threshold=0), ValueError, "threshold must be a positive int"),
     (dict(threshold="4096"), TypeError, "threshold"),
+    (dict(out_layout="bsdh"), ValueError, r"out_layout must be one of \('bhsd', 'bshd'\), got 'bsdh'"),
 ])
 def test_check_options_whatever_the_path(kw, exc, match):
     from attn_lt.validate import check_options
@@ -193,3 +194,22 @@ def test_workspace_bytes_checked_on_the_short_path_too():
     q, k, v = qkv(Sk=128)
     with pytest.raises(ValueError, match="workspace_bytes"):
         attn_lt.explain(q, k, v, workspace_bytes=0)
+
+
+def test_output_layouts_shapes_and_strides():
+    """out_layout "bshd": the output (B, Sq, Hq, Dv), whose strides over (B, Hq, Sq, Dv) the kernels are given."""
+    from attn_lt.plan import out_strides
+    from attn_lt.validate import check_out, out_shape
+
+    case = Case.contiguous(2, 8, 2, 5, 40, 64, Dv=32)
+    assert out_shape(case) == (2, 8, 5, 32) and out_shape(case, "bshd") == (2, 5, 8, 32)
+    assert out_strides(case) == (8 * 5 * 32, 5 * 32, 32, 1)
+    bshd = torch.empty(2, 5, 8, 32)
+    assert out_strides(case, "bshd") == tuple(bshd.transpose(1, 2).stride())
+    q = torch.empty(2, 8, 5, 64)
+    check_out(bshd, case, q, "bshd")
+    check_out(torch.empty(2, 8, 5, 32), case, q)
+    with pytest.raises(ValueError, match=r"out must be a contiguous \(2, 5, 8, 32\)"):
+        check_out(torch.empty(2, 8, 5, 32), case, q, "bshd")
+    with pytest.raises(ValueError, match="out_layout"):
+        attn_lt.explain(*qkv(), out_layout="BSHD")

@@ -133,8 +133,10 @@ def attention_forward(module: torch.nn.Module | None, query: torch.Tensor, key: 
                 # whose keys past Sq are empty slots; its sdpa cuts them off (top-left causal), which we do by a
                 # view as well.
                 key, value = key[:, :, :Sq], value[:, :, :Sq]
-    out = attention(query, key, value, attn_mask=mask, causal=causal, scale=scaling, **(attn_lt_options or {}))
-    return out.transpose(1, 2).contiguous(), None
+    # (B, Sq, Hq, Dv) as transformers wants it, written so by the kernel: no transpose and no copy after the call
+    out = attention(query, key, value, attn_mask=mask, causal=causal, scale=scaling, out_layout="bshd",
+                    **(attn_lt_options or {}))
+    return out, None
 
 
 def make_attention_forward(**options):
