@@ -219,15 +219,26 @@ class AttentionPlan:
         Only a fused plan without a mask runs other key lengths, and only while the selector still routes them to
         it (``backend`` "auto"). The family's route is looked up once and handed from plan to plan (a new
         calibration takes effect after :func:`clear_plans`)."""
-        case = self.case
-        if self.backend != "wmma" or case.mask is not None or self.key_mass or Sk < 1 or not self._reads(ks, vs):
+        if not self._steps() or Sk < 1 or not self._reads(ks, vs):
             return False
         if backend != "auto":
             return None
-        r = self._route  # the family's route holds for every key length on the same side of Sq >= Sk
-        if r is None or not r.holds_for(case.Sq, Sk):
-            r = route_of(Case.with_keys(case, Sk, ks, vs), threshold)
+        r = self._route_at(Sk, ks, vs, threshold)
         return False if r.prefers_lt(Sk) else r
+
+    def _steps(self) -> bool:
+        """Whether this plan's family may run other key lengths on it or on plans derived from it: a fused plan
+        without a mask (whose shape holds the key length) or attention mass."""
+        return self.backend == "wmma" and self.case.mask is None and not self.key_mass
+
+    def _route_at(self, Sk: int, ks: tuple, vs: tuple, threshold):
+        """The selector's route for this plan's call with ``Sk`` keys: the family's, looked up once, on its side of
+        Sq >= Sk (it holds for every key length there), else looked up for that side."""
+        r = self._route
+        if r is None or not r.holds_for(self.case.Sq, Sk):
+            c = self.case if Sk == self.case.Sk else Case.with_keys(self.case, Sk, ks, vs)
+            r = route_of(c, threshold)
+        return r
 
     def _reads(self, ks: tuple, vs: tuple) -> bool:
         """Whether the fused kernels read K/V of strides ``ks``, ``vs`` as this plan's family (positive multiples
@@ -252,13 +263,11 @@ class AttentionPlan:
         """The key lengths (lo, hi) :meth:`runs_keys_of` accepts: those of this plan's split count that its route
         (``backend`` "auto") sends to wmma; (1, 0) for none."""
         case = self.case
-        if self.backend != "wmma" or case.mask is not None or self.key_mass:
+        if not self._steps():
             return 1, 0
         lo, hi = keys_of_most(most_splits(case.Sk))
         if backend == "auto":
-            r = self._route
-            if r is None or not r.holds_for(case.Sq, case.Sk):
-                r = self._route = route_of(case, threshold)
+            r = self._route = self._route_at(case.Sk, case.k_strides, case.v_strides, threshold)
             rlo, rhi = r.wmma_keys(case.Sq)
             lo, hi = max(lo, rlo), min(math.inf if hi is None else hi, math.inf if rhi is None else rhi)
         return lo, (math.inf if hi is None else hi)
@@ -594,7 +603,6 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
         # Every call of a decode loop: the family's last plan runs the call's key length and K/V strides as they
         # are (a fused plan without a mask, while its split count and route stay), with no lookup by exact key.
         p = last
-        p._used = next(_uses)
     else:
         key = (sig, options)
         p = _plans.get(key)
@@ -612,10 +620,9 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
                     _keep(key, p)
             if p.backend == "wmma":
                 _remember_family(family, p)
-        else:
-            p._used = next(_uses)
-            if last is None and p.backend == "wmma":  # its family was evicted: the plan heads it again
-                _remember_family(family, p)
+        elif last is None and p.backend == "wmma":  # its family was evicted: the plan heads it again
+            _remember_family(family, p)
+    p._used = next(_uses)  # least recently used first out of the plan cache
     return p._execute(q, k, v, attn_mask, out, return_lse, None, sig)
 
 
