@@ -16,7 +16,7 @@ from . import config
 
 log = logging.getLogger("attn_lt")
 
-ABI_VERSION = 11
+ABI_VERSION = 12
 _PKG = Path(__file__).resolve().parent
 _LIB_PATH = _PKG / "_native" / "libattn_lt.so"
 SOURCE_DIR = _PKG.parent / "native"
@@ -186,7 +186,7 @@ def flash(args: FlashArgs, stream: int) -> None:
 
 
 #: ``FlashArgs.variant`` values of :func:`flash_sm90` (``attn_lt_flash_sm90_variant`` in native/attn_lt.h).
-FLASH_SM90_VARIANTS = {"default": 0, "plain": 1}
+FLASH_SM90_VARIANTS = {"default": 0, "plain": 1, "decode": 2}
 
 
 def flash_sm90_supported() -> bool:
@@ -196,7 +196,7 @@ def flash_sm90_supported() -> bool:
 
 def flash_sm90(args: FlashArgs, stream: int) -> None:
     """Launch the Hopper fused kernel (native/flash_sm90.cu: TMA + wgmma, D 64/128/256, D 192 with Dv 128, MLA
-    decode's D 576 with Dv 512); raises :class:`CudaError` on failure (cudaErrorNotSupported off sm_90, an
+    decode's D 576 with Dv 512, the decode variant's 64-row blocks at D 128); raises :class:`CudaError` on failure (cudaErrorNotSupported off sm_90, an
     attn_lt_status when a precondition fails)."""
     _launch("attn_lt_flash_sm90_fwd", args, stream,
             lambda a: f"B={a.B} Hq={a.Hq} Hkv={a.Hkv} Sq={a.Sq} Sk={a.Sk} D={a.D} Dv={a.Dv or a.D} "

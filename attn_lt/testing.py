@@ -196,7 +196,8 @@ def attention_reference(q, k, v, *, attn_mask=None, causal=False, scale=None, re
 
 def forced_flash(q, k, v, attn_mask=None, causal=False, splits: int = 1, kernel: str = "flash"):
     """The fused ``kernel`` forced — native/flash.cu ("flash", its keys split ``splits`` ways) or
-    native/flash_sm90.cu ("sm90"; ``splits`` parts of the keys for MLA decode, else one) — for tests, benchmarks
+    native/flash_sm90.cu ("sm90"; ``splits`` parts of the keys for MLA decode, else one) or its decode kernel
+    ("sm90_decode", ``splits`` parts) — for tests, benchmarks
     and sanitizer runs: returns ``(run, out, lse)``; ``run()`` launches without allocating.
     out, lse and the workspace are poisoned with NaN first, so that whatever the kernel leaves unwritten shows."""
     from .plan import out_strides
@@ -204,7 +205,7 @@ def forced_flash(q, k, v, attn_mask=None, causal=False, splits: int = 1, kernel:
     from .wmma import MLA_DECODE, Program, fused_launch
 
     case = check_tensors(q, k, v, attn_mask, causal)
-    split = kernel == "flash" or (case.D, case.Dv) == MLA_DECODE
+    split = kernel in ("flash", "sm90_decode") or (case.D, case.Dv) == MLA_DECODE
     launch = fused_launch(case, kernel=kernel, splits=splits if split else None)
     program = Program(case, out_strides(case), launch)
     out = torch.full((case.B, case.Hq, case.Sq, case.Dv), math.nan, dtype=q.dtype, device=q.device)

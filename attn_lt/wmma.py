@@ -8,7 +8,9 @@ LSE, dense masks. Two kernels behind the one name:
   with the next tile's GEMM; head dims 64, 128 and 256, and MLA prefill's q/k head dim 192 with v's 128; dense
   bool masks and additive masks in q's dtype read by TMA tile by tile (:func:`hopper_mask_refusal` says which
   masks). It runs prefill-sized row blocks on Hopper. Beside it, MLA decode (q/k 576, v k's first 512 columns,
-  one query a head): 64 query heads a block against one latent cache tile, the keys split in parts.
+  one query a head): 64 query heads a block against one latent cache tile, the keys split in parts; and the
+  decode kernel ("sm90_decode": head dim 128, no mask, 32 to 64 rows of query positions × query heads a kv head,
+  e.g. Sq 16 with GQA 4): 64-row blocks on wgmma, two warpgroups taking the key tiles in turn, the keys split.
 * ``native/flash.cu`` (every GPU from sm_80): ``mma.sync`` fed by ``cp.async``; the query heads of one kv head
   folded into the rows of a tile (each K/V tile read once per group); dense bool or additive masks read by strides;
   and a split of the key range (flash-decoding): when the row blocks alone cannot fill the GPU — decode, a few query
@@ -48,6 +50,11 @@ SPLIT_FILL = 0.96
 #: faster (the mask tile's latency needs the second CTA), and so do shorter parts (B1 Sk8k: 16 parts of 8 tiles
 #: 2.37 TB/s, 32 of 4 tiles 2.55).
 ONE_CTA_MIN_TILES = 16
+#: Decode blocks of SM90_DECODE_MIN_ROWS to DECODE_ROWS rows a kv head take native/flash_sm90.cu's decode kernel
+#: on Hopper (head dim 128, no mask; ``"sm90_decode"``): 64-row blocks (positions × query heads) on wgmma, 128-key
+#: tiles, one CTA an SM, the keys split as native/flash.cu's are. native/flash.cu's mma.sync decode blocks are
+#: compute-bound there (64 rows: 54–63 % of the H200's copy rate).
+SM90_DECODE_MIN_ROWS, SM90_DECODE_ROWS = 32, 64
 #: Largest workspace the split partials may take (FP32 outputs and LSEs).
 MAX_SPLIT_BYTES = 256 << 20
 #: Shared memory a CTA of native/flash.cu needs at head dim 256 (64 query rows, two K and two V tiles of 64 keys).
@@ -156,10 +163,16 @@ WMMA = FusedBackend("wmma", ("fp16", "bf16"), None, 576, supports_mask=True, sup
                     needs_aligned_rows=True, max_batch_heads=65535)
 
 
+#: The fused path's kernels by the name :class:`FusedLaunch` gives them.
+KERNEL_NAMES = {"sm90": "native/flash_sm90.cu (wgmma, TMA)",
+                "sm90_decode": "native/flash_sm90.cu's decode kernel (wgmma, TMA)",
+                "flash": "native/flash.cu (mma.sync)"}
+
+
 @dataclass(frozen=True)
 class FusedLaunch:
-    """How the fused path runs one case: ``kernel`` "sm90" (native/flash_sm90.cu) or "flash" (native/flash.cu),
-    rows a block, ``splits`` of the key range, and the bytes of workspace the split partials take."""
+    """How the fused path runs one case: ``kernel`` "sm90" (native/flash_sm90.cu), "sm90_decode" (its decode
+    kernel) or "flash" (native/flash.cu), rows a block, ``splits`` of the key range, and the bytes of workspace the split partials take."""
 
     kernel: str
     block_rows: int
@@ -168,7 +181,7 @@ class FusedLaunch:
     why: str
 
     def __str__(self) -> str:
-        name = "native/flash_sm90.cu (wgmma, TMA)" if self.kernel == "sm90" else "native/flash.cu (mma.sync)"
+        name = KERNEL_NAMES[self.kernel]
         split = f", keys split {self.splits} ways then merged by LSE" if self.splits > 1 else ""
         return f"{name}, {self.block_rows}-row blocks{split} ({self.why})"
 
@@ -209,10 +222,15 @@ def split_count(blocks: int, slots: int, most: int) -> int:
 def fused_launch(case: Case, facts: DeviceFacts | None = None, *, kernel: str | None = None,
                  splits: int | None = None) -> FusedLaunch:
     """The one rule for the fused path's kernel, block rows and key splits of ``case`` on a GPU with ``facts``
-    (default: the current GPU, else :data:`ASSUMED_DEVICE`). ``kernel`` ("sm90" or "flash") and ``splits`` force
-    a choice (tests, benchmarks, sanitizer runs); the tiling and the workspace still follow the rule."""
-    if kernel not in (None, "sm90", "flash") or (splits is not None and splits < 1):
-        raise ValueError(f"kernel must be 'sm90' or 'flash' and splits >= 1; got {kernel!r}, {splits!r}")
+    (default: the current GPU, else :data:`ASSUMED_DEVICE`). ``kernel`` (a name of :data:`KERNEL_NAMES`) and
+    ``splits`` force a choice (tests, benchmarks, sanitizer runs); the tiling and the workspace still follow the
+    rule."""
+    if (kernel is not None and kernel not in KERNEL_NAMES) or (splits is not None and splits < 1):
+        raise ValueError(f"kernel must be one of {sorted(KERNEL_NAMES)} and splits >= 1; got {kernel!r}, {splits!r}")
+    if kernel == "sm90_decode" and ((case.D, case.Dv) != (128, 128) or case.mask is not None
+                                    or case.Sq > SM90_DECODE_ROWS):
+        raise ValueError(f"the sm90 decode kernel runs head dim 128 without a mask and Sq <= {SM90_DECODE_ROWS}; "
+                         f"got D={case.D}, Dv={case.Dv}, Sq={case.Sq}, mask={case.mask is not None}")
     assumed = False
     if facts is None:
         facts = device_facts()
@@ -271,6 +289,15 @@ def _fused_launch(B: int, Hq: int, Hkv: int, Sq: int, D: int, Dv: int, masked: b
         splits = _splits(blocks, facts.sms, most, part, forced_splits)
         why = f"MLA decode: {rows} query heads a latent cache; {blocks} blocks for {facts.sms} SMs"
         return FusedLaunch("sm90", MLA_ROWS, splits, splits * part if splits > 1 else 0, why + note)
+    if kernel == "sm90_decode" or (kernel is None and facts.hopper and not masked and (D, Dv) == (128, 128)
+                                   and SM90_DECODE_MIN_ROWS <= rows <= DECODE_ROWS):
+        # a block: sq_box positions (the power of two >= Sq) of SM90_DECODE_ROWS / sq_box query heads
+        heads = SM90_DECODE_ROWS // (1 << (Sq - 1).bit_length())
+        blocks = -(-(Hq // Hkv) // heads) * B * Hkv
+        splits = _splits(blocks, facts.sms, most, part, forced_splits)
+        why = "forced by the caller" if kernel is not None else (
+            f"{rows} rows a kv head, no mask; {blocks} blocks for {facts.sms} SMs, one CTA an SM")
+        return FusedLaunch("sm90_decode", SM90_DECODE_ROWS, splits, splits * part if splits > 1 else 0, why + note)
     if kernel == "sm90" or kernel is None and facts.hopper and mask_refusal is None and rows > DECODE_ROWS:
         mask = "a mask read by TMA" if masked else "no mask"
         return FusedLaunch("sm90", 128, 1, 0, f"{rows} rows a kv head, {mask}{note}")
@@ -316,7 +343,7 @@ class Program:
         a.v_sb, a.v_sh, a.v_ss = case.v_strides[:3]
         a.o_sb, a.o_sh, a.o_ss = out_strides[:3]
         a.scale, a.causal, a.dtype = case.scale, int(case.causal), native.DTYPE_CODES[case.dtype]
-        a.variant = native.FLASH_SM90_VARIANTS["default"]
+        a.variant = native.FLASH_SM90_VARIANTS["decode" if launch.kernel == "sm90_decode" else "default"]
         if case.mask is not None:
             a.mask_dtype = native.DTYPE_CODES[case.mask.dtype]
             a.m_sb, a.m_sh, a.m_sq, a.m_sk = case.mask.strides
@@ -325,7 +352,7 @@ class Program:
         self.launch = launch
         self.kernel = launch.kernel
         self._lse_part_offset = launch.splits * case.B * case.Hq * case.Sq * case.Dv * 4
-        self._launch = native.flash_sm90 if launch.kernel == "sm90" else native.flash
+        self._launch = native.flash if launch.kernel == "flash" else native.flash_sm90
         self._lock = threading.Lock()
 
     def with_keys(self, case: Case, launch: FusedLaunch) -> Program:

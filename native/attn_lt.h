@@ -8,7 +8,7 @@
 #define ATTN_LT_H
 #include <stdint.h>
 
-#define ATTN_LT_ABI_VERSION 11
+#define ATTN_LT_ABI_VERSION 12
 
 #ifdef __cplusplus
 extern "C" {
@@ -117,14 +117,17 @@ typedef struct attn_lt_flash_args {
     int32_t dtype;      /* ATTN_LT_F16 or ATTN_LT_BF16 */
     int32_t variant;    /* attn_lt_flash_sm90_fwd: an attn_lt_flash_sm90_variant; attn_lt_flash_fwd ignores it */
     int32_t mask_dtype; /* ATTN_LT_NONE unless a mask is given (attn_lt_flash_sm90_fwd: bool or dtype only) */
-    int32_t splits;     /* parts of the key range; 0 or 1: one (attn_lt_flash_sm90_fwd: MLA decode only) */
+    int32_t splits;     /* parts of the key range; 0 or 1: one (attn_lt_flash_sm90_fwd: MLA decode and the decode
+                           variant only) */
     int32_t Dv;         /* v's and o's head dim; 0: D (attn_lt_flash_fwd: D only; attn_lt_flash_sm90_fwd: also 128
                            with D = 192, and 512 with D = 576, without a mask) */
 } attn_lt_flash_args;
 
 enum attn_lt_flash_sm90_variant {
     ATTN_LT_FLASH_SM90_DEFAULT = 0, /* QK^T of the next tile and PV overlapped with the softmax, warpgroup ping-pong */
-    ATTN_LT_FLASH_SM90_PLAIN = 1    /* one tile at a time (QK^T, wait, softmax, PV, wait), for tests and benchmarks */
+    ATTN_LT_FLASH_SM90_PLAIN = 1,   /* one tile at a time (QK^T, wait, softmax, PV, wait), for tests and benchmarks */
+    ATTN_LT_FLASH_SM90_DECODE = 2   /* decode blocks: 64 rows of query positions x query heads of one kv head, the
+                                       keys in `splits` parts (o_part, lse_part); D = Dv = 128, Sq <= 64, no mask */
 };
 
 int attn_lt_abi_version(void);
@@ -135,7 +138,8 @@ int attn_lt_flash_fwd(const attn_lt_flash_args* args, void* stream);
  * bool or of q's dtype (read by TMA), 16-byte aligned, keys contiguous, its other strides 0 or multiples of 16
  * bytes, with the default variant only. MLA decode: D 576 with Dv 512, Sq = 1, v = k (the same address and
  * strides: v is k's first 512 columns), no mask, the default variant, the keys in `splits` parts (o_part, lse_part
- * as above) — ATTN_LT_ERR_LATENT otherwise. cudaErrorNotSupported unless the current device is compute capability
+ * as above) — ATTN_LT_ERR_LATENT otherwise. The decode variant: D = Dv = 128, Sq <= 64, no mask, the keys in
+ * `splits` parts — ATTN_LT_ERR_VARIANT otherwise. cudaErrorNotSupported unless the current device is compute capability
  * 9.0; an attn_lt_status when a precondition fails. */
 int attn_lt_flash_sm90_fwd(const attn_lt_flash_args* args, void* stream);
 /* 1 when the current device is compute capability 9.0 and this library holds the sm_90a kernel, else 0. */

@@ -38,7 +38,7 @@
 //
 // Preconditions (checked by the launcher): sm_90 device; (D, DV) in {(64, 64), (128, 128), (256, 256), (192, 128),
 // (576, 512)}, the last with Sq = 1, v = k's first 512 columns and the key range in `splits` parts (MLA decode,
-// below); fp16/bf16; q, k, v, o 16-byte aligned;
+// below); the decode variant (gqa_decode_sm90, below) with D = DV = 128, Sq <= 64, no mask; fp16/bf16; q, k, v, o 16-byte aligned;
 // batch/head/row strides positive multiples of 8 elements (16 bytes) below 2^39 for q, k, v (any stride of a
 // dimension of size 1); o row stride a multiple of 8 elements; Sq, Sk < 2^30; B, Hq <= 65535; a mask bool or of
 // q's dtype, 16-byte aligned, its keys contiguous, its other strides 0 or multiples of 16 bytes; the plain variant
@@ -965,6 +965,215 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
+// ---- decode with several query rows a kv head (GQA heads x query positions), head dim 128, no mask ---------------
+//
+// native/flash.cu's decode blocks run at most 64 rows a kv head on mma.sync: with 64 rows (Sq 16 x 4 heads a kv
+// head, say) each key costs 64 rows x 128 x 4 FLOP against its 512 bytes of K and V, and the mma.sync kernel reads
+// the cache at 54-63 % (H200) of the copy rate. Here a CTA owns 64 rows — positions [0, sq_box) of g_box query heads
+// of one kv head, sq_box the power of two >= Sq and g_box = 64 / sq_box — and one part of the key range
+// (flash-decoding, the parts' partials joined by merge_partials as native/flash.cu's splits are):
+//   * the producer warpgroup streams Q once (one TMA box over positions and heads, so the rows land as one 64-row
+//     tile whatever q's head and row strides) and K and V tiles of 64 keys through a 6-stage ring;
+//   * the two consumer warpgroups take the part's tiles in turn (even, odd), each with its own online softmax and
+//     its own three stages of the ring (tile i in stage i % 6: an even ring, so that every phase of a stage's
+//     barriers is waited by the one warpgroup that uses it — a wait tells phases apart by parity only):
+//     S = Q K^T (wgmma, both operands in shared memory), softmax, O += P V (P from registers). One warpgroup's
+//     softmax runs while the other's GEMMs do;
+//   * at the end the second warpgroup hands its O, row max and row sum to the first through the (then idle) K ring,
+//     and the first joins them by their maxima and writes the output (one part) or the part's FP32 partial and LSE.
+// Rows past Sq (zeros from TMA), past the kv head's query heads (the next kv head's, or zeros) are computed and not
+// written. Causal is bottom-right aligned: position i sees keys j <= i + Sk - Sq.
+constexpr int kGqRows = 64, kGqD = 128, kGqKeys = 64, kGqStages = 6;
+static_assert(kGqStages % 2 == 0, "each consumer warpgroup keeps its own stages");
+
+struct GqLayout {
+    static constexpr uint32_t kQSlab = kGqRows * 128, kKVSlab = kGqKeys * 128;  // bytes of one 64-column slab
+    static constexpr uint32_t kQBytes = 2 * kQSlab, kKVBytes = 2 * kKVSlab;  // Q; a K (or V) tile
+    static constexpr uint32_t kK = kQBytes, kV = kK + kGqStages * kKVBytes, kBars = kV + kGqStages * kKVBytes;
+    static constexpr uint32_t kBarCount = 1 + 2 * kGqStages;
+    static constexpr size_t kSmem = kBars + 8 * kBarCount + 1024;
+    static_assert(kSmem <= 227 * 1024, "shared memory over the sm_90 limit");
+    // the hand-over at the end: 64 FP32 of O and 4 statistics a thread of a warpgroup, in the K ring
+    static_assert((kGqD / 2 + 4) * 128 * 4 <= kGqStages * kKVBytes, "hand-over larger than the K ring");
+};
+
+struct GqParams {
+    void* o;
+    float* lse;       // FP32 (B, Hq, Sq) or null (one part)
+    float* o_part;    // several parts: [parts][B * Hq * Sq][128] FP32 and [parts][B * Hq * Sq] LSEs
+    float* lse_part;
+    int64_t o_sb, o_sh, o_ss;
+    int Sq, Sk, Hq, group, sq_box, g_box, row_blocks, parts, tiles_per_part, causal;
+    float sl2;
+};
+
+// Grid: (row blocks x parts, Hkv, B); block: 384 threads; dynamic shared memory GqLayout::kSmem.
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1)
+    gqa_decode_sm90(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmk,
+                    const __grid_constant__ CUtensorMap tmv, const GqParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using L = GqLayout;
+    extern __shared__ unsigned char smem_raw[];
+    const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+    const uint32_t sQ = base, sK = base + L::kK, sV = base + L::kV, bars = base + L::kBars;
+    const uint32_t full_q = bars;
+    auto full_kv = [&](int s) { return bars + 8u * (1 + s); };
+    auto empty_kv = [&](int s) { return bars + 8u * (1 + kGqStages + s); };
+
+    const int rb = blockIdx.x % p.row_blocks, part = blockIdx.x / p.row_blocks;
+    const int hk = blockIdx.y, b = blockIdx.z;
+    const int g0 = rb * p.g_box;       // the block's first query head within the kv head's group
+    const int h0 = hk * p.group + g0;  // and in q
+    const int all_tiles = (p.Sk + kGqKeys - 1) / kGqKeys;
+    const int t0 = part * p.tiles_per_part;
+    const int n_tiles = max(0, min(all_tiles, t0 + p.tiles_per_part) - t0);
+
+    if (threadIdx.x == 0) {
+        mbar_init(full_q, 1);
+        for (int s = 0; s < kGqStages; ++s) {
+            mbar_init(full_kv(s), 1);   // the producer's expect-tx arrival; the K and V bytes complete the phase
+            mbar_init(empty_kv(s), 4);  // one arrival per warp of the warpgroup that took the tile
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    const int wg = threadIdx.x / 128;
+    if (wg == 0) {
+        setmaxnreg_dec<kProducerRegs>();
+        if (threadIdx.x == 0 && n_tiles > 0) {
+            prefetch_map(&tmq);
+            prefetch_map(&tmk);
+            prefetch_map(&tmv);
+            mbar_expect_tx(full_q, L::kQBytes);
+            tma_load_5d(sQ, &tmq, full_q, 0, 0, h0, 0, b);
+            for (int i = 0; i < n_tiles; ++i) {
+                const int s = i % kGqStages, n0 = (t0 + i) * kGqKeys;
+                mbar_wait(empty_kv(s), ((i / kGqStages) & 1) ^ 1);
+                mbar_expect_tx(full_kv(s), 2 * L::kKVBytes);
+                tma_load_5d(sK + s * L::kKVBytes, &tmk, full_kv(s), 0, n0, 0, hk, b);
+                tma_load_5d(sV + s * L::kKVBytes, &tmv, full_kv(s), 0, n0, 0, hk, b);
+            }
+        }
+        return;
+    }
+    setmaxnreg_inc<kConsumerRegs>();
+    const int c = wg - 1;  // takes the part's tiles c, c + 2, ...
+    const int tid = threadIdx.x - 128 * wg;
+    const int warp = tid / 32, lane = tid % 32;
+    const int rw = 16 * warp + lane / 4;  // rows rw (d[4j + 0..1]) and rw + 8 (d[4j + 2..3])
+    const int pos0 = rw % p.sq_box, pos1 = (rw + 8) % p.sq_box;
+    // keys at or past lim are hidden: the key tail, and with causal the keys after the row's position
+    const int lim0 = p.causal ? min(p.Sk, p.Sk - p.Sq + pos0 + 1) : p.Sk;
+    const int lim1 = p.causal ? min(p.Sk, p.Sk - p.Sq + pos1 + 1) : p.Sk;
+    const int edge = p.causal ? p.Sk - p.Sq + 1 : p.Sk;  // tiles reaching past it need hide_keys
+    float o[kGqD / 2];  // O, m64 x 128 fragment
+    float sacc[kGqKeys / 2];  // S, m64 x 64; then P in FP32
+    uint32_t pf[kGqKeys / 16][4];
+#pragma unroll
+    for (int i = 0; i < kGqD / 2; ++i) o[i] = 0.f;
+    float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
+    if (c < n_tiles) mbar_wait(full_q, 0);
+    for (int i = c; i < n_tiles; i += 2) {
+        const int s = i % kGqStages, n0 = (t0 + i) * kGqKeys;
+        const uint32_t kb = sK + s * L::kKVBytes, vb = sV + s * L::kKVBytes;
+        mbar_wait(full_kv(s), (i / kGqStages) & 1);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kGqD / 16; ++kk)
+            wgmma_ss<kGqKeys, T>(sacc, make_desc(sQ + (kk / 4) * L::kQSlab + (kk % 4) * 32, 16),
+                                 make_desc(kb + (kk / 4) * L::kKVSlab + (kk % 4) * 32, 16), kk > 0);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(sacc);
+        if (n0 + kGqKeys > edge) hide_keys(sacc, n0 + 2 * (lane % 4), lim0, lim1);
+        float corr[2];
+        online_softmax(sacc, m_r, l_r, p.sl2, corr);
+        to_a_fragments<T>(sacc, pf);
+        scale_rows(o, corr[0], corr[1]);
+        fence_regs(o);
+        fence_regs(pf);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kGqKeys / 16; ++kk) wgmma_rs<kGqD, T>(o, pf[kk], make_desc(vb + kk * 2048, L::kKVSlab));
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(o);
+        fence_regs(pf);
+        if (lane == 0) mbar_arrive(empty_kv(s));
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        l_r[r] += __shfl_xor_sync(0xffffffffu, l_r[r], 1);
+        l_r[r] += __shfl_xor_sync(0xffffffffu, l_r[r], 2);
+    }
+    // ---- the hand-over: both warpgroups are done with the ring (every tile loaded was consumed), the second
+    // writes its O and statistics there, thread for thread (the same fragment positions), the first joins them
+    float* xo = reinterpret_cast<float*>(smem_raw + (sK - smem_u32(smem_raw)));
+    float4* xs = reinterpret_cast<float4*>(xo + kGqD / 2 * 128);
+    bar_sync(1, 256);
+    if (c == 1) {
+#pragma unroll
+        for (int i = 0; i < kGqD / 2; ++i) xo[i * 128 + tid] = o[i];
+        xs[tid] = make_float4(m_r[0], m_r[1], l_r[0], l_r[1]);
+        bar_sync(2, 256);
+        return;
+    }
+    bar_sync(2, 256);
+    const float4 x = xs[tid];
+    float f0[2], f1[2];
+    {
+        const float m1[2] = {x.x, x.y}, l1[2] = {x.z, x.w};
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const float mm = fmaxf(m_r[r], m1[r]);
+            f0[r] = m_r[r] == -INFINITY ? 0.f : ex2((m_r[r] - mm) * p.sl2);
+            f1[r] = m1[r] == -INFINITY ? 0.f : ex2((m1[r] - mm) * p.sl2);
+            l_r[r] = l_r[r] * f0[r] + l1[r] * f1[r];
+            m_r[r] = mm;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < kGqD / 2; ++i) {
+        const int r = (i % 4) / 2;
+        o[i] = o[i] * f0[r] + xo[i * 128 + tid] * f1[r];
+    }
+    // ---- epilogue: the rows of real positions of the kv head's query heads
+    const float inv0 = l_r[0] > 0.f ? 1.f / l_r[0] : 0.f, inv1 = l_r[1] > 0.f ? 1.f / l_r[1] : 0.f;
+    const int64_t rows_out = int64_t(gridDim.z) * p.Hq * p.Sq;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int r = rw + 8 * half, pos = half ? pos1 : pos0, g = g0 + r / p.sq_box;
+        if (pos >= p.Sq || g >= p.group) continue;
+        const int h = hk * p.group + g;
+        const float inv = half ? inv1 : inv0;
+        const int64_t orow = (int64_t(b) * p.Hq + h) * p.Sq + pos;
+        if (p.parts == 1) {
+            T* out = static_cast<T*>(p.o) + b * p.o_sb + h * p.o_sh + pos * p.o_ss + 2 * (lane % 4);
+#pragma unroll
+            for (int j = 0; j < kGqD / 8; ++j)
+                *reinterpret_cast<uint32_t*>(out + 8 * j) =
+                    pack2<T>(o[4 * j + 2 * half] * inv, o[4 * j + 2 * half + 1] * inv);
+        } else {
+            float* op = p.o_part + (part * rows_out + orow) * kGqD + 2 * (lane % 4);
+#pragma unroll
+            for (int j = 0; j < kGqD / 8; ++j)
+                *reinterpret_cast<float2*>(op + 8 * j) =
+                    make_float2(o[4 * j + 2 * half] * inv, o[4 * j + 2 * half + 1] * inv);
+        }
+        if (lane % 4 == 0) {
+            const float l = l_r[half], m = m_r[half];
+            const float lse = l > 0.f ? (m * p.sl2 + log2f(l)) * kLn2 : -INFINITY;
+            if (p.parts > 1) p.lse_part[part * rows_out + orow] = lse;
+            else if (p.lse != nullptr) p.lse[orow] = lse;
+        }
+    }
+#else
+    __trap();  // compiled for a target other than sm_90a: never launched (see flash_sm90_fwd)
+#endif
+}
+
 // ---- host side ----------------------------------------------------------------------------------------------------
 
 using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
@@ -1144,6 +1353,64 @@ cudaError_t launch_mla(const attn_lt_flash_args& a, cudaStream_t stream) {
     return merge<kMlaDv, T>(a, stream);
 }
 
+// q (B, Hq, Sq, D) seen as 5-D (64, Sq, Hq, D / 64, B) with byte strides (row, head, 128, batch): one box of
+// (64, sq_box, g_box, D / 64, 1) lands as gqa_decode_sm90's Q tile, slab by slab, row g * sq_box + i holding position
+// i of head g (positions past Sq and heads past Hq zero-filled), whatever q's head and row strides.
+bool make_rows_map(CUtensorMap* map, CUtensorMapDataType dt, const attn_lt_flash_args& a, uint32_t sq_box,
+                   uint32_t g_box) {
+    const auto st = [](int64_t size, int64_t stride) { return cuuint64_t(size == 1 ? 16 : stride * 2); };
+    const cuuint64_t dims[5] = {64, cuuint64_t(a.Sq), cuuint64_t(a.Hq), cuuint64_t(a.D / 64), cuuint64_t(a.B)};
+    const cuuint64_t strides[4] = {st(a.Sq, a.q_ss), st(a.Hq, a.q_sh), 128, st(a.B, a.q_sb)};
+    const cuuint32_t box[5] = {64, sq_box, g_box, cuuint32_t(a.D / 64), 1};
+    const cuuint32_t elem[5] = {1, 1, 1, 1, 1};
+    return encode_tiled()(map, dt, 5, const_cast<void*>(a.q), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// Decode with several rows a kv head (gqa_decode_sm90, then merge_partials when the keys are split into parts):
+// head dim 128, no mask, Sq <= 64 (checked by the caller).
+template <typename T>
+cudaError_t launch_gqa_decode(const attn_lt_flash_args& a, cudaStream_t stream) {
+    const CUtensorMapDataType dt =
+        std::is_same<T, __nv_bfloat16>::value ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    GqParams p{};
+    p.sq_box = 1;
+    while (p.sq_box < a.Sq) p.sq_box *= 2;
+    p.g_box = kGqRows / p.sq_box;
+    alignas(64) CUtensorMap mq, mk, mv;
+    if (!make_rows_map(&mq, dt, a, static_cast<uint32_t>(p.sq_box), static_cast<uint32_t>(p.g_box)) ||
+        !make_map(&mk, dt, a.k, a.B, a.Hkv, a.Sk, 128, a.k_sb, a.k_sh, a.k_ss, kGqKeys) ||
+        !make_map(&mv, dt, a.v, a.B, a.Hkv, a.Sk, 128, a.v_sb, a.v_sh, a.v_ss, kGqKeys))
+        return static_cast<cudaError_t>(ATTN_LT_ERR_TENSOR_MAP);
+    const auto kernel = gqa_decode_sm90<T>;
+    cudaError_t err = opt_in_smem(reinterpret_cast<const void*>(kernel), GqLayout::kSmem);
+    if (err != cudaSuccess) return err;
+    p.o = a.o;
+    p.lse = a.lse;
+    p.o_part = a.o_part;
+    p.lse_part = a.lse_part;
+    p.o_sb = a.o_sb;
+    p.o_sh = a.o_sh;
+    p.o_ss = a.o_ss;
+    p.Sq = static_cast<int>(a.Sq);
+    p.Sk = static_cast<int>(a.Sk);
+    p.Hq = static_cast<int>(a.Hq);
+    p.group = static_cast<int>(a.Hq / a.Hkv);
+    p.row_blocks = (p.group + p.g_box - 1) / p.g_box;
+    p.parts = a.splits > 1 ? static_cast<int>(a.splits) : 1;
+    const int tiles = (p.Sk + kGqKeys - 1) / kGqKeys;
+    p.tiles_per_part = (tiles + p.parts - 1) / p.parts;
+    p.causal = a.causal ? 1 : 0;
+    p.sl2 = a.scale * kLog2e;
+    const dim3 grid(static_cast<unsigned>(p.row_blocks * p.parts), static_cast<unsigned>(a.Hkv),
+                    static_cast<unsigned>(a.B));
+    kernel<<<grid, kThreads, GqLayout::kSmem, stream>>>(mq, mk, mv, p);
+    err = cudaGetLastError();
+    if (err != cudaSuccess || p.parts == 1) return err;
+    return merge<128, T>(a, stream);
+}
+
 // The plain pipeline is built without masks, and D != DV without masks (mask_kind, the head dims and the variant are
 // checked before).
 template <int D, int DV, typename T>
@@ -1158,6 +1425,7 @@ cudaError_t launch_variant(const attn_lt_flash_args& a, int mk, cudaStream_t str
 
 template <typename T>
 cudaError_t launch_dim(const attn_lt_flash_args& a, int mk, cudaStream_t stream) {
+    if (a.variant == ATTN_LT_FLASH_SM90_DECODE) return launch_gqa_decode<T>(a, stream);
     if (a.D == 576) return launch_mla<T>(a, stream);
     if (a.D == 64) return launch_variant<64, 64, T>(a, mk, stream);
     if (a.D == 128) return launch_variant<128, 128, T>(a, mk, stream);
@@ -1190,15 +1458,19 @@ extern "C" int attn_lt_flash_sm90_fwd(const attn_lt_flash_args* a, void* stream)
     if (!(a->scale > 0.f)) return ATTN_LT_ERR_SCALE;
     if (!aligned16(a->q) || !aligned16(a->k) || !aligned16(a->v) || !aligned16(a->o)) return ATTN_LT_ERR_ALIGNMENT;
     if (a->dtype != ATTN_LT_F16 && a->dtype != ATTN_LT_BF16) return ATTN_LT_ERR_DTYPE;
-    if (a->variant != ATTN_LT_FLASH_SM90_DEFAULT && a->variant != ATTN_LT_FLASH_SM90_PLAIN) return ATTN_LT_ERR_VARIANT;
+    const bool decode = a->variant == ATTN_LT_FLASH_SM90_DECODE;
+    if (a->variant != ATTN_LT_FLASH_SM90_DEFAULT && a->variant != ATTN_LT_FLASH_SM90_PLAIN && !decode)
+        return ATTN_LT_ERR_VARIANT;
     const int mk = mask_kind(*a);
     if (mk < 0) return ATTN_LT_ERR_MASK;
-    if (mk != kNoMask && a->variant == ATTN_LT_FLASH_SM90_PLAIN) return ATTN_LT_ERR_VARIANT;
+    if (mk != kNoMask && a->variant != ATTN_LT_FLASH_SM90_DEFAULT) return ATTN_LT_ERR_VARIANT;
     if (mk != kNoMask && dv != a->D) return ATTN_LT_ERR_MASK;  // no masked kernel with DV != D
-    if (a->D == 576) {  // MLA decode: one query a head, v = k[..., :512] (the same memory), keys split in parts
-        if (a->Sq != 1 || a->v != a->k || a->v_sb != a->k_sb || a->v_sh != a->k_sh || a->v_ss != a->k_ss)
-            return ATTN_LT_ERR_LATENT;
-        if (a->variant != ATTN_LT_FLASH_SM90_DEFAULT) return ATTN_LT_ERR_VARIANT;
+    if (decode && (a->D != 128 || dv != 128 || a->Sq > kGqRows)) return ATTN_LT_ERR_VARIANT;
+    if (a->D == 576 &&  // MLA decode: one query a head, v = k[..., :512] (the same memory)
+        (a->Sq != 1 || a->v != a->k || a->v_sb != a->k_sb || a->v_sh != a->k_sh || a->v_ss != a->k_ss))
+        return ATTN_LT_ERR_LATENT;
+    if (a->D == 576 && a->variant != ATTN_LT_FLASH_SM90_DEFAULT) return ATTN_LT_ERR_VARIANT;
+    if (a->D == 576 || decode) {  // the keys split in parts
         if (a->splits < 0 || a->splits > 4096) return ATTN_LT_ERR_LENGTH;
         if (a->splits > 1 && (a->o_part == nullptr || a->lse_part == nullptr)) return ATTN_LT_ERR_ARGS;
         if (a->splits > 1 && (reinterpret_cast<uintptr_t>(a->o_part) % 8 ||

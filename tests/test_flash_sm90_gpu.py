@@ -6,7 +6,8 @@ are fresh random numbers every case.
 The tests go from the simplest case to the most involved one, so the first failure names the feature that broke:
 a single tile (a, both pipeline variants) -> several key tiles and query blocks (b) -> the lengths (c: key tails,
 query tails) -> causal with Sq != Sk both ways (d) -> GQA (e) -> strided views (f) -> long (g) -> dense masks read
-by TMA (h) -> MLA prefill's head dims, q/k 192 and v 128 (i) -> MLA decode, v in k's memory (j) -> the rest.
+by TMA (h) -> MLA prefill's head dims, q/k 192 and v 128 (i) -> MLA decode, v in k's memory (j) -> the decode
+kernel, 64-row blocks of query positions x heads with the keys in parts (k) -> the rest.
 """
 
 import math
@@ -21,7 +22,7 @@ from attn_lt import native
 from attn_lt.testing import reference, rel_error, sdpa, tolerance
 
 gpu = pytest.mark.gpu
-VARIANTS = list(native.FLASH_SM90_VARIANTS)  # "default" (overlapped, ping-pong), "plain"
+VARIANTS = ["default", "plain"]  # the prefill pipelines: overlapped with ping-pong, and plain
 
 
 @pytest.fixture
@@ -463,6 +464,80 @@ def test_j_mla_decode_refuses_what_is_not_a_latent_cache(bad, check):
     for name, value in bad.items():
         setattr(a, name, value)
     with pytest.raises(native.CudaError, match=f"precondition failed: .*{check}"):
+        native.flash_sm90(a, 0)
+
+
+# ---- k: the decode kernel (64-row blocks of query positions x query heads of one kv head, D 128, keys in parts) ---
+
+def check_decode(q, k, v, splits, causal=False):
+    from attn_lt.testing import forced_flash
+
+    run, out, lse = forced_flash(q, k, v, causal=causal, kernel="sm90_decode", splits=splits)
+    run()
+    torch.cuda.synchronize()
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any(), "unwritten or NaN output / LSE"
+    ref, ref_lse = reference(q, k, v, causal=causal)
+    err, torch_err = rel_error(out, ref), rel_error(sdpa(q, k, v, causal=causal), ref)
+    assert err <= tolerance(torch_err), f"error {err:.3e}, PyTorch {torch_err:.3e}"
+    assert (lse - ref_lse).abs().max().item() <= 1e-3 * (1 + ref_lse.abs().max().item())
+
+
+@gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("Sk", [16, 97, 4095, 4096, 4097], ids=lambda s: f"sk{s}")
+def test_k_decode_lengths_parts_causal(sm90, Sk, splits, causal):
+    # Sq 16 x 4 heads a kv head: one 64-row block; 3 parts of 1 to 11 key tiles, parts without a key at sk16/97
+    check_decode(*rand_qkv(2, 32, 8, 16, Sk, 128, "bf16"), splits, causal)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("B,Hq,Hkv,Sq", [(2, 32, 8, 1), (2, 8, 8, 16), (2, 48, 4, 5), (1, 16, 1, 64),
+                                         (3, 64, 4, 3), (1, 40, 8, 7)],
+                         ids=["sq1-g4", "mha-sq16", "sq5-g12", "sq64-g16", "sq3-g16", "sq7-g5"])
+def test_k_decode_rows(sm90, B, Hq, Hkv, Sq, dtype):
+    # sq_box (Sq rounded up to a power of two) x 64 / sq_box heads a block: rows past Sq zero-filled, partial last
+    # head blocks (g12 in blocks of 8, g16 at Sq 64 in blocks of 1), heads of the next kv head computed, not written
+    check_decode(*rand_qkv(B, Hq, Hkv, Sq, 3000, 128, dtype), 2, causal=True)
+
+
+@gpu
+def test_k_decode_strided_views(sm90):
+    # q as transformers makes it ((B, Sq, Hq, D) transposed: heads D apart, positions Hq * D apart); k and v
+    # views of a larger cache (first Sk of cap positions) in the (B, S, H, D) layout
+    B, Hq, Hkv, Sq, Sk, cap = 2, 32, 8, 16, 3000, 3500
+    q = torch.randn(B, Sq, Hq, 128, device="cuda").to(torch.bfloat16).transpose(1, 2)
+    kc, vc = (torch.randn(B, cap, Hkv, 128, device="cuda").to(torch.bfloat16) for _ in range(2))
+    k, v = kc[:, :Sk].transpose(1, 2), vc[:, :Sk].transpose(1, 2)
+    check_decode(q, k, v, 4, causal=True)
+
+
+@gpu
+def test_k_decode_through_attention_and_a_growing_cache(sm90):
+    import attn_lt
+
+    B, Hq, Hkv, Sq, cap = 4, 32, 8, 16, 9000
+    kc, vc = (torch.randn(B, Hkv, cap, 128, device="cuda").to(torch.bfloat16) for _ in range(2))
+    for n in (8000, 8016, 8100, 8999):  # speculative decoding's steps: views of the cache
+        q = torch.randn(B, Hq, Sq, 128, device="cuda").to(torch.bfloat16)
+        k, v = kc[:, :, :n], vc[:, :, :n]
+        e = attn_lt.explain(q, k, v, causal=True, backend="wmma")
+        assert e.fused.kernel == "sm90_decode" and "decode kernel" in str(e), str(e)
+        out = torch.full((B, Hq, Sq, 128), math.nan, dtype=q.dtype, device="cuda")
+        o, lse = attn_lt.attention(q, k, v, causal=True, out=out, return_lse=True, backend="wmma")
+        ref, ref_lse = reference(q, k, v, causal=True)
+        assert o is out and rel_error(o, ref) <= tolerance(rel_error(sdpa(q, k, v, causal=True), ref))
+        assert (lse - ref_lse).abs().max().item() < 1e-2
+
+
+@pytest.mark.parametrize("bad", [dict(D=64), dict(Dv=64), dict(Sq=65), dict(mask=1 << 20, mask_dtype=4, m_sk=1)],
+                         ids=["d64", "dv64", "sq65", "mask"])
+def test_k_decode_refuses_what_it_does_not_run(bad):
+    a = _args(Sq=16, Sk=1000, variant=native.FLASH_SM90_VARIANTS["decode"])
+    for name, value in bad.items():
+        setattr(a, name, value)
+    with pytest.raises(native.CudaError, match="precondition failed: .*(variant|head dim)"):
         native.flash_sm90(a, 0)
 
 

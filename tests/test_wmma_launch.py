@@ -25,7 +25,8 @@ def test_decode_takes_the_split_kernel(B, Hq, Hkv, Sq, Sk):
     c = Case.contiguous(B, Hq, Hkv, Sq, Sk, 128)
     f = fused_launch(c, H100)
     rows = Sq * Hq // Hkv
-    assert f.kernel == ("flash" if rows <= 64 else "sm90")
+    assert f.kernel == ("sm90" if rows > 64 else "sm90_decode" if rows >= 32 else "flash")
+    assert fused_launch(c, A100).kernel == ("flash" if rows <= 64 else "flash")
     if f.kernel == "flash":
         assert f.block_rows == (16 if rows <= 16 else 64) and f.splits >= 1
         assert f.workspace_bytes == (0 if f.splits == 1 else f.splits * B * Hq * Sq * 129 * 4)
@@ -236,3 +237,34 @@ def test_keys_of_most_inverts_most_splits():
             assert m == wmma.MAX_SPLITS and wmma.most_splits(10**8) == m
         else:
             assert wmma.most_splits(hi) == m and wmma.most_splits(hi + 1) != m
+
+
+@pytest.mark.parametrize("Hq,Hkv,Sq,blocks", [(32, 8, 16, 8 * 8), (32, 8, 8, 8 * 8), (64, 4, 4, 8 * 4),
+                                              (32, 4, 5, 8 * 4), (48, 4, 5, 8 * 4 * 2)],
+                         ids=["sq16-g4", "sq8-g4", "sq4-g16", "sq5-g8", "sq5-g12"])
+def test_hopper_decode_blocks_of_32_to_64_rows_take_the_wgmma_decode_kernel(Hq, Hkv, Sq, blocks):
+    """32-64 rows a kv head, head dim 128, no mask, on Hopper: native/flash_sm90.cu's decode kernel, 64-row blocks
+    of sq_box positions (Sq rounded up to a power of two) x 64 / sq_box heads, the keys split for one CTA an SM;
+    the same cases elsewhere, with a mask or at another head dim stay on native/flash.cu."""
+    c = Case.contiguous(8, Hq, Hkv, Sq, 32768, 128)
+    f = fused_launch(c, H100)
+    assert (f.kernel, f.block_rows) == ("sm90_decode", 64) and f"{blocks} blocks" in f.why, f.why
+    assert f.splits == split_count(blocks, H100.sms, most_splits(32768))
+    assert f.workspace_bytes == (0 if f.splits == 1 else f.splits * 8 * Hq * Sq * 129 * 4)
+    assert "decode kernel" in str(f)
+    assert fused_launch(c, A100).kernel == "flash"
+    m = MaskInfo("bool", "bool", (8, 1, Sq, 32768), (Sq * 32768, 0, 32768, 1))
+    assert fused_launch(Case.contiguous(8, Hq, Hkv, Sq, 32768, 128, mask=m), H100).kernel == "flash"
+    assert fused_launch(Case.contiguous(8, Hq, Hkv, Sq, 32768, 64), H100).kernel == "flash"
+    # the key length enters through most_splits only: a decode loop's steps share the launch
+    assert fused_launch(Case.contiguous(8, Hq, Hkv, Sq, 32769, 128), H100) == f
+
+
+def test_the_decode_kernel_forced_checks_what_it_runs():
+    f = fused_launch(Case.contiguous(2, 8, 8, 1, 1000, 128), H100, kernel="sm90_decode", splits=3)
+    assert (f.kernel, f.splits, f.why) == ("sm90_decode", 3, "forced by the caller")
+    for bad in (Case.contiguous(2, 8, 8, 65, 1000, 128), Case.contiguous(2, 8, 8, 1, 1000, 64)):
+        with pytest.raises(ValueError, match="decode kernel runs head dim 128"):
+            fused_launch(bad, H100, kernel="sm90_decode")
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        fused_launch(Case.contiguous(2, 8, 8, 1, 1000, 128), H100, kernel="sm100")

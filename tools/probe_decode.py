@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
-"""Time the fused path's decode kernel (native/flash.cu, split over the keys) on a few shapes with forced split
-counts, beside SDPA's cuDNN and flash backends: ms and effective TB/s (K+V bytes), each the median of 7 replays of
+"""Time the fused path's decode kernels (native/flash.cu, and on Hopper native/flash_sm90.cu's decode kernel:
+``--kernels``, each split over the keys) on a few shapes with forced split counts (columns ``s<n>`` for flash.cu,
+``w<n>`` for the wgmma decode kernel, ``auto`` for the rule's kernel and splits), beside SDPA's cuDNN and flash
+backends: ms and effective TB/s (K+V bytes), each the median of 7 replays of
 a CUDA graph of 20 back-to-back calls (``--eager``: 7 batches of 20 calls launched from Python, which measure the
 host's launch rate wherever a call's GPU work is shorter than its host cost, e.g. B1 at 8k keys). ``--mask`` adds a
 (B, 1, Sq, Sk) additive bf16 mask (the decode suite's). ``ATTN_LT_LIB`` selects another build of the library (A/B
 runs).
 
-    python tools/probe_decode.py [--cases B,Hq,Hkv,Sq,Sk;...] [--splits 1,2,4,8,16] [--mask] [--eager] [--json FILE]
+    python tools/probe_decode.py [--cases B,Hq,Hkv,Sq,Sk;...] [--splits 1,2,4,8,16] [--kernels flash,sm90_decode]
+                                 [--mask] [--eager] [--json FILE]
 
 For profiling with ncu:
 
@@ -85,6 +88,8 @@ def main() -> int:
                     help="one launch of the first of --cases (default B8 H32/8 Sq1 Sk32k), for ncu")
     ap.add_argument("--cases", default=CASES, help=f"B,Hq,Hkv,Sq,Sk;... (default {CASES})")
     ap.add_argument("--splits", default="1,2,4,8,16", help="split counts to force, besides the rule's")
+    ap.add_argument("--kernels", default="flash",
+                    help="kernels to force the split counts on: flash (native/flash.cu), sm90_decode (Hopper)")
     ap.add_argument("--mask", action="store_true", help="with a (B, 1, Sq, Sk) additive bf16 mask")
     ap.add_argument("--eager", action="store_true", help="launch each call from Python instead of graph replay")
     ap.add_argument("--json", help="write the rows here")
@@ -101,7 +106,8 @@ def main() -> int:
         q, k, v = (torch.randn(s, dtype=torch.bfloat16, device="cuda") for s in
                    ((B, Hq, Sq, 128), (B, Hkv, Sk, 128), (B, Hkv, Sk, 128)))
         m = mask_for(B, Sq, Sk)
-        forced_flash(q, k, v, m, splits=fused_launch(check_tensors(q, k, v, m)).splits)[0]()
+        auto = fused_launch(check_tensors(q, k, v, m))
+        forced_flash(q, k, v, m, splits=auto.splits, kernel=auto.kernel)[0]()
         torch.cuda.synchronize()
         return 0
     print(f"{torch.cuda.get_device_name()}, library {os.environ.get('ATTN_LT_LIB', 'built')}, "
@@ -113,11 +119,17 @@ def main() -> int:
         k, v = (torch.randn(B, Hkv, Sk, 128, dtype=torch.bfloat16, device="cuda") for _ in range(2))
         m = mask_for(B, Sq, Sk)
         gb = (2 * k.numel() * 2 + (0 if m is None else m.numel() * 2)) / 1e9  # K, V and mask bytes
-        auto = fused_launch(check_tensors(q, k, v, m)).splits
-        row = {"case": f"B{B} Hq{Hq} Hkv{Hkv} Sq{Sq} Sk{Sk}" + (" mask" if a.mask else ""), "auto_splits": auto,
-               "tbps": {}}
-        for splits in sorted({auto, *(int(s) for s in a.splits.split(","))}):
-            row["tbps"][f"s{splits}"] = gb / batch_ms(forced_flash(q, k, v, m, splits=splits)[0], graph=graph)
+        auto = fused_launch(check_tensors(q, k, v, m))
+        row = {"case": f"B{B} Hq{Hq} Hkv{Hkv} Sq{Sq} Sk{Sk}" + (" mask" if a.mask else ""), "auto_splits": auto.splits,
+               "auto_kernel": auto.kernel, "tbps": {}}
+        row["tbps"]["auto"] = gb / batch_ms(forced_flash(q, k, v, m, splits=auto.splits, kernel=auto.kernel)[0],
+                                            graph=graph)
+        for kernel in a.kernels.split(","):
+            if kernel == "sm90_decode" and m is not None:
+                continue
+            for splits in sorted(int(s) for s in a.splits.split(",")):
+                run = forced_flash(q, k, v, m, splits=splits, kernel=kernel)[0]
+                row["tbps"][f"{'s' if kernel == 'flash' else 'w'}{splits}"] = gb / batch_ms(run, graph=graph)
         for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
             def f(be=be):
                 with sdpa_kernel(be):
@@ -128,7 +140,7 @@ def main() -> int:
                 row["tbps"][name] = None
         rows.append(row)
         cells = " ".join(f"{n} {'n/a' if r is None else f'{r:.2f}'}" for n, r in row["tbps"].items())
-        print(f"{row['case']} (auto s{auto}): {cells} TB/s", flush=True)
+        print(f"{row['case']} (auto {auto.kernel} s{auto.splits}): {cells} TB/s", flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(), "lib": os.environ.get("ATTN_LT_LIB"), "mask": a.mask,

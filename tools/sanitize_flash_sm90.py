@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A few small shapes through the Hopper fused kernels (native/flash_sm90.cu), each run once, for
 compute-sanitizer (both pipeline variants; D 64/128/256, MLA prefill's q/k 192 with v 128, MLA decode's q/k 576
-with v = k[..., :512] in parts; fp16/bf16; key and query tails; causal with Sq != Sk both ways; GQA; a (B, S, H, D)
+with v = k[..., :512] in parts, the decode kernel's 64-row blocks in parts; fp16/bf16; key and query tails; causal with Sq != Sk both ways; GQA; a (B, S, H, D)
 view; dense masks read by TMA: bool and additive, shared by the heads, per head, one row for every query, a padded
 view). Exits 1 when an output is wrong, 2 when the kernels cannot run here.
 
@@ -47,6 +47,13 @@ MLA_DECODE = [
     (2, 128, 1, 333, torch.bfloat16, 1),
     (1, 96, 1, 1000, torch.float16, 3),  # a partial second block of heads
     (2, 16, 2, 130, torch.bfloat16, 5),  # parts without a key
+]
+# the decode kernel (D 128, 64-row blocks of positions x heads, keys in parts): (B, Hq, Hkv, Sq, Sk, dtype, causal,
+# parts, layout)
+DECODE = [
+    (2, 32, 8, 16, 1000, torch.bfloat16, True, 3, "bhsd"),
+    (1, 48, 4, 5, 300, torch.float16, False, 1, "bshd"),
+    (1, 8, 8, 1, 129, torch.bfloat16, True, 2, "bhsd"),
 ]
 # (B, Hq, Hkv, Sq, Sk, D, dtype, causal, mask kind, mask shape): the default pipeline, masks in rows padded to 16
 MASKED = [
@@ -106,6 +113,12 @@ def main() -> int:
         bad += not ok
         print(f"B={B} Hq={Hq} Hkv={Hkv} Sk={Sk} D=576 Dv=512 (v in k) {str(dt)[6:]} parts={parts}: "
               f"rel error {err:.2e} {'ok' if ok else 'WRONG'}", flush=True)
+    for B, Hq, Hkv, Sq, Sk, dt, causal, parts, layout in DECODE:
+        q, k, v = random_qkv(B, Hq, Hkv, Sq, Sk, 128, dt, layout)
+        err, ok = forced_flash_error(q, k, v, causal=causal, splits=parts, kernel="sm90_decode")
+        bad += not ok
+        print(f"B={B} Hq={Hq} Hkv={Hkv} Sq={Sq} Sk={Sk} D=128 {str(dt)[6:]} causal={int(causal)} {layout} decode "
+              f"parts={parts}: rel error {err:.2e} {'ok' if ok else 'WRONG'}", flush=True)
     for B, Hq, Hkv, Sq, Sk, D, dt, causal, kind, shape in MASKED:
         q, k, v = random_qkv(B, Hq, Hkv, Sq, Sk, D, dt, "bhsd")
         dims = {"B1SqSk": (B, 1, Sq, Sk), "11SqSk": (1, 1, Sq, Sk), "BHSqSk": (B, Hq, Sq, Sk), "B11Sk": (B, 1, 1, Sk)}
@@ -114,7 +127,7 @@ def main() -> int:
         bad += not ok
         print(f"B={B} Hq={Hq} Hkv={Hkv} Sq={Sq} Sk={Sk} D={D} {str(dt)[6:]} causal={int(causal)} {kind} mask "
               f"{shape}: rel error {err:.2e} {'ok' if ok else 'WRONG'}", flush=True)
-    total = len(CASES) + len(MLA) + len(MLA_DECODE) + len(MASKED)
+    total = len(CASES) + len(MLA) + len(MLA_DECODE) + len(DECODE) + len(MASKED)
     print(f"{total - bad} passed, {bad} failed")
     return 1 if bad else 0
 
