@@ -9,8 +9,9 @@ LSE, dense masks. Two kernels behind the one name:
   bool masks and additive masks in q's dtype read by TMA tile by tile (:func:`hopper_mask_refusal` says which
   masks). It runs prefill-sized row blocks on Hopper. Beside it, MLA decode (q/k 576, v k's first 512 columns,
   one query a head): 64 query heads a block against one latent cache tile, the keys split in parts; and the
-  decode kernel ("sm90_decode": head dim 128, no mask, 32 to 64 rows of query positions × query heads a kv head,
-  e.g. Sq 16 with GQA 4): 64-row blocks on wgmma, two warpgroups taking the key tiles in turn, the keys split.
+  decode kernel ("sm90_decode": head dim 128, 32 to 64 rows of query positions × query heads a kv head, e.g. Sq 16
+  with GQA 4, a mask its heads share): 64-row blocks on wgmma, two warpgroups taking the key tiles in turn, the keys
+  split.
 * ``native/flash.cu`` (every GPU from sm_80): ``mma.sync`` fed by ``cp.async``; the query heads of one kv head
   folded into the rows of a tile (each K/V tile read once per group); dense bool or additive masks read by strides;
   and a split of the key range (flash-decoding): when the row blocks alone cannot fill the GPU — decode, a few query
@@ -51,10 +52,13 @@ SPLIT_FILL = 0.96
 #: 2.37 TB/s, 32 of 4 tiles 2.55).
 ONE_CTA_MIN_TILES = 16
 #: Decode blocks of SM90_DECODE_MIN_ROWS to DECODE_ROWS rows a kv head take native/flash_sm90.cu's decode kernel
-#: on Hopper (head dim 128, no mask; ``"sm90_decode"``): 64-row blocks (positions × query heads) on wgmma, 128-key
+#: on Hopper (head dim 128, a mask only as :func:`decode_mask_refusal` allows; ``"sm90_decode"``): 64-row blocks (positions × query heads) on wgmma, 128-key
 #: tiles, one CTA an SM, the keys split as native/flash.cu's are. native/flash.cu's mma.sync decode blocks are
 #: compute-bound there (64 rows: 54–63 % of the H200's copy rate).
 SM90_DECODE_MIN_ROWS, SM90_DECODE_ROWS = 32, 64
+#: Mask rows (query positions) the decode kernel stages with each key tile: a mask its heads share, of at most this
+#: many rows, or one row for every position.
+SM90_DECODE_MASK_ROWS = 16
 #: Largest workspace the split partials may take (FP32 outputs and LSEs).
 MAX_SPLIT_BYTES = 256 << 20
 #: Shared memory a CTA of native/flash.cu needs at head dim 256 (64 query rows, two K and two V tiles of 64 keys).
@@ -227,18 +231,19 @@ def fused_launch(case: Case, facts: DeviceFacts | None = None, *, kernel: str | 
     rule."""
     if (kernel is not None and kernel not in KERNEL_NAMES) or (splits is not None and splits < 1):
         raise ValueError(f"kernel must be one of {sorted(KERNEL_NAMES)} and splits >= 1; got {kernel!r}, {splits!r}")
-    if kernel == "sm90_decode" and ((case.D, case.Dv) != (128, 128) or case.mask is not None
-                                    or case.Sq > SM90_DECODE_ROWS):
-        raise ValueError(f"the sm90 decode kernel runs head dim 128 without a mask and Sq <= {SM90_DECODE_ROWS}; "
-                         f"got D={case.D}, Dv={case.Dv}, Sq={case.Sq}, mask={case.mask is not None}")
+    decode_sized = case.Sq * case.group <= DECODE_ROWS
+    if kernel == "sm90_decode" and ((case.D, case.Dv) != (128, 128) or case.Sq > SM90_DECODE_ROWS
+                                    or decode_mask_refusal(case) is not None):
+        raise ValueError(f"the sm90 decode kernel runs head dim 128, Sq <= {SM90_DECODE_ROWS} and masks its heads "
+                         f"share; got D={case.D}, Dv={case.Dv}, Sq={case.Sq}: {decode_mask_refusal(case)}")
     assumed = False
     if facts is None:
         facts = device_facts()
         if facts is None:
             facts, assumed = ASSUMED_DEVICE, True
     # the key length matters only through the most splits it allows: a decode loop's steps share one result
-    # the mask rule decides only for row blocks the Hopper kernel would take (not a decode step's)
-    refusal = hopper_mask_refusal(case) if case.Sq * case.group > DECODE_ROWS else None
+    # the mask rule of the Hopper kernel that would take the row blocks: the prefill kernel's, or the decode kernel's
+    refusal = decode_mask_refusal(case) if decode_sized else hopper_mask_refusal(case)
     return _fused_launch(case.B, case.Hq, case.Hkv, case.Sq, case.D, case.Dv, case.mask is not None, refusal,
                          most_splits(case.Sk), facts, assumed, kernel, splits)
 
@@ -266,6 +271,22 @@ def hopper_mask_refusal(case: Case) -> str | None:
     return None
 
 
+def decode_mask_refusal(case: Case) -> str | None:
+    """Why native/flash_sm90.cu's decode kernel cannot read ``case``'s mask (None when it can, or when there is no
+    mask): :func:`hopper_mask_refusal`'s rule, and the block's heads must share the mask (head stride 0, or one
+    head) whose rows of query positions it stages with each key tile (at most 16, or one row for every position).
+    native/flash_sm90.cu's entry holds the same rule."""
+    refusal = hopper_mask_refusal(case)
+    if refusal is not None or case.mask is None:
+        return refusal
+    _, sh, sq, _ = case.mask.strides
+    if case.Hq > 1 and sh != 0:
+        return "a mask per head (the decode kernel reads one its heads share)"
+    if case.Sq > SM90_DECODE_MASK_ROWS and sq != 0:
+        return f"{case.Sq} mask rows (the decode kernel stages at most {SM90_DECODE_MASK_ROWS} a key tile)"
+    return None
+
+
 def _splits(blocks: int, slots: int, most: int, part: int, forced: int | None) -> int:
     """``forced``, else :func:`split_count`'s parts of the keys, halved while their partials (``part`` bytes each)
     exceed :data:`MAX_SPLIT_BYTES`."""
@@ -289,14 +310,15 @@ def _fused_launch(B: int, Hq: int, Hkv: int, Sq: int, D: int, Dv: int, masked: b
         splits = _splits(blocks, facts.sms, most, part, forced_splits)
         why = f"MLA decode: {rows} query heads a latent cache; {blocks} blocks for {facts.sms} SMs"
         return FusedLaunch("sm90", MLA_ROWS, splits, splits * part if splits > 1 else 0, why + note)
-    if kernel == "sm90_decode" or (kernel is None and facts.hopper and not masked and (D, Dv) == (128, 128)
+    if kernel == "sm90_decode" or (kernel is None and facts.hopper and mask_refusal is None and (D, Dv) == (128, 128)
                                    and SM90_DECODE_MIN_ROWS <= rows <= DECODE_ROWS):
         # a block: sq_box positions (the power of two >= Sq) of SM90_DECODE_ROWS / sq_box query heads
         heads = SM90_DECODE_ROWS // (1 << (Sq - 1).bit_length())
         blocks = -(-(Hq // Hkv) // heads) * B * Hkv
         splits = _splits(blocks, facts.sms, most, part, forced_splits)
+        mask = "a mask its heads share" if masked else "no mask"
         why = "forced by the caller" if kernel is not None else (
-            f"{rows} rows a kv head, no mask; {blocks} blocks for {facts.sms} SMs, one CTA an SM")
+            f"{rows} rows a kv head, {mask}; {blocks} blocks for {facts.sms} SMs, one CTA an SM")
         return FusedLaunch("sm90_decode", SM90_DECODE_ROWS, splits, splits * part if splits > 1 else 0, why + note)
     if kernel == "sm90" or kernel is None and facts.hopper and mask_refusal is None and rows > DECODE_ROWS:
         mask = "a mask read by TMA" if masked else "no mask"

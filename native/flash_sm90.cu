@@ -38,7 +38,8 @@
 //
 // Preconditions (checked by the launcher): sm_90 device; (D, DV) in {(64, 64), (128, 128), (256, 256), (192, 128),
 // (576, 512)}, the last with Sq = 1, v = k's first 512 columns and the key range in `splits` parts (MLA decode,
-// below); the decode variant (gqa_decode_sm90, below) with D = DV = 128, Sq <= 64, no mask; fp16/bf16; q, k, v, o 16-byte aligned;
+// below); the decode variant (gqa_decode_sm90, below) with D = DV = 128, Sq <= 64, a mask only if the heads share it
+// and its rows of positions are at most 16 (or one); fp16/bf16; q, k, v, o 16-byte aligned;
 // batch/head/row strides positive multiples of 8 elements (16 bytes) below 2^39 for q, k, v (any stride of a
 // dimension of size 1); o row stride a multiple of 8 elements; Sq, Sk < 2^30; B, Hq <= 65535; a mask bool or of
 // q's dtype, 16-byte aligned, its keys contiguous, its other strides 0 or multiples of 16 bytes; the plain variant
@@ -983,13 +984,21 @@ __global__ void __launch_bounds__(kThreads, 1)
 //     and the first joins them by their maxima and writes the output (one part) or the part's FP32 partial and LSE.
 // Rows past Sq (zeros from TMA), past the kv head's query heads (the next kv head's, or zeros) are computed and not
 // written. Causal is bottom-right aligned: position i sees keys j <= i + Sk - Sq.
-constexpr int kGqRows = 64, kGqD = 128, kGqKeys = 64, kGqStages = 6;
+// A dense mask (bool or additive in q's dtype) that the block's heads share (broadcast over heads, or one head) is
+// read by TMA with each K/V tile: its rows of the block's positions (at most kGqMaskRows; one when the positions
+// share it too), 64 keys in the 128-byte (2-byte mask) or 64-byte (bool) swizzle, as the prefill kernel reads its
+// mask tiles. Masked kernels keep the scores in the exp2 domain from the mask on (scale 1 in the softmax).
+constexpr int kGqRows = 64, kGqD = 128, kGqKeys = 64, kGqStages = 6, kGqMaskRows = 16;
 static_assert(kGqStages % 2 == 0, "each consumer warpgroup keeps its own stages");
 
+template <int MK>
 struct GqLayout {
     static constexpr uint32_t kQSlab = kGqRows * 128, kKVSlab = kGqKeys * 128;  // bytes of one 64-column slab
     static constexpr uint32_t kQBytes = 2 * kQSlab, kKVBytes = 2 * kKVSlab;  // Q; a K (or V) tile
-    static constexpr uint32_t kK = kQBytes, kV = kK + kGqStages * kKVBytes, kBars = kV + kGqStages * kKVBytes;
+    static constexpr uint32_t kMaskEs = MK == kBoolMask ? 1 : 2, kMaskPitch = kGqKeys * kMaskEs;
+    static constexpr uint32_t kMaskStage = MK == kNoMask ? 0 : kGqMaskRows * kMaskPitch;
+    static constexpr uint32_t kK = kQBytes, kV = kK + kGqStages * kKVBytes, kM = kV + kGqStages * kKVBytes;
+    static constexpr uint32_t kBars = kM + kGqStages * kMaskStage;
     static constexpr uint32_t kBarCount = 1 + 2 * kGqStages;
     static constexpr size_t kSmem = kBars + 8 * kBarCount + 1024;
     static_assert(kSmem <= 227 * 1024, "shared memory over the sm_90 limit");
@@ -1004,19 +1013,24 @@ struct GqParams {
     float* lse_part;
     int64_t o_sb, o_sh, o_ss;
     int Sq, Sk, Hq, group, sq_box, g_box, row_blocks, parts, tiles_per_part, causal;
+    int m_rows, m_b;  // mask rows a tile (the block's positions, or 1 when they share one); 1: a mask per batch entry
     float sl2;
 };
 
-// Grid: (row blocks x parts, Hkv, B); block: 384 threads; dynamic shared memory GqLayout::kSmem.
-template <typename T>
+// Grid: (row blocks x parts, Hkv, B); block: 384 threads; dynamic shared memory GqLayout<MK>::kSmem. tmm, the
+// mask's map, is read only when MK != kNoMask.
+template <typename T, int MK>
 __global__ void __launch_bounds__(kThreads, 1)
     gqa_decode_sm90(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmk,
-                    const __grid_constant__ CUtensorMap tmv, const GqParams p) {
+                    const __grid_constant__ CUtensorMap tmv, const __grid_constant__ CUtensorMap tmm,
+                    const GqParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using L = GqLayout;
+    using L = GqLayout<MK>;
+    constexpr bool kMasked = MK != kNoMask;
+    using M = std::conditional_t<MK == kBoolMask, bool, T>;  // the mask's element type
     extern __shared__ unsigned char smem_raw[];
     const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-    const uint32_t sQ = base, sK = base + L::kK, sV = base + L::kV, bars = base + L::kBars;
+    const uint32_t sQ = base, sK = base + L::kK, sV = base + L::kV, sM = base + L::kM, bars = base + L::kBars;
     const uint32_t full_q = bars;
     auto full_kv = [&](int s) { return bars + 8u * (1 + s); };
     auto empty_kv = [&](int s) { return bars + 8u * (1 + kGqStages + s); };
@@ -1046,14 +1060,17 @@ __global__ void __launch_bounds__(kThreads, 1)
             prefetch_map(&tmq);
             prefetch_map(&tmk);
             prefetch_map(&tmv);
+            if constexpr (kMasked) prefetch_map(&tmm);
             mbar_expect_tx(full_q, L::kQBytes);
             tma_load_5d(sQ, &tmq, full_q, 0, 0, h0, 0, b);
+            const uint32_t bytes = 2 * L::kKVBytes + (kMasked ? p.m_rows * L::kMaskPitch : 0);
             for (int i = 0; i < n_tiles; ++i) {
                 const int s = i % kGqStages, n0 = (t0 + i) * kGqKeys;
                 mbar_wait(empty_kv(s), ((i / kGqStages) & 1) ^ 1);
-                mbar_expect_tx(full_kv(s), 2 * L::kKVBytes);
+                mbar_expect_tx(full_kv(s), bytes);
                 tma_load_5d(sK + s * L::kKVBytes, &tmk, full_kv(s), 0, n0, 0, hk, b);
                 tma_load_5d(sV + s * L::kKVBytes, &tmv, full_kv(s), 0, n0, 0, hk, b);
+                if constexpr (kMasked) tma_load_4d(sM + s * L::kMaskStage, &tmm, full_kv(s), n0, 0, 0, p.m_b ? b : 0);
             }
         }
         return;
@@ -1068,6 +1085,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int lim0 = p.causal ? min(p.Sk, p.Sk - p.Sq + pos0 + 1) : p.Sk;
     const int lim1 = p.causal ? min(p.Sk, p.Sk - p.Sq + pos1 + 1) : p.Sk;
     const int edge = p.causal ? p.Sk - p.Sq + 1 : p.Sk;  // tiles reaching past it need hide_keys
+    // Masked: the scores go to the exp2 domain with the mask (sc = 1 from there on). This thread's mask rows (its
+    // rows' positions, or row 0) as byte offsets in a stage and swizzle phases (as in flash_sm90_fwd)
+    const float sc = kMasked ? 1.f : p.sl2;
+    const int mr0 = p.m_rows == 1 ? 0 : pos0, mr1 = p.m_rows == 1 ? 0 : pos1;
+    const auto swz = [](int R) { return uint32_t(L::kMaskPitch == 128 ? (R & 7) << 4 : ((R >> 1) & 3) << 4); };
+    const uint32_t mo0 = mr0 * L::kMaskPitch, mo1 = mr1 * L::kMaskPitch, mz0 = swz(mr0), mz1 = swz(mr1);
+    const unsigned char* smem_m = smem_raw + (sM - smem_u32(smem_raw));
     float o[kGqD / 2];  // O, m64 x 128 fragment
     float sacc[kGqKeys / 2];  // S, m64 x 64; then P in FP32
     uint32_t pf[kGqKeys / 16][4];
@@ -1087,9 +1111,22 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_commit();
         wgmma_wait<0>();
         fence_regs(sacc);
+        if constexpr (kMasked) {
+            const unsigned char* ms = smem_m + s * L::kMaskStage;
+#pragma unroll
+            for (int j = 0; j < kGqKeys / 8; ++j) {
+                const uint32_t col = (8 * j + 2 * (lane % 4)) * L::kMaskEs;
+                const float2 v0 = mask_pair_of<M>(ms + mo0 + (col ^ mz0));
+                const float2 v1 = mask_pair_of<M>(ms + mo1 + (col ^ mz1));
+                sacc[4 * j] = fmaf(sacc[4 * j], p.sl2, v0.x);
+                sacc[4 * j + 1] = fmaf(sacc[4 * j + 1], p.sl2, v0.y);
+                sacc[4 * j + 2] = fmaf(sacc[4 * j + 2], p.sl2, v1.x);
+                sacc[4 * j + 3] = fmaf(sacc[4 * j + 3], p.sl2, v1.y);
+            }
+        }
         if (n0 + kGqKeys > edge) hide_keys(sacc, n0 + 2 * (lane % 4), lim0, lim1);
         float corr[2];
-        online_softmax(sacc, m_r, l_r, p.sl2, corr);
+        online_softmax(sacc, m_r, l_r, sc, corr);
         to_a_fragments<T>(sacc, pf);
         scale_rows(o, corr[0], corr[1]);
         fence_regs(o);
@@ -1128,8 +1165,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const float mm = fmaxf(m_r[r], m1[r]);
-            f0[r] = m_r[r] == -INFINITY ? 0.f : ex2((m_r[r] - mm) * p.sl2);
-            f1[r] = m1[r] == -INFINITY ? 0.f : ex2((m1[r] - mm) * p.sl2);
+            f0[r] = m_r[r] == -INFINITY ? 0.f : ex2((m_r[r] - mm) * sc);
+            f1[r] = m1[r] == -INFINITY ? 0.f : ex2((m1[r] - mm) * sc);
             l_r[r] = l_r[r] * f0[r] + l1[r] * f1[r];
             m_r[r] = mm;
         }
@@ -1164,7 +1201,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         if (lane % 4 == 0) {
             const float l = l_r[half], m = m_r[half];
-            const float lse = l > 0.f ? (m * p.sl2 + log2f(l)) * kLn2 : -INFINITY;
+            const float lse = l > 0.f ? (m * sc + log2f(l)) * kLn2 : -INFINITY;
             if (p.parts > 1) p.lse_part[part * rows_out + orow] = lse;
             else if (p.lse != nullptr) p.lse[orow] = lse;
         }
@@ -1253,20 +1290,18 @@ int head_group(const attn_lt_flash_args& a, uint32_t es) {
 }
 
 // The mask (B, Hq, Sq, Sk) by its broadcast strides seen as 4-D (Sk, Sq, Hq, B), a broadcast dimension of size 1;
-// one box is (kMaskCols keys, rows, 1, 1) in the swizzle of the kernel's mask tile.
-template <int D, int MK>
-bool make_mask_map(CUtensorMap* map, const attn_lt_flash_args& a, uint32_t rows) {
-    using L = Layout<D, D, MK>;
+// one box is (cols keys, rows, 1, 1) of es-byte elements, in the swizzle of its cols * es bytes a row (128 or 64).
+bool make_mask_map(CUtensorMap* map, const attn_lt_flash_args& a, uint32_t es, uint32_t cols, uint32_t rows) {
     const auto dim = [](int64_t size, int64_t stride) { return cuuint64_t(stride == 0 ? 1 : size); };
-    const auto st = [](int64_t size, int64_t stride) {
-        return cuuint64_t(size == 1 || stride == 0 ? 16 : stride * int64_t(L::kMaskEs));
+    const auto st = [es](int64_t size, int64_t stride) {
+        return cuuint64_t(size == 1 || stride == 0 ? 16 : stride * int64_t(es));
     };
     const cuuint64_t dims[4] = {cuuint64_t(a.Sk), dim(a.Sq, a.m_sq), dim(a.Hq, a.m_sh), dim(a.B, a.m_sb)};
     const cuuint64_t strides[3] = {st(a.Sq, a.m_sq), st(a.Hq, a.m_sh), st(a.B, a.m_sb)};
-    const cuuint32_t box[4] = {L::kMaskCols, rows, 1, 1};
+    const cuuint32_t box[4] = {cols, rows, 1, 1};
     const cuuint32_t elem[4] = {1, 1, 1, 1};
-    const CUtensorMapDataType dt = MK == kBoolMask ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_UINT16;
-    const CUtensorMapSwizzle sw = L::kMaskPitch == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
+    const CUtensorMapDataType dt = es == 1 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_UINT16;
+    const CUtensorMapSwizzle sw = cols * es == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
     return encode_tiled()(map, dt, 4, const_cast<void*>(a.mask), dims, strides, box, elem,
                           CU_TENSOR_MAP_INTERLEAVE_NONE, sw, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
@@ -1290,7 +1325,7 @@ cudaError_t launch(const attn_lt_flash_args& a, cudaStream_t stream) {
         p.m_b = a.B > 1 && a.m_sb != 0;
         // heads sharing the mask run side by side, in groups (head_group)
         p.head_group = p.m_h || a.Hq == 1 || a.Hq * m_blocks > 0x7fffffff ? 0 : head_group(a, L::kMaskEs);
-        if (!make_mask_map<D, MK>(&mm, a, static_cast<uint32_t>(p.m_rows)))
+        if (!make_mask_map(&mm, a, L::kMaskEs, L::kMaskCols, static_cast<uint32_t>(p.m_rows)))
             return static_cast<cudaError_t>(ATTN_LT_ERR_TENSOR_MAP);
     } else {
         mm = mk;  // not read
@@ -1370,21 +1405,30 @@ bool make_rows_map(CUtensorMap* map, CUtensorMapDataType dt, const attn_lt_flash
 
 // Decode with several rows a kv head (gqa_decode_sm90, then merge_partials when the keys are split into parts):
 // head dim 128, no mask, Sq <= 64 (checked by the caller).
-template <typename T>
+template <typename T, int MK>
 cudaError_t launch_gqa_decode(const attn_lt_flash_args& a, cudaStream_t stream) {
+    using L = GqLayout<MK>;
     const CUtensorMapDataType dt =
         std::is_same<T, __nv_bfloat16>::value ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
     GqParams p{};
     p.sq_box = 1;
     while (p.sq_box < a.Sq) p.sq_box *= 2;
     p.g_box = kGqRows / p.sq_box;
-    alignas(64) CUtensorMap mq, mk, mv;
+    alignas(64) CUtensorMap mq, mk, mv, mm;
     if (!make_rows_map(&mq, dt, a, static_cast<uint32_t>(p.sq_box), static_cast<uint32_t>(p.g_box)) ||
-        !make_map(&mk, dt, a.k, a.B, a.Hkv, a.Sk, 128, a.k_sb, a.k_sh, a.k_ss, kGqKeys) ||
-        !make_map(&mv, dt, a.v, a.B, a.Hkv, a.Sk, 128, a.v_sb, a.v_sh, a.v_ss, kGqKeys))
+        !make_map(&mk, dt, a.k, a.B, a.Hkv, a.Sk, kGqD, a.k_sb, a.k_sh, a.k_ss, kGqKeys) ||
+        !make_map(&mv, dt, a.v, a.B, a.Hkv, a.Sk, kGqD, a.v_sb, a.v_sh, a.v_ss, kGqKeys))
         return static_cast<cudaError_t>(ATTN_LT_ERR_TENSOR_MAP);
-    const auto kernel = gqa_decode_sm90<T>;
-    cudaError_t err = opt_in_smem(reinterpret_cast<const void*>(kernel), GqLayout::kSmem);
+    if constexpr (MK != kNoMask) {  // the block's positions (at most kGqMaskRows, checked), or one shared row
+        p.m_rows = a.Sq == 1 || a.m_sq == 0 ? 1 : p.sq_box;
+        p.m_b = a.B > 1 && a.m_sb != 0;
+        if (!make_mask_map(&mm, a, L::kMaskEs, kGqKeys, static_cast<uint32_t>(p.m_rows)))
+            return static_cast<cudaError_t>(ATTN_LT_ERR_TENSOR_MAP);
+    } else {
+        mm = mk;  // not read
+    }
+    const auto kernel = gqa_decode_sm90<T, MK>;
+    cudaError_t err = opt_in_smem(reinterpret_cast<const void*>(kernel), L::kSmem);
     if (err != cudaSuccess) return err;
     p.o = a.o;
     p.lse = a.lse;
@@ -1405,7 +1449,7 @@ cudaError_t launch_gqa_decode(const attn_lt_flash_args& a, cudaStream_t stream) 
     p.sl2 = a.scale * kLog2e;
     const dim3 grid(static_cast<unsigned>(p.row_blocks * p.parts), static_cast<unsigned>(a.Hkv),
                     static_cast<unsigned>(a.B));
-    kernel<<<grid, kThreads, GqLayout::kSmem, stream>>>(mq, mk, mv, p);
+    kernel<<<grid, kThreads, L::kSmem, stream>>>(mq, mk, mv, mm, p);
     err = cudaGetLastError();
     if (err != cudaSuccess || p.parts == 1) return err;
     return merge<128, T>(a, stream);
@@ -1425,7 +1469,10 @@ cudaError_t launch_variant(const attn_lt_flash_args& a, int mk, cudaStream_t str
 
 template <typename T>
 cudaError_t launch_dim(const attn_lt_flash_args& a, int mk, cudaStream_t stream) {
-    if (a.variant == ATTN_LT_FLASH_SM90_DECODE) return launch_gqa_decode<T>(a, stream);
+    if (a.variant == ATTN_LT_FLASH_SM90_DECODE)
+        return mk == kBoolMask  ? launch_gqa_decode<T, kBoolMask>(a, stream)
+               : mk == kAddMask ? launch_gqa_decode<T, kAddMask>(a, stream)
+                                : launch_gqa_decode<T, kNoMask>(a, stream);
     if (a.D == 576) return launch_mla<T>(a, stream);
     if (a.D == 64) return launch_variant<64, 64, T>(a, mk, stream);
     if (a.D == 128) return launch_variant<128, 128, T>(a, mk, stream);
@@ -1463,9 +1510,12 @@ extern "C" int attn_lt_flash_sm90_fwd(const attn_lt_flash_args* a, void* stream)
         return ATTN_LT_ERR_VARIANT;
     const int mk = mask_kind(*a);
     if (mk < 0) return ATTN_LT_ERR_MASK;
-    if (mk != kNoMask && a->variant != ATTN_LT_FLASH_SM90_DEFAULT) return ATTN_LT_ERR_VARIANT;
+    if (mk != kNoMask && a->variant == ATTN_LT_FLASH_SM90_PLAIN) return ATTN_LT_ERR_VARIANT;
     if (mk != kNoMask && dv != a->D) return ATTN_LT_ERR_MASK;  // no masked kernel with DV != D
     if (decode && (a->D != 128 || dv != 128 || a->Sq > kGqRows)) return ATTN_LT_ERR_VARIANT;
+    // the decode kernel's mask: shared by the heads, and at most kGqMaskRows rows of positions a tile
+    if (decode && mk != kNoMask && ((a->Hq > 1 && a->m_sh != 0) || (a->Sq > kGqMaskRows && a->m_sq != 0)))
+        return ATTN_LT_ERR_VARIANT;
     if (a->D == 576 &&  // MLA decode: one query a head, v = k[..., :512] (the same memory)
         (a->Sq != 1 || a->v != a->k || a->v_sb != a->k_sb || a->v_sh != a->k_sh || a->v_ss != a->k_ss))
         return ATTN_LT_ERR_LATENT;

@@ -469,15 +469,16 @@ def test_j_mla_decode_refuses_what_is_not_a_latent_cache(bad, check):
 
 # ---- k: the decode kernel (64-row blocks of query positions x query heads of one kv head, D 128, keys in parts) ---
 
-def check_decode(q, k, v, splits, causal=False):
+def check_decode(q, k, v, splits, causal=False, mask=None):
     from attn_lt.testing import forced_flash
 
-    run, out, lse = forced_flash(q, k, v, causal=causal, kernel="sm90_decode", splits=splits)
+    run, out, lse = forced_flash(q, k, v, mask, causal=causal, kernel="sm90_decode", splits=splits)
     run()
     torch.cuda.synchronize()
     assert not torch.isnan(out).any() and not torch.isnan(lse).any(), "unwritten or NaN output / LSE"
-    ref, ref_lse = reference(q, k, v, causal=causal)
-    err, torch_err = rel_error(out, ref), rel_error(sdpa(q, k, v, causal=causal), ref)
+    ref, ref_lse = reference(q, k, v, mask, causal=causal)
+    theirs = sdpa(q, k, v, None if mask is None else mask.contiguous(), causal=causal)
+    err, torch_err = rel_error(out, ref), rel_error(theirs, ref)
     assert err <= tolerance(torch_err), f"error {err:.3e}, PyTorch {torch_err:.3e}"
     assert (lse - ref_lse).abs().max().item() <= 1e-3 * (1 + ref_lse.abs().max().item())
 
@@ -531,8 +532,31 @@ def test_k_decode_through_attention_and_a_growing_cache(sm90):
         assert (lse - ref_lse).abs().max().item() < 1e-2
 
 
-@pytest.mark.parametrize("bad", [dict(D=64), dict(Dv=64), dict(Sq=65), dict(mask=1 << 20, mask_dtype=4, m_sk=1)],
-                         ids=["d64", "dv64", "sq65", "mask"])
+@gpu
+@pytest.mark.parametrize("kind", ["bool", "q"])
+@pytest.mark.parametrize("shape", ["B1SqSk", "11SqSk", "B11Sk"])
+@pytest.mark.parametrize("Sk,splits,causal", [(97, 1, False), (4097, 3, True), (3000, 2, False)],
+                         ids=["sk97", "sk4097-causal", "sk3000"])
+def test_k_decode_masks_its_heads_share(sm90, Sk, splits, causal, shape, kind):
+    # the mask's rows of the block's positions (or one row for all) staged with each K/V tile, rows padded to 16
+    B, Hq, Hkv, Sq = 2, 32, 8, 16
+    dtype = "fp16" if kind == "q" and causal else "bf16"
+    q, k, v = rand_qkv(B, Hq, Hkv, Sq, Sk, 128, dtype)
+    check_decode(q, k, v, splits, causal, make_mask(kind, MASK_SHAPES[shape](B, Hq, Sq, Sk), dtype))
+
+
+@gpu
+@pytest.mark.parametrize("Sq,Hkv", [(5, 4), (1, 1), (8, 8)], ids=["sq5-g8", "sq1-g32", "sq8-g4"])
+def test_k_decode_masks_rows_and_positions(sm90, Sq, Hkv):
+    # Sq 5: 8-row mask boxes (rows past Sq zero-filled, never written); Sq 1: one mask row
+    q, k, v = rand_qkv(2, 32, Hkv, Sq, 2000, 128, "bf16")
+    check_decode(q, k, v, 4, True, make_mask("bool", (2, 1, Sq, 2000), "bf16"))
+
+
+@pytest.mark.parametrize("bad", [dict(D=64), dict(Dv=64), dict(Sq=65),
+                                 dict(mask=1 << 20, mask_dtype=4, m_sh=16 * 1000, m_sq=1000, m_sk=1),
+                                 dict(Sq=17, mask=1 << 20, mask_dtype=4, m_sq=1024, m_sk=1)],
+                         ids=["d64", "dv64", "sq65", "mask-per-head", "mask-17-rows"])
 def test_k_decode_refuses_what_it_does_not_run(bad):
     a = _args(Sq=16, Sk=1000, variant=native.FLASH_SM90_VARIANTS["decode"])
     for name, value in bad.items():

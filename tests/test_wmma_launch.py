@@ -245,7 +245,7 @@ def test_keys_of_most_inverts_most_splits():
 def test_hopper_decode_blocks_of_32_to_64_rows_take_the_wgmma_decode_kernel(Hq, Hkv, Sq, blocks):
     """32-64 rows a kv head, head dim 128, no mask, on Hopper: native/flash_sm90.cu's decode kernel, 64-row blocks
     of sq_box positions (Sq rounded up to a power of two) x 64 / sq_box heads, the keys split for one CTA an SM;
-    the same cases elsewhere, with a mask or at another head dim stay on native/flash.cu."""
+    the same cases elsewhere, with a mask per head or in fp32, or at another head dim stay on native/flash.cu."""
     c = Case.contiguous(8, Hq, Hkv, Sq, 32768, 128)
     f = fused_launch(c, H100)
     assert (f.kernel, f.block_rows) == ("sm90_decode", 64) and f"{blocks} blocks" in f.why, f.why
@@ -253,18 +253,42 @@ def test_hopper_decode_blocks_of_32_to_64_rows_take_the_wgmma_decode_kernel(Hq, 
     assert f.workspace_bytes == (0 if f.splits == 1 else f.splits * 8 * Hq * Sq * 129 * 4)
     assert "decode kernel" in str(f)
     assert fused_launch(c, A100).kernel == "flash"
-    m = MaskInfo("bool", "bool", (8, 1, Sq, 32768), (Sq * 32768, 0, 32768, 1))
-    assert fused_launch(Case.contiguous(8, Hq, Hkv, Sq, 32768, 128, mask=m), H100).kernel == "flash"
+    shared = MaskInfo("bool", "bool", (8, 1, Sq, 32768), (Sq * 32768, 0, 32768, 1))
+    fm = fused_launch(Case.contiguous(8, Hq, Hkv, Sq, 32768, 128, mask=shared), H100)
+    assert fm.kernel == "sm90_decode" and "a mask its heads share" in fm.why
+    per_head = MaskInfo("bool", "bool", (8, Hq, Sq, 32768), (Hq * Sq * 32768, Sq * 32768, 32768, 1))
+    fp32 = MaskInfo("float", "fp32", (8, 1, Sq, 32768), (Sq * 32768, 0, 32768, 1))
+    for m in (per_head, fp32):
+        assert fused_launch(Case.contiguous(8, Hq, Hkv, Sq, 32768, 128, mask=m), H100).kernel == "flash"
     assert fused_launch(Case.contiguous(8, Hq, Hkv, Sq, 32768, 64), H100).kernel == "flash"
     # the key length enters through most_splits only: a decode loop's steps share the launch
     assert fused_launch(Case.contiguous(8, Hq, Hkv, Sq, 32769, 128), H100) == f
 
 
 def test_the_decode_kernel_forced_checks_what_it_runs():
-    f = fused_launch(Case.contiguous(2, 8, 8, 1, 1000, 128), H100, kernel="sm90_decode", splits=3)
+    f = fused_launch(Case.contiguous(2, 8, 8, 1, 1024, 128), H100, kernel="sm90_decode", splits=3)
     assert (f.kernel, f.splits, f.why) == ("sm90_decode", 3, "forced by the caller")
-    for bad in (Case.contiguous(2, 8, 8, 65, 1000, 128), Case.contiguous(2, 8, 8, 1, 1000, 64)):
+    for bad in (Case.contiguous(2, 8, 8, 65, 1024, 128), Case.contiguous(2, 8, 8, 1, 1024, 64)):
         with pytest.raises(ValueError, match="decode kernel runs head dim 128"):
             fused_launch(bad, H100, kernel="sm90_decode")
+    per_head = MaskInfo("bool", "bool", (2, 8, 1, 1024), (8192, 1024, 1024, 1))
+    with pytest.raises(ValueError, match="a mask per head"):
+        fused_launch(Case.contiguous(2, 8, 8, 1, 1024, 128, mask=per_head), H100, kernel="sm90_decode")
     with pytest.raises(ValueError, match="kernel must be one of"):
-        fused_launch(Case.contiguous(2, 8, 8, 1, 1000, 128), H100, kernel="sm100")
+        fused_launch(Case.contiguous(2, 8, 8, 1, 1024, 128), H100, kernel="sm100")
+
+
+def test_decode_mask_refusal_names_what_the_decode_kernel_cannot_stage():
+    from attn_lt.wmma import decode_mask_refusal
+
+    def case(Hq, Sq, shape, strides, dtype="bool"):
+        return Case.contiguous(2, Hq, 1, Sq, 1024, 128, mask=MaskInfo("bool" if dtype == "bool" else "float",
+                                                                        dtype, shape, strides))
+
+    assert decode_mask_refusal(Case.contiguous(2, 8, 1, 16, 1024, 128)) is None  # no mask
+    assert decode_mask_refusal(case(8, 16, (2, 1, 16, 1024), (16384, 0, 1024, 1))) is None
+    assert decode_mask_refusal(case(1, 16, (2, 1, 16, 1024), (16384, 0, 1024, 1))) is None  # one head
+    assert decode_mask_refusal(case(8, 32, (2, 1, 1, 1024), (1024, 0, 0, 1))) is None  # one row for all positions
+    assert "a mask per head" in decode_mask_refusal(case(8, 4, (2, 8, 4, 1024), (32768, 4096, 1024, 1)))
+    assert "32 mask rows" in decode_mask_refusal(case(8, 32, (2, 1, 32, 1024), (32768, 0, 1024, 1)))
+    assert "fp32 mask" in decode_mask_refusal(case(8, 4, (2, 1, 4, 1024), (4096, 0, 1024, 1), "fp32"))

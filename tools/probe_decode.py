@@ -125,8 +125,6 @@ def main() -> int:
         row["tbps"]["auto"] = gb / batch_ms(forced_flash(q, k, v, m, splits=auto.splits, kernel=auto.kernel)[0],
                                             graph=graph)
         for kernel in a.kernels.split(","):
-            if kernel == "sm90_decode" and m is not None:
-                continue
             for splits in sorted(int(s) for s in a.splits.split(",")):
                 run = forced_flash(q, k, v, m, splits=splits, kernel=kernel)[0]
                 row["tbps"][f"{'s' if kernel == 'flash' else 'w'}{splits}"] = gb / batch_ms(run, graph=graph)

@@ -49,11 +49,13 @@ MLA_DECODE = [
     (2, 16, 2, 130, torch.bfloat16, 5),  # parts without a key
 ]
 # the decode kernel (D 128, 64-row blocks of positions x heads, keys in parts): (B, Hq, Hkv, Sq, Sk, dtype, causal,
-# parts, layout)
+# parts, layout, mask kind: None, "bool" or "add", (B, 1, Sq, Sk))
 DECODE = [
-    (2, 32, 8, 16, 1000, torch.bfloat16, True, 3, "bhsd"),
-    (1, 48, 4, 5, 300, torch.float16, False, 1, "bshd"),
-    (1, 8, 8, 1, 129, torch.bfloat16, True, 2, "bhsd"),
+    (2, 32, 8, 16, 1000, torch.bfloat16, True, 3, "bhsd", None),
+    (1, 48, 4, 5, 300, torch.float16, False, 1, "bshd", None),
+    (1, 8, 8, 1, 129, torch.bfloat16, True, 2, "bhsd", None),
+    (2, 32, 8, 16, 1000, torch.bfloat16, True, 3, "bhsd", "bool"),
+    (1, 48, 4, 5, 300, torch.float16, False, 2, "bhsd", "add"),
 ]
 # (B, Hq, Hkv, Sq, Sk, D, dtype, causal, mask kind, mask shape): the default pipeline, masks in rows padded to 16
 MASKED = [
@@ -113,12 +115,13 @@ def main() -> int:
         bad += not ok
         print(f"B={B} Hq={Hq} Hkv={Hkv} Sk={Sk} D=576 Dv=512 (v in k) {str(dt)[6:]} parts={parts}: "
               f"rel error {err:.2e} {'ok' if ok else 'WRONG'}", flush=True)
-    for B, Hq, Hkv, Sq, Sk, dt, causal, parts, layout in DECODE:
+    for B, Hq, Hkv, Sq, Sk, dt, causal, parts, layout, kind in DECODE:
         q, k, v = random_qkv(B, Hq, Hkv, Sq, Sk, 128, dt, layout)
-        err, ok = forced_flash_error(q, k, v, causal=causal, splits=parts, kernel="sm90_decode")
+        m = None if kind is None else padded_mask(kind, (B, 1, Sq, Sk), dt)
+        err, ok = forced_flash_error(q, k, v, m, causal, splits=parts, kernel="sm90_decode")
         bad += not ok
         print(f"B={B} Hq={Hq} Hkv={Hkv} Sq={Sq} Sk={Sk} D=128 {str(dt)[6:]} causal={int(causal)} {layout} decode "
-              f"parts={parts}: rel error {err:.2e} {'ok' if ok else 'WRONG'}", flush=True)
+              f"parts={parts} mask={kind}: rel error {err:.2e} {'ok' if ok else 'WRONG'}", flush=True)
     for B, Hq, Hkv, Sq, Sk, D, dt, causal, kind, shape in MASKED:
         q, k, v = random_qkv(B, Hq, Hkv, Sq, Sk, D, dt, "bhsd")
         dims = {"B1SqSk": (B, 1, Sq, Sk), "11SqSk": (1, 1, Sq, Sk), "BHSqSk": (B, Hq, Sq, Sk), "B11Sk": (B, 1, 1, Sk)}
