@@ -9,9 +9,9 @@ LSE, dense masks. Two kernels behind the one name:
   bool masks and additive masks in q's dtype read by TMA tile by tile (:func:`hopper_mask_refusal` says which
   masks). It runs prefill-sized row blocks on Hopper. Beside it, MLA decode (q/k 576, v k's first 512 columns,
   one query a head): 64 query heads a block against one latent cache tile, the keys split in parts; and the
-  decode kernel ("sm90_decode": head dim 128, 32 to 64 rows of query positions × query heads a kv head, e.g. Sq 16
-  with GQA 4, a mask its heads share): 64-row blocks on wgmma, two warpgroups taking the key tiles in turn, the keys
-  split.
+  decode kernel ("sm90_decode": head dim 128, up to 64 query positions and at least 32 rows of positions × query
+  heads a kv head, e.g. Sq 16 with GQA 4, a mask its heads share): 64-row blocks on wgmma, two warpgroups taking
+  the key tiles in turn, the keys split.
 * ``native/flash.cu`` (every GPU from sm_80): ``mma.sync`` fed by ``cp.async``; the query heads of one kv head
   folded into the rows of a tile (each K/V tile read once per group); dense bool or additive masks read by strides;
   and a split of the key range (flash-decoding): when the row blocks alone cannot fill the GPU — decode, a few query
@@ -51,10 +51,12 @@ SPLIT_FILL = 0.96
 #: faster (the mask tile's latency needs the second CTA), and so do shorter parts (B1 Sk8k: 16 parts of 8 tiles
 #: 2.37 TB/s, 32 of 4 tiles 2.55).
 ONE_CTA_MIN_TILES = 16
-#: Decode blocks of SM90_DECODE_MIN_ROWS to DECODE_ROWS rows a kv head take native/flash_sm90.cu's decode kernel
-#: on Hopper (head dim 128, a mask only as :func:`decode_mask_refusal` allows; ``"sm90_decode"``): 64-row blocks (positions × query heads) on wgmma, 128-key
-#: tiles, one CTA an SM, the keys split as native/flash.cu's are. native/flash.cu's mma.sync decode blocks are
-#: compute-bound there (64 rows: 54–63 % of the H200's copy rate).
+#: Calls of at most SM90_DECODE_ROWS query positions with at least SM90_DECODE_MIN_ROWS rows a kv head take
+#: native/flash_sm90.cu's decode kernel on Hopper (head dim 128, a mask only as :func:`decode_mask_refusal` allows;
+#: ``"sm90_decode"``): 64-row blocks (positions × query heads) on wgmma, 64-key tiles, one CTA an SM, the keys split
+#: as native/flash.cu's are. native/flash.cu's mma.sync decode blocks are compute-bound from 32 rows (64 rows: 60–71 %
+#: of the H200's copy rate), and the prefill kernel's 128-row blocks of one head leave Sq <= 64 rows idle and read a
+#: GQA group's K and V once a head (Sq 32–64 with GQA 4: 1.15–1.22 TB/s on the H200 against 1.5–3.0 here).
 SM90_DECODE_MIN_ROWS, SM90_DECODE_ROWS = 32, 64
 #: Mask rows (query positions) the decode kernel stages with each key tile: a mask its heads share, of at most this
 #: many rows, or one row for every position.
@@ -231,21 +233,22 @@ def fused_launch(case: Case, facts: DeviceFacts | None = None, *, kernel: str | 
     rule."""
     if (kernel is not None and kernel not in KERNEL_NAMES) or (splits is not None and splits < 1):
         raise ValueError(f"kernel must be one of {sorted(KERNEL_NAMES)} and splits >= 1; got {kernel!r}, {splits!r}")
-    decode_sized = case.Sq * case.group <= DECODE_ROWS
+    decode_refusal = decode_mask_refusal(case)
     if kernel == "sm90_decode" and ((case.D, case.Dv) != (128, 128) or case.Sq > SM90_DECODE_ROWS
-                                    or decode_mask_refusal(case) is not None):
+                                    or decode_refusal is not None):
         raise ValueError(f"the sm90 decode kernel runs head dim 128, Sq <= {SM90_DECODE_ROWS} and masks its heads "
-                         f"share; got D={case.D}, Dv={case.Dv}, Sq={case.Sq}: {decode_mask_refusal(case)}")
+                         f"share; got D={case.D}, Dv={case.Dv}, Sq={case.Sq}: {decode_refusal}")
     assumed = False
     if facts is None:
         facts = device_facts()
         if facts is None:
             facts, assumed = ASSUMED_DEVICE, True
     # the key length matters only through the most splits it allows: a decode loop's steps share one result
-    # the mask rule of the Hopper kernel that would take the row blocks: the prefill kernel's, or the decode kernel's
-    refusal = decode_mask_refusal(case) if decode_sized else hopper_mask_refusal(case)
+    # the mask rules of the Hopper kernels: the decode kernel's, and the prefill kernel's (for row blocks larger than
+    # a decode step's)
+    refusal = hopper_mask_refusal(case) if case.Sq * case.group > DECODE_ROWS else None
     return _fused_launch(case.B, case.Hq, case.Hkv, case.Sq, case.D, case.Dv, case.mask is not None, refusal,
-                         most_splits(case.Sk), facts, assumed, kernel, splits)
+                         decode_refusal, most_splits(case.Sk), facts, assumed, kernel, splits)
 
 
 def hopper_mask_refusal(case: Case) -> str | None:
@@ -300,7 +303,7 @@ def _splits(blocks: int, slots: int, most: int, part: int, forced: int | None) -
 
 @functools.lru_cache(maxsize=4096)
 def _fused_launch(B: int, Hq: int, Hkv: int, Sq: int, D: int, Dv: int, masked: bool, mask_refusal: str | None,
-                  most: int, facts: DeviceFacts, assumed: bool, kernel: str | None,
+                  decode_refusal: str | None, most: int, facts: DeviceFacts, assumed: bool, kernel: str | None,
                   forced_splits: int | None) -> FusedLaunch:
     note = "; no GPU here: planned for a 132-SM Hopper GPU" if assumed else ""
     rows = Sq * (Hq // Hkv)  # query positions x the query heads of one kv head
@@ -310,8 +313,9 @@ def _fused_launch(B: int, Hq: int, Hkv: int, Sq: int, D: int, Dv: int, masked: b
         splits = _splits(blocks, facts.sms, most, part, forced_splits)
         why = f"MLA decode: {rows} query heads a latent cache; {blocks} blocks for {facts.sms} SMs"
         return FusedLaunch("sm90", MLA_ROWS, splits, splits * part if splits > 1 else 0, why + note)
-    if kernel == "sm90_decode" or (kernel is None and facts.hopper and mask_refusal is None and (D, Dv) == (128, 128)
-                                   and SM90_DECODE_MIN_ROWS <= rows <= DECODE_ROWS):
+    if kernel == "sm90_decode" or (kernel is None and facts.hopper and decode_refusal is None
+                                   and (D, Dv) == (128, 128) and rows >= SM90_DECODE_MIN_ROWS
+                                   and Sq <= SM90_DECODE_ROWS):
         # a block: sq_box positions (the power of two >= Sq) of SM90_DECODE_ROWS / sq_box query heads
         heads = SM90_DECODE_ROWS // (1 << (Sq - 1).bit_length())
         blocks = -(-(Hq // Hkv) // heads) * B * Hkv

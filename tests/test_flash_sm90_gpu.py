@@ -533,6 +533,22 @@ def test_k_decode_through_attention_and_a_growing_cache(sm90):
 
 
 @gpu
+@pytest.mark.parametrize("Sq,Hkv", [(48, 8), (64, 8), (32, 32)], ids=["sq48-g4", "sq64-g4", "mha-sq32"])
+def test_k_decode_takes_up_to_64_positions_through_attention(sm90, Sq, Hkv):
+    # more than 64 rows a kv head (a GQA group in several blocks) with at most 64 positions: the decode kernel
+    import attn_lt
+
+    q, k, v = rand_qkv(2, 32, Hkv, Sq, 3000, 128, "bf16")
+    e = attn_lt.explain(q, k, v, causal=True, backend="wmma")
+    assert e.fused.kernel == "sm90_decode", str(e)
+    out = torch.full((2, 32, Sq, 128), math.nan, dtype=q.dtype, device="cuda")
+    o, lse = attn_lt.attention(q, k, v, causal=True, out=out, return_lse=True, backend="wmma")
+    ref, ref_lse = reference(q, k, v, causal=True)
+    assert o is out and rel_error(o, ref) <= tolerance(rel_error(sdpa(q, k, v, causal=True), ref))
+    assert (lse - ref_lse).abs().max().item() < 1e-2
+
+
+@gpu
 @pytest.mark.parametrize("kind", ["bool", "q"])
 @pytest.mark.parametrize("shape", ["B1SqSk", "11SqSk", "B11Sk"])
 @pytest.mark.parametrize("Sk,splits,causal", [(97, 1, False), (4097, 3, True), (3000, 2, False)],

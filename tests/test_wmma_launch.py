@@ -25,7 +25,7 @@ def test_decode_takes_the_split_kernel(B, Hq, Hkv, Sq, Sk):
     c = Case.contiguous(B, Hq, Hkv, Sq, Sk, 128)
     f = fused_launch(c, H100)
     rows = Sq * Hq // Hkv
-    assert f.kernel == ("sm90" if rows > 64 else "sm90_decode" if rows >= 32 else "flash")
+    assert f.kernel == ("sm90_decode" if rows >= 32 and Sq <= 64 else "sm90" if rows > 64 else "flash")
     assert fused_launch(c, A100).kernel == ("flash" if rows <= 64 else "flash")
     if f.kernel == "flash":
         assert f.block_rows == (16 if rows <= 16 else 64) and f.splits >= 1
@@ -292,3 +292,18 @@ def test_decode_mask_refusal_names_what_the_decode_kernel_cannot_stage():
     assert "a mask per head" in decode_mask_refusal(case(8, 4, (2, 8, 4, 1024), (32768, 4096, 1024, 1)))
     assert "32 mask rows" in decode_mask_refusal(case(8, 32, (2, 1, 32, 1024), (32768, 0, 1024, 1)))
     assert "fp32 mask" in decode_mask_refusal(case(8, 4, (2, 1, 4, 1024), (4096, 0, 1024, 1), "fp32"))
+
+
+@pytest.mark.parametrize("Hq,Hkv,Sq", [(32, 8, 32), (32, 8, 64), (32, 4, 48), (128, 1, 1), (32, 32, 64)],
+                         ids=["sq32-g4", "sq64-g4", "sq48-g8", "sq1-g128", "mha-sq64"])
+def test_up_to_64_positions_take_the_decode_kernel_beyond_64_rows(Hq, Hkv, Sq):
+    """Sq <= 64 with more than 64 rows a kv head: the decode kernel's blocks (sq_box positions x 64 / sq_box heads,
+    a GQA group in several blocks) rather than the prefill kernel's 128-row blocks of one head; Sq 65 and a mask
+    of more than 16 rows of positions go to the prefill kernel."""
+    f = fused_launch(Case.contiguous(8, Hq, Hkv, Sq, 32768, 128), H100)
+    heads = 64 // (1 << (Sq - 1).bit_length())
+    assert f.kernel == "sm90_decode" and f"{-(-(Hq // Hkv) // heads) * 8 * Hkv} blocks" in f.why, f.why
+    assert fused_launch(Case.contiguous(8, Hq, Hkv, 65, 32768, 128), H100).kernel == "sm90"
+    m = MaskInfo("bool", "bool", (8, 1, Sq, 32768), (Sq * 32768, 0, 32768, 1))
+    want = "sm90_decode" if Sq <= 16 else "sm90" if Sq * Hq // Hkv > 64 else "flash"
+    assert fused_launch(Case.contiguous(8, Hq, Hkv, Sq, 32768, 128, mask=m), H100).kernel == want

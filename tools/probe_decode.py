@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Time the fused path's decode kernels (native/flash.cu, and on Hopper native/flash_sm90.cu's decode kernel:
 ``--kernels``, each split over the keys) on a few shapes with forced split counts (columns ``s<n>`` for flash.cu,
-``w<n>`` for the wgmma decode kernel, ``auto`` for the rule's kernel and splits), beside SDPA's cuDNN and flash
-backends: ms and effective TB/s (K+V bytes), each the median of 7 replays of
+``w<n>`` for the wgmma decode kernel, ``p1`` for the wgmma prefill kernel, ``auto`` for the rule's kernel and
+splits), beside SDPA's cuDNN and flash backends: ms and effective TB/s (K+V bytes), each the median of 7 replays of
 a CUDA graph of 20 back-to-back calls (``--eager``: 7 batches of 20 calls launched from Python, which measure the
 host's launch rate wherever a call's GPU work is shorter than its host cost, e.g. B1 at 8k keys). ``--mask`` adds a
 (B, 1, Sq, Sk) additive bf16 mask (the decode suite's). ``ATTN_LT_LIB`` selects another build of the library (A/B
@@ -89,7 +89,7 @@ def main() -> int:
     ap.add_argument("--cases", default=CASES, help=f"B,Hq,Hkv,Sq,Sk;... (default {CASES})")
     ap.add_argument("--splits", default="1,2,4,8,16", help="split counts to force, besides the rule's")
     ap.add_argument("--kernels", default="flash",
-                    help="kernels to force the split counts on: flash (native/flash.cu), sm90_decode (Hopper)")
+                    help="kernels to force the split counts on: flash (native/flash.cu), sm90_decode, sm90 (Hopper)")
     ap.add_argument("--mask", action="store_true", help="with a (B, 1, Sq, Sk) additive bf16 mask")
     ap.add_argument("--eager", action="store_true", help="launch each call from Python instead of graph replay")
     ap.add_argument("--json", help="write the rows here")
@@ -125,9 +125,11 @@ def main() -> int:
         row["tbps"]["auto"] = gb / batch_ms(forced_flash(q, k, v, m, splits=auto.splits, kernel=auto.kernel)[0],
                                             graph=graph)
         for kernel in a.kernels.split(","):
-            for splits in sorted(int(s) for s in a.splits.split(",")):
+            # the prefill kernel ("sm90", column p1) takes no split
+            for splits in [1] if kernel == "sm90" else sorted(int(s) for s in a.splits.split(",")):
                 run = forced_flash(q, k, v, m, splits=splits, kernel=kernel)[0]
-                row["tbps"][f"{'s' if kernel == 'flash' else 'w'}{splits}"] = gb / batch_ms(run, graph=graph)
+                name = {"flash": "s", "sm90_decode": "w", "sm90": "p"}[kernel]
+                row["tbps"][f"{name}{splits}"] = gb / batch_ms(run, graph=graph)
         for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
             def f(be=be):
                 with sdpa_kernel(be):
