@@ -197,8 +197,8 @@ def attention_reference(q, k, v, *, attn_mask=None, causal=False, scale=None, re
 def forced_flash(q, k, v, attn_mask=None, causal=False, splits: int = 1, kernel: str = "flash"):
     """The fused ``kernel`` forced — native/flash.cu ("flash", its keys split ``splits`` ways) or
     native/flash_sm90.cu ("sm90"; ``splits`` parts of the keys for MLA decode, else one) or its decode kernel
-    ("sm90_decode", ``splits`` parts) — for tests, benchmarks
-    and sanitizer runs: returns ``(run, out, lse)``; ``run()`` launches without allocating.
+    ("sm90_decode", ``splits`` parts) — for tests, benchmarks and sanitizer runs: returns ``(run, out, lse)``;
+    ``run()`` launches without allocating.
     out, lse and the workspace are poisoned with NaN first, so that whatever the kernel leaves unwritten shows."""
     from .plan import out_strides
     from .validate import check_tensors

@@ -178,7 +178,8 @@ KERNEL_NAMES = {"sm90": "native/flash_sm90.cu (wgmma, TMA)",
 @dataclass(frozen=True)
 class FusedLaunch:
     """How the fused path runs one case: ``kernel`` "sm90" (native/flash_sm90.cu), "sm90_decode" (its decode
-    kernel) or "flash" (native/flash.cu), rows a block, ``splits`` of the key range, and the bytes of workspace the split partials take."""
+    kernel) or "flash" (native/flash.cu), rows a block, ``splits`` of the key range, and the bytes of workspace the
+    split partials take."""
 
     kernel: str
     block_rows: int

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """A few small shapes through the Hopper fused kernels (native/flash_sm90.cu), each run once, for
 compute-sanitizer (both pipeline variants; D 64/128/256, MLA prefill's q/k 192 with v 128, MLA decode's q/k 576
-with v = k[..., :512] in parts, the decode kernel's 64-row blocks in parts; fp16/bf16; key and query tails; causal with Sq != Sk both ways; GQA; a (B, S, H, D)
-view; dense masks read by TMA: bool and additive, shared by the heads, per head, one row for every query, a padded
-view). Exits 1 when an output is wrong, 2 when the kernels cannot run here.
+with v = k[..., :512] in parts, the decode kernel's 64-row blocks in parts, with and without a mask; fp16/bf16; key
+and query tails; causal with Sq != Sk both ways; GQA; a (B, S, H, D) view; dense masks read by TMA: bool and
+additive, shared by the heads, per head, one row for every query, a padded view). Exits 1 when an output is wrong, 2 when the kernels cannot run here.
 
     compute-sanitizer --tool memcheck  python tools/sanitize_flash_sm90.py
     compute-sanitizer --tool racecheck python tools/sanitize_flash_sm90.py
