@@ -54,7 +54,7 @@ ONE_CTA_MIN_TILES = 16
 #: Calls of at most SM90_DECODE_ROWS query positions with at least SM90_DECODE_MIN_ROWS rows a kv head take
 #: native/flash_sm90.cu's decode kernel on Hopper (head dim 128, a mask only as :func:`decode_mask_refusal` allows;
 #: ``"sm90_decode"``): 64-row blocks (positions × query heads) on wgmma, 64-key tiles, one CTA an SM, the keys split
-#: as native/flash.cu's are. native/flash.cu's mma.sync decode blocks are compute-bound from 32 rows (64 rows: 60–71 %
+#: as native/flash.cu's are. native/flash.cu's mma.sync decode blocks are compute-bound from 32 rows (64 rows: 60–72 %
 #: of the H200's copy rate), and the prefill kernel's 128-row blocks of one head leave Sq <= 64 rows idle and read a
 #: GQA group's K and V once a head (Sq 32–64 with GQA 4: 1.15–1.22 TB/s on the H200 against 1.5–3.0 here).
 SM90_DECODE_MIN_ROWS, SM90_DECODE_ROWS = 32, 64
