@@ -335,9 +335,11 @@ def _fused_launch(B: int, Hq: int, Hkv: int, Sq: int, D: int, Dv: int, masked: b
     per_sm = 2 if one and D <= 128 or D == 64 else 1
     blocks = -(-rows // block_rows) * B * Hkv
     slots, splits = facts.sms * per_sm, None
-    if rows <= WARP_SPLIT_ROWS and not masked and forced_splits is None:
-        # without a mask a decode block keeps the memory busy on its own: one CTA an SM (fewer, longer parts, less
-        # to merge), unless that cuts the keys into parts of fewer than ONE_CTA_MIN_TILES tiles
+    if rows <= WARP_SPLIT_ROWS and not masked and D >= 128 and forced_splits is None:
+        # without a mask a decode block of D >= 128 keeps the memory busy on its own: one CTA an SM (fewer, longer
+        # parts, less to merge), unless that cuts the keys into parts of fewer than ONE_CTA_MIN_TILES tiles. At D 64
+        # a key tile is half the bytes and one CTA an SM is not enough (B8 H32/8 Sq1 32k on the H200: 2 parts
+        # 2.90 TB/s, 4 parts 4.19)
         alone = _splits(blocks, facts.sms, most, part, None)
         if alone == 1 or alone <= most * MIN_SPLIT_TILES // ONE_CTA_MIN_TILES:
             slots, splits = facts.sms, alone

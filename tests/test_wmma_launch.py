@@ -307,3 +307,12 @@ def test_up_to_64_positions_take_the_decode_kernel_beyond_64_rows(Hq, Hkv, Sq):
     m = MaskInfo("bool", "bool", (8, 1, Sq, 32768), (Sq * 32768, 0, 32768, 1))
     want = "sm90_decode" if Sq <= 16 else "sm90" if Sq * Hq // Hkv > 64 else "flash"
     assert fused_launch(Case.contiguous(8, Hq, Hkv, Sq, 32768, 128, mask=m), H100).kernel == want
+
+
+def test_decode_blocks_at_head_dim_64_fill_two_ctas_an_sm():
+    """A key tile of head dim 64 is half the bytes: one CTA an SM left B8 H32/8 Sq1 32k at 2.90 TB/s on the H200
+    (2 parts) against 4.19 with 4 parts; head dim 128 keeps one CTA an SM."""
+    d64 = fused_launch(Case.contiguous(8, 32, 8, 1, 32768, 64), H100)
+    d128 = fused_launch(Case.contiguous(8, 32, 8, 1, 32768, 128), H100)
+    assert (d64.kernel, d64.splits) == ("flash", 4) and "one CTA an SM" not in d64.why
+    assert (d128.kernel, d128.splits) == ("flash", 2) and "one CTA an SM" in d128.why

@@ -90,6 +90,7 @@ def main() -> int:
     ap.add_argument("--splits", default="1,2,4,8,16", help="split counts to force, besides the rule's")
     ap.add_argument("--kernels", default="flash",
                     help="kernels to force the split counts on: flash (native/flash.cu), sm90_decode, sm90 (Hopper)")
+    ap.add_argument("--dim", type=int, default=128, help="head dim D (default 128)")
     ap.add_argument("--mask", action="store_true", help="with a (B, 1, Sq, Sk) additive bf16 mask")
     ap.add_argument("--eager", action="store_true", help="launch each call from Python instead of graph replay")
     ap.add_argument("--json", help="write the rows here")
@@ -104,7 +105,7 @@ def main() -> int:
     if a.once:
         B, Hq, Hkv, Sq, Sk = (int(x) for x in a.cases.split(";")[0].split(","))
         q, k, v = (torch.randn(s, dtype=torch.bfloat16, device="cuda") for s in
-                   ((B, Hq, Sq, 128), (B, Hkv, Sk, 128), (B, Hkv, Sk, 128)))
+                   ((B, Hq, Sq, a.dim), (B, Hkv, Sk, a.dim), (B, Hkv, Sk, a.dim)))
         m = mask_for(B, Sq, Sk)
         auto = fused_launch(check_tensors(q, k, v, m))
         forced_flash(q, k, v, m, splits=auto.splits, kernel=auto.kernel)[0]()
@@ -115,13 +116,13 @@ def main() -> int:
     rows = []
     for spec in a.cases.split(";"):
         B, Hq, Hkv, Sq, Sk = (int(x) for x in spec.split(","))
-        q = torch.randn(B, Hq, Sq, 128, dtype=torch.bfloat16, device="cuda")
-        k, v = (torch.randn(B, Hkv, Sk, 128, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+        q = torch.randn(B, Hq, Sq, a.dim, dtype=torch.bfloat16, device="cuda")
+        k, v = (torch.randn(B, Hkv, Sk, a.dim, dtype=torch.bfloat16, device="cuda") for _ in range(2))
         m = mask_for(B, Sq, Sk)
         gb = (2 * k.numel() * 2 + (0 if m is None else m.numel() * 2)) / 1e9  # K, V and mask bytes
         auto = fused_launch(check_tensors(q, k, v, m))
-        row = {"case": f"B{B} Hq{Hq} Hkv{Hkv} Sq{Sq} Sk{Sk}" + (" mask" if a.mask else ""), "auto_splits": auto.splits,
-               "auto_kernel": auto.kernel, "tbps": {}}
+        row = {"case": f"B{B} Hq{Hq} Hkv{Hkv} Sq{Sq} Sk{Sk} D{a.dim}" + (" mask" if a.mask else ""),
+               "auto_splits": auto.splits, "auto_kernel": auto.kernel, "tbps": {}}
         row["tbps"]["auto"] = gb / batch_ms(forced_flash(q, k, v, m, splits=auto.splits, kernel=auto.kernel)[0],
                                             graph=graph)
         for kernel in a.kernels.split(","):
