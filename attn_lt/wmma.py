@@ -9,7 +9,7 @@ LSE, dense masks. Two kernels behind the one name:
   bool masks and additive masks in q's dtype read by TMA tile by tile (:func:`hopper_mask_refusal` says which
   masks). It runs prefill-sized row blocks on Hopper. Beside it, MLA decode (q/k 576, v k's first 512 columns,
   one query a head): 64 query heads a block against one latent cache tile, the keys split in parts; and the
-  decode kernel ("sm90_decode": head dim 128, up to 64 query positions and at least 32 rows of positions × query
+  decode kernel ("sm90_decode": head dim 64 or 128, up to 64 query positions and at least 32 rows of positions × query
   heads a kv head, e.g. Sq 16 with GQA 4, a mask its heads share): 64-row blocks on wgmma, two warpgroups taking
   the key tiles in turn, the keys split.
 * ``native/flash.cu`` (every GPU from sm_80): ``mma.sync`` fed by ``cp.async``; the query heads of one kv head
@@ -52,12 +52,14 @@ SPLIT_FILL = 0.96
 #: 2.37 TB/s, 32 of 4 tiles 2.55).
 ONE_CTA_MIN_TILES = 16
 #: Calls of at most SM90_DECODE_ROWS query positions with at least SM90_DECODE_MIN_ROWS rows a kv head take
-#: native/flash_sm90.cu's decode kernel on Hopper (head dim 128, a mask only as :func:`decode_mask_refusal` allows;
-#: ``"sm90_decode"``): 64-row blocks (positions × query heads) on wgmma, 64-key tiles, one CTA an SM, the keys split
-#: as native/flash.cu's are. native/flash.cu's mma.sync decode blocks are compute-bound from 32 rows (64 rows: 60–72 %
-#: of the H200's copy rate), and the prefill kernel's 128-row blocks of one head leave Sq <= 64 rows idle and read a
-#: GQA group's K and V once a head (Sq 32–64 with GQA 4: 1.15–1.22 TB/s on the H200 against 1.5–3.0 here).
+#: native/flash_sm90.cu's decode kernel on Hopper (head dims SM90_DECODE_HEAD_DIMS, a mask only as
+#: :func:`decode_mask_refusal` allows; ``"sm90_decode"``): 64-row blocks (positions × query heads) on wgmma, 64-key
+#: tiles, one CTA an SM, the keys split as native/flash.cu's are. native/flash.cu's mma.sync decode blocks are
+#: compute-bound from 32 rows (64 rows: 60–72 % of the H200's copy rate at head dim 128, 49 % at 64), and the prefill
+#: kernel's 128-row blocks of one head leave Sq <= 64 rows idle and read a GQA group's K and V once a head (Sq 32–64
+#: with GQA 4: 1.15–1.22 TB/s on the H200 against 1.5–3.0 here).
 SM90_DECODE_MIN_ROWS, SM90_DECODE_ROWS = 32, 64
+SM90_DECODE_HEAD_DIMS = ((64, 64), (128, 128))
 #: Mask rows (query positions) the decode kernel stages with each key tile: a mask its heads share, of at most this
 #: many rows, or one row for every position.
 SM90_DECODE_MASK_ROWS = 16
@@ -235,10 +237,10 @@ def fused_launch(case: Case, facts: DeviceFacts | None = None, *, kernel: str | 
     if (kernel is not None and kernel not in KERNEL_NAMES) or (splits is not None and splits < 1):
         raise ValueError(f"kernel must be one of {sorted(KERNEL_NAMES)} and splits >= 1; got {kernel!r}, {splits!r}")
     decode_refusal = decode_mask_refusal(case)
-    if kernel == "sm90_decode" and ((case.D, case.Dv) != (128, 128) or case.Sq > SM90_DECODE_ROWS
+    if kernel == "sm90_decode" and ((case.D, case.Dv) not in SM90_DECODE_HEAD_DIMS or case.Sq > SM90_DECODE_ROWS
                                     or decode_refusal is not None):
-        raise ValueError(f"the sm90 decode kernel runs head dim 128, Sq <= {SM90_DECODE_ROWS} and masks its heads "
-                         f"share; got D={case.D}, Dv={case.Dv}, Sq={case.Sq}: {decode_refusal}")
+        raise ValueError(f"the sm90 decode kernel runs head dims 64 and 128, Sq <= {SM90_DECODE_ROWS} and masks its "
+                         f"heads share; got D={case.D}, Dv={case.Dv}, Sq={case.Sq}: {decode_refusal}")
     assumed = False
     if facts is None:
         facts = device_facts()
@@ -315,7 +317,7 @@ def _fused_launch(B: int, Hq: int, Hkv: int, Sq: int, D: int, Dv: int, masked: b
         why = f"MLA decode: {rows} query heads a latent cache; {blocks} blocks for {facts.sms} SMs"
         return FusedLaunch("sm90", MLA_ROWS, splits, splits * part if splits > 1 else 0, why + note)
     if kernel == "sm90_decode" or (kernel is None and facts.hopper and decode_refusal is None
-                                   and (D, Dv) == (128, 128) and rows >= SM90_DECODE_MIN_ROWS
+                                   and (D, Dv) in SM90_DECODE_HEAD_DIMS and rows >= SM90_DECODE_MIN_ROWS
                                    and Sq <= SM90_DECODE_ROWS):
         # a block: sq_box positions (the power of two >= Sq) of SM90_DECODE_ROWS / sq_box query heads
         heads = SM90_DECODE_ROWS // (1 << (Sq - 1).bit_length())

@@ -127,8 +127,8 @@ enum attn_lt_flash_sm90_variant {
     ATTN_LT_FLASH_SM90_DEFAULT = 0, /* QK^T of the next tile and PV overlapped with the softmax, warpgroup ping-pong */
     ATTN_LT_FLASH_SM90_PLAIN = 1,   /* one tile at a time (QK^T, wait, softmax, PV, wait), for tests and benchmarks */
     ATTN_LT_FLASH_SM90_DECODE = 2   /* decode blocks: 64 rows of query positions x query heads of one kv head, the
-                                       keys in `splits` parts (o_part, lse_part); D = Dv = 128, Sq <= 64, a mask
-                                       its heads share (see attn_lt_flash_sm90_fwd) */
+                                       keys in `splits` parts (o_part, lse_part); D = Dv = 64 or 128, Sq <= 64,
+                                       a mask its heads share (see attn_lt_flash_sm90_fwd) */
 };
 
 int attn_lt_abi_version(void);
@@ -139,9 +139,9 @@ int attn_lt_flash_fwd(const attn_lt_flash_args* args, void* stream);
  * bool or of q's dtype (read by TMA), 16-byte aligned, keys contiguous, its other strides 0 or multiples of 16
  * bytes, with the default variant only. MLA decode: D 576 with Dv 512, Sq = 1, v = k (the same address and
  * strides: v is k's first 512 columns), no mask, the default variant, the keys in `splits` parts (o_part, lse_part
- * as above) — ATTN_LT_ERR_LATENT otherwise. The decode variant: D = Dv = 128, Sq <= 64, the keys in `splits` parts,
- * a mask only if the heads share it (head stride 0, or Hq = 1) and it has at most 16 rows of positions (or a row
- * stride of 0) — ATTN_LT_ERR_VARIANT otherwise. cudaErrorNotSupported unless the current device is compute
+ * as above) — ATTN_LT_ERR_LATENT otherwise. The decode variant: D = Dv = 64 or 128, Sq <= 64, the keys in `splits`
+ * parts, a mask only if the heads share it (head stride 0, or Hq = 1) and it has at most 16 rows of positions (or a
+ * row stride of 0) — ATTN_LT_ERR_VARIANT otherwise. cudaErrorNotSupported unless the current device is compute
  * capability 9.0; an attn_lt_status when a precondition fails. */
 int attn_lt_flash_sm90_fwd(const attn_lt_flash_args* args, void* stream);
 /* 1 when the current device is compute capability 9.0 and this library holds the sm_90a kernel, else 0. */

@@ -38,8 +38,8 @@
 //
 // Preconditions (checked by the launcher): sm_90 device; (D, DV) in {(64, 64), (128, 128), (256, 256), (192, 128),
 // (576, 512)}, the last with Sq = 1, v = k's first 512 columns and the key range in `splits` parts (MLA decode,
-// below); the decode variant (gqa_decode_sm90, below) with D = DV = 128, Sq <= 64, a mask only if the heads share it
-// and its rows of positions are at most 16 (or one); fp16/bf16; q, k, v, o 16-byte aligned;
+// below); the decode variant (gqa_decode_sm90, below) with D = DV = 64 or 128, Sq <= 64, a mask only if the heads
+// share it and its rows of positions are at most 16 (or one); fp16/bf16; q, k, v, o 16-byte aligned;
 // batch/head/row strides positive multiples of 8 elements (16 bytes) below 2^39 for q, k, v (any stride of a
 // dimension of size 1); o row stride a multiple of 8 elements; Sq, Sk < 2^30; B, Hq <= 65535; a mask bool or of
 // q's dtype, 16-byte aligned, its keys contiguous, its other strides 0 or multiples of 16 bytes; the plain variant
@@ -966,11 +966,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// ---- decode with several query rows a kv head (GQA heads x query positions), head dim 128, no mask ---------------
+// ---- decode with several query rows a kv head (GQA heads x query positions), head dims 64 and 128 ---------------
 //
 // native/flash.cu's decode blocks run at most 64 rows a kv head on mma.sync: with 64 rows (Sq 16 x 4 heads a kv
-// head, say) each key costs 64 rows x 128 x 4 FLOP against its 512 bytes of K and V, and the mma.sync kernel reads
-// the cache at 54-63 % (H200) of the copy rate. Here a CTA owns 64 rows — positions [0, sq_box) of g_box query heads
+// head, say) each key costs 64 rows x D x 4 FLOP against its 4D bytes of K and V, and the mma.sync kernel reads the
+// cache at 60-72 % (D 128) and 49 % (D 64) of the H200's copy rate. Here a CTA owns 64 rows — positions [0, sq_box) of g_box query heads
 // of one kv head, sq_box the power of two >= Sq and g_box = 64 / sq_box — and one part of the key range
 // (flash-decoding, the parts' partials joined by merge_partials as native/flash.cu's splits are):
 //   * the producer warpgroup streams Q once (one TMA box over positions and heads, so the rows land as one 64-row
@@ -988,13 +988,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 // read by TMA with each K/V tile: its rows of the block's positions (at most kGqMaskRows; one when the positions
 // share it too), 64 keys in the 128-byte (2-byte mask) or 64-byte (bool) swizzle, as the prefill kernel reads its
 // mask tiles. Masked kernels keep the scores in the exp2 domain from the mask on (scale 1 in the softmax).
-constexpr int kGqRows = 64, kGqD = 128, kGqKeys = 64, kGqStages = 6, kGqMaskRows = 16;
+constexpr int kGqRows = 64, kGqKeys = 64, kGqStages = 6, kGqMaskRows = 16;
 static_assert(kGqStages % 2 == 0, "each consumer warpgroup keeps its own stages");
 
-template <int MK>
+template <int D, int MK>
 struct GqLayout {
     static constexpr uint32_t kQSlab = kGqRows * 128, kKVSlab = kGqKeys * 128;  // bytes of one 64-column slab
-    static constexpr uint32_t kQBytes = 2 * kQSlab, kKVBytes = 2 * kKVSlab;  // Q; a K (or V) tile
+    static constexpr uint32_t kQBytes = D / 64 * kQSlab, kKVBytes = D / 64 * kKVSlab;  // Q; a K (or V) tile
     static constexpr uint32_t kMaskEs = MK == kBoolMask ? 1 : 2, kMaskPitch = kGqKeys * kMaskEs;
     static constexpr uint32_t kMaskStage = MK == kNoMask ? 0 : kGqMaskRows * kMaskPitch;
     static constexpr uint32_t kK = kQBytes, kV = kK + kGqStages * kKVBytes, kM = kV + kGqStages * kKVBytes;
@@ -1003,13 +1003,13 @@ struct GqLayout {
     static constexpr size_t kSmem = kBars + 8 * kBarCount + 1024;
     static_assert(kSmem <= 227 * 1024, "shared memory over the sm_90 limit");
     // the hand-over at the end: 64 FP32 of O and 4 statistics a thread of a warpgroup, in the K ring
-    static_assert((kGqD / 2 + 4) * 128 * 4 <= kGqStages * kKVBytes, "hand-over larger than the K ring");
+    static_assert((D / 2 + 4) * 128 * 4 <= kGqStages * kKVBytes, "hand-over larger than the K ring");
 };
 
 struct GqParams {
     void* o;
     float* lse;       // FP32 (B, Hq, Sq) or null (one part)
-    float* o_part;    // several parts: [parts][B * Hq * Sq][128] FP32 and [parts][B * Hq * Sq] LSEs
+    float* o_part;    // several parts: [parts][B * Hq * Sq][D] FP32 and [parts][B * Hq * Sq] LSEs
     float* lse_part;
     int64_t o_sb, o_sh, o_ss;
     int Sq, Sk, Hq, group, sq_box, g_box, row_blocks, parts, tiles_per_part, causal;
@@ -1017,15 +1017,15 @@ struct GqParams {
     float sl2;
 };
 
-// Grid: (row blocks x parts, Hkv, B); block: 384 threads; dynamic shared memory GqLayout<MK>::kSmem. tmm, the
+// Grid: (row blocks x parts, Hkv, B); block: 384 threads; dynamic shared memory GqLayout<D, MK>::kSmem. tmm, the
 // mask's map, is read only when MK != kNoMask.
-template <typename T, int MK>
+template <int D, typename T, int MK>
 __global__ void __launch_bounds__(kThreads, 1)
     gqa_decode_sm90(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmk,
                     const __grid_constant__ CUtensorMap tmv, const __grid_constant__ CUtensorMap tmm,
                     const GqParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using L = GqLayout<MK>;
+    using L = GqLayout<D, MK>;
     constexpr bool kMasked = MK != kNoMask;
     using M = std::conditional_t<MK == kBoolMask, bool, T>;  // the mask's element type
     extern __shared__ unsigned char smem_raw[];
@@ -1092,11 +1092,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     const auto swz = [](int R) { return uint32_t(L::kMaskPitch == 128 ? (R & 7) << 4 : ((R >> 1) & 3) << 4); };
     const uint32_t mo0 = mr0 * L::kMaskPitch, mo1 = mr1 * L::kMaskPitch, mz0 = swz(mr0), mz1 = swz(mr1);
     const unsigned char* smem_m = smem_raw + (sM - smem_u32(smem_raw));
-    float o[kGqD / 2];  // O, m64 x 128 fragment
+    float o[D / 2];  // O, m64 x D fragment
     float sacc[kGqKeys / 2];  // S, m64 x 64; then P in FP32
     uint32_t pf[kGqKeys / 16][4];
 #pragma unroll
-    for (int i = 0; i < kGqD / 2; ++i) o[i] = 0.f;
+    for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
     float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
     if (c < n_tiles) mbar_wait(full_q, 0);
     for (int i = c; i < n_tiles; i += 2) {
@@ -1105,7 +1105,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_wait(full_kv(s), (i / kGqStages) & 1);
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < kGqD / 16; ++kk)
+        for (int kk = 0; kk < D / 16; ++kk)
             wgmma_ss<kGqKeys, T>(sacc, make_desc(sQ + (kk / 4) * L::kQSlab + (kk % 4) * 32, 16),
                                  make_desc(kb + (kk / 4) * L::kKVSlab + (kk % 4) * 32, 16), kk > 0);
         wgmma_commit();
@@ -1133,7 +1133,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         fence_regs(pf);
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < kGqKeys / 16; ++kk) wgmma_rs<kGqD, T>(o, pf[kk], make_desc(vb + kk * 2048, L::kKVSlab));
+        for (int kk = 0; kk < kGqKeys / 16; ++kk) wgmma_rs<D, T>(o, pf[kk], make_desc(vb + kk * 2048, L::kKVSlab));
         wgmma_commit();
         wgmma_wait<0>();
         fence_regs(o);
@@ -1148,11 +1148,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     // ---- the hand-over: both warpgroups are done with the ring (every tile loaded was consumed), the second
     // writes its O and statistics there, thread for thread (the same fragment positions), the first joins them
     float* xo = reinterpret_cast<float*>(smem_raw + (sK - smem_u32(smem_raw)));
-    float4* xs = reinterpret_cast<float4*>(xo + kGqD / 2 * 128);
+    float4* xs = reinterpret_cast<float4*>(xo + D / 2 * 128);
     bar_sync(1, 256);
     if (c == 1) {
 #pragma unroll
-        for (int i = 0; i < kGqD / 2; ++i) xo[i * 128 + tid] = o[i];
+        for (int i = 0; i < D / 2; ++i) xo[i * 128 + tid] = o[i];
         xs[tid] = make_float4(m_r[0], m_r[1], l_r[0], l_r[1]);
         bar_sync(2, 256);
         return;
@@ -1172,7 +1172,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
     }
 #pragma unroll
-    for (int i = 0; i < kGqD / 2; ++i) {
+    for (int i = 0; i < D / 2; ++i) {
         const int r = (i % 4) / 2;
         o[i] = o[i] * f0[r] + xo[i * 128 + tid] * f1[r];
     }
@@ -1189,13 +1189,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (p.parts == 1) {
             T* out = static_cast<T*>(p.o) + b * p.o_sb + h * p.o_sh + pos * p.o_ss + 2 * (lane % 4);
 #pragma unroll
-            for (int j = 0; j < kGqD / 8; ++j)
+            for (int j = 0; j < D / 8; ++j)
                 *reinterpret_cast<uint32_t*>(out + 8 * j) =
                     pack2<T>(o[4 * j + 2 * half] * inv, o[4 * j + 2 * half + 1] * inv);
         } else {
-            float* op = p.o_part + (part * rows_out + orow) * kGqD + 2 * (lane % 4);
+            float* op = p.o_part + (part * rows_out + orow) * D + 2 * (lane % 4);
 #pragma unroll
-            for (int j = 0; j < kGqD / 8; ++j)
+            for (int j = 0; j < D / 8; ++j)
                 *reinterpret_cast<float2*>(op + 8 * j) =
                     make_float2(o[4 * j + 2 * half] * inv, o[4 * j + 2 * half + 1] * inv);
         }
@@ -1404,10 +1404,10 @@ bool make_rows_map(CUtensorMap* map, CUtensorMapDataType dt, const attn_lt_flash
 }
 
 // Decode with several rows a kv head (gqa_decode_sm90, then merge_partials when the keys are split into parts):
-// head dim 128, no mask, Sq <= 64 (checked by the caller).
-template <typename T, int MK>
+// head dim D (64 or 128), Sq <= 64, a mask its heads share (checked by the caller).
+template <int D, typename T, int MK>
 cudaError_t launch_gqa_decode(const attn_lt_flash_args& a, cudaStream_t stream) {
-    using L = GqLayout<MK>;
+    using L = GqLayout<D, MK>;
     const CUtensorMapDataType dt =
         std::is_same<T, __nv_bfloat16>::value ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
     GqParams p{};
@@ -1416,8 +1416,8 @@ cudaError_t launch_gqa_decode(const attn_lt_flash_args& a, cudaStream_t stream) 
     p.g_box = kGqRows / p.sq_box;
     alignas(64) CUtensorMap mq, mk, mv, mm;
     if (!make_rows_map(&mq, dt, a, static_cast<uint32_t>(p.sq_box), static_cast<uint32_t>(p.g_box)) ||
-        !make_map(&mk, dt, a.k, a.B, a.Hkv, a.Sk, kGqD, a.k_sb, a.k_sh, a.k_ss, kGqKeys) ||
-        !make_map(&mv, dt, a.v, a.B, a.Hkv, a.Sk, kGqD, a.v_sb, a.v_sh, a.v_ss, kGqKeys))
+        !make_map(&mk, dt, a.k, a.B, a.Hkv, a.Sk, D, a.k_sb, a.k_sh, a.k_ss, kGqKeys) ||
+        !make_map(&mv, dt, a.v, a.B, a.Hkv, a.Sk, D, a.v_sb, a.v_sh, a.v_ss, kGqKeys))
         return static_cast<cudaError_t>(ATTN_LT_ERR_TENSOR_MAP);
     if constexpr (MK != kNoMask) {  // the block's positions (at most kGqMaskRows, checked), or one shared row
         p.m_rows = a.Sq == 1 || a.m_sq == 0 ? 1 : p.sq_box;
@@ -1427,7 +1427,7 @@ cudaError_t launch_gqa_decode(const attn_lt_flash_args& a, cudaStream_t stream) 
     } else {
         mm = mk;  // not read
     }
-    const auto kernel = gqa_decode_sm90<T, MK>;
+    const auto kernel = gqa_decode_sm90<D, T, MK>;
     cudaError_t err = opt_in_smem(reinterpret_cast<const void*>(kernel), L::kSmem);
     if (err != cudaSuccess) return err;
     p.o = a.o;
@@ -1452,7 +1452,14 @@ cudaError_t launch_gqa_decode(const attn_lt_flash_args& a, cudaStream_t stream) 
     kernel<<<grid, kThreads, L::kSmem, stream>>>(mq, mk, mv, mm, p);
     err = cudaGetLastError();
     if (err != cudaSuccess || p.parts == 1) return err;
-    return merge<128, T>(a, stream);
+    return merge<D, T>(a, stream);
+}
+
+template <int D, typename T>
+cudaError_t launch_gqa_decode_masked(const attn_lt_flash_args& a, int mk, cudaStream_t stream) {
+    return mk == kBoolMask  ? launch_gqa_decode<D, T, kBoolMask>(a, stream)
+           : mk == kAddMask ? launch_gqa_decode<D, T, kAddMask>(a, stream)
+                            : launch_gqa_decode<D, T, kNoMask>(a, stream);
 }
 
 // The plain pipeline is built without masks, and D != DV without masks (mask_kind, the head dims and the variant are
@@ -1470,9 +1477,8 @@ cudaError_t launch_variant(const attn_lt_flash_args& a, int mk, cudaStream_t str
 template <typename T>
 cudaError_t launch_dim(const attn_lt_flash_args& a, int mk, cudaStream_t stream) {
     if (a.variant == ATTN_LT_FLASH_SM90_DECODE)
-        return mk == kBoolMask  ? launch_gqa_decode<T, kBoolMask>(a, stream)
-               : mk == kAddMask ? launch_gqa_decode<T, kAddMask>(a, stream)
-                                : launch_gqa_decode<T, kNoMask>(a, stream);
+        return a.D == 64 ? launch_gqa_decode_masked<64, T>(a, mk, stream)
+                         : launch_gqa_decode_masked<128, T>(a, mk, stream);
     if (a.D == 576) return launch_mla<T>(a, stream);
     if (a.D == 64) return launch_variant<64, 64, T>(a, mk, stream);
     if (a.D == 128) return launch_variant<128, 128, T>(a, mk, stream);
@@ -1512,7 +1518,7 @@ extern "C" int attn_lt_flash_sm90_fwd(const attn_lt_flash_args* a, void* stream)
     if (mk < 0) return ATTN_LT_ERR_MASK;
     if (mk != kNoMask && a->variant == ATTN_LT_FLASH_SM90_PLAIN) return ATTN_LT_ERR_VARIANT;
     if (mk != kNoMask && dv != a->D) return ATTN_LT_ERR_MASK;  // no masked kernel with DV != D
-    if (decode && (a->D != 128 || dv != 128 || a->Sq > kGqRows)) return ATTN_LT_ERR_VARIANT;
+    if (decode && ((a->D != 64 && a->D != 128) || dv != a->D || a->Sq > kGqRows)) return ATTN_LT_ERR_VARIANT;
     // the decode kernel's mask: shared by the heads, and at most kGqMaskRows rows of positions a tile
     if (decode && mk != kNoMask && ((a->Hq > 1 && a->m_sh != 0) || (a->Sq > kGqMaskRows && a->m_sq != 0)))
         return ATTN_LT_ERR_VARIANT;

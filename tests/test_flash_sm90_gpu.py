@@ -493,14 +493,15 @@ def test_k_decode_lengths_parts_causal(sm90, Sk, splits, causal):
 
 
 @gpu
+@pytest.mark.parametrize("D", [64, 128], ids=lambda d: f"d{d}")
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("B,Hq,Hkv,Sq", [(2, 32, 8, 1), (2, 8, 8, 16), (2, 48, 4, 5), (1, 16, 1, 64),
                                          (3, 64, 4, 3), (1, 40, 8, 7)],
                          ids=["sq1-g4", "mha-sq16", "sq5-g12", "sq64-g16", "sq3-g16", "sq7-g5"])
-def test_k_decode_rows(sm90, B, Hq, Hkv, Sq, dtype):
+def test_k_decode_rows(sm90, B, Hq, Hkv, Sq, dtype, D):
     # sq_box (Sq rounded up to a power of two) x 64 / sq_box heads a block: rows past Sq zero-filled, partial last
     # head blocks (g12 in blocks of 8, g16 at Sq 64 in blocks of 1), heads of the next kv head computed, not written
-    check_decode(*rand_qkv(B, Hq, Hkv, Sq, 3000, 128, dtype), 2, causal=True)
+    check_decode(*rand_qkv(B, Hq, Hkv, Sq, 3000, D, dtype), 2, causal=True)
 
 
 @gpu
@@ -564,15 +565,15 @@ def test_k_decode_masks_its_heads_share(sm90, Sk, splits, causal, shape, kind):
 @gpu
 @pytest.mark.parametrize("Sq,Hkv", [(5, 4), (1, 1), (8, 8)], ids=["sq5-g8", "sq1-g32", "sq8-g4"])
 def test_k_decode_masks_rows_and_positions(sm90, Sq, Hkv):
-    # Sq 5: 8-row mask boxes (rows past Sq zero-filled, never written); Sq 1: one mask row
-    q, k, v = rand_qkv(2, 32, Hkv, Sq, 2000, 128, "bf16")
+    # Sq 5: 8-row mask boxes (rows past Sq zero-filled, never written); Sq 1: one mask row; head dim 64 at Sq 8
+    q, k, v = rand_qkv(2, 32, Hkv, Sq, 2000, 64 if Sq == 8 else 128, "bf16")
     check_decode(q, k, v, 4, True, make_mask("bool", (2, 1, Sq, 2000), "bf16"))
 
 
-@pytest.mark.parametrize("bad", [dict(D=64), dict(Dv=64), dict(Sq=65),
+@pytest.mark.parametrize("bad", [dict(D=256), dict(Dv=64), dict(Sq=65),
                                  dict(mask=1 << 20, mask_dtype=4, m_sh=16 * 1000, m_sq=1000, m_sk=1),
                                  dict(Sq=17, mask=1 << 20, mask_dtype=4, m_sq=1024, m_sk=1)],
-                         ids=["d64", "dv64", "sq65", "mask-per-head", "mask-17-rows"])
+                         ids=["d256", "dv64", "sq65", "mask-per-head", "mask-17-rows"])
 def test_k_decode_refuses_what_it_does_not_run(bad):
     a = _args(Sq=16, Sk=1000, variant=native.FLASH_SM90_VARIANTS["decode"])
     for name, value in bad.items():

@@ -245,7 +245,7 @@ def test_keys_of_most_inverts_most_splits():
 def test_hopper_decode_blocks_of_32_to_64_rows_take_the_wgmma_decode_kernel(Hq, Hkv, Sq, blocks):
     """32-64 rows a kv head, head dim 128, no mask, on Hopper: native/flash_sm90.cu's decode kernel, 64-row blocks
     of sq_box positions (Sq rounded up to a power of two) x 64 / sq_box heads, the keys split for one CTA an SM;
-    the same cases elsewhere, with a mask per head or in fp32, or at another head dim stay on native/flash.cu."""
+    the same cases elsewhere, with a mask per head or in fp32, or at head dim 256 stay on native/flash.cu."""
     c = Case.contiguous(8, Hq, Hkv, Sq, 32768, 128)
     f = fused_launch(c, H100)
     assert (f.kernel, f.block_rows) == ("sm90_decode", 64) and f"{blocks} blocks" in f.why, f.why
@@ -260,7 +260,8 @@ def test_hopper_decode_blocks_of_32_to_64_rows_take_the_wgmma_decode_kernel(Hq, 
     fp32 = MaskInfo("float", "fp32", (8, 1, Sq, 32768), (Sq * 32768, 0, 32768, 1))
     for m in (per_head, fp32):
         assert fused_launch(Case.contiguous(8, Hq, Hkv, Sq, 32768, 128, mask=m), H100).kernel == "flash"
-    assert fused_launch(Case.contiguous(8, Hq, Hkv, Sq, 32768, 64), H100).kernel == "flash"
+    assert fused_launch(Case.contiguous(8, Hq, Hkv, Sq, 32768, 256), H100).kernel == "flash"
+    assert fused_launch(Case.contiguous(8, Hq, Hkv, Sq, 32768, 64), H100).kernel == "sm90_decode"
     # the key length enters through most_splits only: a decode loop's steps share the launch
     assert fused_launch(Case.contiguous(8, Hq, Hkv, Sq, 32769, 128), H100) == f
 
@@ -268,8 +269,8 @@ def test_hopper_decode_blocks_of_32_to_64_rows_take_the_wgmma_decode_kernel(Hq, 
 def test_the_decode_kernel_forced_checks_what_it_runs():
     f = fused_launch(Case.contiguous(2, 8, 8, 1, 1024, 128), H100, kernel="sm90_decode", splits=3)
     assert (f.kernel, f.splits, f.why) == ("sm90_decode", 3, "forced by the caller")
-    for bad in (Case.contiguous(2, 8, 8, 65, 1024, 128), Case.contiguous(2, 8, 8, 1, 1024, 64)):
-        with pytest.raises(ValueError, match="decode kernel runs head dim 128"):
+    for bad in (Case.contiguous(2, 8, 8, 65, 1024, 128), Case.contiguous(2, 8, 8, 1, 1024, 256)):
+        with pytest.raises(ValueError, match="decode kernel runs head dims 64 and 128"):
             fused_launch(bad, H100, kernel="sm90_decode")
     per_head = MaskInfo("bool", "bool", (2, 8, 1, 1024), (8192, 1024, 1024, 1))
     with pytest.raises(ValueError, match="a mask per head"):

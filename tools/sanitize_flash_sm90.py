@@ -48,14 +48,15 @@ MLA_DECODE = [
     (1, 96, 1, 1000, torch.float16, 3),  # a partial second block of heads
     (2, 16, 2, 130, torch.bfloat16, 5),  # parts without a key
 ]
-# the decode kernel (D 128, 64-row blocks of positions x heads, keys in parts): (B, Hq, Hkv, Sq, Sk, dtype, causal,
-# parts, layout, mask kind: None, "bool" or "add", (B, 1, Sq, Sk))
+# the decode kernel (64-row blocks of positions x heads, keys in parts): (B, Hq, Hkv, Sq, Sk, dtype, causal, parts,
+# layout, mask kind: None, "bool" or "add", (B, 1, Sq, Sk)[, head dim: 128 unless given])
 DECODE = [
     (2, 32, 8, 16, 1000, torch.bfloat16, True, 3, "bhsd", None),
     (1, 48, 4, 5, 300, torch.float16, False, 1, "bshd", None),
     (1, 8, 8, 1, 129, torch.bfloat16, True, 2, "bhsd", None),
     (2, 32, 8, 16, 1000, torch.bfloat16, True, 3, "bhsd", "bool"),
     (1, 48, 4, 5, 300, torch.float16, False, 2, "bhsd", "add"),
+    (2, 32, 8, 16, 700, torch.bfloat16, True, 2, "bhsd", "bool", 64),
 ]
 # (B, Hq, Hkv, Sq, Sk, D, dtype, causal, mask kind, mask shape): the default pipeline, masks in rows padded to 16
 MASKED = [
@@ -115,12 +116,13 @@ def main() -> int:
         bad += not ok
         print(f"B={B} Hq={Hq} Hkv={Hkv} Sk={Sk} D=576 Dv=512 (v in k) {str(dt)[6:]} parts={parts}: "
               f"rel error {err:.2e} {'ok' if ok else 'WRONG'}", flush=True)
-    for B, Hq, Hkv, Sq, Sk, dt, causal, parts, layout, kind in DECODE:
-        q, k, v = random_qkv(B, Hq, Hkv, Sq, Sk, 128, dt, layout)
+    for B, Hq, Hkv, Sq, Sk, dt, causal, parts, layout, kind, *dim in DECODE:
+        D = dim[0] if dim else 128
+        q, k, v = random_qkv(B, Hq, Hkv, Sq, Sk, D, dt, layout)
         m = None if kind is None else padded_mask(kind, (B, 1, Sq, Sk), dt)
         err, ok = forced_flash_error(q, k, v, m, causal, splits=parts, kernel="sm90_decode")
         bad += not ok
-        print(f"B={B} Hq={Hq} Hkv={Hkv} Sq={Sq} Sk={Sk} D=128 {str(dt)[6:]} causal={int(causal)} {layout} decode "
+        print(f"B={B} Hq={Hq} Hkv={Hkv} Sq={Sq} Sk={Sk} D={D} {str(dt)[6:]} causal={int(causal)} {layout} decode "
               f"parts={parts} mask={kind}: rel error {err:.2e} {'ok' if ok else 'WRONG'}", flush=True)
     for B, Hq, Hkv, Sq, Sk, D, dt, causal, kind, shape in MASKED:
         q, k, v = random_qkv(B, Hq, Hkv, Sq, Sk, D, dt, "bhsd")
