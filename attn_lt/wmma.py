@@ -237,8 +237,10 @@ def fused_launch(case: Case, facts: DeviceFacts | None = None, *, kernel: str | 
     if (kernel is not None and kernel not in KERNEL_NAMES) or (splits is not None and splits < 1):
         raise ValueError(f"kernel must be one of {sorted(KERNEL_NAMES)} and splits >= 1; got {kernel!r}, {splits!r}")
     decode_refusal = decode_mask_refusal(case)
-    if kernel == "sm90_decode" and ((case.D, case.Dv) not in SM90_DECODE_HEAD_DIMS or case.Sq > SM90_DECODE_ROWS
-                                    or decode_refusal is not None):
+    # what the decode kernel can run at all (the rule below adds the rows a kv head that make it the faster one)
+    decode_ok = ((case.D, case.Dv) in SM90_DECODE_HEAD_DIMS and case.Sq <= SM90_DECODE_ROWS
+                 and decode_refusal is None)
+    if kernel == "sm90_decode" and not decode_ok:
         raise ValueError(f"the sm90 decode kernel runs head dims 64 and 128, Sq <= {SM90_DECODE_ROWS} and masks its "
                          f"heads share; got D={case.D}, Dv={case.Dv}, Sq={case.Sq}: {decode_refusal}")
     assumed = False
@@ -251,7 +253,7 @@ def fused_launch(case: Case, facts: DeviceFacts | None = None, *, kernel: str | 
     # a decode step's)
     refusal = hopper_mask_refusal(case) if case.Sq * case.group > DECODE_ROWS else None
     return _fused_launch(case.B, case.Hq, case.Hkv, case.Sq, case.D, case.Dv, case.mask is not None, refusal,
-                         decode_refusal, most_splits(case.Sk), facts, assumed, kernel, splits)
+                         decode_ok, most_splits(case.Sk), facts, assumed, kernel, splits)
 
 
 def hopper_mask_refusal(case: Case) -> str | None:
@@ -306,7 +308,7 @@ def _splits(blocks: int, slots: int, most: int, part: int, forced: int | None) -
 
 @functools.lru_cache(maxsize=4096)
 def _fused_launch(B: int, Hq: int, Hkv: int, Sq: int, D: int, Dv: int, masked: bool, mask_refusal: str | None,
-                  decode_refusal: str | None, most: int, facts: DeviceFacts, assumed: bool, kernel: str | None,
+                  decode_ok: bool, most: int, facts: DeviceFacts, assumed: bool, kernel: str | None,
                   forced_splits: int | None) -> FusedLaunch:
     note = "; no GPU here: planned for a 132-SM Hopper GPU" if assumed else ""
     rows = Sq * (Hq // Hkv)  # query positions x the query heads of one kv head
@@ -316,9 +318,7 @@ def _fused_launch(B: int, Hq: int, Hkv: int, Sq: int, D: int, Dv: int, masked: b
         splits = _splits(blocks, facts.sms, most, part, forced_splits)
         why = f"MLA decode: {rows} query heads a latent cache; {blocks} blocks for {facts.sms} SMs"
         return FusedLaunch("sm90", MLA_ROWS, splits, splits * part if splits > 1 else 0, why + note)
-    if kernel == "sm90_decode" or (kernel is None and facts.hopper and decode_refusal is None
-                                   and (D, Dv) in SM90_DECODE_HEAD_DIMS and rows >= SM90_DECODE_MIN_ROWS
-                                   and Sq <= SM90_DECODE_ROWS):
+    if kernel == "sm90_decode" or (kernel is None and facts.hopper and decode_ok and rows >= SM90_DECODE_MIN_ROWS):
         # a block: sq_box positions (the power of two >= Sq) of SM90_DECODE_ROWS / sq_box query heads
         heads = SM90_DECODE_ROWS // (1 << (Sq - 1).bit_length())
         blocks = -(-(Hq // Hkv) // heads) * B * Hkv
