@@ -114,12 +114,18 @@ struct Layout {
 };
 
 // What the kernel needs besides the tensor maps.
-struct Params {
+// What every kernel here takes: the output, its strides and the call's shape (filled by base_params).
+struct BaseParams {
     void* o;
-    float* lse;  // FP32 (B, Hq, Sq) contiguous, or null
+    float* lse;       // FP32 (B, Hq, Sq) contiguous, or null (one part)
+    float* o_part;    // keys split into parts: [parts][B * Hq * Sq][Dv] FP32 and [parts][B * Hq * Sq] LSEs
+    float* lse_part;
     int64_t o_sb, o_sh, o_ss;
     int Sq, Sk, Hq, group;  // group = Hq / Hkv
     float sl2;              // softmax scale * log2(e)
+};
+
+struct Params : BaseParams {
     int causal;
     int m_rows;        // mask rows a box: kBlockM, or 1 when every query row reads mask row 0
     int m_h, m_b;      // 1 where the mask has rows of its own per head / per batch entry, 0 where it is broadcast
@@ -755,14 +761,8 @@ struct MlaLayout {
     static_assert(kSmem <= 227 * 1024, "shared memory over the sm_90 limit");
 };
 
-struct MlaParams {
-    void* o;
-    float* lse;       // FP32 (B, Hq) or null (one part)
-    float* o_part;    // several parts: [parts][B * Hq][512] FP32 and [parts][B * Hq] LSEs
-    float* lse_part;
-    int64_t o_sb, o_sh;
-    int Sk, Hq, group, row_blocks, parts, tiles_per_part;
-    float sl2;
+struct MlaParams : BaseParams {  // Sq 1
+    int row_blocks, parts, tiles_per_part;
 };
 
 // Grid: (row blocks x parts, Hkv, B); block: 384 threads; dynamic shared memory MlaLayout::kSmem.
@@ -1006,15 +1006,9 @@ struct GqLayout {
     static_assert((D / 2 + 4) * 128 * 4 <= kGqStages * kKVBytes, "hand-over larger than the K ring");
 };
 
-struct GqParams {
-    void* o;
-    float* lse;       // FP32 (B, Hq, Sq) or null (one part)
-    float* o_part;    // several parts: [parts][B * Hq * Sq][D] FP32 and [parts][B * Hq * Sq] LSEs
-    float* lse_part;
-    int64_t o_sb, o_sh, o_ss;
-    int Sq, Sk, Hq, group, sq_box, g_box, row_blocks, parts, tiles_per_part, causal;
+struct GqParams : BaseParams {
+    int sq_box, g_box, row_blocks, parts, tiles_per_part, causal;
     int m_rows, m_b;  // mask rows a tile (the block's positions, or 1 when they share one); 1: a mask per batch entry
-    float sl2;
 };
 
 // Grid: (row blocks x parts, Hkv, B); block: 384 threads; dynamic shared memory GqLayout<D, MK>::kSmem. tmm, the
@@ -1307,12 +1301,42 @@ bool make_mask_map(CUtensorMap* map, const attn_lt_flash_args& a, uint32_t es, u
                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+template <typename T>
+constexpr CUtensorMapDataType tma_dtype() {
+    return std::is_same<T, __nv_bfloat16>::value ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+}
+
+BaseParams base_params(const attn_lt_flash_args& a) {
+    BaseParams p{};
+    p.o = a.o;
+    p.lse = a.lse;
+    p.o_part = a.o_part;
+    p.lse_part = a.lse_part;
+    p.o_sb = a.o_sb;
+    p.o_sh = a.o_sh;
+    p.o_ss = a.o_ss;
+    p.Sq = static_cast<int>(a.Sq);
+    p.Sk = static_cast<int>(a.Sk);
+    p.Hq = static_cast<int>(a.Hq);
+    p.group = static_cast<int>(a.Hq / a.Hkv);
+    p.sl2 = a.scale * kLog2e;
+    return p;
+}
+
+// The decode kernels' key parts: a.splits of them (1 when not split), each of tiles_per_part tiles of `keys`.
+template <typename P>
+void set_parts(P& p, const attn_lt_flash_args& a, int keys) {
+    p.parts = a.splits > 1 ? static_cast<int>(a.splits) : 1;
+    const int tiles = (p.Sk + keys - 1) / keys;
+    p.tiles_per_part = (tiles + p.parts - 1) / p.parts;
+}
+
 template <int D, int DV, typename T, bool kOverlap, int MK>
 cudaError_t launch(const attn_lt_flash_args& a, cudaStream_t stream) {
     using L = Layout<D, DV, MK>;
-    const CUtensorMapDataType dt =
-        std::is_same<T, __nv_bfloat16>::value ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    constexpr CUtensorMapDataType dt = tma_dtype<T>();
     Params p{};
+    static_cast<BaseParams&>(p) = base_params(a);
     const int64_t m_blocks = (a.Sq + kBlockM - 1) / kBlockM;
     alignas(64) CUtensorMap mq, mk, mv, mm;
     if (!make_map(&mq, dt, a.q, a.B, a.Hq, a.Sq, D, a.q_sb, a.q_sh, a.q_ss, kBlockM) ||
@@ -1333,16 +1357,6 @@ cudaError_t launch(const attn_lt_flash_args& a, cudaStream_t stream) {
     const auto kernel = flash_sm90_fwd<D, DV, T, kOverlap, MK>;
     cudaError_t err = opt_in_smem(reinterpret_cast<const void*>(kernel), L::kSmem);
     if (err != cudaSuccess) return err;
-    p.o = a.o;
-    p.lse = a.lse;
-    p.o_sb = a.o_sb;
-    p.o_sh = a.o_sh;
-    p.o_ss = a.o_ss;
-    p.Sq = static_cast<int>(a.Sq);
-    p.Sk = static_cast<int>(a.Sk);
-    p.Hq = static_cast<int>(a.Hq);
-    p.group = static_cast<int>(a.Hq / a.Hkv);
-    p.sl2 = a.scale * kLog2e;
     p.causal = a.causal ? 1 : 0;
     p.m_blocks = static_cast<int>(m_blocks);
     const unsigned mbx = static_cast<unsigned>(m_blocks), hq = static_cast<unsigned>(a.Hq);
@@ -1356,8 +1370,7 @@ cudaError_t launch(const attn_lt_flash_args& a, cudaStream_t stream) {
 template <typename T>
 cudaError_t launch_mla(const attn_lt_flash_args& a, cudaStream_t stream) {
     using L = MlaLayout;
-    const CUtensorMapDataType dt =
-        std::is_same<T, __nv_bfloat16>::value ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    constexpr CUtensorMapDataType dt = tma_dtype<T>();
     alignas(64) CUtensorMap mq, mk;
     if (!make_map(&mq, dt, a.q, a.B, 1, a.Hq, kMlaD, a.q_sb, 0, a.q_sh, kMlaRows) ||
         !make_map(&mk, dt, a.k, a.B, a.Hkv, a.Sk, kMlaD, a.k_sb, a.k_sh, a.k_ss, kMlaKeys))
@@ -1366,20 +1379,9 @@ cudaError_t launch_mla(const attn_lt_flash_args& a, cudaStream_t stream) {
     cudaError_t err = opt_in_smem(reinterpret_cast<const void*>(kernel), L::kSmem);
     if (err != cudaSuccess) return err;
     MlaParams p{};
-    p.o = a.o;
-    p.lse = a.lse;
-    p.o_part = a.o_part;
-    p.lse_part = a.lse_part;
-    p.o_sb = a.o_sb;
-    p.o_sh = a.o_sh;
-    p.Sk = static_cast<int>(a.Sk);
-    p.Hq = static_cast<int>(a.Hq);
-    p.group = static_cast<int>(a.Hq / a.Hkv);
+    static_cast<BaseParams&>(p) = base_params(a);
     p.row_blocks = (p.group + kMlaRows - 1) / kMlaRows;
-    p.parts = a.splits > 1 ? static_cast<int>(a.splits) : 1;
-    const int tiles = (p.Sk + kMlaKeys - 1) / kMlaKeys;
-    p.tiles_per_part = (tiles + p.parts - 1) / p.parts;
-    p.sl2 = a.scale * kLog2e;
+    set_parts(p, a, kMlaKeys);
     const dim3 grid(static_cast<unsigned>(p.row_blocks * p.parts), static_cast<unsigned>(a.Hkv),
                     static_cast<unsigned>(a.B));
     kernel<<<grid, kThreads, L::kSmem, stream>>>(mq, mk, p);
@@ -1408,9 +1410,9 @@ bool make_rows_map(CUtensorMap* map, CUtensorMapDataType dt, const attn_lt_flash
 template <int D, typename T, int MK>
 cudaError_t launch_gqa_decode(const attn_lt_flash_args& a, cudaStream_t stream) {
     using L = GqLayout<D, MK>;
-    const CUtensorMapDataType dt =
-        std::is_same<T, __nv_bfloat16>::value ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    constexpr CUtensorMapDataType dt = tma_dtype<T>();
     GqParams p{};
+    static_cast<BaseParams&>(p) = base_params(a);
     p.sq_box = 1;
     while (p.sq_box < a.Sq) p.sq_box *= 2;
     p.g_box = kGqRows / p.sq_box;
@@ -1430,23 +1432,9 @@ cudaError_t launch_gqa_decode(const attn_lt_flash_args& a, cudaStream_t stream) 
     const auto kernel = gqa_decode_sm90<D, T, MK>;
     cudaError_t err = opt_in_smem(reinterpret_cast<const void*>(kernel), L::kSmem);
     if (err != cudaSuccess) return err;
-    p.o = a.o;
-    p.lse = a.lse;
-    p.o_part = a.o_part;
-    p.lse_part = a.lse_part;
-    p.o_sb = a.o_sb;
-    p.o_sh = a.o_sh;
-    p.o_ss = a.o_ss;
-    p.Sq = static_cast<int>(a.Sq);
-    p.Sk = static_cast<int>(a.Sk);
-    p.Hq = static_cast<int>(a.Hq);
-    p.group = static_cast<int>(a.Hq / a.Hkv);
     p.row_blocks = (p.group + p.g_box - 1) / p.g_box;
-    p.parts = a.splits > 1 ? static_cast<int>(a.splits) : 1;
-    const int tiles = (p.Sk + kGqKeys - 1) / kGqKeys;
-    p.tiles_per_part = (tiles + p.parts - 1) / p.parts;
+    set_parts(p, a, kGqKeys);
     p.causal = a.causal ? 1 : 0;
-    p.sl2 = a.scale * kLog2e;
     const dim3 grid(static_cast<unsigned>(p.row_blocks * p.parts), static_cast<unsigned>(a.Hkv),
                     static_cast<unsigned>(a.B));
     kernel<<<grid, kThreads, L::kSmem, stream>>>(mq, mk, mv, mm, p);
