@@ -293,6 +293,11 @@ def test_bench_list_and_compare_commands(tmp_path, capsys):
     assert "max 16.67%" in capsys.readouterr().out
 
 
+def test_timer_refuses_an_unknown_flush_before_touching_the_gpu():
+    with pytest.raises(ValueError, match="--flush must be one of read, write"):
+        bench.Timer(10.0, 7, flush="none")
+
+
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the answer on a machine without a GPU")
 def test_bench_run_without_a_gpu_says_so(tmp_path, capsys):
     assert bench.main(["run", "--quick", "--out", str(tmp_path)]) == 2
@@ -303,7 +308,7 @@ def test_bench_run_without_a_gpu_says_so(tmp_path, capsys):
 def test_bench_run_measures_a_case_end_to_end(tmp_path):
     """One small case through every provider: rows for all, attn_lt checked and timed, files written."""
     rc = bench.main(["run", "--cases", "fa3-d128-s512", "--groups", "fa3", "--no-masks", "--rep-ms", "10",
-                     "--out", str(tmp_path)])
+                     "--flush", "write", "--out", str(tmp_path)])
     assert rc == 0
     meta, rows = suite.read_json(tmp_path / "results.json")
     assert {r["case"] for r in rows} == {"fa3-d128-s512", "fa3-d128-s512-causal"}
@@ -313,7 +318,7 @@ def test_bench_run_measures_a_case_end_to_end(tmp_path):
             assert r["status"] == "ok", r
             assert r["rel_err"] < bench.CHECK_TOL and r["ms"] > 0 and math.isfinite(r["tflops"])
     assert {r["route"] for r in rows if r["provider"] == "auto"} == {"wmma"}
-    assert meta["ceilings"]["gemm_tflops"] > 0 and meta["versions"]["torch"]
+    assert meta["ceilings"]["gemm_tflops"] > 0 and meta["versions"]["torch"] and meta["flush"] == "write"
     assert (tmp_path / "summary.md").exists() and (tmp_path / "results.csv").exists()
 
 

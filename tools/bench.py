@@ -5,7 +5,7 @@ section; cases, formulas and writers: tools/bench_suite.py.
 
     python tools/bench.py run [--quick] [--groups fa3,long,decode] [--no-masks] [--providers auto,lt,...]
                               [--cases SUBSTR,...] [--out DIR] [--rep-ms 150] [--rounds 7] [--warm-up-s 5]
-                              [--time-limit-s N] [--lt-details]
+                              [--time-limit-s N] [--lt-details] [--flush read|write]
     python tools/bench.py list [--quick] [--groups ...]        the cases of a run, with FLOPs and bytes (no GPU)
     python tools/bench.py report DIR/results.json [--readme README.md]   summary.md, plots (and the README's
                                                                results block) again from a results file (no GPU)
@@ -109,22 +109,34 @@ def make_call(provider, c, q, k, v, mask):
 
 # ---- measuring -------------------------------------------------------------------------------------------------
 
-class Timer:
-    """CUDA-event timings with the L2 flushed before each call (as triton's do_bench does), taken in rounds."""
+FLUSHES = ("read", "write")
 
-    def __init__(self, rep_ms: float, rounds: int, slow_rounds: int = 3):
+
+class Timer:
+    """CUDA-event timings with the L2 flushed before each call, taken in rounds.
+
+    The flush reads a 256 MiB buffer (``flush="read"``), so that the L2 holds clean lines of it when the call starts.
+    ``"write"`` zeroes the buffer instead, as triton's do_bench does: the L2 then holds up to its size of dirty lines,
+    and the call being timed pays for writing them back to HBM (about 12 us at 4 TB/s for a 50 MiB L2), which is
+    the flush's cost, not the call's.
+    """
+
+    def __init__(self, rep_ms: float, rounds: int, slow_rounds: int = 3, flush: str = "read"):
         import torch
 
         if rounds < 1 or rep_ms <= 0 or slow_rounds < 1:
             raise ValueError(f"--rounds and --slow-rounds must be >= 1 and --rep-ms > 0, got {rounds}, "
                              f"{slow_rounds} and {rep_ms}")
+        if flush not in FLUSHES:
+            raise ValueError(f"--flush must be one of {', '.join(FLUSHES)}, got {flush!r}")
         self.rep_ms, self.rounds, self.slow_rounds = rep_ms, rounds, slow_rounds
-        self.flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+        buf = torch.zeros(256 << 20, dtype=torch.uint8, device="cuda")
+        self.flush = (lambda: buf.view(torch.int64).sum()) if flush == "read" else buf.zero_
 
     def once(self, fn) -> float:
         from attn_lt.testing import event_ms
 
-        self.flush.zero_()
+        self.flush()
         return event_ms(fn)
 
     def samples(self, fn) -> list[float]:
@@ -482,8 +494,8 @@ def cmd_run(a, argv) -> int:
     warm_up(a.warm_up_s)
     meta["ceilings"] = ceil = ceilings()
     meta.update(rep_ms=a.rep_ms, rounds=a.rounds, slow_rounds=a.slow_rounds, warm_up_s=a.warm_up_s,
-                check_tol=CHECK_TOL, quick=a.quick)
-    timer = Timer(a.rep_ms, a.rounds, a.slow_rounds)
+                check_tol=CHECK_TOL, quick=a.quick, flush=a.flush)
+    timer = Timer(a.rep_ms, a.rounds, a.slow_rounds, a.flush)
     rows: list[dict] = []
     bar = suite.Progress(len(cases) * len(providers))
     t0 = time.monotonic()
@@ -613,6 +625,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "for the clocks to settle")
             p.add_argument("--lt-details", action="store_true", help="per-kernel GPU time and chosen GEMM "
                            "algorithms of each lt row, and the host cost of a cached GEMM, in results.json")
+            p.add_argument("--flush", choices=FLUSHES, default="read", help="how the L2 is emptied before each "
+                           "timed call: by reading a 256 MiB buffer (default), or by zeroing it as triton's "
+                           "do_bench does, which leaves the L2 full of dirty lines for the call to write back")
             p.add_argument("--time-limit-s", type=float, default=0, help="stop measuring after this long; the "
                            "cases left are recorded as skipped (0: no limit)")
     p = sub.add_parser("report")
