@@ -131,23 +131,33 @@ def event_ms(fn) -> float:
 
 
 def host_us(fn, calls: int = 100) -> float:
-    """Host microseconds to issue one call of ``fn``: median of 5 batches of ``calls`` calls, each queued behind a
-    ~50 ms sleep kernel so that the launches only queue and the GPU's own time stays out of the figure."""
+    """Host microseconds to issue one call of ``fn`` (:func:`host_us_each` of it alone)."""
+    return host_us_each({"fn": fn}, calls)["fn"]
+
+
+def host_us_each(fns: dict, calls: int = 100, rounds: int = 5) -> dict:
+    """Host microseconds to issue one call of each function of ``fns`` (name -> function): ``rounds`` rounds, each a
+    batch of ``calls`` calls of every function in turn (the order reversed every other round), each batch queued
+    behind a ~50 ms sleep kernel so that the launches only queue and the GPU's own time stays out of the figure; the
+    median of a function's batches. Side by side, so that a drifting host touches every function alike."""
     import statistics
     import time
 
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(5):
-        torch.cuda._sleep(int(1e8))  # the GPU busy while the host issues the calls
-        t0 = time.perf_counter()
-        for _ in range(calls):
+    for fn in fns.values():
+        for _ in range(5):
             fn()
-        samples.append((time.perf_counter() - t0) / calls * 1e6)
-        torch.cuda.synchronize()
-    return round(statistics.median(samples), 2)
+    torch.cuda.synchronize()
+    samples: dict = {name: [] for name in fns}
+    for r in range(rounds):
+        for name in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+            fn = fns[name]
+            torch.cuda._sleep(int(1e8))  # the GPU busy while the host issues the calls
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            samples[name].append((time.perf_counter() - t0) / calls * 1e6)
+            torch.cuda.synchronize()
+    return {name: round(statistics.median(v), 2) for name, v in samples.items()}
 
 
 def time_ms(fn, warmup_ms: float = 25, rep_ms: float = 200) -> float:

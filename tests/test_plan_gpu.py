@@ -176,3 +176,16 @@ def test_output_layout_bshd(backend, B, Hq, Hkv, Sq, Sk, D, causal):
             o = attn_lt.attention(q, kn, vn, backend=backend, out_layout="bshd")
             assert o.shape == (B, 1, Hq, D) and o.is_contiguous()
             assert_close(o.transpose(1, 2), q, kn, vn)
+
+
+def test_host_us_each_times_every_function_in_every_round():
+    from attn_lt.testing import host_us_each
+
+    counts = {"a": 0, "b": 0}
+
+    def bump(name):
+        counts[name] += 1
+
+    res = host_us_each({"a": lambda: bump("a"), "b": lambda: bump("b")}, calls=10, rounds=3)
+    assert set(res) == {"a", "b"} and all(t > 0 for t in res.values())
+    assert counts == {"a": 5 + 30, "b": 5 + 30}  # warm-up, then 3 rounds of 10 each

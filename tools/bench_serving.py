@@ -8,11 +8,12 @@
    made before the loop, the loop calling ``plan.run`` only (what the loop costs without deriving a plan a step).
 2. **repeated causal prefill**: B1 H32 S32768 D128 causal, called back to back from a fresh cache.
 3. **host cost**: microseconds to issue one cached call (decode B8 Hq32 Hkv8 Sk 4k and 16k) through
-   ``attention()``, ``plan.run`` and SDPA's default, and a decode step's call (one key longer than the last, its
-   plan derived) through ``attention()``, GPU work queued behind a long kernel so that the host alone is timed.
+   ``attention()``, ``plan.run`` and SDPA's default (their batches interleaved, so that a drifting host touches
+   them alike), and a decode step's call (one key longer than the last, its plan derived) through ``attention()``,
+   GPU work queued behind a long kernel so that the host alone is timed.
 4. **graph replay**: the decode call captured in a CUDA graph and replayed.
 
-    python tools/bench_serving.py [--steps 1000] [--prefill-calls 6] [--out DIR] [--quick]
+    python tools/bench_serving.py [--steps 1000] [--prefill-calls 6] [--out DIR] [--quick] [--host-only]
 
 Prints a short table last; writes DIR/serving.json.
 """
@@ -124,21 +125,22 @@ def host_costs():
     import torch
 
     import attn_lt
-    from attn_lt.testing import host_us
+    from attn_lt.testing import host_us, host_us_each
 
     rows = []
     for Sk in (4096, 16384):
         q = torch.randn(8, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(8, 8, Sk, 128, device="cuda", dtype=torch.bfloat16)
         v = torch.randn_like(k)
-        row = {"Sk": Sk}
+        row, fns = {"Sk": Sk}, {}
         for backend in ("auto", "lt"):
             p = attn_lt.plan(q, k, v, backend=backend).tune(q, k, v)
             attn_lt.attention(q, k, v, backend=backend)
             row[f"{backend}_route"] = p.backend
-            row[f"attention_{backend}_us"] = host_us(lambda: attn_lt.attention(q, k, v, backend=backend))
-            row[f"plan_run_{backend}_us"] = host_us(lambda: p.run(q, k, v))
-        row["sdpa_default_us"] = host_us(lambda: sdpa_call(q, k, v))
+            fns[f"attention_{backend}_us"] = lambda backend=backend: attn_lt.attention(q, k, v, backend=backend)
+            fns[f"plan_run_{backend}_us"] = lambda p=p: p.run(q, k, v)
+        fns["sdpa_default_us"] = lambda: sdpa_call(q, k, v)
+        row.update(host_us_each(fns))  # side by side: the lent hosts' speed drifts within a run
         # a decode step: each call one key longer than the last (views of one cache), its plan derived
         kc, vc = (torch.randn(8, 8, Sk + 520, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         attn_lt.attention(q, kc[:, :, :Sk], vc[:, :, :Sk])
@@ -181,6 +183,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prefill-calls", type=int, default=6)
     ap.add_argument("--out", default="bench-results")
     ap.add_argument("--quick", action="store_true", help="200 decode steps, 4 prefill calls")
+    ap.add_argument("--host-only", action="store_true", help="only the host cost of a cached call (3.)")
     a = ap.parse_args(argv)
     import torch
 
@@ -193,10 +196,11 @@ def main(argv=None) -> int:
     os.environ.pop("ATTN_LT_ALGO_POLICY", None)
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    res["decode_loop"] = [decode_loop(a.steps, p) for p in ("attn_lt", "attn_lt_preplanned", "sdpa_default")]
-    res["prefill"] = [prefill_calls(a.prefill_calls, "attn_lt"), prefill_calls(a.prefill_calls, "sdpa_default")]
+    loops = () if a.host_only else ("attn_lt", "attn_lt_preplanned", "sdpa_default")
+    res["decode_loop"] = [decode_loop(a.steps, p) for p in loops]
+    res["prefill"] = [prefill_calls(a.prefill_calls, p) for p in loops if p != "attn_lt_preplanned"]
     res["host"] = host_costs()
-    res["graph"] = graph_replay()
+    res["graph"] = None if a.host_only else graph_replay()
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "serving.json"), "w") as f:
         json.dump(res, f, indent=1)
@@ -221,7 +225,8 @@ def main(argv=None) -> int:
               f"(a step one key longer {r['attention_step_us']:>6}) "
               f"plan.run {r['plan_run_auto_us']:>6} | lt: attention {r['attention_lt_us']:>6} plan.run "
               f"{r['plan_run_lt_us']:>6} | sdpa default {r['sdpa_default_us']:>6}")
-    print(f"graph: {res['graph']}")
+    if res["graph"] is not None:
+        print(f"graph: {res['graph']}")
     return 0
 
 
