@@ -113,7 +113,6 @@ struct Layout {
     static_assert(head_dims_built(D, DV) && DV <= D && D <= 256, "O is staged in the Q tile's rows");
 };
 
-// What the kernel needs besides the tensor maps.
 // What every kernel here takes: the output, its strides and the call's shape (filled by base_params). The prefill
 // kernel's Params keep this layout: its D 64 masked kernel ran 5-8 % slower on the H100 when two pointer fields
 // (the decode kernels' partials) were added in front of the strides, with PTX that differed in parameter offsets only.
@@ -127,13 +126,14 @@ struct BaseParams {
 };
 
 // The decode kernels' key parts: `parts` of `tiles_per_part` key tiles each; with more than one, the partials
-// [parts][B * Hq * Sq][Dv] FP32 and their LSEs [parts][B * Hq * Sq] (filled by set_parts).
+// [parts][B * Hq * Sq][Dv] FP32 and their LSEs [parts][B * Hq * Sq] (filled by part_params).
 struct PartParams {
     float* o_part;
     float* lse_part;
     int parts, tiles_per_part;
 };
 
+// What the prefill kernel needs besides the tensor maps.
 struct Params : BaseParams {
     int m_rows;        // mask rows a box: kBlockM, or 1 when every query row reads mask row 0
     int m_h, m_b;      // 1 where the mask has rows of its own per head / per batch entry, 0 where it is broadcast
