@@ -29,7 +29,7 @@ Protocol (as tools/bench.py): a few seconds of GEMMs first for the clocks; every
 GEMM tuning) and a check of its output against an FP32 reference on sampled rows (the mass against an FP32
 reference on sampled heads, and lt's mass against eager's) before any timing — a wrong result is ERR, never a
 time; then interleaved rounds (every provider once a round, in ``bench.round_order``), CUDA events, the L2 flushed
-(256 MiB written) before each call; ``ms`` is the median of all timed calls, ``spread_pct`` the range of the
+(256 MiB read, ``bench.Timer``) before each call; ``ms`` is the median of all timed calls, ``spread_pct`` the range of the
 rounds' medians over it.
 
 Floor of the long path: max(FLOPs / GEMM rate, (Q, K, V, O and mask bytes + 12 B per score) / copy rate), with the
