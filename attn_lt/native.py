@@ -196,8 +196,8 @@ def flash_sm90_supported() -> bool:
 
 def flash_sm90(args: FlashArgs, stream: int) -> None:
     """Launch the Hopper fused kernel (native/flash_sm90.cu: TMA + wgmma, D 64/128/256, D 192 with Dv 128, MLA
-    decode's D 576 with Dv 512, the decode variant's 64-row blocks at D 128); raises :class:`CudaError` on failure
-    (cudaErrorNotSupported off sm_90, an attn_lt_status when a precondition fails)."""
+    decode's D 576 with Dv 512, the decode variant's 64-row blocks at D 64 and 128); raises :class:`CudaError` on
+    failure (cudaErrorNotSupported off sm_90, an attn_lt_status when a precondition fails)."""
     _launch("attn_lt_flash_sm90_fwd", args, stream,
             lambda a: f"B={a.B} Hq={a.Hq} Hkv={a.Hkv} Sq={a.Sq} Sk={a.Sk} D={a.D} Dv={a.Dv or a.D} "
                       f"splits={a.splits} variant={a.variant}")

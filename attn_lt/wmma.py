@@ -241,7 +241,8 @@ def fused_launch(case: Case, facts: DeviceFacts | None = None, *, kernel: str | 
     decode_ok = ((case.D, case.Dv) in SM90_DECODE_HEAD_DIMS and case.Sq <= SM90_DECODE_ROWS
                  and decode_refusal is None)
     if kernel == "sm90_decode" and not decode_ok:
-        raise ValueError(f"the sm90 decode kernel runs head dims 64 and 128, Sq <= {SM90_DECODE_ROWS} and masks its "
+        dims = " and ".join(str(d) for d, _ in SM90_DECODE_HEAD_DIMS)
+        raise ValueError(f"the sm90 decode kernel runs head dims {dims}, Sq <= {SM90_DECODE_ROWS} and masks its "
                          f"heads share; got D={case.D}, Dv={case.Dv}, Sq={case.Sq}: {decode_refusal}")
     assumed = False
     if facts is None:
