@@ -30,11 +30,16 @@ CU_SRC := $(filter-out $(SM90A_SRC),$(sort $(wildcard native/*.cu)))
 SOURCE_HASH := $(shell cat $(NATIVE_SRC) | sha256sum | cut -c1-16)
 LIB := attn_lt/_native/libattn_lt.so
 
-.PHONY: all native install demo test test-deps test-gpu bench clean
+.PHONY: all native fastpath install demo test test-deps test-gpu bench clean
 
 all: native
 
-native: $(LIB)
+native: $(LIB) fastpath
+
+# The compiled fast path of attention()'s cached fused calls (native/fastpath.cpp), for the installed torch and
+# Python; the script skips it, saying so, where no C++ compiler or Python headers are found.
+fastpath:
+	$(PYTHON) native/build_fastpath.py
 
 $(LIB): $(NATIVE_SRC) Makefile
 	@mkdir -p $(dir $@) $(dir $(SM90A_OBJ))

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import config
+from . import config, fastpath
 from .plan import Plan, make_plan, out_strides
 from .select import Decision, route_of, select
 from .validate import Case, address_alignment, check_options, check_out, check_tensors, mask_alignment, out_shape
@@ -30,7 +30,7 @@ _NO_BACKWARD = ("attn_lt.attention has no backward pass (forward and inference o
 #: Plans kept by ``attention()`` (least recently used first out).
 PLAN_CACHE_SIZE = 256
 #: Environment variables a plan depends on (part of the key of ``attention()``'s plan cache).
-_ENV_VARS = ("ATTN_LT_WORKSPACE_MB", "ATTN_LT_THRESHOLD", "ATTN_LT_ALGO_POLICY", "ATTN_LT_SOFTMAX",
+PLAN_ENV_VARS = ("ATTN_LT_WORKSPACE_MB", "ATTN_LT_THRESHOLD", "ATTN_LT_ALGO_POLICY", "ATTN_LT_SOFTMAX",
              "ATTN_LT_CACHE_DIR", "XDG_CACHE_HOME", "ATTN_LT_LANES", "ATTN_LT_KEY_TILES")
 
 
@@ -47,6 +47,8 @@ except AttributeError:  # pragma: no cover - other PyTorch builds
     _capturing = torch.cuda.is_current_stream_capturing
 
 
+fastpath.setup(_current_device, _raw_stream, _capturing, PLAN_ENV_VARS)
+
 _scratch: dict[tuple[int, int], torch.Tensor] = {}
 _scratch_lock = threading.Lock()
 
@@ -62,6 +64,7 @@ def scratch_buffer(device: torch.device, stream: int, nbytes: int, capturing: bo
     buf = _scratch.get(key)
     if buf is None or buf.numel() < nbytes:
         with _scratch_lock:
+            fastpath.clear()  # its launches write the old buffer
             buf = _scratch.pop(key, None)
             del buf  # the old buffer goes back to the caching allocator before the larger one is taken
             buf = _scratch[key] = torch.empty(nbytes, dtype=torch.uint8, device=device)
@@ -71,6 +74,7 @@ def scratch_buffer(device: torch.device, stream: int, nbytes: int, capturing: bo
 def release_scratch() -> None:
     """Free the per-stream scratch buffers (the next call takes a new one)."""
     with _scratch_lock:
+        fastpath.clear()
         _scratch.clear()
 
 
@@ -327,6 +331,18 @@ class AttentionPlan:
                              "the plan's)")
         return self._execute(q, k, v, attn_mask, out, return_lse, workspace, sig)
 
+    def _remember_fast(self, q, k, v, options: tuple, backend: str, threshold) -> None:
+        """After attention() ran this plan on q, k, v (no mask, no ``out``, no LSE) with ``options`` (its plan
+        cache's): let the compiled fast path run the later calls of this family and options that this plan runs as
+        it is (see :meth:`runs_keys_of`), on the current stream — a fused plan, outside a graph capture."""
+        device = self.device.index
+        if not self._steps() or device != _current_device() or _capturing():
+            return
+        stream = _raw_stream(device)
+        ws_ptr, lse_ptr = self._scratch(self.device, stream, False)[2:]
+        fastpath.remember(q, k, v, options[:6] + options[7:9], options[9], self._keys_covered(backend, threshold),
+                          self._out_shape, *self._program.fast_launch(), stream, ws_ptr, lse_ptr)
+
     def _scratch(self, device: torch.device, stream: int, capturing: bool) -> tuple:
         """(workspace, LSE scratch, their addresses): views of the stream's shared scratch buffer (see
         :func:`scratch_buffer`), kept while the buffer stays the same."""
@@ -517,6 +533,7 @@ def clear_plans() -> None:
     with _plans_lock:
         _plans.clear()
         _families.clear()
+        fastpath.clear()
 
 
 def cached_plans() -> int:
@@ -583,6 +600,11 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
             if out_layout == "bshd":
                 res = (res[0].transpose(1, 2).contiguous(), res[1])
             return res if return_lse else res[0]
+        if fastpath.call is not None:  # a remembered family's cached fused call, launched in C++; else None
+            res = fastpath.call(q, k, v, attn_mask, causal, scale, backend, return_lse, out, workspace_bytes,
+                                threshold, algo_policy, return_key_mass, key_mass_window, out_layout)
+            if res is not None:
+                return res
     elif _is_cupy(q):
         return _attention_cupy(q, k, v, attn_mask=attn_mask, causal=causal, scale=scale, backend=backend,
                                return_lse=return_lse, out=out, workspace_bytes=workspace_bytes,
@@ -592,7 +614,7 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
         out_align = 256 if out is None else address_alignment(out.data_ptr())
         sig = call_signature(q, k, v, attn_mask, out_align)
         options = (causal, scale, backend, workspace_bytes, threshold, algo_policy, return_key_mass,
-                   key_mass_window, out_layout, config.env_snapshot(_ENV_VARS))
+                   key_mass_window, out_layout, config.env_snapshot(PLAN_ENV_VARS))
         family = (sig[0], options)
         last = _families.get(family)
     except (AttributeError, TypeError, ValueError, RuntimeError):  # not 4-D tensors, unhashable options:
@@ -623,7 +645,10 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
         elif last is None and p.backend == "wmma":  # its family was evicted: the plan heads it again
             _remember_family(family, p)
     p._used = next(_uses)  # least recently used first out of the plan cache
-    return p._execute(q, k, v, attn_mask, out, return_lse, None, sig)
+    res = p._execute(q, k, v, attn_mask, out, return_lse, None, sig)
+    if fastpath.call is not None and attn_mask is None and out is None and not return_lse:
+        p._remember_fast(q, k, v, options, backend, threshold)
+    return res
 
 
 def _keep(key, p: AttentionPlan) -> None:

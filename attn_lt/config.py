@@ -21,6 +21,8 @@ variable                       default      meaning
 ``ATTN_LT_TUNE_MS``            200          time budget of tuning one GEMM shape, milliseconds
 ``ATTN_LT_TUNE_CALL_MS``       10000        tuning budget of one attention call; GEMM classes it does not reach
                                             keep the heuristic's algorithm and are tuned by later calls
+``ATTN_LT_FASTPATH``           1            0: cached fused calls of ``attention()`` take the Python path, not the
+                                            compiled one (``attn_lt.fastpath``; for comparisons)
 =============================  ===========  =====================================================================
 """
 
@@ -65,6 +67,15 @@ def env_snapshot(names: tuple[str, ...]) -> tuple:
 
 
 _encoded_names: dict[tuple[str, ...], tuple] = {}
+
+
+def env_source(names: tuple[str, ...]) -> tuple[dict, tuple] | None:
+    """Where :func:`env_snapshot` reads ``names``: (the dict of encoded names and values behind os.environ, the
+    names encoded), for a reader in C that compares snapshots; None on Pythons without that dict."""
+    if _environ is None:  # pragma: no cover - other Pythons
+        return None
+    env_snapshot(names)
+    return _environ, _encoded_names[names]
 
 
 def _env_int(name: str, default: int, minimum: int) -> int:

@@ -26,6 +26,9 @@ def environment() -> dict:
     try:
         import torch
 
+        from . import fastpath
+
+        info["fast_path"] = fastpath.status()
         info["torch"] = torch.__version__
         info["torch_cuda"] = torch.version.cuda
         if torch.cuda.is_available():

@@ -189,6 +189,12 @@ def flash(args: FlashArgs, stream: int) -> None:
 FLASH_SM90_VARIANTS = {"default": 0, "plain": 1, "decode": 2}
 
 
+def launcher_address(name: str) -> int:
+    """The address of launcher ``name`` of the library (``attn_lt_flash_fwd``, ``attn_lt_flash_sm90_fwd``), for a
+    caller in C (attn_lt.fastpath) that passes it an ``attn_lt_flash_args`` and a stream."""
+    return ctypes.cast(getattr(load(), name), ctypes.c_void_p).value
+
+
 def flash_sm90_supported() -> bool:
     """True when the current CUDA device is compute capability 9.0 and the library holds the sm_90a kernel."""
     return bool(load().attn_lt_flash_sm90_supported())

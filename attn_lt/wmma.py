@@ -387,6 +387,14 @@ class Program:
         self._launch = native.flash if launch.kernel == "flash" else native.flash_sm90
         self._lock = threading.Lock()
 
+    def fast_launch(self) -> tuple[bytes, int, int]:
+        """What attn_lt.fastpath needs to launch this program itself: the argument struct's bytes (its addresses,
+        key length and K/V strides set by each call), the launcher's address, the LSE partials' offset in the
+        workspace."""
+        name = "attn_lt_flash_fwd" if self._launch is native.flash else "attn_lt_flash_sm90_fwd"
+        with self._lock:
+            return bytes(self.args), native.launcher_address(name), self._lse_part_offset
+
     def with_keys(self, case: Case, launch: FusedLaunch) -> Program:
         """This launch for ``case``, which differs from this program's only in its key length and K/V strides (a
         decode step): the arguments copied, not rebuilt."""

@@ -189,3 +189,56 @@ def test_host_us_each_times_every_function_in_every_round():
     res = host_us_each({"a": lambda: bump("a"), "b": lambda: bump("b")}, calls=10, rounds=3)
     assert set(res) == {"a", "b"} and all(t > 0 for t in res.values())
     assert counts == {"a": 5 + 30, "b": 5 + 30}  # warm-up, then 3 rounds of 10 each
+
+
+@pytest.mark.parametrize("D, Sq, Hq, Hkv", [(128, 1, 32, 8), (64, 1, 8, 8), (128, 16, 32, 8), (576, 1, 16, 1)])
+def test_fast_path_runs_a_decode_loop_as_the_python_path(D, Sq, Hq, Hkv):
+    """attention()'s compiled fast path (attn_lt.fastpath): a decode loop whose cache grows by a key a step takes it
+    after the first call of each launch; every step's output equals the Python path's bit for bit and the FP64
+    reference; calls it cannot take (a mask, another stream, a graph capture) take the Python path."""
+    from attn_lt import fastpath
+
+    if fastpath.call is None:
+        pytest.skip(f"fast path: {fastpath.status()}")
+    attn_lt.api.clear_plans()
+    Dv = 512 if D == 576 else D
+    B, S0 = 2, 4000
+    kc = torch.randn(B, S0 + 40, Hkv, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2)  # (B, S, H, D) cache
+    vc = kc if D == 576 else torch.randn_like(kc)
+    hits0 = fastpath.stats()["hits"]
+    for step in range(12):
+        Sk = S0 + step
+        q = torch.randn(B, Sq, Hq, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+        k, v = kc[:, :, :Sk], vc[:, :, :Sk, :Dv]
+        outs = []
+        for on in (True, False):
+            fastpath.set_enabled(on)
+            outs.append(attn_lt.attention(q, k, v, out_layout="bshd"))
+        fastpath.set_enabled(True)
+        assert torch.equal(outs[0], outs[1]), step
+        if step % 4 == 0:
+            assert_close(outs[0].transpose(1, 2), q, k, v)
+    assert fastpath.stats()["hits"] - hits0 >= 9  # every step but the first of each split count
+    k, v = kc[:, :, :S0], vc[:, :, :S0, :Dv]
+    hits = fastpath.stats()["hits"]
+    if D != 576:
+        mask = torch.rand(B, 1, Sq, S0, device="cuda") > 0.2
+        assert_close(attn_lt.attention(q, k, v, attn_mask=mask), q, k, v, attn_mask=mask)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        o = attn_lt.attention(q, k, v, out_layout="bshd")
+    side.synchronize()
+    assert_close(o.transpose(1, 2), q, k, v)
+    g = torch.cuda.CUDAGraph()
+    static = torch.cuda.Stream()
+    static.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(static):
+        attn_lt.attention(q, k, v, out_layout="bshd")  # remembered on this stream, then captured there
+        with torch.cuda.graph(g, stream=static):
+            og = attn_lt.attention(q, k, v, out_layout="bshd")
+    torch.cuda.current_stream().wait_stream(static)
+    q.copy_(torch.randn_like(q))
+    g.replay()
+    torch.cuda.synchronize()
+    assert_close(og.transpose(1, 2), q, k, v)
+    assert fastpath.stats()["hits"] == hits  # none of these took the fast path

@@ -8,7 +8,9 @@ dim 128, intermediate 14336, vocabulary 32000), a random prompt of ``--prompt`` 
 * ``attn_lt``: ``attn_lt.integrations.transformers.register()``, a **fresh, empty algorithm cache**
   (``ATTN_LT_CACHE_DIR`` a new temporary directory) and the policy ``--algo-policy`` (default ``tune``);
 * ``sdpa``: transformers' ``sdpa`` with PyTorch's default backend choice (cuDNN on Hopper);
-* ``sdpa-nocudnn``: the same after ``torch.backends.cuda.enable_cudnn_sdp(False)``.
+* ``sdpa-nocudnn``: the same after ``torch.backends.cuda.enable_cudnn_sdp(False)``;
+* ``attn_lt-py``: attn_lt with its compiled fast path off (``attn_lt.fastpath``): every call takes the Python
+  path (an A/B of the fast path; not in the default list).
 
 Each process first warms torch, cuBLAS and transformers up with a short ``sdpa`` generate (never attn_lt, whose
 cache stays cold), then runs ``generate()`` ``--repeat`` times (run 1 ``cold``, later ones ``warm``). A
@@ -52,7 +54,18 @@ import time
 TOOLS = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TOOLS)
 sys.path.insert(0, REPO)
-PROVIDERS = ("attn_lt", "sdpa", "sdpa-nocudnn")
+PROVIDERS = ("attn_lt", "sdpa", "sdpa-nocudnn", "attn_lt-py")
+
+
+def is_attn_lt(provider: str) -> bool:
+    """attn_lt, or attn_lt-py: attn_lt with its compiled fast path off (attn_lt.fastpath), every call in Python."""
+    return provider.startswith("attn_lt")
+
+
+def use_fastpath(provider: str) -> None:
+    """The fast path on for attn_lt, off for attn_lt-py (where attn_lt is imported)."""
+    if "attn_lt.fastpath" in sys.modules:
+        sys.modules["attn_lt.fastpath"].set_enabled(provider != "attn_lt-py")
 
 
 # ---- the worker: one provider, one prompt length, its own process ----------------------------------------------
@@ -135,10 +148,11 @@ def per_token_dispatch(providers: list[str], host_us: dict):
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
     fns = {p: sdpa_attention_forward for p in providers}
-    if "attn_lt" in providers:
+    if any(map(is_attn_lt, providers)):
         import attn_lt.integrations.transformers as attn_lt_hf
 
-        fns["attn_lt"] = attn_lt_hf.make_attention_forward()
+        for p in filter(is_attn_lt, providers):
+            fns[p] = attn_lt_hf.make_attention_forward()
     current = [fns[providers[0]], host_us[providers[0]]]
 
     def forward(*args, **kwargs):
@@ -152,6 +166,7 @@ def per_token_dispatch(providers: list[str], host_us: dict):
 
     def make_current(provider: str) -> None:
         torch.backends.cuda.enable_cudnn_sdp(provider != "sdpa-nocudnn")
+        use_fastpath(provider)
         current[0], current[1] = fns[provider], host_us[provider]
 
     return make_current
@@ -232,7 +247,7 @@ def worker(a) -> int:
         use(model, "sdpa")
         with torch.no_grad():
             model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, min_new_tokens=4, **kw)
-        if "attn_lt" in providers:
+        if any(map(is_attn_lt, providers)):
             import attn_lt.integrations.transformers as attn_lt_hf
 
             attn_lt_hf.register()
@@ -242,7 +257,8 @@ def worker(a) -> int:
 
         def switch(provider: str) -> None:
             torch.backends.cuda.enable_cudnn_sdp(provider != "sdpa-nocudnn")
-            use(model, "attn_lt" if provider == "attn_lt" else "sdpa")
+            use_fastpath(provider)
+            use(model, "attn_lt" if is_attn_lt(provider) else "sdpa")
 
         class Clock(transformers.LogitsProcessor):
             """Stamps the time after every forward (synchronised); saves a partial row every few seconds, so
@@ -339,7 +355,7 @@ def worker(a) -> int:
                 switch(provider)
                 res["profile"][provider] = profile_generate(model, ids, a.profile, kw,
                                                             f"{a.result}.{provider}.profile.txt")
-        if "attn_lt" in providers and res.get("algo_cache_dir"):
+        if any(map(is_attn_lt, providers)) and res.get("algo_cache_dir"):
             d = res["algo_cache_dir"]
             res["algo_cache_files"] = {f: os.path.getsize(os.path.join(d, f)) for f in sorted(os.listdir(d))}
     except torch.cuda.OutOfMemoryError as e:
@@ -495,7 +511,7 @@ def per_token_table(rows: list[dict]) -> str:
             continue
         done.add(r["prompt"])
         med = {p: statistics.median(v) for p, v in pt.items() if v}
-        best = min((m for p, m in med.items() if p != "attn_lt"), default=None)
+        best = min((m for p, m in med.items() if not is_attn_lt(p)), default=None)
         for p, v in pt.items():
             if not v:
                 continue
@@ -539,7 +555,7 @@ def parent(a, argv) -> int:
                  "cache", "seed", "device", "profile", "per_token")]
             env = dict(os.environ)
             tmp = None
-            if p in ("attn_lt", "interleaved") and "attn_lt" in a.providers:
+            if (is_attn_lt(p) or p == "interleaved") and any(map(is_attn_lt, a.providers)):
                 tmp = tempfile.mkdtemp(prefix="attn-lt-cold-cache-")
                 env["ATTN_LT_CACHE_DIR"] = tmp  # a cold algorithm cache
                 env["ATTN_LT_ALGO_POLICY"] = a.algo_policy
@@ -604,7 +620,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--intermediate", type=int, default=14336)
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--providers", default=",".join(PROVIDERS), help="comma separated: " + ", ".join(PROVIDERS))
+    ap.add_argument("--providers", default=",".join(PROVIDERS[:3]),
+                    help="comma separated: " + ", ".join(PROVIDERS) + f" (default {','.join(PROVIDERS[:3])})")
     ap.add_argument("--repeat", type=int, default=2, help="generate() calls per process: 1 cold, then warm")
     ap.add_argument("--interleave", type=int, default=0, metavar="ROUNDS",
                     help="one process, ROUNDS rounds of every provider in turn (the host's slow spells fall on all "

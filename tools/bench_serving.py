@@ -10,7 +10,8 @@
 3. **host cost**: microseconds to issue one cached call (decode B8 Hq32 Hkv8 Sk 4k and 16k) through
    ``attention()``, ``plan.run`` and SDPA's default (their batches interleaved, so that a drifting host touches
    them alike), and a decode step's call (one key longer than the last, its plan derived) through ``attention()``,
-   GPU work queued behind a long kernel so that the host alone is timed.
+   GPU work queued behind a long kernel so that the host alone is timed; ``attention()`` also with its compiled
+   fast path off (``python path``, attn_lt.fastpath).
 4. **graph replay**: the decode call captured in a CUDA graph and replayed.
 
     python tools/bench_serving.py [--steps 1000] [--prefill-calls 6] [--out DIR] [--quick] [--host-only]
@@ -119,6 +120,19 @@ def prefill_calls(calls: int, provider: str, S: int = 32768):
             "worst_after_first_over_steady": round(max(times[1:]) / steady, 3) if len(times) > 1 else None}
 
 
+def python_path(fn, *args):
+    """``fn(*args)`` with attn_lt's compiled fast path off (attn_lt.fastpath): the Python path's host cost, plus
+    two switches (~0.2 µs)."""
+    from attn_lt import fastpath
+
+    on = fastpath.call is not None
+    fastpath.set_enabled(False)
+    try:
+        return fn(*args)
+    finally:
+        fastpath.set_enabled(on)
+
+
 def host_costs():
     """Host µs of a cached decode call (B8 Hq32 Hkv8, Sk 4k and 16k): ``attention()`` and ``plan.run`` on the
     path ``auto`` takes and on the long path, beside SDPA's default."""
@@ -139,6 +153,7 @@ def host_costs():
             row[f"{backend}_route"] = p.backend
             fns[f"attention_{backend}_us"] = lambda backend=backend: attn_lt.attention(q, k, v, backend=backend)
             fns[f"plan_run_{backend}_us"] = lambda p=p: p.run(q, k, v)
+        fns["attention_auto_python_us"] = lambda: python_path(attn_lt.attention, q, k, v)
         fns["sdpa_default_us"] = lambda: sdpa_call(q, k, v)
         row.update(host_us_each(fns))  # side by side: the lent hosts' speed drifts within a run
         # a decode step: each call one key longer than the last (views of one cache), its plan derived
@@ -146,6 +161,8 @@ def host_costs():
         attn_lt.attention(q, kc[:, :, :Sk], vc[:, :, :Sk])
         views = iter([(kc[:, :, :n], vc[:, :, :n]) for n in range(Sk + 1, Sk + 512)])
         row["attention_step_us"] = host_us(lambda: attn_lt.attention(q, *next(views)))
+        views = iter([(kc[:, :, :n], vc[:, :, :n]) for n in range(Sk + 1, Sk + 512)])
+        row["attention_step_python_us"] = host_us(lambda: python_path(attn_lt.attention, q, *next(views)))
         rows.append(row)
     return rows
 
@@ -222,7 +239,8 @@ def main(argv=None) -> int:
               f"worst-after-first/steady {r['worst_after_first_over_steady']}")
     for r in res["host"]:
         print(f"host us/call Sk={r['Sk']:<6} auto ({r['auto_route']}): attention {r['attention_auto_us']:>6} "
-              f"(a step one key longer {r['attention_step_us']:>6}) "
+              f"(python path {r['attention_auto_python_us']:>6}; a step one key longer {r['attention_step_us']:>6}, "
+              f"python path {r['attention_step_python_us']:>6}) "
               f"plan.run {r['plan_run_auto_us']:>6} | lt: attention {r['attention_lt_us']:>6} plan.run "
               f"{r['plan_run_lt_us']:>6} | sdpa default {r['sdpa_default_us']:>6}")
     if res["graph"] is not None:

@@ -1,0 +1,129 @@
+"""The compiled fast path of :func:`attn_lt.attention`: a cached fused call checked and launched in C++.
+
+A decode loop calls ``attention()`` once a layer and a step with tensors of one family (all but the key length and
+the K/V strides fixed) and the same options; the family's last fused plan runs each of those calls. In Python that
+takes ~80 k instructions a call (the signature, the plan lookup, the output, the launch arguments); the extension
+``native/fastpath.cpp`` does it in a few hundred nanoseconds. ``attention()`` offers every call to :data:`call`
+first, which returns the output or None (not a remembered family, options or environment; a mask, ``out=``, the
+LSE or the key mass asked for; grad; another stream or device; a graph capture), and remembers a fused plan here
+after it ran one. Whatever the fast path declines takes the Python path, which also raises every error.
+
+The extension is built by ``make native`` for the torch and the Python it runs with (a file of its own for each:
+:func:`extension_path`), and carries the hash of its sources; without a matching build, :data:`call` is None and
+nothing changes but the host time. ``ATTN_LT_FASTPATH=0`` (or :func:`set_enabled`) turns it off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import logging
+import sys
+from pathlib import Path
+
+import torch
+
+from . import config
+
+log = logging.getLogger("attn_lt")
+
+_PKG = Path(__file__).resolve().parent
+#: The extension's sources, in the order their hash is taken (native/build_fastpath.py embeds it).
+SOURCES = (_PKG.parent / "native" / "attn_lt.h", _PKG.parent / "native" / "fastpath.cpp")
+
+#: The extension's ``call`` while it is loaded and enabled, else None: ``call(q, k, v, attn_mask, causal, scale,
+#: backend, return_lse, out, workspace_bytes, threshold, algo_policy, return_key_mass, key_mass_window, out_layout)``
+#: returns attention()'s output or None.
+call = None
+_ext = None
+_why = "not loaded"
+
+
+def extension_path() -> Path:
+    """Where ``make native`` puts the extension for this Python and this torch (C++ extensions bind to both)."""
+    tag = f"{sys.implementation.cache_tag}-torch{torch.__version__}"
+    return _PKG / "_native" / f"_fastpath-{tag}.so"
+
+
+def source_hash() -> str | None:
+    """sha256 of :data:`SOURCES` concatenated (None outside a source checkout)."""
+    if not all(p.is_file() for p in SOURCES):
+        return None
+    h = hashlib.sha256()
+    for p in SOURCES:
+        h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _load():
+    path = extension_path()
+    if not path.is_file():
+        return None, f"not built for this torch and Python ({path.name}): `make native` builds it"
+    try:
+        spec = importlib.util.spec_from_file_location(
+            "attn_lt._fastpath", path, loader=importlib.machinery.ExtensionFileLoader("attn_lt._fastpath", str(path)))
+        ext = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(ext)
+    except (ImportError, OSError) as e:
+        return None, f"cannot load {path.name}: {e}; `make native` rebuilds it"
+    expected = source_hash()
+    if expected is not None and ext.SOURCE_HASH != expected:
+        return None, f"{path.name} is stale (built from sources {ext.SOURCE_HASH}, now {expected}): `make native`"
+    return ext, None
+
+
+def setup(current_device, raw_stream, capturing, env_vars: tuple[str, ...]) -> None:
+    """Load the extension and enable it unless ``ATTN_LT_FASTPATH=0``. ``current_device()``, ``raw_stream(device)``
+    and ``capturing()`` are the calls attention()'s Python path asks (the current CUDA device, its current stream as
+    an int, whether that stream captures a graph); ``env_vars`` the environment variables its plans depend on."""
+    global _ext, _why
+    source = config.env_source(env_vars)
+    if source is None:  # pragma: no cover - other Pythons
+        _ext, _why = None, "this Python keeps os.environ in no dict"
+    else:
+        _ext, _why = _load()
+    if _ext is not None:
+        _ext.configure(current_device, raw_stream, capturing, *source)
+        log.debug("fast path loaded: %s", extension_path().name)
+    else:
+        log.debug("fast path off: %s", _why)
+    set_enabled(config.env("ATTN_LT_FASTPATH", "1").strip() != "0")
+
+
+def set_enabled(on: bool) -> bool:
+    """Turn the fast path on or off (on only where it is loaded); returns whether it is on now. What it
+    remembered stays (it stays valid: whatever moves the plans or their scratch clears it)."""
+    global call
+    call = _ext.call if (on and _ext is not None) else None
+    return call is not None
+
+
+def remember(q, k, v, options: tuple, env: tuple, keys: tuple[int, float], out_shape: tuple, args: bytes,
+             launcher: int, lse_part_offset: int, stream: int, workspace: int, lse: int) -> None:
+    """Run later calls of q, k, v's family with ``options`` (causal, scale, backend, workspace_bytes, threshold,
+    algo_policy, key_mass_window, out_layout) under the environment snapshot ``env``, whose key length lies in
+    ``keys`` (lo, hi), through this launch: the argument struct's bytes, the launcher's address, the LSE partials'
+    offset in the workspace, the stream and the scratch addresses (workspace, LSE) that serve it."""
+    if call is not None:
+        _ext.remember(q, k, v, options, env, keys[0], float(keys[1]), out_shape, args, launcher, lse_part_offset,
+                      stream, workspace, lse)
+
+
+def clear() -> None:
+    """Forget every remembered launch (the plans were cleared, or the scratch they write moved)."""
+    if _ext is not None:
+        _ext.clear()
+
+
+def stats() -> dict:
+    """``{"on": bool, "entries": families remembered, "hits": calls it ran}``."""
+    entries, hits = _ext.stats() if _ext is not None else (0, 0)
+    return {"on": call is not None, "entries": entries, "hits": hits}
+
+
+def status() -> str:
+    """One line for ``attn-lt info``."""
+    if call is not None:
+        return f"on ({extension_path().name})"
+    return "off (ATTN_LT_FASTPATH=0)" if _ext is not None else f"off: {_why}"

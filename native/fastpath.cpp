@@ -1,0 +1,333 @@
+// attn_lt._fastpath: the cached fused call of attn_lt.attention() in C++ (a CPython extension over PyTorch's C++
+// tensors, built by `make native` against the installed torch with native/build_fastpath.py; attn_lt/fastpath.py
+// loads it).
+//
+// A decode loop calls attention() with tensors of one family (shapes, strides, dtypes, device, alignment: all but
+// the key length and the K/V strides) and the same options, and the family's last fused plan runs every call whose
+// key length it covers. Python checks that in ~80 k instructions a call (the signature, the plan lookup, the
+// output, the argument struct); here it is a few hundred nanoseconds. attn_lt/api.py remembers a fused plan here
+// after running it (`remember`: the tensors of that call, the options, the plan's key range, launch arguments,
+// stream and scratch addresses); `call` runs a later call whose family, options, environment, stream and device are
+// those of a remembered plan, and returns None for anything else, which then takes the Python path (which also
+// words every error: nothing is raised here).
+//
+// What a call must match is the rule of attn_lt/api.py (call_signature, AttentionPlan.runs_keys_of and _reads);
+// tests/test_fastpath.py checks that both agree.
+#include <Python.h>
+
+#include <ATen/ops/empty.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "attn_lt.h"
+
+namespace {
+
+using Launch = int (*)(const attn_lt_flash_args*, void*);
+
+constexpr size_t kEntries = 8;       // families remembered (most recent first)
+constexpr Py_ssize_t kOptions = 8;  // causal, scale, backend, workspace_bytes, threshold, algo_policy,
+                                    // key_mass_window, out_layout (attention()'s arguments a plan depends on)
+
+// The call's tensors as the family sees them (what api.call_signature's family holds, with no mask and out=None).
+struct Family {
+    std::array<int64_t, 4> q_sizes{}, q_strides{};
+    std::array<int64_t, 3> k_sizes{}, v_sizes{};  // batch, heads, head dim (not the key length)
+    c10::ScalarType q_dtype{}, k_dtype{}, v_dtype{};
+    int device = -1, k_device = -1, v_device = -1;  // -1: CPU
+    int64_t align = 256;  // the lowest set bit of q | k | v's addresses, at most 256
+    bool v_in_k = false;  // v starts at k's address (an MLA latent cache)
+
+    bool operator==(const Family& o) const {
+        return q_sizes == o.q_sizes && q_strides == o.q_strides && k_sizes == o.k_sizes && v_sizes == o.v_sizes &&
+               q_dtype == o.q_dtype && k_dtype == o.k_dtype && v_dtype == o.v_dtype && device == o.device &&
+               k_device == o.k_device && v_device == o.v_device && align == o.align && v_in_k == o.v_in_k;
+    }
+};
+
+Family family_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+    Family f;
+    for (int i = 0; i < 4; ++i) {
+        f.q_sizes[i] = q.size(i);
+        f.q_strides[i] = q.stride(i);
+    }
+    const int other[3] = {0, 1, 3};
+    for (int i = 0; i < 3; ++i) {
+        f.k_sizes[i] = k.size(other[i]);
+        f.v_sizes[i] = v.size(other[i]);
+    }
+    f.q_dtype = q.scalar_type();
+    f.k_dtype = k.scalar_type();
+    f.v_dtype = v.scalar_type();
+    f.device = q.get_device();
+    f.k_device = k.get_device();
+    f.v_device = v.get_device();
+    const auto kp = reinterpret_cast<uintptr_t>(k.data_ptr()), vp = reinterpret_cast<uintptr_t>(v.data_ptr());
+    const uintptr_t bits = reinterpret_cast<uintptr_t>(q.data_ptr()) | kp | vp;
+    f.align = bits ? std::min<int64_t>(256, int64_t(bits & (~bits + 1))) : 256;
+    f.v_in_k = kp == vp;
+    return f;
+}
+
+// AttentionPlan._reads: the fused kernels read K/V of these strides as the plan's family (positive multiples of 8
+// elements, the last 1; v at k's address only with k's strides).
+bool reads(const at::Tensor& k, const at::Tensor& v, bool v_in_k) {
+    const auto ks = k.strides(), vs = v.strides();
+    if (ks[3] != 1 || vs[3] != 1) return false;
+    for (int i = 0; i < 3; ++i)
+        if (ks[i] <= 0 || vs[i] <= 0 || ks[i] % 8 || vs[i] % 8) return false;
+    return !v_in_k || ks.equals(vs);
+}
+
+struct Entry {
+    Family family;
+    PyObject* options = nullptr;  // a tuple of kOptions objects (owned)
+    PyObject* env = nullptr;      // the environment snapshot, a tuple (owned)
+    int64_t sk_lo = 1, sk_hi = 0;
+    std::array<int64_t, 4> out_sizes{};
+    attn_lt_flash_args args{};
+    Launch launch = nullptr;
+    long long stream = 0;
+    uintptr_t workspace = 0, lse = 0;
+    int64_t lse_part_offset = 0;
+};
+
+std::vector<Entry> entries;  // most recent first; guarded by the GIL (nothing here releases it)
+PyObject* current_device = nullptr;  // () -> int: the current CUDA device
+PyObject* raw_stream = nullptr;      // (device) -> int: its current stream
+PyObject* capturing = nullptr;       // () -> bool: whether that stream captures a CUDA graph
+PyObject* environ = nullptr;         // os.environ's dict of encoded names and values
+PyObject* env_keys = nullptr;        // the encoded names of the variables a plan depends on (a tuple)
+long long hits = 0;
+
+void drop(Entry& e) {
+    Py_CLEAR(e.options);
+    Py_CLEAR(e.env);
+}
+
+void clear_entries() {
+    for (auto& e : entries) drop(e);
+    entries.clear();
+}
+
+// Equal as Python objects: the same object (the usual case: interned strings, None, a layer's scaling) or ==.
+bool same(PyObject* a, PyObject* b) {
+    if (a == b) return true;
+    const int r = PyObject_RichCompareBool(a, b, Py_EQ);
+    if (r < 0) PyErr_Clear();
+    return r == 1;
+}
+
+// Whether the environment's variables still hold the entry's snapshot.
+bool env_holds(PyObject* snapshot) {
+    const Py_ssize_t n = PyTuple_GET_SIZE(env_keys);
+    if (PyTuple_GET_SIZE(snapshot) != n) return false;
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        PyObject* now = PyDict_GetItemWithError(environ, PyTuple_GET_ITEM(env_keys, i));  // borrowed
+        if (now == nullptr && PyErr_Occurred()) {
+            PyErr_Clear();
+            return false;
+        }
+        PyObject* then = PyTuple_GET_ITEM(snapshot, i);
+        if (!same(now == nullptr ? Py_None : now, then)) return false;
+    }
+    return true;
+}
+
+bool tensor_arg(PyObject* o) { return THPVariable_CheckExact(o); }
+
+long long call_long(PyObject* fn, PyObject* arg) {
+    PyObject* r = arg == nullptr ? PyObject_CallNoArgs(fn) : PyObject_CallOneArg(fn, arg);
+    if (r == nullptr) {
+        PyErr_Clear();
+        return -1;
+    }
+    const long long v = PyLong_AsLongLong(r);  // True/False are ints
+    Py_DECREF(r);
+    if (v == -1 && PyErr_Occurred()) PyErr_Clear();
+    return v;
+}
+
+// configure(current_device, raw_stream, capturing, environ, env_keys): where the stream, the device and the
+// environment come from (PyTorch's calls, os.environ's dict); clears the entries.
+PyObject* configure(PyObject*, PyObject* const* args, Py_ssize_t n) {
+    if (n != 5 || !PyDict_Check(args[3]) || !PyTuple_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "configure(current_device, raw_stream, capturing, environ: dict, env_keys: tuple)");
+        return nullptr;
+    }
+    clear_entries();
+    PyObject** slots[5] = {&current_device, &raw_stream, &capturing, &environ, &env_keys};
+    for (int i = 0; i < 5; ++i) {
+        Py_INCREF(args[i]);
+        Py_XSETREF(*slots[i], args[i]);
+    }
+    Py_RETURN_NONE;
+}
+
+// remember(q, k, v, options, env, sk_lo, sk_hi, out_sizes, args, launch, lse_part_offset, stream, workspace, lse):
+// run later calls of this family (q, k, v's), options and environment with these launch arguments (bytes of an
+// attn_lt_flash_args) through `launch` (a launcher's address) on `stream`, while the key length stays within
+// [sk_lo, sk_hi] and the K/V strides are ones the kernel reads. Replaces the entry of the same family and options.
+PyObject* remember(PyObject*, PyObject* const* a, Py_ssize_t n) {
+    if (n != 14 || !tensor_arg(a[0]) || !tensor_arg(a[1]) || !tensor_arg(a[2]) || !PyTuple_Check(a[3]) ||
+        PyTuple_GET_SIZE(a[3]) != kOptions || !PyTuple_Check(a[4]) || !PyTuple_Check(a[7]) ||
+        PyTuple_GET_SIZE(a[7]) != 4 || !PyBytes_Check(a[8]) ||
+        PyBytes_GET_SIZE(a[8]) != Py_ssize_t(sizeof(attn_lt_flash_args))) {
+        PyErr_Format(PyExc_TypeError,
+                     "remember(q, k, v, options: tuple of %zd, env: tuple, sk_lo, sk_hi, out_sizes: 4-tuple, args: "
+                     "bytes of %zu, launch, lse_part_offset, stream, workspace, lse)",
+                     kOptions, sizeof(attn_lt_flash_args));
+        return nullptr;
+    }
+    const auto& q = THPVariable_Unpack(a[0]);
+    const auto& k = THPVariable_Unpack(a[1]);
+    const auto& v = THPVariable_Unpack(a[2]);
+    if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) {
+        PyErr_SetString(PyExc_ValueError, "remember: q, k and v must be 4-D");
+        return nullptr;
+    }
+    Entry e;
+    e.family = family_of(q, k, v);
+    e.sk_lo = PyLong_AsLongLong(a[5]);
+    const double hi = PyFloat_AsDouble(a[6]);  // math.inf for no upper bound
+    e.sk_hi = hi >= 9.2e18 ? INT64_MAX : int64_t(hi);
+    for (int i = 0; i < 4; ++i) e.out_sizes[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(a[7], i));
+    std::memcpy(&e.args, PyBytes_AS_STRING(a[8]), sizeof(attn_lt_flash_args));
+    e.launch = reinterpret_cast<Launch>(PyLong_AsVoidPtr(a[9]));
+    e.lse_part_offset = PyLong_AsLongLong(a[10]);
+    e.stream = PyLong_AsLongLong(a[11]);
+    e.workspace = reinterpret_cast<uintptr_t>(PyLong_AsVoidPtr(a[12]));
+    e.lse = reinterpret_cast<uintptr_t>(PyLong_AsVoidPtr(a[13]));
+    if (PyErr_Occurred()) return nullptr;
+    if (e.launch == nullptr) {
+        PyErr_SetString(PyExc_ValueError, "remember: launch is a null address");
+        return nullptr;
+    }
+    for (size_t i = 0; i < entries.size(); ++i) {
+        Entry& old = entries[i];
+        if (old.family == e.family && same(old.options, a[3]) && same(old.env, a[4])) {
+            drop(old);
+            entries.erase(entries.begin() + i);
+            break;
+        }
+    }
+    if (entries.size() == kEntries) {
+        drop(entries.back());
+        entries.pop_back();
+    }
+    Py_INCREF(a[3]);
+    Py_INCREF(a[4]);
+    e.options = a[3];
+    e.env = a[4];
+    entries.insert(entries.begin(), e);
+    Py_RETURN_NONE;
+}
+
+// call(q, k, v, attn_mask, causal, scale, backend, return_lse, out, workspace_bytes, threshold, algo_policy,
+//      return_key_mass, key_mass_window, out_layout): attention()'s arguments; the output of a remembered plan's
+// launch, or None (not a remembered family, options or environment; a mask, out=, the LSE or the key mass asked
+// for; grad; another stream or device; a graph capture; a failed allocation or launch).
+PyObject* call(PyObject*, PyObject* const* a, Py_ssize_t n) {
+    if (n != 15 || entries.empty() || a[3] != Py_None || a[8] != Py_None || PyObject_IsTrue(a[7]) != 0 ||
+        PyObject_IsTrue(a[12]) != 0 || !tensor_arg(a[0]) || !tensor_arg(a[1]) || !tensor_arg(a[2])) {
+        if (PyErr_Occurred()) PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    const auto& q = THPVariable_Unpack(a[0]);
+    const auto& k = THPVariable_Unpack(a[1]);
+    const auto& v = THPVariable_Unpack(a[2]);
+    if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) Py_RETURN_NONE;
+    const Family f = family_of(q, k, v);
+    const int64_t Sk = k.size(2);
+    PyObject* const opts[kOptions] = {a[4], a[5], a[6], a[9], a[10], a[11], a[13], a[14]};
+    Entry* hit = nullptr;
+    for (auto& e : entries) {
+        if (!(e.family == f)) continue;
+        bool same_options = true;
+        for (Py_ssize_t i = 0; i < kOptions && same_options; ++i)
+            same_options = same(PyTuple_GET_ITEM(e.options, i), opts[i]);
+        if (same_options) {
+            hit = &e;
+            break;
+        }
+    }
+    if (hit == nullptr || Sk < hit->sk_lo || Sk > hit->sk_hi || v.size(2) != Sk || !reads(k, v, f.v_in_k) ||
+        !env_holds(hit->env))
+        Py_RETURN_NONE;
+    if (c10::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad()))
+        Py_RETURN_NONE;  // the Python path raises NotImplementedError
+    if (f.device >= 0) {
+        if (call_long(current_device, nullptr) != f.device || call_long(capturing, nullptr) != 0) Py_RETURN_NONE;
+        PyObject* dev = PyLong_FromLong(f.device);
+        const long long stream = dev == nullptr ? -1 : call_long(raw_stream, dev);
+        Py_XDECREF(dev);
+        if (stream != hit->stream) Py_RETURN_NONE;
+    }
+    at::Tensor out;
+    try {
+        out = at::empty(hit->out_sizes, q.options());
+    } catch (const std::exception&) {
+        Py_RETURN_NONE;  // the Python path allocates again and reports
+    }
+    attn_lt_flash_args args = hit->args;
+    args.q = q.data_ptr();
+    args.k = k.data_ptr();
+    args.v = v.data_ptr();
+    args.o = out.data_ptr();
+    args.lse = reinterpret_cast<float*>(hit->lse);
+    args.mask = nullptr;
+    args.o_part = reinterpret_cast<float*>(hit->workspace);
+    args.lse_part = reinterpret_cast<float*>(hit->workspace + hit->lse_part_offset);
+    args.Sk = Sk;
+    args.k_sb = k.stride(0), args.k_sh = k.stride(1), args.k_ss = k.stride(2);
+    args.v_sb = v.stride(0), args.v_sh = v.stride(1), args.v_ss = v.stride(2);
+    if (hit->launch(&args, reinterpret_cast<void*>(hit->stream)) != 0) {
+        // the Python path launches again and raises attn_lt.native.CudaError naming the failure
+        drop(*hit);
+        entries.erase(entries.begin() + (hit - entries.data()));
+        Py_RETURN_NONE;
+    }
+    ++hits;
+    return THPVariable_Wrap(std::move(out));
+}
+
+PyObject* clear(PyObject*, PyObject*) {
+    clear_entries();
+    Py_RETURN_NONE;
+}
+
+// stats() -> (entries, hits)
+PyObject* stats(PyObject*, PyObject*) { return Py_BuildValue("(nL)", Py_ssize_t(entries.size()), hits); }
+
+PyMethodDef methods[] = {
+    {"configure", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(configure)), METH_FASTCALL,
+     "configure(current_device, raw_stream, capturing, environ, env_keys)"},
+    {"remember", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(remember)), METH_FASTCALL,
+     "remember a fused plan's launch for its family (see native/fastpath.cpp)"},
+    {"call", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(call)), METH_FASTCALL,
+     "attention()'s call through a remembered plan, or None"},
+    {"clear", clear, METH_NOARGS, "forget every remembered plan"},
+    {"stats", stats, METH_NOARGS, "(entries, hits)"},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastpath", "attn_lt's cached fused call in C++", -1, methods};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__fastpath() {
+    PyObject* m = PyModule_Create(&module);
+    if (m == nullptr) return nullptr;
+    if (PyModule_AddIntConstant(m, "ARGS_BYTES", long(sizeof(attn_lt_flash_args))) < 0 ||
+        PyModule_AddStringConstant(m, "SOURCE_HASH", ATTN_LT_FASTPATH_HASH) < 0) {
+        Py_DECREF(m);
+        return nullptr;
+    }
+    return m;
+}
