@@ -178,6 +178,7 @@ class AttentionPlan:
         self._unworded = None  # the decision of the plans derived from this one, without its reason
         self._program = None
         self._scratch_views = None
+        self._fast = None  # run()'s handle in the compiled fast path (attn_lt.fastpath.bind), once bound
         self._lock = threading.Lock()
 
     @property
@@ -302,7 +303,7 @@ class AttentionPlan:
         # a copy of this plan's attributes (the lock too: it guards only a first run's preparation)
         p = object.__new__(AttentionPlan)
         p.__dict__.update(self.__dict__, case=case, _decision=decision, signature=signature, fused=fused,
-                          derived=True, _route=r, _keys=None)
+                          derived=True, _route=r, _keys=None, _fast=None)
         if self._program is not None:  # else the new plan prepares its own on its first run
             p._program = self._program.with_keys(case, fused)
         if fused.workspace_bytes != self.fused.workspace_bytes:
@@ -318,6 +319,12 @@ class AttentionPlan:
 
         ``out``: optional contiguous output of q's dtype. ``workspace``: optional uint8 CUDA tensor of at least
         :attr:`workspace_bytes` bytes (else one is taken from PyTorch's caching allocator)."""
+        fast = self._fast
+        if fast is not None and fastpath.run is not None and attn_mask is None and out is None and not return_lse \
+                and workspace is None:  # the call bound last time, launched in C++; else None
+            res = fastpath.run(fast, q, k, v)
+            if res is not None:
+                return res
         if self.signature is None:
             raise RuntimeError("this plan was made from shapes without tensors (explain only); make one from "
                                "CUDA tensors with attn_lt.plan(q, k, v, ...) to run it")
@@ -329,19 +336,32 @@ class AttentionPlan:
                              f"{tuple(q.stride())}, k {tuple(k.shape)} {tuple(k.stride())}, v {tuple(v.shape)} "
                              f"{tuple(v.stride())}{mask} (shapes, strides, dtypes, device and alignment must match "
                              "the plan's)")
-        return self._execute(q, k, v, attn_mask, out, return_lse, workspace, sig)
+        res = self._execute(q, k, v, attn_mask, out, return_lse, workspace, sig)
+        if fastpath.run is not None and attn_mask is None and out is None and not return_lse and workspace is None:
+            launch = self._fast_launch()
+            if launch is not None:  # later runs of these tensors' layout take the compiled fast path
+                self._fast = fastpath.bind(q, k, v, *launch)
+        return res
+
+    def _fast_launch(self) -> tuple | None:
+        """The launch the compiled fast path repeats for this plan (attn_lt.fastpath: output shape, arguments,
+        launcher, LSE partials' offset, stream, scratch addresses) after a run on the current stream; None where it
+        cannot: not a fused plan without a mask, another device current, a graph capture."""
+        device = self.device.index
+        if not self._steps() or device != _current_device() or _capturing():
+            return None
+        stream = _raw_stream(device)
+        ws_ptr, lse_ptr = self._scratch(self.device, stream, False)[2:]
+        return (self._out_shape, *self._program.fast_launch(), stream, ws_ptr, lse_ptr)
 
     def _remember_fast(self, q, k, v, options: tuple, backend: str, threshold) -> None:
         """After attention() ran this plan on q, k, v (no mask, no ``out``, no LSE) with ``options`` (its plan
         cache's): let the compiled fast path run the later calls of this family and options that this plan runs as
-        it is (see :meth:`runs_keys_of`), on the current stream — a fused plan, outside a graph capture."""
-        device = self.device.index
-        if not self._steps() or device != _current_device() or _capturing():
-            return
-        stream = _raw_stream(device)
-        ws_ptr, lse_ptr = self._scratch(self.device, stream, False)[2:]
-        fastpath.remember(q, k, v, options[:6] + options[7:9], options[9], self._keys_covered(backend, threshold),
-                          self._out_shape, *self._program.fast_launch(), stream, ws_ptr, lse_ptr)
+        it is (see :meth:`runs_keys_of`)."""
+        launch = self._fast_launch()
+        if launch is not None:
+            fastpath.remember(q, k, v, options[:6] + options[7:9], options[9], self._keys_covered(backend, threshold),
+                              *launch)
 
     def _scratch(self, device: torch.device, stream: int, capturing: bool) -> tuple:
         """(workspace, LSE scratch, their addresses): views of the stream's shared scratch buffer (see

@@ -6,7 +6,8 @@ takes ~80 k instructions a call (the signature, the plan lookup, the output, the
 ``native/fastpath.cpp`` does it in a few hundred nanoseconds. ``attention()`` offers every call to :data:`call`
 first, which returns the output or None (not a remembered family, options or environment; a mask, ``out=``, the
 LSE or the key mass asked for; grad; another stream or device; a graph capture), and remembers a fused plan here
-after it ran one. Whatever the fast path declines takes the Python path, which also raises every error.
+after it ran one. ``AttentionPlan.run`` does the same with a handle of its own (:func:`bind`, :data:`run`).
+Whatever the fast path declines takes the Python path, which also raises every error.
 
 The extension is built by ``make native`` for the torch and the Python it runs with (a file of its own for each:
 :func:`extension_path`), and carries the hash of its sources; without a matching build, :data:`call` is None and
@@ -36,6 +37,9 @@ SOURCES = (_PKG.parent / "native" / "attn_lt.h", _PKG.parent / "native" / "fastp
 #: backend, return_lse, out, workspace_bytes, threshold, algo_policy, return_key_mass, key_mass_window, out_layout)``
 #: returns attention()'s output or None.
 call = None
+#: The extension's ``run`` while it is on, else None: ``run(handle, q, k, v)`` returns the output of the plan that
+#: :func:`bind` made ``handle`` for, or None.
+run = None
 _ext = None
 _why = "not loaded"
 
@@ -94,9 +98,10 @@ def setup(current_device, raw_stream, capturing, env_vars: tuple[str, ...]) -> N
 def set_enabled(on: bool) -> bool:
     """Turn the fast path on or off (on only where it is loaded); returns whether it is on now. What it
     remembered stays (it stays valid: whatever moves the plans or their scratch clears it)."""
-    global call
-    call = _ext.call if (on and _ext is not None) else None
-    return call is not None
+    global call, run
+    on = on and _ext is not None
+    call, run = (_ext.call, _ext.run) if on else (None, None)
+    return on
 
 
 def remember(q, k, v, options: tuple, env: tuple, keys: tuple[int, float], out_shape: tuple, args: bytes,
@@ -110,8 +115,18 @@ def remember(q, k, v, options: tuple, env: tuple, keys: tuple[int, float], out_s
                       stream, workspace, lse)
 
 
+def bind(q, k, v, out_shape: tuple, args: bytes, launcher: int, lse_part_offset: int, stream: int, workspace: int,
+         lse: int):
+    """A handle for :data:`run` that launches exactly q, k, v's family, key length and K/V strides (one plan's
+    ``run``) through this launch (as in :func:`remember`), valid until :func:`clear`; None while off."""
+    if run is None:
+        return None
+    return _ext.bind(q, k, v, out_shape, args, launcher, lse_part_offset, stream, workspace, lse)
+
+
 def clear() -> None:
-    """Forget every remembered launch (the plans were cleared, or the scratch they write moved)."""
+    """Forget every remembered launch and invalidate every handle (the plans were cleared, or the scratch they write
+    moved)."""
     if _ext is not None:
         _ext.clear()
 

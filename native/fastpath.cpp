@@ -9,7 +9,8 @@
 // after running it (`remember`: the tensors of that call, the options, the plan's key range, launch arguments,
 // stream and scratch addresses); `call` runs a later call whose family, options, environment, stream and device are
 // those of a remembered plan, and returns None for anything else, which then takes the Python path (which also
-// words every error: nothing is raised here).
+// words every error: nothing is raised here). AttentionPlan.run does the same through a handle of its own (`bind`,
+// `run`: exactly the plan's tensors' family, key length and K/V strides).
 //
 // What a call must match is the rule of attn_lt/api.py (call_signature, AttentionPlan.runs_keys_of and _reads);
 // tests/test_fastpath.py checks that both agree.
@@ -23,6 +24,7 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "attn_lt.h"
@@ -85,26 +87,44 @@ bool reads(const at::Tensor& k, const at::Tensor& v, bool v_in_k) {
     return !v_in_k || ks.equals(vs);
 }
 
+// What a launch needs beyond the call's tensors: the output's shape, the argument struct (its addresses, key length
+// and K/V strides set by each call), the launcher, the stream and the scratch that serve it.
+struct LaunchSpec {
+    std::array<int64_t, 4> out_sizes{};
+    attn_lt_flash_args args{};
+    Launch launch = nullptr;
+    int64_t lse_part_offset = 0;
+    long long stream = 0;
+    uintptr_t workspace = 0, lse = 0;
+};
+
+// attention()'s calls of one family and options (the family's last fused plan, over its key range).
 struct Entry {
     Family family;
     PyObject* options = nullptr;  // a tuple of kOptions objects (owned)
     PyObject* env = nullptr;      // the environment snapshot, a tuple (owned)
     int64_t sk_lo = 1, sk_hi = 0;
-    std::array<int64_t, 4> out_sizes{};
-    attn_lt_flash_args args{};
-    Launch launch = nullptr;
-    long long stream = 0;
-    uintptr_t workspace = 0, lse = 0;
-    int64_t lse_part_offset = 0;
+    LaunchSpec spec;
+};
+
+// One AttentionPlan's run(): its own tensors' family, key length and K/V strides exactly.
+struct Bound {
+    Family family;
+    int64_t Sk = 0;
+    std::array<int64_t, 4> k_strides{}, v_strides{};
+    LaunchSpec spec;
+    uint64_t generation = 0;  // valid while it is the module's (clear() moves on)
 };
 
 std::vector<Entry> entries;  // most recent first; guarded by the GIL (nothing here releases it)
+uint64_t generation = 1;     // of the scratch the launches write: clear() starts a new one
 PyObject* current_device = nullptr;  // () -> int: the current CUDA device
 PyObject* raw_stream = nullptr;      // (device) -> int: its current stream
 PyObject* capturing = nullptr;       // () -> bool: whether that stream captures a CUDA graph
 PyObject* environ = nullptr;         // os.environ's dict of encoded names and values
 PyObject* env_keys = nullptr;        // the encoded names of the variables a plan depends on (a tuple)
 long long hits = 0;
+constexpr const char* kBound = "attn_lt._fastpath.Bound";
 
 void drop(Entry& e) {
     Py_CLEAR(e.options);
@@ -114,6 +134,7 @@ void drop(Entry& e) {
 void clear_entries() {
     for (auto& e : entries) drop(e);
     entries.clear();
+    ++generation;
 }
 
 // Equal as Python objects: the same object (the usual case: interned strings, None, a layer's scaling) or ==.
@@ -154,6 +175,80 @@ long long call_long(PyObject* fn, PyObject* arg) {
     return v;
 }
 
+// The LaunchSpec of arguments (out_sizes, args, launch, lse_part_offset, stream, workspace, lse); false with a
+// TypeError set when they are not that.
+bool parse_spec(PyObject* const* a, LaunchSpec& s) {
+    if (!PyTuple_Check(a[0]) || PyTuple_GET_SIZE(a[0]) != 4 || !PyBytes_Check(a[1]) ||
+        PyBytes_GET_SIZE(a[1]) != Py_ssize_t(sizeof(attn_lt_flash_args))) {
+        PyErr_Format(PyExc_TypeError, "a launch is (out_sizes: 4-tuple, args: bytes of %zu, launch, lse_part_offset, "
+                     "stream, workspace, lse)", sizeof(attn_lt_flash_args));
+        return false;
+    }
+    for (int i = 0; i < 4; ++i) s.out_sizes[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(a[0], i));
+    std::memcpy(&s.args, PyBytes_AS_STRING(a[1]), sizeof(attn_lt_flash_args));
+    s.launch = reinterpret_cast<Launch>(PyLong_AsVoidPtr(a[2]));
+    s.lse_part_offset = PyLong_AsLongLong(a[3]);
+    s.stream = PyLong_AsLongLong(a[4]);
+    s.workspace = reinterpret_cast<uintptr_t>(PyLong_AsVoidPtr(a[5]));
+    s.lse = reinterpret_cast<uintptr_t>(PyLong_AsVoidPtr(a[6]));
+    if (PyErr_Occurred()) return false;
+    if (s.launch == nullptr) {
+        PyErr_SetString(PyExc_TypeError, "launch is a null address");
+        return false;
+    }
+    return true;
+}
+
+// q, k, v of a call (three exact torch.Tensor objects, 4-D), or false.
+bool unpack(PyObject* const* a, const at::Tensor** t) {
+    for (int i = 0; i < 3; ++i) {
+        if (!tensor_arg(a[i])) return false;
+        t[i] = &THPVariable_Unpack(a[i]);
+        if (t[i]->dim() != 4) return false;
+    }
+    return true;
+}
+
+enum class Outcome { kDone, kDeclined, kFailed };
+
+// Launch `s` for q, k, v (whose family the caller matched): the new output in *out, or kDeclined (grad; another
+// device or stream; a graph capture; the allocation failed) or kFailed (the launcher refused).
+Outcome launch(const LaunchSpec& s, int device, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+               PyObject** out) {
+    if (c10::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad()))
+        return Outcome::kDeclined;  // the Python path raises NotImplementedError
+    if (device >= 0) {
+        if (call_long(current_device, nullptr) != device || call_long(capturing, nullptr) != 0)
+            return Outcome::kDeclined;
+        PyObject* dev = PyLong_FromLong(device);
+        const long long stream = dev == nullptr ? -1 : call_long(raw_stream, dev);
+        Py_XDECREF(dev);
+        if (stream != s.stream) return Outcome::kDeclined;
+    }
+    at::Tensor o;
+    try {
+        o = at::empty(s.out_sizes, q.options());
+    } catch (const std::exception&) {
+        return Outcome::kDeclined;  // the Python path allocates again and reports
+    }
+    attn_lt_flash_args args = s.args;
+    args.q = q.data_ptr();
+    args.k = k.data_ptr();
+    args.v = v.data_ptr();
+    args.o = o.data_ptr();
+    args.lse = reinterpret_cast<float*>(s.lse);
+    args.mask = nullptr;
+    args.o_part = reinterpret_cast<float*>(s.workspace);
+    args.lse_part = reinterpret_cast<float*>(s.workspace + s.lse_part_offset);
+    args.Sk = k.size(2);
+    args.k_sb = k.stride(0), args.k_sh = k.stride(1), args.k_ss = k.stride(2);
+    args.v_sb = v.stride(0), args.v_sh = v.stride(1), args.v_ss = v.stride(2);
+    if (s.launch(&args, reinterpret_cast<void*>(s.stream)) != 0) return Outcome::kFailed;
+    ++hits;
+    *out = THPVariable_Wrap(std::move(o));
+    return Outcome::kDone;
+}
+
 // configure(current_device, raw_stream, capturing, environ, env_keys): where the stream, the device and the
 // environment come from (PyTorch's calls, os.environ's dict); clears the entries.
 PyObject* configure(PyObject*, PyObject* const* args, Py_ssize_t n) {
@@ -171,45 +266,23 @@ PyObject* configure(PyObject*, PyObject* const* args, Py_ssize_t n) {
     Py_RETURN_NONE;
 }
 
-// remember(q, k, v, options, env, sk_lo, sk_hi, out_sizes, args, launch, lse_part_offset, stream, workspace, lse):
-// run later calls of this family (q, k, v's), options and environment with these launch arguments (bytes of an
-// attn_lt_flash_args) through `launch` (a launcher's address) on `stream`, while the key length stays within
-// [sk_lo, sk_hi] and the K/V strides are ones the kernel reads. Replaces the entry of the same family and options.
+// remember(q, k, v, options, env, sk_lo, sk_hi, <launch>): run attention()'s later calls of this family (q, k,
+// v's), options and environment with this launch (see parse_spec) while the key length stays within [sk_lo, sk_hi]
+// and the K/V strides are ones the kernel reads. Replaces the entry of the same family and options.
 PyObject* remember(PyObject*, PyObject* const* a, Py_ssize_t n) {
-    if (n != 14 || !tensor_arg(a[0]) || !tensor_arg(a[1]) || !tensor_arg(a[2]) || !PyTuple_Check(a[3]) ||
-        PyTuple_GET_SIZE(a[3]) != kOptions || !PyTuple_Check(a[4]) || !PyTuple_Check(a[7]) ||
-        PyTuple_GET_SIZE(a[7]) != 4 || !PyBytes_Check(a[8]) ||
-        PyBytes_GET_SIZE(a[8]) != Py_ssize_t(sizeof(attn_lt_flash_args))) {
-        PyErr_Format(PyExc_TypeError,
-                     "remember(q, k, v, options: tuple of %zd, env: tuple, sk_lo, sk_hi, out_sizes: 4-tuple, args: "
-                     "bytes of %zu, launch, lse_part_offset, stream, workspace, lse)",
-                     kOptions, sizeof(attn_lt_flash_args));
-        return nullptr;
-    }
-    const auto& q = THPVariable_Unpack(a[0]);
-    const auto& k = THPVariable_Unpack(a[1]);
-    const auto& v = THPVariable_Unpack(a[2]);
-    if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) {
-        PyErr_SetString(PyExc_ValueError, "remember: q, k and v must be 4-D");
+    const at::Tensor* t[3];
+    if (n != 14 || !unpack(a, t) || !PyTuple_Check(a[3]) || PyTuple_GET_SIZE(a[3]) != kOptions ||
+        !PyTuple_Check(a[4])) {
+        PyErr_Format(PyExc_TypeError, "remember(q, k, v: 4-D tensors, options: tuple of %zd, env: tuple, sk_lo, "
+                     "sk_hi, <launch>)", kOptions);
         return nullptr;
     }
     Entry e;
-    e.family = family_of(q, k, v);
+    e.family = family_of(*t[0], *t[1], *t[2]);
     e.sk_lo = PyLong_AsLongLong(a[5]);
     const double hi = PyFloat_AsDouble(a[6]);  // math.inf for no upper bound
     e.sk_hi = hi >= 9.2e18 ? INT64_MAX : int64_t(hi);
-    for (int i = 0; i < 4; ++i) e.out_sizes[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(a[7], i));
-    std::memcpy(&e.args, PyBytes_AS_STRING(a[8]), sizeof(attn_lt_flash_args));
-    e.launch = reinterpret_cast<Launch>(PyLong_AsVoidPtr(a[9]));
-    e.lse_part_offset = PyLong_AsLongLong(a[10]);
-    e.stream = PyLong_AsLongLong(a[11]);
-    e.workspace = reinterpret_cast<uintptr_t>(PyLong_AsVoidPtr(a[12]));
-    e.lse = reinterpret_cast<uintptr_t>(PyLong_AsVoidPtr(a[13]));
-    if (PyErr_Occurred()) return nullptr;
-    if (e.launch == nullptr) {
-        PyErr_SetString(PyExc_ValueError, "remember: launch is a null address");
-        return nullptr;
-    }
+    if (PyErr_Occurred() || !parse_spec(a + 7, e.spec)) return nullptr;
     for (size_t i = 0; i < entries.size(); ++i) {
         Entry& old = entries[i];
         if (old.family == e.family && same(old.options, a[3]) && same(old.env, a[4])) {
@@ -235,67 +308,90 @@ PyObject* remember(PyObject*, PyObject* const* a, Py_ssize_t n) {
 // launch, or None (not a remembered family, options or environment; a mask, out=, the LSE or the key mass asked
 // for; grad; another stream or device; a graph capture; a failed allocation or launch).
 PyObject* call(PyObject*, PyObject* const* a, Py_ssize_t n) {
+    const at::Tensor* t[3];
     if (n != 15 || entries.empty() || a[3] != Py_None || a[8] != Py_None || PyObject_IsTrue(a[7]) != 0 ||
-        PyObject_IsTrue(a[12]) != 0 || !tensor_arg(a[0]) || !tensor_arg(a[1]) || !tensor_arg(a[2])) {
+        PyObject_IsTrue(a[12]) != 0 || !unpack(a, t)) {
         if (PyErr_Occurred()) PyErr_Clear();
         Py_RETURN_NONE;
     }
-    const auto& q = THPVariable_Unpack(a[0]);
-    const auto& k = THPVariable_Unpack(a[1]);
-    const auto& v = THPVariable_Unpack(a[2]);
-    if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) Py_RETURN_NONE;
+    const at::Tensor &q = *t[0], &k = *t[1], &v = *t[2];
     const Family f = family_of(q, k, v);
     const int64_t Sk = k.size(2);
     PyObject* const opts[kOptions] = {a[4], a[5], a[6], a[9], a[10], a[11], a[13], a[14]};
-    Entry* hit = nullptr;
-    for (auto& e : entries) {
+    size_t i = 0;
+    for (; i < entries.size(); ++i) {
+        const Entry& e = entries[i];
         if (!(e.family == f)) continue;
         bool same_options = true;
-        for (Py_ssize_t i = 0; i < kOptions && same_options; ++i)
-            same_options = same(PyTuple_GET_ITEM(e.options, i), opts[i]);
-        if (same_options) {
-            hit = &e;
-            break;
-        }
+        for (Py_ssize_t j = 0; j < kOptions && same_options; ++j)
+            same_options = same(PyTuple_GET_ITEM(e.options, j), opts[j]);
+        if (same_options) break;
     }
-    if (hit == nullptr || Sk < hit->sk_lo || Sk > hit->sk_hi || v.size(2) != Sk || !reads(k, v, f.v_in_k) ||
-        !env_holds(hit->env))
+    if (i == entries.size()) Py_RETURN_NONE;
+    const Entry& hit = entries[i];
+    if (Sk < hit.sk_lo || Sk > hit.sk_hi || v.size(2) != Sk || !reads(k, v, f.v_in_k) || !env_holds(hit.env))
         Py_RETURN_NONE;
-    if (c10::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad()))
-        Py_RETURN_NONE;  // the Python path raises NotImplementedError
-    if (f.device >= 0) {
-        if (call_long(current_device, nullptr) != f.device || call_long(capturing, nullptr) != 0) Py_RETURN_NONE;
-        PyObject* dev = PyLong_FromLong(f.device);
-        const long long stream = dev == nullptr ? -1 : call_long(raw_stream, dev);
-        Py_XDECREF(dev);
-        if (stream != hit->stream) Py_RETURN_NONE;
+    PyObject* out = nullptr;
+    switch (launch(hit.spec, f.device, q, k, v, &out)) {
+        case Outcome::kDone:
+            return out;
+        case Outcome::kFailed:  // the Python path launches again and raises attn_lt.native.CudaError
+            drop(entries[i]);
+            entries.erase(entries.begin() + i);
+            [[fallthrough]];
+        default:
+            Py_RETURN_NONE;
     }
-    at::Tensor out;
-    try {
-        out = at::empty(hit->out_sizes, q.options());
-    } catch (const std::exception&) {
-        Py_RETURN_NONE;  // the Python path allocates again and reports
+}
+
+void free_bound(PyObject* capsule) { delete static_cast<Bound*>(PyCapsule_GetPointer(capsule, kBound)); }
+
+// bind(q, k, v, <launch>): a handle that runs exactly these tensors' family, key length and K/V strides with this
+// launch (AttentionPlan.run's calls), until clear().
+PyObject* bind(PyObject*, PyObject* const* a, Py_ssize_t n) {
+    const at::Tensor* t[3];
+    if (n != 10 || !unpack(a, t)) {
+        PyErr_SetString(PyExc_TypeError, "bind(q, k, v: 4-D tensors, <launch>)");
+        return nullptr;
     }
-    attn_lt_flash_args args = hit->args;
-    args.q = q.data_ptr();
-    args.k = k.data_ptr();
-    args.v = v.data_ptr();
-    args.o = out.data_ptr();
-    args.lse = reinterpret_cast<float*>(hit->lse);
-    args.mask = nullptr;
-    args.o_part = reinterpret_cast<float*>(hit->workspace);
-    args.lse_part = reinterpret_cast<float*>(hit->workspace + hit->lse_part_offset);
-    args.Sk = Sk;
-    args.k_sb = k.stride(0), args.k_sh = k.stride(1), args.k_ss = k.stride(2);
-    args.v_sb = v.stride(0), args.v_sh = v.stride(1), args.v_ss = v.stride(2);
-    if (hit->launch(&args, reinterpret_cast<void*>(hit->stream)) != 0) {
-        // the Python path launches again and raises attn_lt.native.CudaError naming the failure
-        drop(*hit);
-        entries.erase(entries.begin() + (hit - entries.data()));
+    auto b = std::make_unique<Bound>();
+    b->family = family_of(*t[0], *t[1], *t[2]);
+    b->Sk = t[1]->size(2);
+    for (int i = 0; i < 4; ++i) {
+        b->k_strides[i] = t[1]->stride(i);
+        b->v_strides[i] = t[2]->stride(i);
+    }
+    b->generation = generation;
+    if (!parse_spec(a + 3, b->spec)) return nullptr;
+    PyObject* capsule = PyCapsule_New(b.get(), kBound, free_bound);
+    if (capsule != nullptr) b.release();
+    return capsule;
+}
+
+// run(handle, q, k, v): the bound launch's output for these tensors, or None (another family, key length or K/V
+// strides; grad; another stream or device; a graph capture; cleared since; a failed allocation or launch).
+PyObject* run(PyObject*, PyObject* const* a, Py_ssize_t n) {
+    const at::Tensor* t[3];
+    Bound* b = n == 4 ? static_cast<Bound*>(PyCapsule_GetPointer(a[0], kBound)) : nullptr;
+    if (b == nullptr || b->generation != generation || !unpack(a + 1, t)) {
+        if (PyErr_Occurred()) PyErr_Clear();
         Py_RETURN_NONE;
     }
-    ++hits;
-    return THPVariable_Wrap(std::move(out));
+    const at::Tensor &q = *t[0], &k = *t[1], &v = *t[2];
+    if (k.size(2) != b->Sk || v.size(2) != b->Sk) Py_RETURN_NONE;
+    for (int i = 0; i < 4; ++i)
+        if (k.stride(i) != b->k_strides[i] || v.stride(i) != b->v_strides[i]) Py_RETURN_NONE;
+    if (!(family_of(q, k, v) == b->family)) Py_RETURN_NONE;
+    PyObject* out = nullptr;
+    switch (launch(b->spec, b->family.device, q, k, v, &out)) {
+        case Outcome::kDone:
+            return out;
+        case Outcome::kFailed:
+            b->generation = 0;  // never again: the Python path launches and raises attn_lt.native.CudaError
+            [[fallthrough]];
+        default:
+            Py_RETURN_NONE;
+    }
 }
 
 PyObject* clear(PyObject*, PyObject*) {
@@ -313,7 +409,11 @@ PyMethodDef methods[] = {
      "remember a fused plan's launch for its family (see native/fastpath.cpp)"},
     {"call", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(call)), METH_FASTCALL,
      "attention()'s call through a remembered plan, or None"},
-    {"clear", clear, METH_NOARGS, "forget every remembered plan"},
+    {"bind", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(bind)), METH_FASTCALL,
+     "a handle for one plan's run() (see native/fastpath.cpp)"},
+    {"run", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(run)), METH_FASTCALL,
+     "a plan's run() through its handle, or None"},
+    {"clear", clear, METH_NOARGS, "forget every remembered plan and invalidate every handle"},
     {"stats", stats, METH_NOARGS, "(entries, hits)"},
     {nullptr, nullptr, 0, nullptr}};
 

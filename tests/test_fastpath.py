@@ -240,6 +240,28 @@ def test_cli_info_names_the_fast_path(capsys):
     assert "fast_path" in capsys.readouterr().out
 
 
+def test_a_bound_plan_runs_exactly_its_own_layout(fp):
+    """AttentionPlan.run's handle: its tensors' family, key length and K/V strides exactly, until clear()."""
+    q, k, v = qkv(Sk=100)
+    h = fastpath.bind(q, k, v, (2, 1, 8, 64), bytes(template()), fp.rec.address, 4096, 0, 1 << 20, 2 << 20)
+    q2, k2, v2 = qkv(Sk=100)  # new data, the same layout
+    out = fastpath.run(h, q2, k2, v2)
+    assert out is not None and out.shape == (2, 1, 8, 64)
+    (a, _), = fp.rec.calls
+    assert (a.q, a.k, a.v, a.o, a.Sk) == (q2.data_ptr(), k2.data_ptr(), v2.data_ptr(), out.data_ptr(), 100)
+    for other in (qkv(Sk=101), qkv(Sk=100, cache=300), qkv(Sk=100, Hq=16), (q2, k2, k2)):
+        assert fastpath.run(h, *other) is None  # plan.run's own check then raises ValueError
+    fastpath.clear()  # the scratch moved, or the plans were cleared
+    assert fastpath.run(h, q2, k2, v2) is None
+    bad = Recorder(status=1)
+    h = fastpath.bind(q, k, v, (2, 1, 8, 64), bytes(template()), bad.address, 4096, 0, 1 << 20, 2 << 20)
+    assert fastpath.run(h, q2, k2, v2) is None and fastpath.run(h, q2, k2, v2) is None
+    assert len(bad.calls) == 1  # a handle whose launch failed is not tried again
+    assert fastpath.run(object(), q2, k2, v2) is None
+    with pytest.raises(TypeError):
+        fastpath.bind(q, k, v, (2, 1, 8), bytes(template()), fp.rec.address, 4096, 0, 0, 0)
+
+
 def test_a_stale_or_missing_build_is_refused(tmp_path, monkeypatch):
     """The extension carries its sources' hash: one built from other sources is not loaded (nor a missing one)."""
     other = (tmp_path / "attn_lt.h", tmp_path / "fastpath.cpp")

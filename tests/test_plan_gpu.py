@@ -219,6 +219,14 @@ def test_fast_path_runs_a_decode_loop_as_the_python_path(D, Sq, Hq, Hkv):
         if step % 4 == 0:
             assert_close(outs[0].transpose(1, 2), q, k, v)
     assert fastpath.stats()["hits"] - hits0 >= 9  # every step but the first of each split count
+    p = attn_lt.plan(q, k, v, out_layout="bshd")  # plan.run: its own handle, these tensors' layout exactly
+    outs = [p.run(q, k, v) for _ in range(3)]
+    fastpath.set_enabled(False)
+    outs.append(p.run(q, k, v))
+    fastpath.set_enabled(True)
+    assert all(torch.equal(o, outs[-1]) for o in outs) and fastpath.stats()["hits"] - hits0 >= 11
+    with pytest.raises(ValueError, match="cannot run these tensors"):
+        p.run(q, kc[:, :, :S0 + 1], vc[:, :, :S0 + 1, :Dv])
     k, v = kc[:, :, :S0], vc[:, :, :S0, :Dv]
     hits = fastpath.stats()["hits"]
     if D != 576:
