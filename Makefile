@@ -46,9 +46,11 @@ $(LIB): $(NATIVE_SRC) Makefile
 	$(NVCC) $(NVCCFLAGS) $(SM90A_GENCODE) -c -o $(SM90A_OBJ) $(SM90A_SRC)
 	$(NVCC) $(NVCCFLAGS) $(GENCODE) -DATTN_LT_SOURCE_HASH=\"$(SOURCE_HASH)\" -shared -o $@ $(CU_SRC) $(SM90A_OBJ)
 
-# Installs the package (editable) with the `attn-lt` command. CUDA_EXTRA=cu12|cu13 adds the matching cupy.
-install: native
+# Installs the package (editable) with the `attn-lt` command, then builds the fast path against the torch it
+# brought. CUDA_EXTRA=cu12|cu13 adds the matching cupy.
+install: $(LIB)
 	$(PYTHON) -m pip install -e ".$(if $(CUDA_EXTRA),[$(CUDA_EXTRA)])"
+	$(PYTHON) native/build_fastpath.py
 
 # The main job: the hybrid attention call on a long-context shape, checked against PyTorch SDPA.
 # Without a GPU it says so and prints the plan it would run.
