@@ -21,8 +21,9 @@ variable                       default      meaning
 ``ATTN_LT_TUNE_MS``            200          time budget of tuning one GEMM shape, milliseconds
 ``ATTN_LT_TUNE_CALL_MS``       10000        tuning budget of one attention call; GEMM classes it does not reach
                                             keep the heuristic's algorithm and are tuned by later calls
-``ATTN_LT_FASTPATH``           1            0: cached fused calls of ``attention()`` take the Python path, not the
-                                            compiled one (``attn_lt.fastpath``; for comparisons)
+``ATTN_LT_FASTPATH``           1            0: cached fused calls of ``attention()`` and ``plan.run`` take the
+                                            Python path, not the compiled one (``attn_lt.fastpath``; read when
+                                            attn_lt is imported; for comparisons)
 =============================  ===========  =====================================================================
 """
 
