@@ -209,6 +209,53 @@ __global__ void __launch_bounds__(128) merge_partials(const attn_lt_flash_args a
     if (lane == 0 && a.lse != nullptr) a.lse[row] = wsum > 0.f ? mx + logf(wsum) : -INFINITY;
 }
 
+// Wide rows from few splits (MLA decode: 512 columns, 2-8 parts over 4096 rows at B 32): merge_partials above
+// gives each split a warp and joins the warps through shared memory, which leaves this case latency-bound (ncu,
+// H100, B32 H128 two parts: 22 µs, a tenth of an 8k-key call, at 23 % of the DRAM rate). Here a CTA of D / 4
+// threads takes a row, each thread four columns of every split: the LSEs and the 16-byte partial loads of all the
+// splits issued at once (one round trip), then weighed; no shared memory and no barrier.
+constexpr int kWideMergeMaxSplits = 8;
+template <int D, typename T>
+__global__ void __launch_bounds__(D / 4) merge_partials_wide(const attn_lt_flash_args a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");  // launched early (see merge): wait for the partials
+#endif
+    constexpr int N = kWideMergeMaxSplits;
+    const int64_t rows = a.B * a.Hq * a.Sq;
+    const int64_t row = blockIdx.x;
+    const int n = a.splits;
+    float l[N];
+    float4 x[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) {  // a part without a key wrote zeros and LSE -inf: read, then weighed 0
+        l[i] = i < n ? a.lse_part[i * rows + row] : -INFINITY;
+        x[i] = i < n ? reinterpret_cast<const float4*>(a.o_part + (i * rows + row) * D)[threadIdx.x]
+                     : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < N; ++i) mx = fmaxf(mx, l[i]);
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    float wsum = 0.f;
+    if (mx != -INFINITY) {
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+            if (l[i] == -INFINITY) continue;
+            const float w = ex2((l[i] - mx) * kLog2e);
+            acc.x = fmaf(w, x[i].x, acc.x);
+            acc.y = fmaf(w, x[i].y, acc.y);
+            acc.z = fmaf(w, x[i].z, acc.z);
+            acc.w = fmaf(w, x[i].w, acc.w);
+            wsum += w;
+        }
+    }
+    const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+    const int64_t pos = row % a.Sq, bh = row / a.Sq, h = bh % a.Hq, b = bh / a.Hq;
+    T* out = static_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh + pos * a.o_ss + 4 * threadIdx.x;
+    *reinterpret_cast<uint2*>(out) = make_uint2(pack2<T>(acc.x * inv, acc.y * inv), pack2<T>(acc.z * inv, acc.w * inv));
+    if (threadIdx.x == 0 && a.lse != nullptr) a.lse[row] = wsum > 0.f ? mx + logf(wsum) : -INFINITY;
+}
+
 // Join the splits. From sm_90 as a programmatic dependent launch: its launch overlaps the split kernel's last
 // blocks (a decode step is a few tens of microseconds, of which a dependent launch's latency is several).
 template <int D, typename T>
@@ -227,6 +274,13 @@ cudaError_t merge(const attn_lt_flash_args& a, cudaStream_t stream) {
     cfg.stream = stream;
     cfg.attrs = attr;
     cfg.numAttrs = dev->major >= 9 ? 1 : 0;
+    if constexpr (D >= 512) {  // 16-byte partial rows (o_part 16-byte aligned) and 8-byte output quads
+        if (a.splits <= kWideMergeMaxSplits && reinterpret_cast<uintptr_t>(a.o_part) % 16 == 0 &&
+            reinterpret_cast<uintptr_t>(a.o) % 8 == 0 && (a.o_sb | a.o_sh | a.o_ss) % 4 == 0) {
+            cfg.blockDim = dim3(D / 4);
+            return cudaLaunchKernelEx(&cfg, merge_partials_wide<D, T>, a);
+        }
+    }
     return cudaLaunchKernelEx(&cfg, merge_partials<D, T>, a);
 }
 

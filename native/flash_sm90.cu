@@ -810,6 +810,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     __syncthreads();
 
+    // The merge of the parts (a dependent grid, see merge in common.cuh) launches once every CTA got here, onto the
+    // SMs this grid leaves idle and then the ones it frees; it waits in griddepcontrol.wait for this grid's writes.
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     const int wg = threadIdx.x / 128;
     if (wg == 0) {
         setmaxnreg_dec<kProducerRegs>();

@@ -413,10 +413,11 @@ def check_mla(q, k, v, splits):
 
 
 @gpu
-@pytest.mark.parametrize("splits", [1, 2, 7])
+@pytest.mark.parametrize("splits", [1, 2, 7, 12])
 @pytest.mark.parametrize("Sk", [1, 63, 64, 97, 1000, 4097], ids=lambda s: f"sk{s}")
 def test_j_mla_decode_lengths_and_parts(sm90, Sk, splits):
-    # 7 parts of 1 to 17 key tiles: parts without a key (LSE -inf, weight 0) at the short lengths
+    # 7 parts of 1 to 17 key tiles: parts without a key (LSE -inf, weight 0) at the short lengths; up to
+    # native/common.cuh's kWideMergeMaxSplits parts the wide merge joins them, beyond it the split-parallel one
     check_mla(*rand_latent(2, 128, 1, Sk), splits)
 
 
