@@ -6,17 +6,17 @@ GENCODE ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_
 NVCCFLAGS ?= -O3 -std=c++17 -Xcompiler -fPIC,-Wall -Xptxas -warn-spills --expt-relaxed-constexpr
 # The build prints exactly these warnings (-warn-spills keeps them visible, so that a new or larger spill shows up);
 # each is known and measured, none is a defect:
-# * flash.cu, flash_fwd<128, T, 2> (fp16 and bf16, sm_80 and sm_90): about 124 bytes spill stores, 236 bytes spill
-#   loads. A thread holds two m16 tiles of the 128-wide FP32 output (128 registers) plus the score fragments and the
-#   folded rows' positions, at the 255-register ceiling (1 CTA of 4 warps an SM); the spills go to an L1-resident
-#   stack frame. This instantiation runs only D = 128 row blocks of more than 64 rows without a mask, i.e. prefill
-#   off Hopper (on Hopper the wgmma kernel takes those); decode, masks and D = 256 use one m16 tile a warp (no spill).
-# * flash.cu, flash_fwd<256, T, 1, false> (fp16 and bf16): 16 bytes. Head dim 256 with 64-row blocks (17-64 rows a
-#   kv head, or a mask): the 256-wide FP32 output of one m16 tile (128 registers) plus the scores and the mask.
-# * softmax.cu, softmax_pipe<512, 2|3, HAS_MASK = true, ..., ADD_MASS = true, 8> (fp16 and bf16): 8-16 bytes. The
-#   masked PIPE kernel that also sums P into the attention mass keeps 8 float4 accumulators a thread (32 registers)
-#   at the 128-register ceiling of 512 threads; only calls with return_key_mass run it. The other softmax kernels
-#   have none (the sm_80 build's 12-20 bytes around an out-of-line 64-bit division went with row_place).
+# * flash.cu, flash_fwd<128, T, 2> (fp16 and bf16, sm_80 and sm_90): 56-64 bytes spill stores, 104-160 bytes spill
+#   loads (nvcc 13.0; 124 / 236 with earlier builds). A thread holds two m16 tiles of the 128-wide FP32 output (128
+#   registers) plus the score fragments and the folded rows' positions, at the 255-register ceiling (1 CTA of 4
+#   warps an SM); the spills go to an L1-resident stack frame. This instantiation runs only D = 128 row blocks of
+#   more than 64 rows without a mask, i.e. prefill off Hopper (on Hopper the wgmma kernel takes those); decode,
+#   masks and D = 256 use one m16 tile a warp (no spill).
+# * flash.cu, flash_fwd<256, T, 1, false> (fp16 and bf16): 16 bytes stores, 16-40 bytes loads. Head dim 256 with
+#   64-row blocks (17-64 rows a kv head, or a mask): the 256-wide FP32 output of one m16 tile (128 registers) plus
+#   the scores and the mask.
+# The softmax kernels have none with nvcc 13.0 (earlier builds spilled 8-16 bytes in the masked PIPE kernel that
+# also sums the attention mass).
 
 # wgmma and setmaxnreg exist only in the arch-specific sm_90a target: the Hopper kernel is compiled for it alone
 # (a separate object, so the driver cannot pick a plain sm_90 build of it) and linked into the same library.
