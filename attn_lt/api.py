@@ -344,15 +344,17 @@ class AttentionPlan:
         return res
 
     def _fast_launch(self) -> tuple | None:
-        """The launch the compiled fast path repeats for this plan (attn_lt.fastpath: output shape, arguments,
-        launcher, LSE partials' offset, stream, scratch addresses) after a run on the current stream; None where it
-        cannot: not a fused plan without a mask, another device current, a graph capture."""
+        """The launch the compiled fast path repeats for this plan (attn_lt.fastpath: the scratch's generation,
+        output shape, arguments, launcher, LSE partials' offset, stream, scratch addresses) after a run on the
+        current stream; None where it cannot: not a fused plan without a mask, another device current, a graph
+        capture."""
         device = self.device.index
         if not self._steps() or device != _current_device() or _capturing():
             return None
         stream = _raw_stream(device)
+        gen = fastpath.generation()  # before the addresses: a clear in between (the scratch grew) voids them
         ws_ptr, lse_ptr = self._scratch(self.device, stream, False)[2:]
-        return (self._out_shape, *self._program.fast_launch(), stream, ws_ptr, lse_ptr)
+        return (gen, self._out_shape, *self._program.fast_launch(), stream, ws_ptr, lse_ptr)
 
     def _remember_fast(self, q, k, v, options: tuple, backend: str, threshold) -> None:
         """After attention() ran this plan on q, k, v (no mask, no ``out``, no LSE) with ``options`` (its plan

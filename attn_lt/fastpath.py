@@ -104,24 +104,33 @@ def set_enabled(on: bool) -> bool:
     return on
 
 
-def remember(q, k, v, options: tuple, env: tuple, keys: tuple[int, float], out_shape: tuple, args: bytes,
-             launcher: int, lse_part_offset: int, stream: int, workspace: int, lse: int) -> None:
+def generation() -> int:
+    """The scratch's generation: read it before taking the scratch addresses that :func:`remember` or :func:`bind`
+    get, which take nothing if a :func:`clear` came in between (another thread grew the scratch)."""
+    return _ext.generation() if _ext is not None else 0
+
+
+def remember(q, k, v, options: tuple, env: tuple, keys: tuple[int, float], gen: int, out_shape: tuple,
+             args: bytes, launcher: int, lse_part_offset: int, stream: int, workspace: int, lse: int) -> None:
     """Run later calls of q, k, v's family with ``options`` (causal, scale, backend, workspace_bytes, threshold,
     algo_policy, key_mass_window, out_layout) under the environment snapshot ``env``, whose key length lies in
     ``keys`` (lo, hi), through this launch: the argument struct's bytes, the launcher's address, the LSE partials'
-    offset in the workspace, the stream and the scratch addresses (workspace, LSE) that serve it."""
+    offset in the workspace, the stream and the scratch addresses (workspace, LSE) that serve it, read in
+    generation ``gen``. Takes nothing where the fast path would not take the call (tensor subclasses, options other
+    than None, bool, int, float, str), or after a clear since ``gen``."""
     if call is not None:
-        _ext.remember(q, k, v, options, env, keys[0], float(keys[1]), out_shape, args, launcher, lse_part_offset,
-                      stream, workspace, lse)
+        _ext.remember(q, k, v, options, env, keys[0], float(keys[1]), gen, out_shape, args, launcher,
+                      lse_part_offset, stream, workspace, lse)
 
 
-def bind(q, k, v, out_shape: tuple, args: bytes, launcher: int, lse_part_offset: int, stream: int, workspace: int,
-         lse: int):
+def bind(q, k, v, gen: int, out_shape: tuple, args: bytes, launcher: int, lse_part_offset: int, stream: int,
+         workspace: int, lse: int):
     """A handle for :data:`run` that launches exactly q, k, v's family, key length and K/V strides (one plan's
-    ``run``) through this launch (as in :func:`remember`), valid until :func:`clear`; None while off."""
+    ``run``) through this launch (as in :func:`remember`), valid until :func:`clear`; None while off, for tensors
+    :data:`run` would not take, or after a clear since ``gen``."""
     if run is None:
         return None
-    return _ext.bind(q, k, v, out_shape, args, launcher, lse_part_offset, stream, workspace, lse)
+    return _ext.bind(q, k, v, gen, out_shape, args, launcher, lse_part_offset, stream, workspace, lse)
 
 
 def clear() -> None:

@@ -3,8 +3,8 @@
 
     python3 native/build_fastpath.py        (`make native` runs it)
 
-Writes attn_lt/_native/_fastpath-<python>-torch<version>.so (attn_lt.fastpath.extension_path) unless it is newer
-than its sources. Without a C++ compiler or Python's headers it says so and exits 0: attn_lt runs without the fast
+Writes attn_lt/_native/_fastpath-<python>-torch<version>.so (attn_lt.fastpath.extension_path) and, beside it,
+the hash of the sources it was built from (`.so.hash`); a build of the same sources is kept. Without a C++ compiler or Python's headers it says so and exits 0: attn_lt runs without the fast
 path (the Python path, a few µs more a call). A compiler error exits 1.
 """
 
@@ -32,7 +32,9 @@ def main() -> int:
         return 0
 
     out = fastpath.extension_path()
-    if out.is_file() and all(out.stat().st_mtime >= p.stat().st_mtime for p in fastpath.SOURCES):
+    stamp = Path(str(out) + ".hash")
+    want = fastpath.source_hash()
+    if out.is_file() and stamp.is_file() and stamp.read_text().strip() == want:
         return 0
     cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
     python_h = Path(sysconfig.get_paths()["include"]) / "Python.h"
@@ -45,7 +47,7 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     cmd = [cxx, "-O2", "-std=c++20", "-fPIC", "-shared", "-Wall", "-Wno-c++20-extensions",
            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-           f'-DATTN_LT_FASTPATH_HASH="{fastpath.source_hash()}"', f"-I{ROOT / 'native'}",
+           f'-DATTN_LT_FASTPATH_HASH="{want}"', f"-I{ROOT / 'native'}",
            f"-I{python_h.parent}", *(f"-I{p}" for p in cpp_extension.include_paths()),
            str(ROOT / "native" / "fastpath.cpp"), f"-L{lib}", "-ltorch_python", "-ltorch", "-ltorch_cpu", "-lc10",
            f"-Wl,-rpath,{lib}", "-o", str(out) + ".tmp"]
@@ -53,6 +55,7 @@ def main() -> int:
     if subprocess.call(cmd) != 0:
         return 1
     os.replace(str(out) + ".tmp", out)  # whole or not at all
+    stamp.write_text(want + "\n")
     return 0
 
 

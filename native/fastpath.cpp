@@ -132,17 +132,37 @@ void drop(Entry& e) {
 }
 
 void clear_entries() {
-    for (auto& e : entries) drop(e);
-    entries.clear();
     ++generation;
+    std::vector<Entry> old;
+    old.swap(entries);  // the references go after the module's state is consistent (a __del__ may call back)
+    for (auto& e : old) drop(e);
 }
 
-// Equal as Python objects: the same object (the usual case: interned strings, None, a layer's scaling) or ==.
+// An object the fast path compares: None, or exactly bool, int, float, str or bytes (the options attention()'s
+// plans are keyed on, and the environment's values). Their == runs no Python code (and never releases the GIL);
+// anything else (an array, a tensor, a subclass) is left to the Python path, which keys plans by hash and ==.
+bool simple(PyObject* o) {
+    return o == Py_None || PyBool_Check(o) || PyLong_CheckExact(o) || PyFloat_CheckExact(o) ||
+           PyUnicode_CheckExact(o) || PyBytes_CheckExact(o);
+}
+
+// Equal as dict keys are: the same object (the usual case: interned strings, None, a layer's scaling) or two
+// simple objects that compare equal.
 bool same(PyObject* a, PyObject* b) {
     if (a == b) return true;
+    if (!simple(a) || !simple(b)) return false;
     const int r = PyObject_RichCompareBool(a, b, Py_EQ);
     if (r < 0) PyErr_Clear();
     return r == 1;
+}
+
+// Two tuples of simple objects, element by element.
+bool same_items(PyObject* a, PyObject* b) {
+    if (a == b) return true;
+    if (!PyTuple_Check(a) || !PyTuple_Check(b) || PyTuple_GET_SIZE(a) != PyTuple_GET_SIZE(b)) return false;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(a); ++i)
+        if (!same(PyTuple_GET_ITEM(a, i), PyTuple_GET_ITEM(b, i))) return false;
+    return true;
 }
 
 // Whether the environment's variables still hold the entry's snapshot.
@@ -199,12 +219,17 @@ bool parse_spec(PyObject* const* a, LaunchSpec& s) {
     return true;
 }
 
-// q, k, v of a call (three exact torch.Tensor objects, 4-D), or false.
+// q, k, v of a call, or false: three exact torch.Tensor objects (subclasses keep their Python semantics on the
+// Python path), dense, 4-D, with storage (not a sparse, nested, meta or functorch-wrapped tensor), on one kind of
+// device. Nothing here throws.
 bool unpack(PyObject* const* a, const at::Tensor** t) {
     for (int i = 0; i < 3; ++i) {
         if (!tensor_arg(a[i])) return false;
-        t[i] = &THPVariable_Unpack(a[i]);
-        if (t[i]->dim() != 4) return false;
+        const at::Tensor& x = THPVariable_Unpack(a[i]);
+        if (!x.defined() || x.layout() != at::kStrided || x.is_nested() || !x.has_storage() || x.is_meta() ||
+            x.dim() != 4 || (x.device().type() != at::kCUDA && x.device().type() != at::kCPU))
+            return false;
+        t[i] = &x;
     }
     return true;
 }
@@ -213,8 +238,8 @@ enum class Outcome { kDone, kDeclined, kFailed };
 
 // Launch `s` for q, k, v (whose family the caller matched): the new output in *out, or kDeclined (grad; another
 // device or stream; a graph capture; the allocation failed) or kFailed (the launcher refused).
-Outcome launch(const LaunchSpec& s, int device, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-               PyObject** out) {
+Outcome launch(const LaunchSpec& s, uint64_t gen, int device, const at::Tensor& q, const at::Tensor& k,
+               const at::Tensor& v, PyObject** out) {
     if (c10::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad()))
         return Outcome::kDeclined;  // the Python path raises NotImplementedError
     if (device >= 0) {
@@ -223,7 +248,7 @@ Outcome launch(const LaunchSpec& s, int device, const at::Tensor& q, const at::T
         PyObject* dev = PyLong_FromLong(device);
         const long long stream = dev == nullptr ? -1 : call_long(raw_stream, dev);
         Py_XDECREF(dev);
-        if (stream != s.stream) return Outcome::kDeclined;
+        if (stream != s.stream || gen != generation) return Outcome::kDeclined;  // the scratch moved meanwhile
     }
     at::Tensor o;
     try {
@@ -266,34 +291,46 @@ PyObject* configure(PyObject*, PyObject* const* args, Py_ssize_t n) {
     Py_RETURN_NONE;
 }
 
-// remember(q, k, v, options, env, sk_lo, sk_hi, <launch>): run attention()'s later calls of this family (q, k,
-// v's), options and environment with this launch (see parse_spec) while the key length stays within [sk_lo, sk_hi]
-// and the K/V strides are ones the kernel reads. Replaces the entry of the same family and options.
+// generation() -> int: the scratch's generation now; remember and bind take the one read before the scratch
+// addresses, and take nothing if a clear() came in between.
+PyObject* current_generation(PyObject*, PyObject*) { return PyLong_FromUnsignedLongLong(generation); }
+
+// remember(q, k, v, options, env, sk_lo, sk_hi, generation, <launch>): run attention()'s later calls of this family
+// (q, k, v's), options and environment with this launch (see parse_spec) while the key length stays within [sk_lo,
+// sk_hi] and the K/V strides are ones the kernel reads. Replaces the entry of the same family and options. Takes
+// nothing (returns None) for tensors `call` would not take, options that are not simple, or another generation.
 PyObject* remember(PyObject*, PyObject* const* a, Py_ssize_t n) {
-    const at::Tensor* t[3];
-    if (n != 14 || !unpack(a, t) || !PyTuple_Check(a[3]) || PyTuple_GET_SIZE(a[3]) != kOptions ||
-        !PyTuple_Check(a[4])) {
-        PyErr_Format(PyExc_TypeError, "remember(q, k, v: 4-D tensors, options: tuple of %zd, env: tuple, sk_lo, "
-                     "sk_hi, <launch>)", kOptions);
+    if (n != 15 || !PyTuple_Check(a[3]) || PyTuple_GET_SIZE(a[3]) != kOptions || !PyTuple_Check(a[4])) {
+        PyErr_Format(PyExc_TypeError, "remember(q, k, v, options: tuple of %zd, env: tuple, sk_lo, sk_hi, "
+                     "generation, <launch>)", kOptions);
         return nullptr;
     }
+    const at::Tensor* t[3];
+    if (!unpack(a, t) || PyLong_AsUnsignedLongLong(a[7]) != generation) {
+        if (PyErr_Occurred()) PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    for (Py_ssize_t j = 0; j < kOptions; ++j)
+        if (!simple(PyTuple_GET_ITEM(a[3], j))) Py_RETURN_NONE;
     Entry e;
     e.family = family_of(*t[0], *t[1], *t[2]);
     e.sk_lo = PyLong_AsLongLong(a[5]);
     const double hi = PyFloat_AsDouble(a[6]);  // math.inf for no upper bound
     e.sk_hi = hi >= 9.2e18 ? INT64_MAX : int64_t(hi);
-    if (PyErr_Occurred() || !parse_spec(a + 7, e.spec)) return nullptr;
+    if (PyErr_Occurred() || !parse_spec(a + 8, e.spec)) return nullptr;
     for (size_t i = 0; i < entries.size(); ++i) {
         Entry& old = entries[i];
-        if (old.family == e.family && same(old.options, a[3]) && same(old.env, a[4])) {
-            drop(old);
+        if (old.family == e.family && same_items(old.options, a[3]) && same_items(old.env, a[4])) {
+            Entry gone = old;
             entries.erase(entries.begin() + i);
+            drop(gone);
             break;
         }
     }
     if (entries.size() == kEntries) {
-        drop(entries.back());
+        Entry gone = entries.back();
         entries.pop_back();
+        drop(gone);
     }
     Py_INCREF(a[3]);
     Py_INCREF(a[4]);
@@ -309,36 +346,44 @@ PyObject* remember(PyObject*, PyObject* const* a, Py_ssize_t n) {
 // for; grad; another stream or device; a graph capture; a failed allocation or launch).
 PyObject* call(PyObject*, PyObject* const* a, Py_ssize_t n) {
     const at::Tensor* t[3];
-    if (n != 15 || entries.empty() || a[3] != Py_None || a[8] != Py_None || PyObject_IsTrue(a[7]) != 0 ||
-        PyObject_IsTrue(a[12]) != 0 || !unpack(a, t)) {
-        if (PyErr_Occurred()) PyErr_Clear();
+    if (n != 15 || entries.empty() || a[3] != Py_None || a[8] != Py_None || !(a[7] == Py_False) ||
+        !(a[12] == Py_False) || !unpack(a, t))
         Py_RETURN_NONE;
-    }
     const at::Tensor &q = *t[0], &k = *t[1], &v = *t[2];
     const Family f = family_of(q, k, v);
     const int64_t Sk = k.size(2);
     PyObject* const opts[kOptions] = {a[4], a[5], a[6], a[9], a[10], a[11], a[13], a[14]};
-    size_t i = 0;
-    for (; i < entries.size(); ++i) {
-        const Entry& e = entries[i];
-        if (!(e.family == f)) continue;
-        bool same_options = true;
-        for (Py_ssize_t j = 0; j < kOptions && same_options; ++j)
-            same_options = same(PyTuple_GET_ITEM(e.options, j), opts[j]);
-        if (same_options) break;
-    }
+    const auto find = [&]() -> size_t {  // nothing in it runs Python code (see same)
+        for (size_t i = 0; i < entries.size(); ++i) {
+            const Entry& e = entries[i];
+            bool hit = e.family == f;
+            for (Py_ssize_t j = 0; j < kOptions && hit; ++j) hit = same(PyTuple_GET_ITEM(e.options, j), opts[j]);
+            if (hit) return i;
+        }
+        return entries.size();
+    };
+    const size_t i = find();
     if (i == entries.size()) Py_RETURN_NONE;
-    const Entry& hit = entries[i];
-    if (Sk < hit.sk_lo || Sk > hit.sk_hi || v.size(2) != Sk || !reads(k, v, f.v_in_k) || !env_holds(hit.env))
+    const Entry& e = entries[i];
+    if (Sk < e.sk_lo || Sk > e.sk_hi || v.size(2) != Sk || !reads(k, v, f.v_in_k) || !env_holds(e.env))
         Py_RETURN_NONE;
+    // a copy: launch() asks PyTorch for the device and the stream, and another thread could change `entries`
+    // meanwhile; a clear() (the scratch moved) shows in the generation
+    const LaunchSpec spec = e.spec;
+    const uint64_t gen = generation;
     PyObject* out = nullptr;
-    switch (launch(hit.spec, f.device, q, k, v, &out)) {
+    switch (launch(spec, gen, f.device, q, k, v, &out)) {
         case Outcome::kDone:
             return out;
-        case Outcome::kFailed:  // the Python path launches again and raises attn_lt.native.CudaError
-            drop(entries[i]);
-            entries.erase(entries.begin() + i);
-            [[fallthrough]];
+        case Outcome::kFailed: {  // the Python path launches again and raises attn_lt.native.CudaError
+            const size_t j = find();
+            if (j < entries.size()) {
+                Entry gone = entries[j];
+                entries.erase(entries.begin() + j);
+                drop(gone);
+            }
+            Py_RETURN_NONE;
+        }
         default:
             Py_RETURN_NONE;
     }
@@ -346,13 +391,18 @@ PyObject* call(PyObject*, PyObject* const* a, Py_ssize_t n) {
 
 void free_bound(PyObject* capsule) { delete static_cast<Bound*>(PyCapsule_GetPointer(capsule, kBound)); }
 
-// bind(q, k, v, <launch>): a handle that runs exactly these tensors' family, key length and K/V strides with this
-// launch (AttentionPlan.run's calls), until clear().
+// bind(q, k, v, generation, <launch>): a handle that runs exactly these tensors' family, key length and K/V strides
+// with this launch (AttentionPlan.run's calls), until clear(); None for tensors `run` would not take, or another
+// generation (see current_generation).
 PyObject* bind(PyObject*, PyObject* const* a, Py_ssize_t n) {
-    const at::Tensor* t[3];
-    if (n != 10 || !unpack(a, t)) {
-        PyErr_SetString(PyExc_TypeError, "bind(q, k, v: 4-D tensors, <launch>)");
+    if (n != 11) {
+        PyErr_SetString(PyExc_TypeError, "bind(q, k, v, generation, <launch>)");
         return nullptr;
+    }
+    const at::Tensor* t[3];
+    if (!unpack(a, t) || PyLong_AsUnsignedLongLong(a[3]) != generation) {
+        if (PyErr_Occurred()) PyErr_Clear();
+        Py_RETURN_NONE;
     }
     auto b = std::make_unique<Bound>();
     b->family = family_of(*t[0], *t[1], *t[2]);
@@ -362,7 +412,7 @@ PyObject* bind(PyObject*, PyObject* const* a, Py_ssize_t n) {
         b->v_strides[i] = t[2]->stride(i);
     }
     b->generation = generation;
-    if (!parse_spec(a + 3, b->spec)) return nullptr;
+    if (!parse_spec(a + 4, b->spec)) return nullptr;
     PyObject* capsule = PyCapsule_New(b.get(), kBound, free_bound);
     if (capsule != nullptr) b.release();
     return capsule;
@@ -382,8 +432,9 @@ PyObject* run(PyObject*, PyObject* const* a, Py_ssize_t n) {
     for (int i = 0; i < 4; ++i)
         if (k.stride(i) != b->k_strides[i] || v.stride(i) != b->v_strides[i]) Py_RETURN_NONE;
     if (!(family_of(q, k, v) == b->family)) Py_RETURN_NONE;
+    const LaunchSpec spec = b->spec;  // the handle lives while the caller holds it; the copy for symmetry with call
     PyObject* out = nullptr;
-    switch (launch(b->spec, b->family.device, q, k, v, &out)) {
+    switch (launch(spec, generation, b->family.device, q, k, v, &out)) {
         case Outcome::kDone:
             return out;
         case Outcome::kFailed:
@@ -402,17 +453,30 @@ PyObject* clear(PyObject*, PyObject*) {
 // stats() -> (entries, hits)
 PyObject* stats(PyObject*, PyObject*) { return Py_BuildValue("(nL)", Py_ssize_t(entries.size()), hits); }
 
+// The module's functions run inside this: a C++ exception (none is expected: the tensors are checked first) gives
+// None, "not taken", never a crash; the Python path then takes the call.
+template <PyObject* (*F)(PyObject*, PyObject* const*, Py_ssize_t)>
+PyObject* guarded(PyObject* self, PyObject* const* a, Py_ssize_t n) {
+    try {
+        return F(self, a, n);
+    } catch (...) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+}
+
 PyMethodDef methods[] = {
-    {"configure", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(configure)), METH_FASTCALL,
+    {"configure", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(guarded<configure>)), METH_FASTCALL,
      "configure(current_device, raw_stream, capturing, environ, env_keys)"},
-    {"remember", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(remember)), METH_FASTCALL,
+    {"remember", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(guarded<remember>)), METH_FASTCALL,
      "remember a fused plan's launch for its family (see native/fastpath.cpp)"},
-    {"call", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(call)), METH_FASTCALL,
+    {"call", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(guarded<call>)), METH_FASTCALL,
      "attention()'s call through a remembered plan, or None"},
-    {"bind", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(bind)), METH_FASTCALL,
+    {"bind", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(guarded<bind>)), METH_FASTCALL,
      "a handle for one plan's run() (see native/fastpath.cpp)"},
-    {"run", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(run)), METH_FASTCALL,
+    {"run", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(guarded<run>)), METH_FASTCALL,
      "a plan's run() through its handle, or None"},
+    {"generation", current_generation, METH_NOARGS, "the scratch's generation (see remember, bind)"},
     {"clear", clear, METH_NOARGS, "forget every remembered plan and invalidate every handle"},
     {"stats", stats, METH_NOARGS, "(entries, hits)"},
     {nullptr, nullptr, 0, nullptr}};

@@ -71,8 +71,8 @@ def fp():
     def remember(q, k, v, options=OPTIONS, keys=(64, 4096), launcher=None, stream=0, env=None):
         env = config.env_snapshot(ENV) if env is None else env
         out_shape = (q.shape[0], q.shape[2], q.shape[1], v.shape[3])
-        fastpath.remember(q, k, v, options, env, keys, out_shape, bytes(template()), launcher or rec.address,
-                          4096, stream, 1 << 20, 2 << 20)
+        fastpath.remember(q, k, v, options, env, keys, fastpath.generation(), out_shape, bytes(template()),
+                          launcher or rec.address, 4096, stream, 1 << 20, 2 << 20)
 
     yield types.SimpleNamespace(rec=rec, remember=remember)
     fastpath.clear()
@@ -226,10 +226,10 @@ def test_switch_and_bad_arguments(fp):
     q, k, v = qkv()
     fp.remember(q, k, v)
     assert fastpath.set_enabled(False) is False and fastpath.call is None
-    assert fast is not None and fastpath.set_enabled(True) is True and fastpath.stats()["entries"] == 1
+    assert fastpath.set_enabled(True) is True and fastpath.call is not None and fastpath.stats()["entries"] == 1
     assert fast(q.float().numpy(), k, v) is None and fast(q[0], k, v) is None
     with pytest.raises(TypeError):
-        fastpath.remember(q, k, v, OPTIONS[:3], (), (1, 2), (1, 1, 1, 1), b"", 1, 0, 0, 0, 0)
+        fastpath.remember(q, k, v, OPTIONS[:3], (), (1, 2), 0, (1, 1, 1, 1), b"", 1, 0, 0, 0, 0)
     assert "on" in fastpath.status()
 
 
@@ -243,7 +243,9 @@ def test_cli_info_names_the_fast_path(capsys):
 def test_a_bound_plan_runs_exactly_its_own_layout(fp):
     """AttentionPlan.run's handle: its tensors' family, key length and K/V strides exactly, until clear()."""
     q, k, v = qkv(Sk=100)
-    h = fastpath.bind(q, k, v, (2, 1, 8, 64), bytes(template()), fp.rec.address, 4096, 0, 1 << 20, 2 << 20)
+    bind = lambda q, k, v, address: fastpath.bind(q, k, v, fastpath.generation(), (2, 1, 8, 64), bytes(template()),
+                                                  address, 4096, 0, 1 << 20, 2 << 20)
+    h = bind(q, k, v, fp.rec.address)
     q2, k2, v2 = qkv(Sk=100)  # new data, the same layout
     out = fastpath.run(h, q2, k2, v2)
     assert out is not None and out.shape == (2, 1, 8, 64)
@@ -254,12 +256,42 @@ def test_a_bound_plan_runs_exactly_its_own_layout(fp):
     fastpath.clear()  # the scratch moved, or the plans were cleared
     assert fastpath.run(h, q2, k2, v2) is None
     bad = Recorder(status=1)
-    h = fastpath.bind(q, k, v, (2, 1, 8, 64), bytes(template()), bad.address, 4096, 0, 1 << 20, 2 << 20)
+    h = bind(q, k, v, bad.address)
     assert fastpath.run(h, q2, k2, v2) is None and fastpath.run(h, q2, k2, v2) is None
     assert len(bad.calls) == 1  # a handle whose launch failed is not tried again
     assert fastpath.run(object(), q2, k2, v2) is None
     with pytest.raises(TypeError):
-        fastpath.bind(q, k, v, (2, 1, 8), bytes(template()), fp.rec.address, 4096, 0, 0, 0)
+        fastpath.bind(q, k, v, fastpath.generation(), (2, 1, 8), bytes(template()), fp.rec.address, 4096, 0, 0, 0)
+    gen = fastpath.generation()
+    fastpath.clear()  # e.g. another thread grew the scratch after these addresses were read
+    assert fastpath.bind(q, k, v, gen, (2, 1, 8, 64), bytes(template()), fp.rec.address, 4096, 0, 0, 0) is None
+
+
+class Sub(torch.Tensor):
+    """A tensor subclass: the Python path keeps its semantics (__torch_function__), the fast path leaves it."""
+
+
+def test_odd_tensors_and_options_are_left_to_the_python_path(fp):
+    """Subclasses, sparse, functorch-wrapped tensors and options that are not None/bool/int/float/str are given
+    back (None), never raised on or crashed on; remember takes nothing for them."""
+    q, k, v = qkv()
+    fp.remember(q, k, v)
+    assert fast(q, k, v) is not None
+    assert fast(q.as_subclass(Sub), k, v) is None and fast(q, k, v.as_subclass(Sub)) is None
+    assert fast(q.to_sparse(), k, v) is None
+    seen = []
+    torch.func.vmap(lambda x: (seen.append(fast(x, k, v)), x)[1])(torch.stack([q, q]))  # a wrapper, no storage
+    assert seen == [None]
+    for bad in (torch.tensor(0.125), (0.125,), type("F", (float,), {})(0.125)):
+        assert fast(q, k, v, scale=bad) is None, bad
+    assert fast(q, k, v, causal=torch.tensor(False)) is None
+    assert fast(q, k, v, return_lse=0) is None  # only False itself: anything else takes the Python path
+    n = fastpath.stats()["entries"]
+    fp.remember(q.as_subclass(Sub), k, v)  # after the Python path ran a subclass: nothing remembered, no error
+    fp.remember(q, k, v, options=(False, torch.tensor(0.5)) + OPTIONS[2:])
+    assert fastpath.stats()["entries"] == n
+    fp.remember(q, k, v, options=(False, None, "auto", None, None, None, None, "bshd"))  # equal: replaced
+    assert fastpath.stats()["entries"] == n
 
 
 def test_a_stale_or_missing_build_is_refused(tmp_path, monkeypatch):
