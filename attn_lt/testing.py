@@ -135,12 +135,12 @@ def host_us(fn, calls: int = 100) -> float:
     return host_us_each({"fn": fn}, calls)["fn"]
 
 
-def host_us_each(fns: dict, calls: int = 100, rounds: int = 5) -> dict:
-    """Host microseconds to issue one call of each function of ``fns`` (name -> function): ``rounds`` rounds, each a
-    batch of ``calls`` calls of every function in turn (the order reversed every other round), each batch queued
-    behind a ~50 ms sleep kernel so that the launches only queue and the GPU's own time stays out of the figure; the
-    median of a function's batches. Side by side, so that a drifting host touches every function alike."""
-    import statistics
+def host_us_rounds(fns: dict, calls: int | dict = 100, rounds: int = 5) -> dict:
+    """Host microseconds to issue one call of each function of ``fns`` (name -> function), each round's: ``rounds``
+    rounds, each a batch of ``calls`` calls (or ``calls[name]``) of every function in turn (the order reversed every
+    other round), each batch queued behind a ~50 ms sleep kernel so that the launches only queue and the GPU's own
+    time stays out of the figure. Side by side, so that a drifting host touches every function alike. Returns name
+    -> the rounds' µs a call."""
     import time
 
     for fn in fns.values():
@@ -150,14 +150,21 @@ def host_us_each(fns: dict, calls: int = 100, rounds: int = 5) -> dict:
     samples: dict = {name: [] for name in fns}
     for r in range(rounds):
         for name in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
-            fn = fns[name]
+            fn, n = fns[name], calls[name] if isinstance(calls, dict) else calls
             torch.cuda._sleep(int(1e8))  # the GPU busy while the host issues the calls
             t0 = time.perf_counter()
-            for _ in range(calls):
+            for _ in range(n):
                 fn()
-            samples[name].append((time.perf_counter() - t0) / calls * 1e6)
+            samples[name].append((time.perf_counter() - t0) / n * 1e6)
             torch.cuda.synchronize()
-    return {name: round(statistics.median(v), 2) for name, v in samples.items()}
+    return samples
+
+
+def host_us_each(fns: dict, calls: int | dict = 100, rounds: int = 5) -> dict:
+    """The median of :func:`host_us_rounds`' rounds for each function: name -> µs a call."""
+    import statistics
+
+    return {name: round(statistics.median(v), 2) for name, v in host_us_rounds(fns, calls, rounds).items()}
 
 
 def time_ms(fn, warmup_ms: float = 25, rep_ms: float = 200) -> float:

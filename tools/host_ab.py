@@ -3,7 +3,7 @@
 hosts' speed drifts by tens of percent between processes and minutes; rounds that alternate share the drift).
 
 The other commit's package is exported (``git archive``) and imported as ``attn_lt_base``, loading this tree's
-native library. Timed, each queued behind a sleep kernel so that only the host counts (``testing.host_us``):
+native library. Timed, each queued behind a sleep kernel so that only the host counts (``testing.host_us_rounds``):
 ``attention()`` and the transformers adapter on a cached decode call (B8 Hq32 Hkv8 Sk4096 D128), a ``generate()``
 step of 8 layers through the adapter whose caches grow one key a step (B1, each layer its own contiguous K/V, as
 transformers' dynamic cache makes them), and SDPA (cuDNN off: its best setting in such a loop) beside them.
@@ -67,7 +67,7 @@ def main(argv=None) -> int:
     import attn_lt_base
     from attn_lt import native
     from attn_lt.integrations import transformers as hf_new
-    from attn_lt.testing import host_us
+    from attn_lt.testing import host_us_rounds
 
     os.environ.setdefault("ATTN_LT_LIB", str(native.library_path()))  # both packages load this tree's library
     from attn_lt_base.integrations import transformers as hf_base
@@ -106,10 +106,8 @@ def main(argv=None) -> int:
         cases[f"adapter, generate step B1, per call [{name}]"] = (stepper(hf.attention_forward), 25, layers)
     cases["sdpa (no cuDNN) B8 Sk4k"] = (lambda: F.scaled_dot_product_attention(q8, k8, v8, enable_gqa=True), 200, 1)
     cases["sdpa adapter, generate step B1, per call"] = (stepper(sdpa_forward), 25, layers)
-    rounds = {k: [] for k in cases}
-    for _ in range(a.rounds):
-        for k, (fn, calls, per) in cases.items():
-            rounds[k].append(host_us(fn, calls) / per)
+    raw = host_us_rounds({k: c[0] for k, c in cases.items()}, {k: c[1] for k, c in cases.items()}, a.rounds)
+    rounds = {k: [us / cases[k][2] for us in v] for k, v in raw.items()}  # a generate step: µs per layer's call
     med = {k: round(statistics.median(v), 2) for k, v in rounds.items()}
     print(f"host µs a call, median of {a.rounds} interleaved rounds, {torch.cuda.get_device_name()}:")
     for k, v in med.items():
