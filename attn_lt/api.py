@@ -258,24 +258,26 @@ class AttentionPlan:
         or K/V strides (a decode step): a fused plan without a mask, whose kernel reads the key length and the K/V
         strides from each call, while the launch (the split count) and the route stay those of its own length.
         ``backend`` and ``threshold`` are the family's (the key lengths it covers are worked out once)."""
-        keys = self._keys
-        if keys is None:
-            keys = self._keys = self._keys_covered(backend, threshold)
+        keys = self._keys or self._keys_covered(backend, threshold)
         Sk = signature[1]
         return keys[0] <= Sk <= keys[1] and signature[2] == Sk and self._reads(signature[3], signature[4])
 
     def _keys_covered(self, backend: str, threshold) -> tuple[int, float]:
         """The key lengths (lo, hi) :meth:`runs_keys_of` accepts: those of this plan's split count that its route
-        (``backend`` "auto") sends to wmma; (1, 0) for none."""
-        case = self.case
-        if not self._steps():
-            return 1, 0
-        lo, hi = keys_of_most(most_splits(case.Sk))
-        if backend == "auto":
-            r = self._route = self._route_at(case.Sk, case.k_strides, case.v_strides, threshold)
-            rlo, rhi = r.wmma_keys(case.Sq)
-            lo, hi = max(lo, rlo), min(math.inf if hi is None else hi, math.inf if rhi is None else rhi)
-        return lo, (math.inf if hi is None else hi)
+        (``backend`` "auto") sends to wmma; (1, 0) for none. Worked out once (``backend`` and ``threshold`` are
+        the family's)."""
+        if self._keys is None:
+            case = self.case
+            if not self._steps():
+                self._keys = (1, 0)
+                return self._keys
+            lo, hi = keys_of_most(most_splits(case.Sk))
+            if backend == "auto":
+                r = self._route = self._route_at(case.Sk, case.k_strides, case.v_strides, threshold)
+                rlo, rhi = r.wmma_keys(case.Sq)
+                lo, hi = max(lo, rlo), min(math.inf if hi is None else hi, math.inf if rhi is None else rhi)
+            self._keys = (lo, math.inf if hi is None else hi)
+        return self._keys
 
     def with_keys(self, signature: tuple, backend: str, threshold) -> AttentionPlan | None:
         """This plan for the same call with another key length (a decode step: the KV cache grew) whose launch
@@ -356,14 +358,13 @@ class AttentionPlan:
         ws_ptr, lse_ptr = self._scratch(self.device, stream, False)[2:]
         return (gen, self._out_shape, *self._program.fast_launch(), stream, ws_ptr, lse_ptr)
 
-    def _remember_fast(self, q, k, v, options: tuple, backend: str, threshold) -> None:
-        """After attention() ran this plan on q, k, v (no mask, no ``out``, no LSE) with ``options`` (its plan
-        cache's): let the compiled fast path run the later calls of this family and options that this plan runs as
-        it is (see :meth:`runs_keys_of`)."""
+    def _remember_fast(self, q, k, v, options: tuple, env: tuple, backend: str, threshold) -> None:
+        """After attention() ran this plan on q, k, v (no mask, no ``out``, no LSE) with ``options`` (see
+        :func:`attn_lt.fastpath.remember`) under the environment snapshot ``env``: let the compiled fast path run
+        the later calls of this family and options that this plan runs as it is (see :meth:`runs_keys_of`)."""
         launch = self._fast_launch()
         if launch is not None:
-            fastpath.remember(q, k, v, options[:6] + options[7:9], options[9], self._keys_covered(backend, threshold),
-                              *launch)
+            fastpath.remember(q, k, v, options, env, self._keys_covered(backend, threshold), *launch)
 
     def _scratch(self, device: torch.device, stream: int, capturing: bool) -> tuple:
         """(workspace, LSE scratch, their addresses): views of the stream's shared scratch buffer (see
@@ -669,7 +670,8 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
     p._used = next(_uses)  # least recently used first out of the plan cache
     res = p._execute(q, k, v, attn_mask, out, return_lse, None, sig)
     if fastpath.call is not None and attn_mask is None and out is None and not return_lse:
-        p._remember_fast(q, k, v, options, backend, threshold)
+        p._remember_fast(q, k, v, (causal, scale, backend, workspace_bytes, threshold, algo_policy, key_mass_window,
+                                   out_layout), options[-1], backend, threshold)
     return res
 
 

@@ -16,8 +16,6 @@ nothing changes but the host time. ``ATTN_LT_FASTPATH=0`` (or :func:`set_enabled
 
 from __future__ import annotations
 
-import hashlib
-import importlib.machinery
 import importlib.util
 import logging
 import sys
@@ -25,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from . import config
+from . import config, native
 
 log = logging.getLogger("attn_lt")
 
@@ -51,13 +49,8 @@ def extension_path() -> Path:
 
 
 def source_hash() -> str | None:
-    """sha256 of :data:`SOURCES` concatenated (None outside a source checkout)."""
-    if not all(p.is_file() for p in SOURCES):
-        return None
-    h = hashlib.sha256()
-    for p in SOURCES:
-        h.update(p.read_bytes())
-    return h.hexdigest()[:16]
+    """:func:`attn_lt.native.files_hash` of :data:`SOURCES` (None outside a source checkout)."""
+    return native.files_hash(SOURCES) if all(p.is_file() for p in SOURCES) else None
 
 
 def _load():
@@ -65,8 +58,7 @@ def _load():
     if not path.is_file():
         return None, f"not built for this torch and Python ({path.name}): `make native` builds it"
     try:
-        spec = importlib.util.spec_from_file_location(
-            "attn_lt._fastpath", path, loader=importlib.machinery.ExtensionFileLoader("attn_lt._fastpath", str(path)))
+        spec = importlib.util.spec_from_file_location("attn_lt._fastpath", path)  # a .so: an extension's loader
         ext = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(ext)
     except (ImportError, OSError) as e:

@@ -75,16 +75,19 @@ def flash_addresses(args: FlashArgs) -> ctypes.Array:
     return (ctypes.c_void_p * len(FLASH_ADDRESSES)).from_buffer(args)
 
 
+def files_hash(files) -> str:
+    """sha256 of ``files`` concatenated in the order given, 16 hex digits (the hash a native build embeds)."""
+    h = hashlib.sha256()
+    for f in files:
+        h.update(Path(f).read_bytes())
+    return h.hexdigest()[:16]
+
+
 def source_hash(src_dir: Path | None = None) -> str | None:
-    """The hash the Makefile embeds: sha256 of native/*.cu, *.cuh, *.h concatenated in name order."""
+    """The hash the Makefile embeds: :func:`files_hash` of native/*.cu, *.cuh, *.h in name order."""
     src_dir = SOURCE_DIR if src_dir is None else src_dir
     files = sorted(p for p in src_dir.glob("*") if p.suffix in (".cu", ".cuh", ".h")) if src_dir.is_dir() else []
-    if not files:
-        return None
-    h = hashlib.sha256()
-    for f in sorted(files, key=lambda p: f"native/{p.name}"):
-        h.update(f.read_bytes())
-    return h.hexdigest()[:16]
+    return files_hash(sorted(files, key=lambda p: f"native/{p.name}")) if files else None
 
 
 def library_path() -> Path:

@@ -211,7 +211,7 @@ __global__ void __launch_bounds__(128) merge_partials(const attn_lt_flash_args a
 
 // Wide rows from few splits (MLA decode: 512 columns, 2-8 parts over 4096 rows at B 32): merge_partials above
 // gives each split a warp and joins the warps through shared memory, which leaves this case latency-bound (ncu,
-// H100, B32 H128 two parts: 22 µs, a tenth of an 8k-key call, at 23 % of the DRAM rate). Here a CTA of D / 4
+// H100, B32 H128 two parts: 22 µs, a seventh of an 8k-key call, at 23 % of the DRAM rate). Here a CTA of D / 4
 // threads takes a row, each thread four columns of every split: the LSEs and the 16-byte partial loads of all the
 // splits issued at once (one round trip), then weighed; no shared memory and no barrier.
 constexpr int kWideMergeMaxSplits = 8;

@@ -131,6 +131,13 @@ void drop(Entry& e) {
     Py_CLEAR(e.env);
 }
 
+// Take entry i out of `entries`, its references released after the vector is consistent again.
+void erase_entry(size_t i) {
+    Entry gone = entries[i];
+    entries.erase(entries.begin() + i);
+    drop(gone);
+}
+
 void clear_entries() {
     ++generation;
     std::vector<Entry> old;
@@ -321,17 +328,11 @@ PyObject* remember(PyObject*, PyObject* const* a, Py_ssize_t n) {
     for (size_t i = 0; i < entries.size(); ++i) {
         Entry& old = entries[i];
         if (old.family == e.family && same_items(old.options, a[3]) && same_items(old.env, a[4])) {
-            Entry gone = old;
-            entries.erase(entries.begin() + i);
-            drop(gone);
+            erase_entry(i);
             break;
         }
     }
-    if (entries.size() == kEntries) {
-        Entry gone = entries.back();
-        entries.pop_back();
-        drop(gone);
-    }
+    if (entries.size() == kEntries) erase_entry(kEntries - 1);
     Py_INCREF(a[3]);
     Py_INCREF(a[4]);
     e.options = a[3];
@@ -377,11 +378,7 @@ PyObject* call(PyObject*, PyObject* const* a, Py_ssize_t n) {
             return out;
         case Outcome::kFailed: {  // the Python path launches again and raises attn_lt.native.CudaError
             const size_t j = find();
-            if (j < entries.size()) {
-                Entry gone = entries[j];
-                entries.erase(entries.begin() + j);
-                drop(gone);
-            }
+            if (j < entries.size()) erase_entry(j);
             Py_RETURN_NONE;
         }
         default:
@@ -432,9 +429,8 @@ PyObject* run(PyObject*, PyObject* const* a, Py_ssize_t n) {
     for (int i = 0; i < 4; ++i)
         if (k.stride(i) != b->k_strides[i] || v.stride(i) != b->v_strides[i]) Py_RETURN_NONE;
     if (!(family_of(q, k, v) == b->family)) Py_RETURN_NONE;
-    const LaunchSpec spec = b->spec;  // the handle lives while the caller holds it; the copy for symmetry with call
-    PyObject* out = nullptr;
-    switch (launch(spec, generation, b->family.device, q, k, v, &out)) {
+    PyObject* out = nullptr;  // b lives through the call: the caller's argument holds its capsule
+    switch (launch(b->spec, generation, b->family.device, q, k, v, &out)) {
         case Outcome::kDone:
             return out;
         case Outcome::kFailed:

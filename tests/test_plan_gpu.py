@@ -189,6 +189,11 @@ def test_host_us_each_times_every_function_in_every_round():
     res = host_us_each({"a": lambda: bump("a"), "b": lambda: bump("b")}, calls=10, rounds=3)
     assert set(res) == {"a", "b"} and all(t > 0 for t in res.values())
     assert counts == {"a": 5 + 30, "b": 5 + 30}  # warm-up, then 3 rounds of 10 each
+    from attn_lt.testing import host_us_rounds
+
+    counts = {"a": 0, "b": 0}
+    res = host_us_rounds({"a": lambda: bump("a"), "b": lambda: bump("b")}, calls={"a": 4, "b": 7}, rounds=2)
+    assert [len(res["a"]), len(res["b"])] == [2, 2] and counts == {"a": 5 + 8, "b": 5 + 14}  # a count each
 
 
 @pytest.mark.parametrize("D, Sq, Hq, Hkv", [(128, 1, 32, 8), (64, 1, 8, 8), (128, 16, 32, 8), (576, 1, 16, 1)])

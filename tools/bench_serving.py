@@ -139,7 +139,7 @@ def host_costs():
     import torch
 
     import attn_lt
-    from attn_lt.testing import host_us, host_us_each
+    from attn_lt.testing import host_us_each
 
     rows = []
     for Sk in (4096, 16384):
@@ -159,10 +159,10 @@ def host_costs():
         # a decode step: each call one key longer than the last (views of one cache), its plan derived
         kc, vc = (torch.randn(8, 8, Sk + 520, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         attn_lt.attention(q, kc[:, :, :Sk], vc[:, :, :Sk])
-        views = iter([(kc[:, :, :n], vc[:, :, :n]) for n in range(Sk + 1, Sk + 512)])
-        row["attention_step_us"] = host_us(lambda: attn_lt.attention(q, *next(views)))
-        views = iter([(kc[:, :, :n], vc[:, :, :n]) for n in range(Sk + 1, Sk + 512)])
-        row["attention_step_python_us"] = host_us(lambda: python_path(attn_lt.attention, q, *next(views)))
+        steps = [iter([(kc[:, :, :n], vc[:, :, :n]) for n in range(Sk + 1, Sk + 512)]) for _ in range(2)]
+        row.update(host_us_each({  # each its own walk over the lengths, the batches interleaved
+            "attention_step_us": lambda: attn_lt.attention(q, *next(steps[0])),
+            "attention_step_python_us": lambda: python_path(attn_lt.attention, q, *next(steps[1]))}))
         rows.append(row)
     return rows
 
