@@ -271,17 +271,30 @@ __host__ __device__ inline PipeLayout pipe_layout(const attn_lt_softmax_args& a,
     return L;
 }
 
-// ADD_MASS: each thread sums the FP32 P of its columns over the CTA's consecutive rows of one head in registers
+// The attention mass a PIPE kernel is built for: none, written (Row::mass: one row a head), or added (kAddMass).
+// A kernel without it has no mass code at all: the runtime check alone, in the P store loop or beside it, cost the
+// unmasked kernel 8 % at 8k-28k columns on the H200 (16k: 3.07-3.10 against 3.33 TB/s).
+enum : int { kNoMass = 0, kWriteMass = 1, kAddMass = 2 };
+
+// kAddMass: each thread sums the FP32 P of its columns over the CTA's consecutive rows of one head in registers
 // (MAXV float4 a thread: the widest segment over THREADS) and adds them into the head's mass with atomics when the
 // head changes and at the end; rows are then taken block by block (row r of block e is lin = e * rows + r), so
 // that a CTA's rows, `step` apart, stay in one head for many rows.
-template <int THREADS, int STAGES, bool HAS_MASK, bool CLUSTERED, typename OutT, bool ADD_MASS = false, int MAXV = 1>
+// The row descriptors: row k in head[k % kHeads], the row STAGES ahead written during row k. Three stages, no mask,
+// one CTA a row: kHeads = STAGES + 1, and the last thread writes it at the top of row k (into row k - 1's entry,
+// which nobody reads any more), beside the max loop instead of after the row's stores (H200, 4k-16k columns:
+// 3.33-3.53 -> 3.57-3.70 TB/s). Otherwise thread 0 at the row's end, into row k's own entry (kHeads = STAGES): the
+// early write slowed clustered 28k-column rows by 12 %, and the deeper array alone masked 16k rows by 13 %.
+template <int THREADS, int STAGES, bool HAS_MASK, bool CLUSTERED, typename OutT, int MASS = kNoMass, int MAXV = 1>
 __global__ void __launch_bounds__(THREADS, 1) softmax_pipe(const attn_lt_softmax_args a) {
+    constexpr bool ADD_MASS = MASS == kAddMass;
+    constexpr bool kEarlyHead = STAGES >= 3 && !HAS_MASK && !CLUSTERED;
+    constexpr int kHeads = kEarlyHead ? STAGES + 1 : STAGES;
     extern __shared__ float4 ring[];
     __shared__ float red[2][32];
     __shared__ float part[2][2];  // [max, sum][row parity], read by the other CTAs of the cluster
     (void)part;  // used by the cluster exchange only (sm_90, CLUSTERED): not an unused variable elsewhere
-    __shared__ Row head[STAGES];  // the row each slot holds or will hold; computed once, by thread 0
+    __shared__ Row head[kHeads];
     unsigned C = 1, rank = 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     cg::cluster_group cluster = cg::this_cluster();
@@ -297,16 +310,15 @@ __global__ void __launch_bounds__(THREADS, 1) softmax_pipe(const attn_lt_softmax
     const int64_t seg_mask_keys = HAS_MASK ? (a.cols < 4 * c1 ? a.cols : 4 * c1) - 4 * c0 : 0;
     const int64_t ring_keys = L.mask_bytes && seg_mask_keys > 0 ? seg_mask_keys * esize / 16 * 16 / esize : 0;
     auto slot_ptr = [&](int slot) { return reinterpret_cast<char*>(ring) + slot * L.slot_bytes; };
-    auto set_head = [&](int64_t lin, int slot) {  // thread 0 only
+    auto set_head = [&](int64_t lin, int hi) {  // one thread
         if (lin < nrows) {
-            head[slot] = ADD_MASS ? row_info(a, lin / a.rows, lin % a.rows)
-                                  : row_info(a, lin % a.batch, lin / a.batch);
+            head[hi] = ADD_MASS ? row_info(a, lin / a.rows, lin % a.rows) : row_info(a, lin % a.batch, lin / a.batch);
         } else {
-            head[slot].s = nullptr;
+            head[hi].s = nullptr;
         }
     };
-    auto issue = [&](int slot) {
-        const Row& w = head[slot];
+    auto issue = [&](int slot, int hi) {  // the ring's slot, the row's descriptor
+        const Row& w = head[hi];
         if (w.s != nullptr) {
             float4* dst = reinterpret_cast<float4*>(slot_ptr(slot));
             for (int64_t c = c0 + threadIdx.x; c < c1; c += THREADS) cp_async16(dst + (c - c0), w.s + 4 * c);
@@ -323,8 +335,8 @@ __global__ void __launch_bounds__(THREADS, 1) softmax_pipe(const attn_lt_softmax
         for (int k = 0; k < STAGES; ++k) set_head(first + int64_t(k) * step, k);
     __syncthreads();
 #pragma unroll
-    for (int k = 0; k < STAGES - 1; ++k) issue(k);
-    int slot = 0, parity = 0;
+    for (int k = 0; k < STAGES - 1; ++k) issue(k, k);
+    int slot = 0, hi = 0, parity = 0;
     // ADD_MASS: this thread's columns c0 + threadIdx.x + k * THREADS, summed over the rows of `into`
     float4 acc[MAXV];
 #pragma unroll
@@ -346,8 +358,9 @@ __global__ void __launch_bounds__(THREADS, 1) softmax_pipe(const attn_lt_softmax
     for (int64_t lin = first; lin < nrows; lin += step) {
         cp_async_wait<STAGES - 2>();  // this row's group is complete (the STAGES - 2 after it may not be)
         __syncthreads();  // ...for every thread's copies; and every thread is done with the previous row's slot
-        issue((slot + STAGES - 1) % STAGES);  // refill the previous row's slot, STAGES - 1 rows ahead
-        const Row w = head[slot];
+        issue((slot + STAGES - 1) % STAGES, (hi + STAGES - 1) % kHeads);  // the previous row's slot, STAGES - 1 ahead
+        const Row w = head[hi];
+        if (kEarlyHead && threadIdx.x == THREADS - 1) set_head(lin + int64_t(STAGES) * step, (hi + STAGES) % kHeads);
         const bool from_slot = HAS_MASK && ring_keys && reinterpret_cast<uintptr_t>(w.mask) % 16 == 0;
         const char* slot_mask = slot_ptr(slot) + L.seg4 * 16;
         float4* buf = reinterpret_cast<float4*>(slot_ptr(slot));
@@ -417,17 +430,23 @@ __global__ void __launch_bounds__(THREADS, 1) softmax_pipe(const attn_lt_softmax
                     acc[k].w += pv.w;
                 }
             }
-        } else {
+        } else if constexpr (MASS == kWriteMass) {
             for (int64_t c = c0 + threadIdx.x; c < c1; c += THREADS) {
                 const float4 v = buf[c - c0];
                 store_p<OutT>(w, 4 * c, a.cols, v.x * inv, v.y * inv, v.z * inv, v.w * inv);
             }
+        } else {
+            for (int64_t c = c0 + threadIdx.x; c < c1; c += THREADS) {
+                const float4 v = buf[c - c0];
+                store4<OutT>(w.p, 4 * c, v.x * inv, v.y * inv, v.z * inv, v.w * inv);
+            }
         }
         if (threadIdx.x == 0) {
             if (rank == 0) *w.lse = sum > 0.f ? mref + logf(sum) : -INFINITY;
-            set_head(lin + int64_t(STAGES) * step, slot);  // read after the next iteration's barrier
-        }
+            if (!kEarlyHead) set_head(lin + int64_t(STAGES) * step, (hi + STAGES) % kHeads);  // read after the next
+        }                                                                                  // iteration's barrier
         slot = (slot + 1) % STAGES;
+        hi = (hi + 1) % kHeads;
         parity ^= 1;
     }
     if constexpr (ADD_MASS) flush();
@@ -561,8 +580,11 @@ cudaError_t launch_pipe(const attn_lt_softmax_args& a, int C, cudaStream_t strea
         return static_cast<cudaError_t>(ATTN_LT_ERR_VARIANT);
     static_assert(MAXV * THREADS >= kPipeMassSeg4 || THREADS == 256, "accumulators for every segment PIPE sums");
     const bool masked = a.mask_dtype != ATTN_LT_NONE;
-    const auto kernel = add ? (masked ? softmax_pipe<THREADS, STAGES, true, CLUSTERED, OutT, true, MAXV>
-                                      : softmax_pipe<THREADS, STAGES, false, CLUSTERED, OutT, true, MAXV>)
+    const auto kernel =
+        add                 ? (masked ? softmax_pipe<THREADS, STAGES, true, CLUSTERED, OutT, kAddMass, MAXV>
+                                      : softmax_pipe<THREADS, STAGES, false, CLUSTERED, OutT, kAddMass, MAXV>)
+        : a.mass != nullptr ? (masked ? softmax_pipe<THREADS, STAGES, true, CLUSTERED, OutT, kWriteMass>
+                                      : softmax_pipe<THREADS, STAGES, false, CLUSTERED, OutT, kWriteMass>)
                             : (masked ? softmax_pipe<THREADS, STAGES, true, CLUSTERED, OutT>
                                       : softmax_pipe<THREADS, STAGES, false, CLUSTERED, OutT>);
     const size_t smem = size_t(STAGES) * size_t(pipe_layout(a, C).slot_bytes);

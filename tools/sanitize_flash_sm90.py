@@ -47,6 +47,7 @@ MLA_DECODE = [
     (2, 128, 1, 333, torch.bfloat16, 1),
     (1, 96, 1, 1000, torch.float16, 3),  # a partial second block of heads
     (2, 16, 2, 130, torch.bfloat16, 5),  # parts without a key
+    (2, 128, 1, 4000, torch.bfloat16, 2),  # two parts, as B 32 takes them
     (2, 128, 1, 2000, torch.bfloat16, 12),  # more parts than the wide merge takes (native/common.cuh)
 ]
 # the decode kernel (64-row blocks of positions x heads, keys in parts): (B, Hq, Hkv, Sq, Sk, dtype, causal, parts,
