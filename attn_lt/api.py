@@ -321,10 +321,10 @@ class AttentionPlan:
 
         ``out``: optional contiguous output of q's dtype. ``workspace``: optional uint8 CUDA tensor of at least
         :attr:`workspace_bytes` bytes (else one is taken from PyTorch's caching allocator)."""
-        fast = self._fast
-        if fast is not None and fastpath.run is not None and attn_mask is None and out is None and not return_lse \
-                and workspace is None:  # the call bound last time, launched in C++; else None
-            res = fastpath.run(fast, q, k, v)
+        # the fast path takes plain calls: no mask, output, LSE or workspace of the caller's
+        plain = fastpath.run is not None and attn_mask is None and out is None and not return_lse and workspace is None
+        if plain and self._fast is not None:  # the layout bound last time, launched in C++; else None
+            res = fastpath.run(self._fast, q, k, v)
             if res is not None:
                 return res
         if self.signature is None:
@@ -339,7 +339,7 @@ class AttentionPlan:
                              f"{tuple(v.stride())}{mask} (shapes, strides, dtypes, device and alignment must match "
                              "the plan's)")
         res = self._execute(q, k, v, attn_mask, out, return_lse, workspace, sig)
-        if fastpath.run is not None and attn_mask is None and out is None and not return_lse and workspace is None:
+        if plain:
             launch = self._fast_launch()
             if launch is not None:  # later runs of these tensors' layout take the compiled fast path
                 self._fast = fastpath.bind(q, k, v, *launch)

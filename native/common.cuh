@@ -128,6 +128,17 @@ inline cudaError_t opt_in_smem(const void* kernel, size_t bytes) {
 // ---- the LSE merge of split partials (native/flash.cu's key splits, native/flash_sm90.cu's MLA decode) ----------
 // Partials: o_part [splits][B * Hq * Sq rows][D] FP32, normalised; lse_part [splits][rows], natural log.
 
+// Where merged row `row` (of B * Hq * Sq) of the output starts, and its LSE from the largest part LSE `mx` and the
+// parts' summed weights `wsum` (both merge kernels).
+template <typename T>
+__device__ __forceinline__ T* merged_row(const attn_lt_flash_args& a, int64_t row) {
+    const int64_t pos = row % a.Sq, bh = row / a.Sq, h = bh % a.Hq, b = bh / a.Hq;
+    return static_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh + pos * a.o_ss;
+}
+__device__ __forceinline__ float merged_lse(float mx, float wsum) {
+    return wsum > 0.f ? mx + logf(wsum) : -INFINITY;
+}
+
 // Join `splits` partials by their LSE: one CTA a row (b, h, position), its four warps taking every fourth split,
 // D / 32 columns a lane. A partial with LSE -inf (no visible key in its range) weighs nothing; a row with no visible
 // key at all gives 0 and LSE -inf. Latency, not bytes, bounds it (a decode step at batch 1 has a few dozen rows and
@@ -202,11 +213,10 @@ __global__ void __launch_bounds__(128) merge_partials(const attn_lt_flash_args a
         for (int c = 0; c < kPer; ++c) acc[c] += s_acc[w][lane * kPer + c];
     wsum += s_part[1] + s_part[2] + s_part[3];
     const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
-    const int64_t pos = row % a.Sq, bh = row / a.Sq, h = bh % a.Hq, b = bh / a.Hq;
-    T* out = static_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh + pos * a.o_ss + lane * kPer;
+    T* out = merged_row<T>(a, row) + lane * kPer;
 #pragma unroll
     for (int c = 0; c < kPer; c += 2) *reinterpret_cast<unsigned*>(out + c) = pack2<T>(acc[c] * inv, acc[c + 1] * inv);
-    if (lane == 0 && a.lse != nullptr) a.lse[row] = wsum > 0.f ? mx + logf(wsum) : -INFINITY;
+    if (lane == 0 && a.lse != nullptr) a.lse[row] = merged_lse(mx, wsum);
 }
 
 // Wide rows from few splits (MLA decode: 512 columns, 2-8 parts over 4096 rows at B 32): merge_partials above
@@ -250,10 +260,9 @@ __global__ void __launch_bounds__(D / 4) merge_partials_wide(const attn_lt_flash
         }
     }
     const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
-    const int64_t pos = row % a.Sq, bh = row / a.Sq, h = bh % a.Hq, b = bh / a.Hq;
-    T* out = static_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh + pos * a.o_ss + 4 * threadIdx.x;
+    T* out = merged_row<T>(a, row) + 4 * threadIdx.x;
     *reinterpret_cast<uint2*>(out) = make_uint2(pack2<T>(acc.x * inv, acc.y * inv), pack2<T>(acc.z * inv, acc.w * inv));
-    if (threadIdx.x == 0 && a.lse != nullptr) a.lse[row] = wsum > 0.f ? mx + logf(wsum) : -INFINITY;
+    if (threadIdx.x == 0 && a.lse != nullptr) a.lse[row] = merged_lse(mx, wsum);
 }
 
 // Join the splits. From sm_90 as a programmatic dependent launch: its launch overlaps the split kernel's last
