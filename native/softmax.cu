@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdint>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 
 #ifndef ATTN_LT_SOURCE_HASH
@@ -39,9 +40,16 @@ struct Row {
     char* p;
     float* lse;
     const char* mask;  // mask at (b, h, q, key 0), or nullptr
-    float* mass;       // the attention mass per key of this row's head (P written, or added by PIPE), or nullptr
     int64_t limit;     // last visible key, inclusive (may be negative: all masked)
     bool mask_vec;     // mask keys contiguous and 4-key aligned: 4 keys in one load
+};
+
+// A `Row` and where its P goes into its head's attention mass per key (written, or added by PIPE; nullptr: the row
+// is not in the mass). Kept out of `Row`: PIPE built without the mass holds its row descriptors in shared memory,
+// and the one pointer more cost its masked and 28k-column rows 5-9 % (H200 and H100, against a build without any
+// mass code).
+struct MassRow : Row {
+    float* mass;
 };
 
 // Query position and head of row r of block e (the long path's row mapping), shared by the softmax and the merge.
@@ -55,14 +63,18 @@ __device__ __forceinline__ RowPlace row_place(const Args& a, int64_t e, int64_t 
     return {(a.e0 + e) / a.Hkv, (a.e0 + e) % a.Hkv * a.g + a.gi0 + R / a.Sq, R % a.Sq};
 }
 
-__device__ __forceinline__ Row row_info(const attn_lt_softmax_args& a, int64_t e, int64_t r) {
+// Row r of block e: a `Row`, or a `MassRow` with its mass.
+template <typename R>
+__device__ __forceinline__ R row_info(const attn_lt_softmax_args& a, int64_t e, int64_t r) {
     const RowPlace at = row_place(a, e, r);
-    Row w;
+    R w;
     w.s = a.scores + e * a.bs_s + r * a.ld_s;
     w.p = static_cast<char*>(a.probs) + (e * a.bs_p + r * a.ld_p) * 2;
     w.lse = a.lse_local ? a.lse + e * a.rows + r : a.lse + (at.b * a.Hq + at.h) * a.Sq + at.q;
-    const bool in_mass = a.mass_add ? at.q >= a.mass_q0 : at.q == a.Sq - 1;
-    w.mass = a.mass != nullptr && in_mass ? a.mass + (at.b * a.Hq + at.h) * a.Sk + a.k0 : nullptr;
+    if constexpr (std::is_same<R, MassRow>::value) {
+        const bool in_mass = a.mass_add ? at.q >= a.mass_q0 : at.q == a.Sq - 1;
+        w.mass = a.mass != nullptr && in_mass ? a.mass + (at.b * a.Hq + at.h) * a.Sk + a.k0 : nullptr;
+    }
     int64_t limit = a.cols - 1;
     if (a.causal) limit = min(limit, at.q + a.Sk - a.Sq - a.k0);
     w.limit = limit;
@@ -166,10 +178,11 @@ __device__ __forceinline__ void store4<__half>(char* p, int64_t j, float a, floa
 
 // P of keys j..j+3 stored in the output dtype, and in FP32 into the row's attention mass when it has one and the
 // mass is written, not added (keys past the row's `cols` are padding of P and not of the mass).
-template <typename OutT, bool ADD_MASS = false>
-__device__ __forceinline__ void store_p(const Row& w, int64_t j, int64_t cols, float x, float y, float z, float u) {
+template <typename OutT>
+__device__ __forceinline__ void store_p(const MassRow& w, int64_t j, int64_t cols, float x, float y, float z,
+                                        float u) {
     store4<OutT>(w.p, j, x, y, z, u);
-    if (ADD_MASS || w.mass == nullptr) return;
+    if (w.mass == nullptr) return;
     float* m = w.mass + j;
     if (j + 3 < cols && reinterpret_cast<uintptr_t>(m) % 16 == 0) {
         *reinterpret_cast<float4*>(m) = make_float4(x, y, z, u);
@@ -213,7 +226,7 @@ __device__ __forceinline__ void finish_row(const Row& w, float mx, float sum) {
 template <int THREADS, int NV, typename OutT>
 __global__ void __launch_bounds__(THREADS) softmax_resident(const attn_lt_softmax_args a) {
     __shared__ float red[2][32];
-    const Row w = row_info(a, blockIdx.x % a.batch, blockIdx.x / a.batch);
+    const MassRow w = row_info<MassRow>(a, blockIdx.x % a.batch, blockIdx.x / a.batch);
     float4 v[NV];
     float mx = -INFINITY;
 #pragma unroll
@@ -271,15 +284,16 @@ __host__ __device__ inline PipeLayout pipe_layout(const attn_lt_softmax_args& a,
     return L;
 }
 
-// The attention mass a PIPE kernel is built for: none, written (Row::mass: one row a head), or added (kAddMass).
+// The attention mass a PIPE kernel is built for: none, written (MassRow::mass: one row a head), or added (kAddMass).
 // A kernel without it has no mass code at all: the runtime check alone, in the P store loop or beside it, cost the
 // unmasked kernel 8 % at 8k-28k columns on the H200 (16k: 3.07-3.10 against 3.33 TB/s).
 enum : int { kNoMass = 0, kWriteMass = 1, kAddMass = 2 };
 
 // kAddMass: each thread sums the FP32 P of its columns over the CTA's consecutive rows of one head in registers
-// (MAXV float4 a thread: the widest segment over THREADS) and adds them into the head's mass with atomics when the
-// head changes and at the end; rows are then taken block by block (row r of block e is lin = e * rows + r), so
-// that a CTA's rows, `step` apart, stay in one head for many rows.
+// (MAXV float4 a thread: the widest segment over THREADS) and adds them into the head's mass with atomics (four
+// columns in one on sm_90) when the head changes and at the end. Rows are then taken block by block (row r of
+// block e is lin = e * rows + r) and each CTA (cluster) takes one contiguous range of them, so that it flushes
+// once or twice a launch, not at every head of the chunk with all the others at once.
 // The row descriptors: row k in head[k % kHeads], the row STAGES ahead written during row k. Three stages, no mask,
 // one CTA a row: kHeads = STAGES + 1, and the last thread writes it at the top of row k (into row k - 1's entry,
 // which nobody reads any more), beside the max loop instead of after the row's stores (H200, against a build with
@@ -291,11 +305,14 @@ __global__ void __launch_bounds__(THREADS, 1) softmax_pipe(const attn_lt_softmax
     constexpr bool ADD_MASS = MASS == kAddMass;
     constexpr bool kEarlyHead = STAGES >= 3 && !HAS_MASK && !CLUSTERED;
     constexpr int kHeads = kEarlyHead ? STAGES + 1 : STAGES;
+    // The row descriptor: without the mass a `Row`, except in clustered masked kernels, whose 28k- and 64k-column
+    // rows ran 20-25 % faster with a `MassRow`'s (H100: 1.78 against 1.43 TB/s at 28k, 1.69 against 1.36 at 64k).
+    using Head = typename std::conditional<MASS == kNoMass && !(CLUSTERED && HAS_MASK), Row, MassRow>::type;
     extern __shared__ float4 ring[];
     __shared__ float red[2][32];
     __shared__ float part[2][2];  // [max, sum][row parity], read by the other CTAs of the cluster
     (void)part;  // used by the cluster exchange only (sm_90, CLUSTERED): not an unused variable elsewhere
-    __shared__ Row head[kHeads];
+    __shared__ Head head[kHeads];
     unsigned C = 1, rank = 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     cg::cluster_group cluster = cg::this_cluster();
@@ -306,20 +323,24 @@ __global__ void __launch_bounds__(THREADS, 1) softmax_pipe(const attn_lt_softmax
 #endif
     const PipeLayout L = pipe_layout(a, C);
     const int64_t c0 = int64_t(rank) * L.seg4, c1 = c0 + L.seg4 < L.n4 ? c0 + L.seg4 : L.n4;
-    const int64_t nrows = a.rows * a.batch, first = blockIdx.x / C, step = gridDim.x / C;
+    // rows lin = first, first + step, ... below end: strided over the clusters, or (kAddMass) a contiguous range
+    const int64_t nrows = a.rows * a.batch, clusters = gridDim.x / C, cid = blockIdx.x / C;
+    const int64_t first = ADD_MASS ? cid * nrows / clusters : cid, step = ADD_MASS ? 1 : clusters;
+    const int64_t end = ADD_MASS ? (cid + 1) * nrows / clusters : nrows;
     const int esize = mask_esize(a.mask_dtype);
     const int64_t seg_mask_keys = HAS_MASK ? (a.cols < 4 * c1 ? a.cols : 4 * c1) - 4 * c0 : 0;
     const int64_t ring_keys = L.mask_bytes && seg_mask_keys > 0 ? seg_mask_keys * esize / 16 * 16 / esize : 0;
     auto slot_ptr = [&](int slot) { return reinterpret_cast<char*>(ring) + slot * L.slot_bytes; };
     auto set_head = [&](int64_t lin, int hi) {  // one thread
-        if (lin < nrows) {
-            head[hi] = ADD_MASS ? row_info(a, lin / a.rows, lin % a.rows) : row_info(a, lin % a.batch, lin / a.batch);
+        if (lin < end) {
+            head[hi] = ADD_MASS ? row_info<Head>(a, lin / a.rows, lin % a.rows)
+                                : row_info<Head>(a, lin % a.batch, lin / a.batch);
         } else {
             head[hi].s = nullptr;
         }
     };
     auto issue = [&](int slot, int hi) {  // the ring's slot, the row's descriptor
-        const Row& w = head[hi];
+        const Head& w = head[hi];
         if (w.s != nullptr) {
             float4* dst = reinterpret_cast<float4*>(slot_ptr(slot));
             for (int64_t c = c0 + threadIdx.x; c < c1; c += THREADS) cp_async16(dst + (c - c0), w.s + 4 * c);
@@ -345,22 +366,30 @@ __global__ void __launch_bounds__(THREADS, 1) softmax_pipe(const attn_lt_softmax
     float* into = nullptr;
     const auto flush = [&]() {
         if (into == nullptr) return;
+        const bool vec = reinterpret_cast<uintptr_t>(into) % 16 == 0;  // j is a multiple of 4: into + j too
+        (void)vec;
 #pragma unroll
         for (int k = 0; k < MAXV; ++k) {
             const int64_t c = c0 + threadIdx.x + int64_t(k) * THREADS;
             if (c >= c1) break;
             const int64_t j = 4 * c;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            if (vec && j + 3 < a.cols) {
+                atomicAdd(reinterpret_cast<float4*>(into + j), acc[k]);
+                continue;
+            }
+#endif
             if (j < a.cols) atomicAdd(into + j, acc[k].x);
             if (j + 1 < a.cols) atomicAdd(into + j + 1, acc[k].y);
             if (j + 2 < a.cols) atomicAdd(into + j + 2, acc[k].z);
             if (j + 3 < a.cols) atomicAdd(into + j + 3, acc[k].w);
         }
     };
-    for (int64_t lin = first; lin < nrows; lin += step) {
+    for (int64_t lin = first; lin < end; lin += step) {
         cp_async_wait<STAGES - 2>();  // this row's group is complete (the STAGES - 2 after it may not be)
         __syncthreads();  // ...for every thread's copies; and every thread is done with the previous row's slot
         issue((slot + STAGES - 1) % STAGES, (hi + STAGES - 1) % kHeads);  // the previous row's slot, STAGES - 1 ahead
-        const Row w = head[hi];
+        const Head w = head[hi];
         if (kEarlyHead && threadIdx.x == THREADS - 1) set_head(lin + int64_t(STAGES) * step, (hi + STAGES) % kHeads);
         const bool from_slot = HAS_MASK && ring_keys && reinterpret_cast<uintptr_t>(w.mask) % 16 == 0;
         const char* slot_mask = slot_ptr(slot) + L.seg4 * 16;
@@ -424,7 +453,7 @@ __global__ void __launch_bounds__(THREADS, 1) softmax_pipe(const attn_lt_softmax
                 if (c < c1) {
                     const float4 v = buf[c - c0];
                     const float4 pv = make_float4(v.x * inv, v.y * inv, v.z * inv, v.w * inv);
-                    store_p<OutT, true>(w, 4 * c, a.cols, pv.x, pv.y, pv.z, pv.w);
+                    store4<OutT>(w.p, 4 * c, pv.x, pv.y, pv.z, pv.w);
                     acc[k].x += pv.x;
                     acc[k].y += pv.y;
                     acc[k].z += pv.z;
@@ -460,7 +489,7 @@ __global__ void __launch_bounds__(THREADS, 1) softmax_pipe(const attn_lt_softmax
 template <int THREADS, int NV, typename OutT>
 __global__ void __launch_bounds__(THREADS) softmax_two_pass(const attn_lt_softmax_args a) {
     __shared__ float red[2][32];
-    const Row w = row_info(a, blockIdx.x % a.batch, blockIdx.x / a.batch);
+    const MassRow w = row_info<MassRow>(a, blockIdx.x % a.batch, blockIdx.x / a.batch);
     // Pass 1: online max and sum.
     float m = -INFINITY, l = 0.f;
     for (int64_t j = int64_t(threadIdx.x) * 4; j < a.cols; j += THREADS * 4) {

@@ -423,9 +423,9 @@ def test_j_mla_decode_lengths_and_parts(sm90, Sk, splits):
 
 @gpu
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
-@pytest.mark.parametrize("Hq,Hkv", [(16, 1), (128, 2), (96, 1)], ids=["h16", "h128-kv2", "h96"])
+@pytest.mark.parametrize("Hq,Hkv", [(16, 1), (128, 2), (96, 1), (192, 1)], ids=["h16", "h128-kv2", "h96", "h192"])
 def test_j_mla_decode_heads(sm90, Hq, Hkv, dtype):
-    # 16 heads: one block, 48 rows past the last head; 96: a partial second block
+    # 16 heads: one block, 48 rows past the last head; 96: a partial second block; 192: three blocks
     check_mla(*rand_latent(3, Hq, Hkv, 2000, dtype), 3)
 
 

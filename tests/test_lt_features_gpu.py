@@ -81,6 +81,8 @@ def test_mla_decode_v_is_a_view_of_the_latent_cache(Sk):
     dict(B=1, Hq=4, Hkv=2, Sq=1500, Sk=16384, causal=False, mask=None, window=None, ws=128 << 20),
     dict(B=2, Hq=4, Hkv=4, Sq=700, Sk=6001, causal=False, mask="bool", window=300, ws=64 << 20),
     dict(B=1, Hq=8, Hkv=2, Sq=3000, Sk=9000, causal=True, mask="float", window=None, ws=96 << 20),
+    # rows of 32000 keys: PIPE in clusters of two CTAs a row adds the mass (causal, Sq != Sk, GQA)
+    dict(B=1, Hq=2, Hkv=1, Sq=200, Sk=32000, causal=True, mask=None, window=None, ws=64 << 20),
 ], ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
 def test_key_mass_matches_the_reference(case, monkeypatch):
     c = case
