@@ -366,15 +366,14 @@ __global__ void __launch_bounds__(THREADS, 1) softmax_pipe(const attn_lt_softmax
     float* into = nullptr;
     const auto flush = [&]() {
         if (into == nullptr) return;
-        const bool vec = reinterpret_cast<uintptr_t>(into) % 16 == 0;  // j is a multiple of 4: into + j too
-        (void)vec;
 #pragma unroll
         for (int k = 0; k < MAXV; ++k) {
             const int64_t c = c0 + threadIdx.x + int64_t(k) * THREADS;
             if (c >= c1) break;
             const int64_t j = 4 * c;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-            if (vec && j + 3 < a.cols) {
+            // four columns in one atomic where the head's mass row is 16-byte aligned (j is a multiple of 4)
+            if (reinterpret_cast<uintptr_t>(into) % 16 == 0 && j + 3 < a.cols) {
                 atomicAdd(reinterpret_cast<float4*>(into + j), acc[k]);
                 continue;
             }
@@ -460,15 +459,12 @@ __global__ void __launch_bounds__(THREADS, 1) softmax_pipe(const attn_lt_softmax
                     acc[k].w += pv.w;
                 }
             }
-        } else if constexpr (MASS == kWriteMass) {
-            for (int64_t c = c0 + threadIdx.x; c < c1; c += THREADS) {
-                const float4 v = buf[c - c0];
-                store_p<OutT>(w, 4 * c, a.cols, v.x * inv, v.y * inv, v.z * inv, v.w * inv);
-            }
         } else {
             for (int64_t c = c0 + threadIdx.x; c < c1; c += THREADS) {
                 const float4 v = buf[c - c0];
-                store4<OutT>(w.p, 4 * c, v.x * inv, v.y * inv, v.z * inv, v.w * inv);
+                const float x = v.x * inv, y = v.y * inv, z = v.z * inv, u = v.w * inv;
+                if constexpr (MASS == kWriteMass) store_p<OutT>(w, 4 * c, a.cols, x, y, z, u);
+                else store4<OutT>(w.p, 4 * c, x, y, z, u);
             }
         }
         if (threadIdx.x == 0) {  // the descriptor written here is read after the next iteration's barrier
