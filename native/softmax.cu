@@ -216,8 +216,15 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
 
 __device__ __forceinline__ float max4(float4 v) { return fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w)); }
 
-// exp((x - m)) with the reference m of an all-masked row taken as 0 so that exp(-inf - m) is 0, never NaN.
-__device__ __forceinline__ float ex(float x, float mref) { return exp2f((x - mref) * kLog2e); }
+// exp(x - m), with the reference m of an all-masked row taken as 0 so that exp(-inf - m) is 0, never NaN: one FFMA
+// (x log2 e - m log2 e; m log2 e is hoisted out of a row's loops) and one MUFU.EX2 (ftz: results below 2^-126, far
+// below what P resolves against a row sum >= 1, are 0). The rounding of m log2 e moves the exponent by at most
+// |m| 2^-24 log2 e (6e-6 relative in P at |m| = 100).
+__device__ __forceinline__ float ex(float x, float mref) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(fmaf(x, kLog2e, -mref * kLog2e)));
+    return r;
+}
 
 __device__ __forceinline__ void finish_row(const Row& w, float mx, float sum) {
     if (threadIdx.x == 0) *w.lse = sum > 0.f ? mx + logf(sum) : -INFINITY;
@@ -297,9 +304,9 @@ enum : int { kNoMass = 0, kWriteMass = 1, kAddMass = 2 };
 // The row descriptors: row k in head[k % kHeads], the row STAGES ahead written during row k. Three stages, no mask,
 // one CTA a row: kHeads = STAGES + 1, and the last thread writes it at the top of row k (into row k - 1's entry,
 // which nobody reads any more), beside the max loop instead of after the row's stores (H200, against a build with
-// no mass code: 8k columns 3.52 -> 3.71 TB/s, 16k 3.29 -> 3.57). Otherwise thread 0 at the row's end, into row k's
-// own entry (kHeads = STAGES): the early write slowed clustered 28k-column rows by 5 %, and the deeper array alone
-// masked 16k rows by 7 %.
+// no mass code: 8k columns 3.52 -> 3.71 TB/s, 16k 3.29 -> 3.57 when 16k rows took three slots; see launch()).
+// Otherwise thread 0 at the row's end, into row k's own entry (kHeads = STAGES): the early write slowed clustered
+// 28k-column rows by 5 %, and the deeper array alone masked 16k rows by 7 %.
 template <int THREADS, int STAGES, bool HAS_MASK, bool CLUSTERED, typename OutT, int MASS = kNoMass, int MAXV = 1>
 __global__ void __launch_bounds__(THREADS, 1) softmax_pipe(const attn_lt_softmax_args a) {
     constexpr bool ADD_MASS = MASS == kAddMass;
@@ -661,11 +668,16 @@ cudaError_t launch(const attn_lt_softmax_args& a, cudaStream_t stream) {
         // kernel adds the mass (112 registers; with 512 threads that allowed one CTA an SM). H200, 8k columns:
         // 3.68 -> 3.94 TB/s, with the mass 2.14 -> 3.72. Masked 8k rows keep 512 threads (2.05 against 1.92). A
         // call with the mass and one without must share the configuration: P is then the same bit for bit.
-        if (pipe_stages(a, 1) == 3)
-            return c <= 4096 ? launch_pipe<256, 3, false, OutT, kPipeMaxV256>(a, 1, stream)
-                   : c <= 8192 && a.mask_dtype == ATTN_LT_NONE
-                       ? launch_pipe<256, 3, false, OutT, kPipeMaxV256x8k>(a, 1, stream)
-                       : launch_pipe<512, 3, false, OutT, kPipeMaxV512>(a, 1, stream);
+        if (c <= 4096 && pipe_stages(a, 1) == 3) return launch_pipe<256, 3, false, OutT, kPipeMaxV256>(a, 1, stream);
+        if (c <= 8192 && a.mask_dtype == ATTN_LT_NONE)
+            return launch_pipe<256, 3, false, OutT, kPipeMaxV256x8k>(a, 1, stream);
+        // Longer rows: 512 threads and two slots, which fit two CTAs an SM up to 96 KB a slot pair (12k columns,
+        // masked 8k) where three did not, and measured no slower where neither fits two (three slots -> two: H200
+        // 12k columns 3.43 -> 3.73 TB/s, masked 2.63 -> 2.90, 16k 3.61 -> 3.65; H100 masked 8k 2.19 -> 2.66).
+        // Except unmasked rows whose mass is added: that kernel (112 registers) runs one CTA an SM with either,
+        // and the third slot was faster (H100 16k 2.74 against 2.62). The slots do not change P.
+        if (a.mass_add && a.mass != nullptr && a.mask_dtype == ATTN_LT_NONE && pipe_stages(a, 1) == 3)
+            return launch_pipe<512, 3, false, OutT, kPipeMaxV512>(a, 1, stream);
         return launch_pipe<512, 2, false, OutT, kPipeMaxV512>(a, 1, stream);
     }
     if (a.mass_add && a.mass != nullptr) return static_cast<cudaError_t>(ATTN_LT_ERR_VARIANT);  // PIPE only
