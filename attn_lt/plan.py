@@ -16,6 +16,9 @@ instead: row blocks keep their size, each covers its keys ``key_tile`` at a time
 partial output and its LSE, and a small native kernel joins them by LSE (the arithmetic of :mod:`attn_lt.merge`),
 the last tile writing the output. The chunk sizes and the set of GEMM shapes then stay the same at any length; only
 the number of chunks grows, and nothing here lists them unless asked (``explain`` at 10M keys reads the grid).
+Calls of at least :data:`TILE_MIN_ROWS` query rows without a dense mask whose rows are longer than one softmax CTA
+holds (:data:`ONE_CTA_KEYS`) are tiled too, at most that long, whatever the budget: the softmax streams such rows
+over clusters of CTAs at about 60 % of its one-CTA rate.
 
 Memory: a plan uses one workspace of ``workspace_bytes`` = per lane, cuBLASLt workspace + the largest chunk's FP32
 score block (+ the key tiles' accumulators); P is written in place over the scores. That is bounded by the budget
@@ -49,6 +52,12 @@ TILE_MIN_ROWS = 512
 #: 94 TFLOP/s, 2048 x 59392 98, 2048 x 32768 (at most; 4 entries a GEMM) 101, 4096 x 28672 99.
 TILE_ROWS = 2048
 KEY_TILE_MAX = 32768
+#: The longest FP32 score row (keys) the softmax holds in one CTA: two ring slots of native/softmax.cu's PIPE kernel
+#: within its kPipeSmem (a test holds the two equal). Longer rows run over clusters of CTAs, at 2.2-2.3 TB/s against
+#: 3.8-4.0 on the H200, so prefill-sized calls without a dense mask tile such keys at most this long: H200, B1 H16
+#: S64k D128 0.83x the time of whole rows, B1 H4 S64k D512 0.86x, B1 H32 S128k causal 0.82x
+#: (tools/probe_long_rows.py; tools/results/2026-11-23e/h200/long-rows/).
+ONE_CTA_KEYS = 28160
 
 
 def _round_up(x: int, m: int) -> int:
@@ -351,7 +360,9 @@ def _grid(case: Case, budget: int, gemm_ws: int, scores: int, lanes: int, key_ti
     g = case.group
     combine = all(_combinable(s, case.B, case.Hkv, u)
                   for s, u in ((case.q_strides, g), (case.k_strides, 1), (case.v_strides, 1)))
-    fold = (_foldable(case) and g * case.Sq * one_row <= scores
+    # rows longer than one softmax CTA holds, in a prefill-sized call without a dense mask: key tiles
+    long_rows = key_tiles and case.mask is None and case.Sq >= TILE_MIN_ROWS and case.Sk > ONE_CTA_KEYS
+    fold = (_foldable(case) and not long_rows and g * case.Sq * one_row <= scores
             and (not case.causal or g * case.Sq <= FOLD_CAUSAL_MAX_ROWS))
     m, tile = g * case.Sq, 0
     if not fold:
@@ -359,9 +370,9 @@ def _grid(case: Case, budget: int, gemm_ws: int, scores: int, lanes: int, key_ti
         whole = min(m, scores // one_row)  # rows of a chunk over whole key rows
         if whole >= 64:
             whole -= whole % 64
-        tiled = key_tiles and whole < min(m, TILE_MIN_ROWS)
-        rows, tile = _key_tiling(case, scores, min(case.Sq, TILE_ROWS)) if tiled else (0, 0)
-        if rows > whole:
+        tiled = long_rows or (key_tiles and whole < min(m, TILE_MIN_ROWS))
+        rows, tile = _key_tiling(case, scores, min(case.Sq, TILE_ROWS), long_rows) if tiled else (0, 0)
+        if rows > whole or (long_rows and rows):
             m = rows
         else:
             m, tile = whole, 0
@@ -382,10 +393,12 @@ def _grid(case: Case, budget: int, gemm_ws: int, scores: int, lanes: int, key_ti
     return Plan(case, budget, gemm_ws, used, fold, combine, m, tile, acc, lanes, scores)
 
 
-def _key_tiling(case: Case, scores: int, m: int) -> tuple[int, int]:
+def _key_tiling(case: Case, scores: int, m: int, one_cta: bool = False) -> tuple[int, int]:
     """(rows a row block, keys a tile) for key-tiled chunks within ``scores`` bytes: the most rows up to ``m``
-    (a multiple of 64), then the longest tile that is a multiple of both the rows and :data:`KEY_BLOCK` (so that
-    causal row blocks meet a bounded set of tile lengths); (0, 0) when no tile of 64 rows (``m`` if fewer) fits."""
+    (a multiple of 64), then the longest tile (at most :data:`KEY_TILE_MAX`, or :data:`ONE_CTA_KEYS` with
+    ``one_cta``) that is a multiple of both the rows and :data:`KEY_BLOCK` (so that causal row blocks meet a
+    bounded set of tile lengths); (0, 0) when no tile of 64 rows (``m`` if fewer) fits."""
+    longest = ONE_CTA_KEYS if one_cta else KEY_TILE_MAX
     rows = m - m % 64 if m >= 64 else m
     while rows >= min(m, 64):
         unit = math.lcm(rows, KEY_BLOCK)
@@ -394,7 +407,7 @@ def _key_tiling(case: Case, scores: int, m: int) -> tuple[int, int]:
         while tile and rows * score_ld(tile) * 4 > room:
             tile -= unit
         if tile >= unit:
-            return rows, min(tile, max(unit, KEY_TILE_MAX // unit * unit), _round_up(case.Sk, unit))
+            return rows, min(tile, max(unit, longest // unit * unit), _round_up(case.Sk, unit))
         rows = rows - 64 if rows > 64 else rows // 2
     return 0, 0
 

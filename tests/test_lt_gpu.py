@@ -153,6 +153,18 @@ def test_key_tiles(monkeypatch, B, Hq, Hkv, Sq, Sk, D, causal, dtype, budget, la
     assert make_plan(p.case, budget, key_tiles=False).key_tile == 0
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_rows_longer_than_one_softmax_cta_are_tiled(causal):
+    """The default budget fits whole rows here, but rows this long would run on clusters of softmax CTAs: the
+    planner tiles the keys at most ONE_CTA_KEYS long (GQA, Sq != Sk)."""
+    from attn_lt.plan import ONE_CTA_KEYS
+
+    q, k, v = rand_qkv(1, 4, 2, 600, ONE_CTA_KEYS + 1841, 64, "bf16")
+    p = attn_lt.plan(q, k, v, causal=causal, backend="lt")
+    assert 0 < p.chunks.key_tile <= ONE_CTA_KEYS, p.chunks.summary()
+    check(q, k, v, causal=causal)
+
+
 @pytest.mark.parametrize("mshape", ["1,1,Sq,Sk", "B,1,1,Sk", "B,Hq,Sq,Sk"])
 @pytest.mark.parametrize("kind", ["bool", "bf16", "fp32"])
 def test_key_tiles_with_masks(mshape, kind):

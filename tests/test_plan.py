@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from attn_lt import config
-from attn_lt.plan import KEY_BLOCK, chunk_layout, make_plan, out_strides, score_ld
+from attn_lt.plan import KEY_BLOCK, ONE_CTA_KEYS, chunk_layout, make_plan, out_strides, score_ld
 from attn_lt.testing import random_qkv, reference
 from attn_lt.validate import Case, check_tensors
 
@@ -221,6 +221,40 @@ def test_long_keys_are_tiled_and_the_grid_stays_bounded(S, causal):
     assert len(plan.shapes()) < 400
     assert elapsed < 5  # about 0.3 s here; generous for slow CI machines
     assert plan.workspace_bytes <= 1024 * MiB
+
+
+@pytest.mark.parametrize("Sq,Sk,causal,masked,tiled", [
+    (2048, 65536, False, False, True),
+    (4096, 32768, True, False, True),
+    (512, ONE_CTA_KEYS + 1, False, False, True),
+    (2048, ONE_CTA_KEYS, False, False, False),  # rows one CTA of the softmax holds: whole rows
+    (511, 65536, False, False, False),  # decode-sized calls keep whole rows (a clustered row is faster there)
+    (2048, 65536, False, True, False),  # a dense mask: whole rows
+])
+@pytest.mark.parametrize("Hkv", [16, 4])  # GQA: a call whose group would fold into rows is tiled too
+def test_rows_longer_than_one_cta_holds_are_tiled(Sq, Sk, causal, masked, tiled, Hkv):
+    """Prefill-sized calls without a dense mask whose score rows are longer than one softmax CTA holds tile the
+    keys at most ONE_CTA_KEYS long, however large the budget (whole rows would run on clusters of CTAs)."""
+    from attn_lt.validate import MaskInfo
+
+    mask = MaskInfo("bool", "bool", (1, 1, Sq, Sk), (0, 0, Sk, 1)) if masked else None
+    case = Case.contiguous(1, 16, Hkv, Sq, Sk, 128, causal=causal, mask=mask)
+    plan = make_plan(case, 1024 * MiB)
+    assert bool(plan.key_tile) == tiled, plan.summary()
+    if tiled:
+        assert plan.key_tile <= ONE_CTA_KEYS and plan.row_block >= 512
+        assert all(c.keys <= ONE_CTA_KEYS for c, _ in plan.shapes().values())
+    assert make_plan(case, 1024 * MiB, key_tiles=False).key_tile == 0
+
+
+def test_one_cta_keys_is_what_the_softmax_ring_holds():
+    """ONE_CTA_KEYS mirrors native/softmax.cu: two ring slots of an FP32 row within kPipeSmem bytes."""
+    import pathlib
+    import re
+
+    src = (pathlib.Path(__file__).resolve().parents[1] / "native" / "softmax.cu").read_text()
+    kb = int(re.search(r"constexpr int64_t kPipeSmem = (\d+) \* 1024;", src).group(1))
+    assert ONE_CTA_KEYS == kb * 1024 // 2 // 4
 
 
 def test_shapes_count_what_the_chunks_list():
