@@ -267,7 +267,9 @@ class Plan:
         n = self.n_chunks
         done = sum(cnt * c.ne * self.rows(c) * c.keys for c, cnt in shapes.values())
         biggest = max((c for c, _ in shapes.values()), key=lambda c: c.ne * self.rows(c) * c.keys)
-        tiles = (f"keys in tiles of {self.key_tile} merged by LSE" if self.key_tile
+        why = ("rows longer than one softmax CTA holds" if long_rows(case)
+               else f"whole rows would leave a chunk fewer than {TILE_MIN_ROWS} rows")
+        tiles = (f"keys in tiles of {self.key_tile} merged by LSE ({why})" if self.key_tile
                  else "each chunk over its rows' whole key range")
         return (f"{n} chunk{'' if n == 1 else 's'} (largest: {biggest.ne} entries x {self.rows(biggest)} rows x "
                 f"{biggest.keys} keys), GQA group {'folded into rows' if self.fold_group else 'one head a GEMM'}, "
@@ -354,15 +356,20 @@ def _make_plan(case: Case, budget: int, lanes: int, key_tiles: bool) -> Plan:
     return plan
 
 
+def long_rows(case: Case) -> bool:
+    """Whether ``case``'s score rows are longer than one softmax CTA holds (:data:`ONE_CTA_KEYS`) in a call of
+    at least :data:`TILE_MIN_ROWS` query rows without a dense mask: such calls tile their keys at any budget."""
+    return case.mask is None and case.Sq >= TILE_MIN_ROWS and case.Sk > ONE_CTA_KEYS
+
+
 def _grid(case: Case, budget: int, gemm_ws: int, scores: int, lanes: int, key_tiles: bool) -> Plan:
     """The plan whose chunks' FP32 scores (and key tiles' accumulators) take at most ``scores`` bytes a lane."""
     one_row = score_ld(case.Sk) * 4
     g = case.group
     combine = all(_combinable(s, case.B, case.Hkv, u)
                   for s, u in ((case.q_strides, g), (case.k_strides, 1), (case.v_strides, 1)))
-    # rows longer than one softmax CTA holds, in a prefill-sized call without a dense mask: key tiles
-    long_rows = key_tiles and case.mask is None and case.Sq >= TILE_MIN_ROWS and case.Sk > ONE_CTA_KEYS
-    fold = (_foldable(case) and not long_rows and g * case.Sq * one_row <= scores
+    tile_rows = key_tiles and long_rows(case)
+    fold = (_foldable(case) and not tile_rows and g * case.Sq * one_row <= scores
             and (not case.causal or g * case.Sq <= FOLD_CAUSAL_MAX_ROWS))
     m, tile = g * case.Sq, 0
     if not fold:
@@ -370,9 +377,9 @@ def _grid(case: Case, budget: int, gemm_ws: int, scores: int, lanes: int, key_ti
         whole = min(m, scores // one_row)  # rows of a chunk over whole key rows
         if whole >= 64:
             whole -= whole % 64
-        tiled = long_rows or (key_tiles and whole < min(m, TILE_MIN_ROWS))
-        rows, tile = _key_tiling(case, scores, min(case.Sq, TILE_ROWS), long_rows) if tiled else (0, 0)
-        if rows > whole or (long_rows and rows):
+        tiled = tile_rows or (key_tiles and whole < min(m, TILE_MIN_ROWS))
+        rows, tile = _key_tiling(case, scores, min(case.Sq, TILE_ROWS), tile_rows) if tiled else (0, 0)
+        if rows > whole or (tile_rows and rows):
             m = rows
         else:
             m, tile = whole, 0
