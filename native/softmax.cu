@@ -216,15 +216,10 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
 
 __device__ __forceinline__ float max4(float4 v) { return fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w)); }
 
-// exp(x - m), with the reference m of an all-masked row taken as 0 so that exp(-inf - m) is 0, never NaN: one FFMA
-// (x log2 e - m log2 e; m log2 e is hoisted out of a row's loops) and one MUFU.EX2 (ftz: results below 2^-126, far
-// below what P resolves against a row sum >= 1, are 0). The rounding of m log2 e moves the exponent by at most
-// |m| 2^-24 log2 e (6e-6 relative in P at |m| = 100).
-__device__ __forceinline__ float ex(float x, float mref) {
-    float r;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(fmaf(x, kLog2e, -mref * kLog2e)));
-    return r;
-}
+// exp(x - m), with the reference m of an all-masked row taken as 0 so that exp(-inf - m) is 0, never NaN, on the ftz
+// MUFU.EX2 (common.cuh's ex2: results below 2^-126, far below what P resolves, are 0). Not the FFMA form
+// x log2 e - m log2 e: m log2 e overflows for rows masked with finite minima (-3.4e38, Hugging Face's masks).
+__device__ __forceinline__ float ex(float x, float mref) { return ex2((x - mref) * kLog2e); }
 
 __device__ __forceinline__ void finish_row(const Row& w, float mx, float sum) {
     if (threadIdx.x == 0) *w.lse = sum > 0.f ? mx + logf(sum) : -INFINITY;

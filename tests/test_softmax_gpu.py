@@ -105,6 +105,25 @@ def test_masks_and_fully_masked_rows(mdtype, cols):
         torch.testing.assert_close(lse[fin].double(), want_lse[fin], atol=1e-4, rtol=1e-5)
 
 
+@pytest.mark.parametrize("cols", [1000, 8192, 20000, 40000])
+def test_rows_masked_with_finite_minima(cols):
+    """Masks of finite minima (torch.finfo(dtype).min, as Hugging Face builds them): a fully masked row is uniform
+    with a finite LSE, as in torch, and a row whose first keys are masked is never NaN."""
+    ld = -(-cols // 32) * 32
+    lowest = torch.finfo(torch.bfloat16).min
+    for variant in variants_for(cols, 2):
+        scores = torch.randn(2, 4, ld, device="cuda") * 3
+        mask = torch.randn(2, 4, cols, device="cuda").to(torch.bfloat16)
+        mask[1, 2] = lowest  # fully masked
+        mask[0, 1, : cols // 3] = lowest  # its first keys masked
+        want, want_lse = expected(scores, cols, False, mask, 4)
+        p, lse = run_softmax(scores, variant=variant, mask=mask, Sk=cols)
+        assert not torch.isnan(p).any() and torch.isfinite(lse).all(), variant
+        got = p.double()[..., :cols]
+        torch.testing.assert_close(got.sum(-1), torch.ones_like(got[..., 0]), atol=2e-2, rtol=0, msg=variant)
+        torch.testing.assert_close(got[0], want[0, ..., :cols], atol=2e-3, rtol=1e-2, msg=variant)
+
+
 def test_unaligned_mask_rows_take_the_scalar_path():
     cols = 4133  # odd key count: mask rows start unaligned
     ld = -(-cols // 32) * 32
