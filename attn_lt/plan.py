@@ -16,9 +16,10 @@ instead: row blocks keep their size, each covers its keys ``key_tile`` at a time
 partial output and its LSE, and a small native kernel joins them by LSE (the arithmetic of :mod:`attn_lt.merge`),
 the last tile writing the output. The chunk sizes and the set of GEMM shapes then stay the same at any length; only
 the number of chunks grows, and nothing here lists them unless asked (``explain`` at 10M keys reads the grid).
-Calls of at least :data:`TILE_MIN_ROWS` query rows without a dense mask whose rows are longer than one softmax CTA
-holds (:data:`ONE_CTA_KEYS`) are tiled too, at most that long, whatever the budget: the softmax streams such rows
-over clusters of CTAs at about 60 % of its one-CTA rate.
+Calls of at least :data:`TILE_MIN_ROWS` query rows whose rows are longer than one softmax CTA holds
+(:func:`one_cta_keys`: fewer keys when a dense mask shares the CTA's ring) are tiled too, whatever the budget: on
+sm_90 the softmax streams such rows over clusters of CTAs at about 60 % of its one-CTA rate. No key tile is longer
+than one CTA holds, and a row block's tiles are balanced (no short last tile).
 
 Memory: a plan uses one workspace of ``workspace_bytes`` = per lane, cuBLASLt workspace + the largest chunk's FP32
 score block (+ the key tiles' accumulators); P is written in place over the scores. That is bounded by the budget
@@ -45,19 +46,23 @@ FOLD_CAUSAL_MAX_ROWS = 128
 KEY_BLOCK = 256
 #: Score rows are padded to this many floats (128 bytes) for aligned, vectorised access.
 LD_ALIGN = 32
-#: Plans whose whole-row chunks would hold fewer query rows than this tile the keys (see the module docstring).
+#: Plans whose whole-row chunks would hold fewer query rows than this tile the keys, and calls of fewer query rows
+#: keep whole rows however long (see the module docstring and :func:`long_rows`).
 TILE_MIN_ROWS = 512
 #: Query rows of a key-tiled row block (causal too: beside keys this long its masked corner is a sliver), and the
 #: longest key tile. Measured on the H100 (B1 H4 S512k causal, tools/probe_tiles.py): 1024 rows x 121856 keys
 #: 94 TFLOP/s, 2048 x 59392 98, 2048 x 32768 (at most; 4 entries a GEMM) 101, 4096 x 28672 99.
 TILE_ROWS = 2048
 KEY_TILE_MAX = 32768
-#: The longest FP32 score row (keys) the softmax holds in one CTA: two ring slots of native/softmax.cu's PIPE kernel
-#: within its kPipeSmem (a test holds the two equal). Longer rows run over clusters of CTAs, at 2.2-2.3 TB/s against
-#: 3.8-4.0 on the H200, so prefill-sized calls without a dense mask tile such keys at most this long: H200, B1 H16
-#: S64k D128 0.83x the time of whole rows, B1 H4 S64k D512 0.86x, B1 H32 S128k causal 0.82x
-#: (tools/probe_long_rows.py; tools/results/2026-11-23e/h200/long-rows/).
-ONE_CTA_KEYS = 28160
+#: Shared memory of the softmax's ring a CTA (native/softmax.cu's kPipeSmem; a test holds the two equal): two slots
+#: of a row, each its FP32 scores plus, with a dense mask contiguous over keys, its mask bytes.
+PIPE_RING_BYTES = 220 * 1024
+#: The longest FP32 score row (keys) the softmax holds in one CTA without a mask (see :func:`one_cta_keys`). Longer
+#: rows run over clusters of CTAs, at 2.2-2.3 TB/s against 3.8-4.0 on the H200, so prefill-sized calls tile such
+#: keys at most this long: H200, B1 H16 S64k D128 0.83x the time of whole rows, B1 H4 S64k D512 0.86x, B1 H32 S128k
+#: causal 0.82x (tools/probe_long_rows.py; tools/results/2026-11-23e/h200/long-rows/); with a bf16 mask (18688 keys
+#: a CTA), B1 H16 S32k D128 0.88-0.90x (tools/results/2026-11-23f/h200/probe-1/).
+ONE_CTA_KEYS = PIPE_RING_BYTES // (2 * 4)
 
 
 def _round_up(x: int, m: int) -> int:
@@ -267,8 +272,10 @@ class Plan:
         n = self.n_chunks
         done = sum(cnt * c.ne * self.rows(c) * c.keys for c, cnt in shapes.values())
         biggest = max((c for c, _ in shapes.values()), key=lambda c: c.ne * self.rows(c) * c.keys)
-        why = ("rows longer than one softmax CTA holds" if long_rows(case)
-               else f"whole rows would leave a chunk fewer than {TILE_MIN_ROWS} rows")
+        why = "; ".join(w for w, yes in (
+            (f"rows longer than one softmax CTA holds ({one_cta_keys(case)} keys)", long_rows(case)),
+            (f"whole rows would leave a chunk fewer than {TILE_MIN_ROWS} rows",
+             _whole_rows(case, self.score_budget) < min(case.Sq, TILE_MIN_ROWS))) if yes)
         tiles = (f"keys in tiles of {self.key_tile} merged by LSE ({why})" if self.key_tile
                  else "each chunk over its rows' whole key range")
         return (f"{n} chunk{'' if n == 1 else 's'} (largest: {biggest.ne} entries x {self.rows(biggest)} rows x "
@@ -356,10 +363,25 @@ def _make_plan(case: Case, budget: int, lanes: int, key_tiles: bool) -> Plan:
     return plan
 
 
+def one_cta_keys(case: Case) -> int:
+    """The longest score row (keys, a multiple of :data:`KEY_BLOCK`) of ``case`` that one softmax CTA holds: two
+    ring slots of FP32 scores, plus the mask's bytes when a dense mask is contiguous over keys (the kernel then
+    streams it through the ring: bool 22528 keys, 16-bit 18688, fp32 14080; unmasked :data:`ONE_CTA_KEYS`)."""
+    m = case.mask
+    mask_bytes = ({"bool": 1, "fp32": 4}.get(m.dtype, 2) if m is not None and m.strides[3] == 1 else 0)
+    return PIPE_RING_BYTES // (2 * (4 + mask_bytes)) // KEY_BLOCK * KEY_BLOCK
+
+
 def long_rows(case: Case) -> bool:
-    """Whether ``case``'s score rows are longer than one softmax CTA holds (:data:`ONE_CTA_KEYS`) in a call of
-    at least :data:`TILE_MIN_ROWS` query rows without a dense mask: such calls tile their keys at any budget."""
-    return case.mask is None and case.Sq >= TILE_MIN_ROWS and case.Sk > ONE_CTA_KEYS
+    """Whether ``case`` is a call of at least :data:`TILE_MIN_ROWS` query rows whose score rows are longer than one
+    softmax CTA holds (:func:`one_cta_keys`): such calls tile their keys at any budget."""
+    return case.Sq >= TILE_MIN_ROWS and case.Sk > one_cta_keys(case)
+
+
+def _whole_rows(case: Case, scores: int) -> int:
+    """Query rows of a chunk over whole key rows within ``scores`` bytes (a multiple of 64 from 64 on)."""
+    whole = min(case.Sq, CAUSAL_ROW_BLOCK if case.causal else ROW_BLOCK, scores // (score_ld(case.Sk) * 4))
+    return whole - whole % 64 if whole >= 64 else whole
 
 
 def _grid(case: Case, budget: int, gemm_ws: int, scores: int, lanes: int, key_tiles: bool) -> Plan:
@@ -374,11 +396,9 @@ def _grid(case: Case, budget: int, gemm_ws: int, scores: int, lanes: int, key_ti
     m, tile = g * case.Sq, 0
     if not fold:
         m = min(case.Sq, CAUSAL_ROW_BLOCK if case.causal else ROW_BLOCK)
-        whole = min(m, scores // one_row)  # rows of a chunk over whole key rows
-        if whole >= 64:
-            whole -= whole % 64
+        whole = _whole_rows(case, scores)
         tiled = tile_rows or (key_tiles and whole < min(m, TILE_MIN_ROWS))
-        rows, tile = _key_tiling(case, scores, min(case.Sq, TILE_ROWS), tile_rows) if tiled else (0, 0)
+        rows, tile = _key_tiling(case, scores, min(case.Sq, TILE_ROWS)) if tiled else (0, 0)
         if rows > whole or (tile_rows and rows):
             m = rows
         else:
@@ -400,12 +420,13 @@ def _grid(case: Case, budget: int, gemm_ws: int, scores: int, lanes: int, key_ti
     return Plan(case, budget, gemm_ws, used, fold, combine, m, tile, acc, lanes, scores)
 
 
-def _key_tiling(case: Case, scores: int, m: int, one_cta: bool = False) -> tuple[int, int]:
+def _key_tiling(case: Case, scores: int, m: int) -> tuple[int, int]:
     """(rows a row block, keys a tile) for key-tiled chunks within ``scores`` bytes: the most rows up to ``m``
-    (a multiple of 64), then the longest tile (at most :data:`KEY_TILE_MAX`, or :data:`ONE_CTA_KEYS` with
-    ``one_cta``) that is a multiple of both the rows and :data:`KEY_BLOCK` (so that causal row blocks meet a
-    bounded set of tile lengths); (0, 0) when no tile of 64 rows (``m`` if fewer) fits."""
-    longest = ONE_CTA_KEYS if one_cta else KEY_TILE_MAX
+    (a multiple of 64), then the fewest tiles over ``Sk`` keys of at most :data:`KEY_TILE_MAX` keys, at most
+    :func:`one_cta_keys` and within the budget, balanced: each a multiple of both the rows and :data:`KEY_BLOCK`
+    (so that causal row blocks meet a bounded set of tile lengths); (0, 0) when no tile of 64 rows (``m`` if
+    fewer) fits."""
+    longest = min(KEY_TILE_MAX, one_cta_keys(case))
     rows = m - m % 64 if m >= 64 else m
     while rows >= min(m, 64):
         unit = math.lcm(rows, KEY_BLOCK)
@@ -414,7 +435,8 @@ def _key_tiling(case: Case, scores: int, m: int, one_cta: bool = False) -> tuple
         while tile and rows * score_ld(tile) * 4 > room:
             tile -= unit
         if tile >= unit:
-            return rows, min(tile, max(unit, longest // unit * unit), _round_up(case.Sk, unit))
+            tile = min(tile, max(unit, longest // unit * unit))
+            return rows, _round_up(-(-case.Sk // -(-case.Sk // tile)), unit)  # Sk in ceil(Sk / tile) equal tiles
         rows = rows - 64 if rows > 64 else rows // 2
     return 0, 0
 

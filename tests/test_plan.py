@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from attn_lt import config
-from attn_lt.plan import KEY_BLOCK, ONE_CTA_KEYS, chunk_layout, make_plan, out_strides, score_ld
+from attn_lt.plan import KEY_BLOCK, ONE_CTA_KEYS, chunk_layout, make_plan, one_cta_keys, out_strides, score_ld
 from attn_lt.testing import random_qkv, reference
 from attn_lt.validate import Case, check_tensors
 
@@ -229,22 +229,57 @@ def test_long_keys_are_tiled_and_the_grid_stays_bounded(S, causal):
     (512, ONE_CTA_KEYS + 1, False, False, True),
     (2048, ONE_CTA_KEYS, False, False, False),  # rows one CTA of the softmax holds: whole rows
     (511, 65536, False, False, False),  # decode-sized calls keep whole rows (a clustered row is faster there)
-    (2048, 65536, False, True, False),  # a dense mask: whole rows
+    (2048, 65536, False, True, True),  # a dense mask: tiles of at most what one CTA holds beside the mask
+    (2048, 24000, False, True, True),
+    (2048, 22528, False, True, False),
 ])
 @pytest.mark.parametrize("Hkv", [16, 4])  # GQA: a call whose group would fold into rows is tiled too
 def test_rows_longer_than_one_cta_holds_are_tiled(Sq, Sk, causal, masked, tiled, Hkv):
-    """Prefill-sized calls without a dense mask whose score rows are longer than one softmax CTA holds tile the
-    keys at most ONE_CTA_KEYS long, however large the budget (whole rows would run on clusters of CTAs)."""
+    """Prefill-sized calls whose score rows are longer than one softmax CTA holds (fewer keys beside a bool mask)
+    tile the keys at most that long, however large the budget (whole rows would run on clusters of CTAs)."""
     from attn_lt.validate import MaskInfo
 
     mask = MaskInfo("bool", "bool", (1, 1, Sq, Sk), (0, 0, Sk, 1)) if masked else None
     case = Case.contiguous(1, 16, Hkv, Sq, Sk, 128, causal=causal, mask=mask)
+    most = one_cta_keys(case)
+    assert most == (22528 if masked else ONE_CTA_KEYS)
     plan = make_plan(case, 1024 * MiB)
     assert bool(plan.key_tile) == tiled, plan.summary()
     if tiled:
-        assert plan.key_tile <= ONE_CTA_KEYS and plan.row_block >= 512
-        assert all(c.keys <= ONE_CTA_KEYS for c, _ in plan.shapes().values())
+        assert plan.key_tile <= most and plan.row_block >= 512
+        assert all(c.keys <= most for c, _ in plan.shapes().values())
+        assert "one softmax CTA holds" in plan.summary()
     assert make_plan(case, 1024 * MiB, key_tiles=False).key_tile == 0
+
+
+@pytest.mark.parametrize("dtype,keys", [("bool", 22528), ("bf16", 18688), ("fp16", 18688), ("fp32", 14080)])
+def test_one_cta_keys_fit_the_ring_beside_the_mask(dtype, keys):
+    """one_cta_keys mirrors native/softmax.cu's pipe_layout: two slots of FP32 scores and (a mask contiguous over
+    keys) its bytes fit kPipeSmem; a mask strided over keys is read from global memory, not through the ring."""
+    from attn_lt.plan import PIPE_RING_BYTES
+    from attn_lt.validate import MaskInfo
+
+    def slot(c, esize):  # pipe_layout's slot_bytes, one CTA a row
+        return -(-c // 4) * 16 + c * esize // 16 * 16
+
+    esize = {"bool": 1, "fp32": 4}.get(dtype, 2)
+    kind = "bool" if dtype == "bool" else "float"
+    case = Case.contiguous(1, 4, 4, 1024, 65536, 64, mask=MaskInfo(kind, dtype, (1, 1, 1024, 65536), (0, 0, 65536, 1)))
+    assert one_cta_keys(case) == keys and keys % KEY_BLOCK == 0
+    assert 2 * slot(keys, esize) <= PIPE_RING_BYTES < 2 * slot(keys + KEY_BLOCK, esize)
+    strided = Case.contiguous(1, 4, 4, 1024, 65536, 64, mask=MaskInfo(kind, dtype, (1, 1, 65536, 1024), (0, 0, 1, 1024)))
+    assert one_cta_keys(strided) == ONE_CTA_KEYS
+
+
+@pytest.mark.parametrize("Sk,causal", [(28161, False), (30000, False), (65536 + 100, False), (40000, True)])
+def test_key_tiles_are_balanced(Sk, causal):
+    """A row block's key tiles are as even as the tile unit allows: no short last tile (28161 keys: two tiles of
+    14336 and 13825, not 26624 and 1537)."""
+    case = Case.contiguous(1, 8, 8, 2048, Sk, 128, causal=causal)
+    plan = make_plan(case, 1024 * MiB)
+    n = -(-Sk // plan.key_tile)
+    assert n == -(-Sk // (ONE_CTA_KEYS // 2048 * 2048)), plan.summary()
+    assert Sk - (n - 1) * plan.key_tile > plan.key_tile - 2048 * n, plan.summary()
 
 
 def test_one_cta_keys_is_what_the_softmax_ring_holds():
@@ -252,8 +287,11 @@ def test_one_cta_keys_is_what_the_softmax_ring_holds():
     import pathlib
     import re
 
+    from attn_lt.plan import PIPE_RING_BYTES
+
     src = (pathlib.Path(__file__).resolve().parents[1] / "native" / "softmax.cu").read_text()
     kb = int(re.search(r"constexpr int64_t kPipeSmem = (\d+) \* 1024;", src).group(1))
+    assert PIPE_RING_BYTES == kb * 1024
     assert ONE_CTA_KEYS == kb * 1024 // 2 // 4
 
 

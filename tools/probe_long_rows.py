@@ -1,13 +1,18 @@
-"""Probe: the planner's rule for rows longer than one softmax CTA holds (key tiles of at most ``ONE_CTA_KEYS``
-keys, at any budget) against the rule before it (whole rows unless whole-row chunks would fall below
-``TILE_MIN_ROWS`` rows), two rounds interleaved, the default 1 GiB budget. How ``ONE_CTA_KEYS`` in attn_lt/plan.py
-was put to use.
+"""Probe: how long the long path's key tiles should be. Each shape runs under several tile caps, interleaved over
+two rounds at the default 1 GiB budget: ``whole`` (no row is tiled unless the budget forces it), ``rule`` (the
+shipped rule: :func:`attn_lt.plan.long_rows` and :func:`attn_lt.plan.one_cta_keys`), or a number N (calls of at
+least ``TILE_MIN_ROWS`` rows tile keys past N into balanced tiles of at most N, masked calls too). How
+``ONE_CTA_KEYS`` and the per-mask lengths in attn_lt/plan.py were put to use.
 
-    python tools/probe_long_rows.py
+    python tools/probe_long_rows.py [--caps whole,rule,16384,8192] [--shapes 16:16384:16384:128,16:32768:32768:128:c]
+
+A shape is H:Sq:Sk:D, B = 1 and Hq = Hkv, with ``:c`` for causal and ``:m`` for a dense bf16 mask (1, 1, Sq, Sk)
+that hides every row's last 1/16 of the keys.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import os
 import sys
@@ -20,44 +25,67 @@ from attn_lt.testing import events_ms  # noqa: E402
 
 planner = importlib.import_module("attn_lt.plan")  # attn_lt.plan is also the name of the public function
 
-#: (Hq = Hkv, Sq, Sk, D, causal), B = 1
-SHAPES = [(16, 32768, 32768, 128, False), (16, 32768, 32768, 128, True), (16, 65536, 65536, 128, False),
-          (16, 65536, 65536, 128, True), (32, 131072, 131072, 128, True), (4, 65536, 65536, 512, False),
-          (16, 1024, 65536, 128, False)]
+SHAPES = ("16:32768:32768:128,16:32768:32768:128:c,16:65536:65536:128,16:65536:65536:128:c,32:131072:131072:128:c,"
+          "4:65536:65536:512,16:1024:65536:128")
+
+
+def parse_shape(text: str) -> tuple[int, int, int, int, bool, bool]:
+    parts = text.split(":")
+    H, Sq, Sk, D = (int(x) for x in parts[:4])
+    return H, Sq, Sk, D, "c" in parts[4:], "m" in parts[4:]
 
 
 def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--caps", default="whole,rule",
+                    help="comma-separated: whole, rule, or a tile cap in keys; /pN pads score rows by N floats")
+    ap.add_argument("--shapes", default=SHAPES, help="comma-separated H:Sq:Sk:D[:c][:m]")
+    ap.add_argument("--reps", type=int, default=3)
+    args = ap.parse_args()
     if not torch.cuda.is_available():
         print("probe_long_rows needs a CUDA GPU", file=sys.stderr)
         return 2
-    one_cta = planner.ONE_CTA_KEYS
-    for H, Sq, Sk, D, causal in SHAPES:
+    shipped, shipped_ld = planner.one_cta_keys, planner.score_ld
+    caps = args.caps.split(",")
+    for H, Sq, Sk, D, causal, masked in (parse_shape(s) for s in args.shapes.split(",")):
         q = torch.randn(1, H, Sq, D, device="cuda", dtype=torch.bfloat16)
         k, v = (torch.randn(1, H, Sk, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        mask = None
+        if masked:
+            mask = torch.zeros(1, 1, Sq, Sk, device="cuda", dtype=torch.bfloat16)
+            mask[..., Sk - Sk // 16:] = float("-inf")
         flops = 4 * H * Sq * Sk * D / (2 if causal else 1)
         plans = {}
-        for i, (name, longest) in enumerate((("before", 1 << 40), ("now", one_cta))):
-            planner.ONE_CTA_KEYS = longest
-            # a budget a few bytes apart: neither the planner's cache nor attention()'s sees the constant
-            p = attn_lt.plan(q, k, v, causal=causal, backend="lt", workspace_bytes=(1 << 30) - 256 * (i + 1))
-            for _ in range(3):  # the first calls tune
-                p.run(q, k, v)
-                torch.cuda.synchronize()
-                if not p.program.pending:
-                    break
-            plans[name] = p
-        planner.ONE_CTA_KEYS = one_cta
+        for i, variant in enumerate(caps):
+            cap, _, pad = variant.partition("/p")
+            planner.one_cta_keys = (shipped if cap == "rule" else
+                                    (lambda case: 1 << 40) if cap == "whole" else (lambda case, n=int(cap): n))
+            if pad:  # score rows padded by that many floats
+                planner.score_ld = lambda n, pad=int(pad): shipped_ld(n) + pad
+            try:  # a budget a few bytes apart: neither the planner's cache nor attention()'s sees the patch
+                p = attn_lt.plan(q, k, v, causal=causal, attn_mask=mask, backend="lt",
+                                 workspace_bytes=(1 << 30) - 256 * (i + 1))
+                for _ in range(3):  # the first calls build the program (under the patch) and tune
+                    p.run(q, k, v, attn_mask=mask)
+                    torch.cuda.synchronize()
+                    if not p.program.pending:
+                        break
+            finally:
+                planner.one_cta_keys, planner.score_ld = shipped, shipped_ld
+            plans[variant] = p
         times = {n: [] for n in plans}
         for _ in range(2):
             for n, p in plans.items():
-                times[n].append(events_ms(lambda p=p: p.run(q, k, v), 3))
-        cells = " | ".join(f"{n} " + "/".join(f"{ms:.2f}" for ms in t) + f" ms {flops / min(t) / 1e9:.0f} TFLOP/s"
-                           for n, t in times.items())
-        ratio = min(times["now"]) / min(times["before"])
-        print(f"H{H} Sq{Sq} Sk{Sk} D{D}{' causal' if causal else ''}: {cells}  now/before {ratio:.3f}", flush=True)
+                times[n].append(events_ms(lambda p=p: p.run(q, k, v, attn_mask=mask), args.reps))
+        best = {n: min(t) for n, t in times.items()}
+        base = best[caps[0]]
+        cells = " | ".join(f"{n} " + "/".join(f"{ms:.2f}" for ms in t) + f" ms {flops / best[n] / 1e9:.0f} TF "
+                           f"x{best[n] / base:.3f}" for n, t in times.items())
+        print(f"H{H} Sq{Sq} Sk{Sk} D{D}{' causal' if causal else ''}{' masked' if masked else ''}: {cells}",
+              flush=True)
         for n, p in plans.items():
-            print(f"    {n}: {p.chunks.summary()[:110]}")
-        del q, k, v, plans
+            print(f"    {n}: {p.chunks.summary()[:150]}")
+        del q, k, v, mask, plans
         torch.cuda.empty_cache()
     return 0
 
