@@ -19,7 +19,8 @@ the number of chunks grows, and nothing here lists them unless asked (``explain`
 Calls of at least :data:`TILE_MIN_ROWS` query rows whose rows are longer than one softmax CTA holds
 (:func:`one_cta_keys`: fewer keys when a dense mask shares the CTA's ring) are tiled too, whatever the budget: on
 sm_90 the softmax streams such rows over clusters of CTAs at about 60 % of its one-CTA rate. No key tile is longer
-than one CTA holds, and a row block's tiles are balanced (no short last tile).
+than one CTA holds (unless the tile unit is: fewer than 64 query rows), and without causal masking a row block's
+tiles are balanced (no short last tile).
 
 Memory: a plan uses one workspace of ``workspace_bytes`` = per lane, cuBLASLt workspace + the largest chunk's FP32
 score block (+ the key tiles' accumulators); P is written in place over the scores. That is bounded by the budget
@@ -49,9 +50,11 @@ LD_ALIGN = 32
 #: Plans whose whole-row chunks would hold fewer query rows than this tile the keys, and calls of fewer query rows
 #: keep whole rows however long (see the module docstring and :func:`long_rows`).
 TILE_MIN_ROWS = 512
-#: Query rows of a key-tiled row block (causal too: beside keys this long its masked corner is a sliver), and the
-#: longest key tile. Measured on the H100 (B1 H4 S512k causal, tools/probe_tiles.py): 1024 rows x 121856 keys
-#: 94 TFLOP/s, 2048 x 59392 98, 2048 x 32768 (at most; 4 entries a GEMM) 101, 4096 x 28672 99.
+#: Query rows of a key-tiled row block (causal too: beside keys this long its masked corner is a sliver), and a bound
+#: on the key tile. Measured on the H100 (B1 H4 S512k causal, tools/probe_tiles.py): 1024 rows x 121856 keys
+#: 94 TFLOP/s, 2048 x 59392 98, 2048 x 32768 (at most; 4 entries a GEMM) 101, 4096 x 28672 99. Since the softmax
+#: holds at most 28160 keys a CTA, :func:`one_cta_keys` is the tighter bound (KEY_TILE_MAX binds only in probes
+#: that raise it).
 TILE_ROWS = 2048
 KEY_TILE_MAX = 32768
 #: Shared memory of the softmax's ring a CTA (native/softmax.cu's kPipeSmem; a test holds the two equal): two slots
@@ -422,10 +425,11 @@ def _grid(case: Case, budget: int, gemm_ws: int, scores: int, lanes: int, key_ti
 
 def _key_tiling(case: Case, scores: int, m: int) -> tuple[int, int]:
     """(rows a row block, keys a tile) for key-tiled chunks within ``scores`` bytes: the most rows up to ``m``
-    (a multiple of 64), then the fewest tiles over ``Sk`` keys of at most :data:`KEY_TILE_MAX` keys, at most
-    :func:`one_cta_keys` and within the budget, balanced: each a multiple of both the rows and :data:`KEY_BLOCK`
-    (so that causal row blocks meet a bounded set of tile lengths); (0, 0) when no tile of 64 rows (``m`` if
-    fewer) fits."""
+    (a multiple of 64), then the longest tile within the budget, :data:`KEY_TILE_MAX` and :func:`one_cta_keys`
+    that is a multiple of the unit, lcm(rows, :data:`KEY_BLOCK`) (so that causal row blocks meet a bounded set of
+    tile lengths; the unit alone when it is longer); without causal masking, every row block covers all ``Sk``
+    keys, so the tiles are then balanced: the same count, each ceil(Sk / count) rounded up to the unit; (0, 0)
+    when no tile of 64 rows (``m`` if fewer) fits."""
     longest = min(KEY_TILE_MAX, one_cta_keys(case))
     rows = m - m % 64 if m >= 64 else m
     while rows >= min(m, 64):
@@ -435,8 +439,10 @@ def _key_tiling(case: Case, scores: int, m: int) -> tuple[int, int]:
         while tile and rows * score_ld(tile) * 4 > room:
             tile -= unit
         if tile >= unit:
-            tile = min(tile, max(unit, longest // unit * unit))
-            return rows, _round_up(-(-case.Sk // -(-case.Sk // tile)), unit)  # Sk in ceil(Sk / tile) equal tiles
+            tile = min(tile, max(unit, longest // unit * unit), _round_up(case.Sk, unit))
+            if not case.causal:  # Sk in ceil(Sk / tile) equal tiles
+                tile = _round_up(-(-case.Sk // -(-case.Sk // tile)), unit)
+            return rows, tile
         rows = rows - 64 if rows > 64 else rows // 2
     return 0, 0
 

@@ -669,8 +669,9 @@ cudaError_t launch(const attn_lt_softmax_args& a, cudaStream_t stream) {
         if (c <= 8192 && a.mask_dtype == ATTN_LT_NONE)
             return launch_pipe<256, 3, false, OutT, kPipeMaxV256x8k>(a, 1, stream);
         // Longer rows: 512 threads and two slots, which fit two CTAs an SM up to 96 KB a slot pair (12k columns,
-        // 8k with a bool or 16-bit mask; an fp32 mask's 8k slots take 64 KB, one CTA an SM) where three did not, and measured no slower where neither fits two (three slots -> two: H200
-        // 12k columns 3.43 -> 3.73 TB/s, masked 2.63 -> 2.90, 16k 3.61 -> 3.65; H100 masked 8k 2.19 -> 2.66).
+        // 8k with a bool or 16-bit mask; an fp32 mask's 8k slots take 64 KB, one CTA an SM) where three did not,
+        // and measured no slower where neither fits two (three slots -> two: H200 12k columns 3.43 -> 3.73 TB/s,
+        // masked 2.63 -> 2.90, 16k 3.61 -> 3.65; H100 masked 8k 2.19 -> 2.66).
         // Except unmasked rows whose mass is added: that kernel (112 registers) runs one CTA an SM with either,
         // and the third slot was faster (H100 16k 2.74 against 2.62). The slots do not change P.
         if (a.mass_add && a.mass != nullptr && a.mask_dtype == ATTN_LT_NONE && pipe_stages(a, 1) == 3)

@@ -267,19 +267,22 @@ def test_one_cta_keys_fit_the_ring_beside_the_mask(dtype, keys):
     case = Case.contiguous(1, 4, 4, 1024, 65536, 64, mask=MaskInfo(kind, dtype, (1, 1, 1024, 65536), (0, 0, 65536, 1)))
     assert one_cta_keys(case) == keys and keys % KEY_BLOCK == 0
     assert 2 * slot(keys, esize) <= PIPE_RING_BYTES < 2 * slot(keys + KEY_BLOCK, esize)
-    strided = Case.contiguous(1, 4, 4, 1024, 65536, 64, mask=MaskInfo(kind, dtype, (1, 1, 65536, 1024), (0, 0, 1, 1024)))
+    transposed = MaskInfo(kind, dtype, (1, 1, 65536, 1024), (0, 0, 1, 1024))
+    strided = Case.contiguous(1, 4, 4, 1024, 65536, 64, mask=transposed)
     assert one_cta_keys(strided) == ONE_CTA_KEYS
 
 
-@pytest.mark.parametrize("Sk,causal", [(28161, False), (30000, False), (65536 + 100, False), (40000, True)])
-def test_key_tiles_are_balanced(Sk, causal):
-    """A row block's key tiles are as even as the tile unit allows: no short last tile (28161 keys: two tiles of
-    14336 and 13825, not 26624 and 1537)."""
-    case = Case.contiguous(1, 8, 8, 2048, Sk, 128, causal=causal)
-    plan = make_plan(case, 1024 * MiB)
+@pytest.mark.parametrize("Sk", [28161, 30000, 65536 + 100])
+def test_key_tiles_are_balanced(Sk):
+    """Without causal masking a row block's key tiles are as even as the tile unit allows: no short last tile
+    (28161 keys: two tiles of 14336 and 13825, not 26624 and 1537). Causal row blocks end at different keys, so
+    their tiles keep the longest length (the rule measured on causal calls)."""
+    longest = ONE_CTA_KEYS // 2048 * 2048
+    plan = make_plan(Case.contiguous(1, 8, 8, 2048, Sk, 128), 1024 * MiB)
     n = -(-Sk // plan.key_tile)
-    assert n == -(-Sk // (ONE_CTA_KEYS // 2048 * 2048)), plan.summary()
+    assert n == -(-Sk // longest), plan.summary()
     assert Sk - (n - 1) * plan.key_tile > plan.key_tile - 2048 * n, plan.summary()
+    assert make_plan(Case.contiguous(1, 8, 8, 2048, Sk, 128, causal=True), 1024 * MiB).key_tile == longest
 
 
 def test_one_cta_keys_is_what_the_softmax_ring_holds():
