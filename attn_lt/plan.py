@@ -366,12 +366,20 @@ def _make_plan(case: Case, budget: int, lanes: int, key_tiles: bool) -> Plan:
     return plan
 
 
+_MASK_BYTES = {"bool": 1, "fp16": 2, "bf16": 2, "fp32": 4}  # a mask element (native/softmax.cu's mask_esize)
+
+
+def _row_block(case: Case) -> int:
+    """Query rows of a whole-row chunk before the budget cuts them."""
+    return min(case.Sq, CAUSAL_ROW_BLOCK if case.causal else ROW_BLOCK)
+
+
 def one_cta_keys(case: Case) -> int:
     """The longest score row (keys, a multiple of :data:`KEY_BLOCK`) of ``case`` that one softmax CTA holds: two
     ring slots of FP32 scores, plus the mask's bytes when a dense mask is contiguous over keys (the kernel then
     streams it through the ring: bool 22528 keys, 16-bit 18688, fp32 14080; unmasked :data:`ONE_CTA_KEYS`)."""
     m = case.mask
-    mask_bytes = ({"bool": 1, "fp32": 4}.get(m.dtype, 2) if m is not None and m.strides[3] == 1 else 0)
+    mask_bytes = _MASK_BYTES[m.dtype] if m is not None and m.strides[3] == 1 else 0
     return PIPE_RING_BYTES // (2 * (4 + mask_bytes)) // KEY_BLOCK * KEY_BLOCK
 
 
@@ -383,7 +391,7 @@ def long_rows(case: Case) -> bool:
 
 def _whole_rows(case: Case, scores: int) -> int:
     """Query rows of a chunk over whole key rows within ``scores`` bytes (a multiple of 64 from 64 on)."""
-    whole = min(case.Sq, CAUSAL_ROW_BLOCK if case.causal else ROW_BLOCK, scores // (score_ld(case.Sk) * 4))
+    whole = min(_row_block(case), scores // (score_ld(case.Sk) * 4))
     return whole - whole % 64 if whole >= 64 else whole
 
 
@@ -398,7 +406,7 @@ def _grid(case: Case, budget: int, gemm_ws: int, scores: int, lanes: int, key_ti
             and (not case.causal or g * case.Sq <= FOLD_CAUSAL_MAX_ROWS))
     m, tile = g * case.Sq, 0
     if not fold:
-        m = min(case.Sq, CAUSAL_ROW_BLOCK if case.causal else ROW_BLOCK)
+        m = _row_block(case)
         whole = _whole_rows(case, scores)
         tiled = tile_rows or (key_tiles and whole < min(m, TILE_MIN_ROWS))
         rows, tile = _key_tiling(case, scores, min(case.Sq, TILE_ROWS)) if tiled else (0, 0)
