@@ -12,7 +12,7 @@ variable                       default      meaning
 ``ATTN_LT_KEY_TILES``          1            0: never tile the keys of the long path (each chunk over whole key rows,
                                             as before key tiles; for comparisons)
 ``ATTN_LT_LIB``                (package)    path of ``libattn_lt.so`` to load instead of the packaged build
-``ATTN_LT_SOFTMAX``            auto         force a softmax kernel: ``pipe``, ``row``, ``two_pass``
+``ATTN_LT_SOFTMAX``            auto         force a softmax kernel: ``pipe``, ``pipe_regs``, ``row``, ``two_pass``
 ``ATTN_LT_CACHE_DIR``          (user cache) directory of the algorithm cache ``algos.sqlite``
                                             (default ``$XDG_CACHE_HOME/attn_lt`` or ``~/.cache/attn_lt``)
 ``ATTN_LT_ALGO_POLICY``        tune         ``tune`` (tune a GEMM shape on its first use when not cached),
@@ -134,7 +134,7 @@ def library_override() -> str | None:
     return env("ATTN_LT_LIB") or None
 
 
-SOFTMAX_VARIANTS = ("auto", "row", "two_pass", "pipe")  # codes 0.. of attn_lt_softmax_variant
+SOFTMAX_VARIANTS = ("auto", "row", "two_pass", "pipe", "pipe_regs")  # codes 0.. of attn_lt_softmax_variant
 
 
 def softmax_variant() -> str:

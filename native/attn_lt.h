@@ -89,8 +89,10 @@ enum attn_lt_softmax_variant {
     ATTN_LT_SOFTMAX_AUTO = 0,
     ATTN_LT_SOFTMAX_ROW = 1,      /* one CTA a row, the row in registers (up to 32768 columns) */
     ATTN_LT_SOFTMAX_TWO_PASS = 2, /* any length: online max/sum pass, then a re-reading pass */
-    ATTN_LT_SOFTMAX_PIPE = 3      /* persistent CTAs (clusters of 2-8 on sm_90) fed by a cp.async shared-memory
+    ATTN_LT_SOFTMAX_PIPE = 3,     /* persistent CTAs (clusters of 2-8 on sm_90) fed by a cp.async shared-memory
                                      ring: up to 28160 columns a CTA, 225280 a cluster */
+    ATTN_LT_SOFTMAX_PIPE_REGS = 4 /* persistent CTAs, the row in registers, the next in one shared slot: up to
+                                     16384 columns, no dense mask, no attention mass */
 };
 
 /* The fused path: q (B, Hq, Sq, D), k (B, Hkv, Sk, D) and v (B, Hkv, Sk, Dv) with element strides (batch, head,

@@ -5,6 +5,9 @@
 //    rows stream into a 2-3 slot shared-memory ring by cp.async, so loads are always in flight and the bytes
 //    that wait for their row's max and sum sit in shared memory rather than registers. Rows whose ring does not
 //    fit one CTA (over 28160 columns) are split over a cluster of 2, 4 or 8 CTAs on sm_90 (up to 225280);
+//  * PIPE_REGS: persistent CTAs, two an SM, the row in registers and the next one in a single slot: unmasked rows
+//    without the attention mass of up to 16384 columns, where PIPE's two slots fit one CTA an SM only and the
+//    DRAM outruns one CTA an SM (H200, not H100: regs_preferred);
 //  * ROW: one CTA a row, the row in registers (up to 32768 columns; the default below 4096 columns);
 // Longer rows take TWO_PASS (an online max/sum pass, then a pass that re-reads and writes P), tile by tile so
 // that in-place writes never overrun unread scores.
@@ -484,6 +487,102 @@ __global__ void __launch_bounds__(THREADS, 1) softmax_pipe(const attn_lt_softmax
 #endif
 }
 
+
+// PIPE_REGS (rows of at most kRegsMaxCols columns without a dense mask or the attention mass): persistent CTAs of
+// kRegsThreads threads, two an SM. Thread t holds float4 groups t, t + kRegsThreads, ... of its row in registers
+// while its one shared-memory slot receives the same groups of the CTA's next row by cp.async. A thread reads back
+// only what it copied, so the slot needs no barrier, and the next row streams in during the whole of this one.
+// Against PIPE's two slots (at 16k columns 128 KB, one CTA an SM) two CTAs an SM interleave one's reductions with
+// the other's loads. Its threads sum their groups in PIPE's 512-thread order, so P and the LSE are PIPE's bit for
+// bit (a call that adds the mass, which only PIPE does, gets the same P as one that does not).
+constexpr int kRegsThreads = 512, kRegsV = 8;
+constexpr int64_t kRegsMaxCols = int64_t(kRegsThreads) * kRegsV * 4;
+constexpr size_t kRegsSmem = size_t(kRegsMaxCols) * 4;  // one slot of the longest row (64 KB: two CTAs an SM)
+constexpr int64_t kRegsMinCols = 8192;  // AUTO: rows this short keep PIPE (256 threads, three slots, two CTAs an SM)
+
+template <typename OutT>
+__global__ void __launch_bounds__(kRegsThreads, 2) softmax_pipe_regs(const attn_lt_softmax_args a) {
+    static_assert(kRegsThreads == 512, "PIPE's summation order: its rows past 8192 columns take 512 threads");
+    extern __shared__ float4 ring[];
+    __shared__ float red[2][32];
+    // Row k's descriptor in head[k % 3]: thread 0 writes row k + 2's at the top of row k, into the entry of row
+    // k - 1, which every thread read before row k - 1's barriers; row k + 1's is read during row k (its prefetch).
+    __shared__ Row head[3];
+    const int64_t nrows = a.rows * a.batch, step = gridDim.x;
+    const int n4 = static_cast<int>((a.cols + 3) / 4);  // at most kRegsMaxCols / 4: 32-bit column indices
+    auto set_head = [&](int64_t lin, int hi) {
+        if (lin < nrows) head[hi] = row_info<Row>(a, lin % a.batch, lin / a.batch);
+        else head[hi].s = nullptr;
+    };
+    auto issue = [&](const float* s) {  // this thread's groups of the row at s into the slot
+        if (s != nullptr) {
+#pragma unroll
+            for (int k = 0; k < kRegsV; ++k) {
+                const int c = threadIdx.x + k * kRegsThreads;
+                if (c < n4) cp_async16(ring + c, s + 4 * c);
+            }
+        }
+        cp_async_commit();
+    };
+    if (threadIdx.x == 0) {
+        set_head(blockIdx.x, 0);
+        set_head(blockIdx.x + step, 1);
+    }
+    __syncthreads();
+    issue(head[0].s);
+    int hi = 0;
+    for (int64_t lin = blockIdx.x; lin < nrows; lin += step) {
+        // the last visible key (the causal limit, or the row's end; -1: none), in 32 bits like the columns
+        const int limit = static_cast<int>(max(head[hi].limit, int64_t(-1)));
+        if (threadIdx.x == 0) set_head(lin + 2 * step, (hi + 2) % 3);
+        cp_async_wait<0>();  // this thread's groups of row lin are in the slot
+        float4 v[kRegsV];
+        float mx = -INFINITY;
+#pragma unroll
+        for (int k = 0; k < kRegsV; ++k) {
+            const int c = threadIdx.x + k * kRegsThreads, j = 4 * c;
+            v[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (c < n4) {
+                v[k] = ring[c];
+                if (j + 3 > limit) {  // apply_mask without a dense mask
+                    if (j > limit) v[k].x = -INFINITY;
+                    if (j + 1 > limit) v[k].y = -INFINITY;
+                    if (j + 2 > limit) v[k].z = -INFINITY;
+                    v[k].w = -INFINITY;
+                }
+                mx = fmaxf(mx, max4(v[k]));
+            }
+        }
+        // The max has consumed every value read from the slot: the next row may overwrite it.
+        issue(head[(hi + 1) % 3].s);
+        char* const p = head[hi].p;  // read before this row's barriers (see head)
+        float* const lse = head[hi].lse;
+        mx = block_max<kRegsThreads>(mx, red[0]);
+        const float mref = mx == -INFINITY ? 0.f : mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int k = 0; k < kRegsV; ++k) {
+            if (int(threadIdx.x) + k * kRegsThreads < n4) {
+                v[k].x = ex(v[k].x, mref);
+                v[k].y = ex(v[k].y, mref);
+                v[k].z = ex(v[k].z, mref);
+                v[k].w = ex(v[k].w, mref);
+                sum += (v[k].x + v[k].y) + (v[k].z + v[k].w);
+            }
+        }
+        sum = block_sum<kRegsThreads>(sum, red[1]);
+        const float inv = sum > 0.f ? 1.f / sum : 0.f;
+#pragma unroll
+        for (int k = 0; k < kRegsV; ++k) {
+            const int c = threadIdx.x + k * kRegsThreads;
+            if (c < n4) store4<OutT>(p, 4 * c, v[k].x * inv, v[k].y * inv, v[k].z * inv, v[k].w * inv);
+        }
+        if (threadIdx.x == 0) *lse = sum > 0.f ? mref + logf(sum) : -INFINITY;
+        hi = (hi + 1) % 3;
+    }
+    cp_async_wait<0>();
+}
+
 template <int THREADS, int NV, typename OutT>
 __global__ void __launch_bounds__(THREADS) softmax_two_pass(const attn_lt_softmax_args a) {
     __shared__ float red[2][32];
@@ -641,12 +740,52 @@ cudaError_t launch_pipe(const attn_lt_softmax_args& a, int C, cudaStream_t strea
     return err != cudaSuccess ? err : cudaGetLastError();
 }
 
+// Whether PIPE_REGS can take these rows: no dense mask, no attention mass, at most kRegsMaxCols columns.
+bool regs_fit(const attn_lt_softmax_args& a) {
+    return a.mask_dtype == ATTN_LT_NONE && a.mass == nullptr && a.cols <= kRegsMaxCols;
+}
+
+// Whether AUTO gives these rows PIPE_REGS: it can; PIPE's two-slot ring (its kernel for unmasked rows past 8192
+// columns) leaves room for one CTA an SM only (1 KB more a CTA covers its static shared memory, under 600 B); and
+// the GPU's DRAM is fast enough for one CTA an SM to fall behind it (kRegsMinGbpsPerSm). Measured (bf16, softmax
+// alone by tools/bench_softmax.py, and the long path B1 H16 S16k D128 by tools/probe_long_rows.py):
+//   H200 (36 GB/s an SM): 12288 columns (PIPE two CTAs an SM) PIPE 3.79 TB/s, PIPE_REGS 3.59; 15360 (one) 3.57
+//     against 3.65; 16384 3.59 against 3.64; the long path 14.8-15.0 -> 14.45 ms.
+//   H100 (25 GB/s an SM): 16384 PIPE 2.82 TB/s, PIPE_REGS 2.69; the long path 19.05 -> 19.64 ms.
+constexpr double kRegsMinGbpsPerSm = 30.0;
+
+bool regs_preferred(const attn_lt_softmax_args& a) {
+    if (a.cols <= kRegsMinCols || !regs_fit(a)) return false;
+    const DeviceInfo* d = nullptr;
+    if (current_device_info(&d) != cudaSuccess || d->dram_gbps_per_sm < kRegsMinGbpsPerSm) return false;
+    const int64_t pipe_cta = 2 * pipe_layout(a, 1).slot_bytes + d->reserved_smem + 1024;
+    return 2 * pipe_cta > d->smem_per_sm;
+}
+
+template <typename OutT>
+cudaError_t launch_pipe_regs(const attn_lt_softmax_args& a, cudaStream_t stream) {
+    if (!regs_fit(a)) return static_cast<cudaError_t>(ATTN_LT_ERR_VARIANT);
+    const auto kernel = softmax_pipe_regs<OutT>;
+    cudaLaunchConfig_t cfg = {};
+    cfg.blockDim = dim3(kRegsThreads);
+    cfg.dynamicSmemBytes = kRegsSmem;  // one size for every row length: one residency query
+    cfg.stream = stream;
+    int64_t ctas = 0;
+    cudaError_t err = residency(kernel, kRegsThreads, kRegsSmem, 1, false, cfg, &ctas);
+    if (err != cudaSuccess) return err;
+    if (ctas < 1) return cudaErrorInvalidConfiguration;
+    cfg.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(a.rows * a.batch, ctas)));
+    err = cudaLaunchKernelEx(&cfg, kernel, a);
+    return err != cudaSuccess ? err : cudaGetLastError();
+}
+
 // The kernel a launch runs (a forced variant, or by row length and GPU) and PIPE's CTAs a row (0: PIPE cannot).
 int resolve_variant(const attn_lt_softmax_args& a, int* pc) {
     *pc = pipe_cluster(a);
     if (a.variant != ATTN_LT_SOFTMAX_AUTO) return a.variant;
-    return a.cols < kPipeMinCols ? ATTN_LT_SOFTMAX_ROW
-           : *pc                 ? ATTN_LT_SOFTMAX_PIPE
+    return a.cols < kPipeMinCols                    ? ATTN_LT_SOFTMAX_ROW
+           : regs_preferred(a)                    ? ATTN_LT_SOFTMAX_PIPE_REGS
+           : *pc                                  ? ATTN_LT_SOFTMAX_PIPE
            : a.cols <= kRowMaxCols ? ATTN_LT_SOFTMAX_ROW : ATTN_LT_SOFTMAX_TWO_PASS;
 }
 
@@ -668,8 +807,9 @@ cudaError_t launch(const attn_lt_softmax_args& a, cudaStream_t stream) {
         if (c <= 4096) return launch_pipe<256, 3, false, OutT, kPipeMaxV256>(a, 1, stream);
         if (c <= 8192 && a.mask_dtype == ATTN_LT_NONE)
             return launch_pipe<256, 3, false, OutT, kPipeMaxV256x8k>(a, 1, stream);
-        // Longer rows: 512 threads and two slots, which fit two CTAs an SM up to 96 KB a slot pair (12k columns,
-        // 8k with a bool or 16-bit mask; an fp32 mask's 8k slots take 64 KB, one CTA an SM) where three did not,
+        // Longer rows (AUTO gives some unmasked ones without the mass to PIPE_REGS: regs_preferred): 512 threads and
+        // two slots, which fit two CTAs an SM up to 96 KB a slot pair (12k columns, 8k with a bool or 16-bit mask;
+        // an fp32 mask's 8k slots take 64 KB, one CTA an SM) where three did not,
         // and measured no slower where neither fits two (three slots -> two: H200 12k columns 3.43 -> 3.73 TB/s,
         // masked 2.63 -> 2.90, 16k 3.61 -> 3.65; H100 masked 8k 2.19 -> 2.66).
         // Except unmasked rows whose mass is added: that kernel (112 registers) runs one CTA an SM with either,
@@ -678,6 +818,7 @@ cudaError_t launch(const attn_lt_softmax_args& a, cudaStream_t stream) {
             return launch_pipe<512, 3, false, OutT, kPipeMaxV512>(a, 1, stream);
         return launch_pipe<512, 2, false, OutT, kPipeMaxV512>(a, 1, stream);
     }
+    if (variant == ATTN_LT_SOFTMAX_PIPE_REGS) return launch_pipe_regs<OutT>(a, stream);
     if (a.mass_add && a.mass != nullptr) return static_cast<cudaError_t>(ATTN_LT_ERR_VARIANT);  // PIPE only
     if (a.rows * a.batch > 0x7fffffffLL) return static_cast<cudaError_t>(ATTN_LT_ERR_LENGTH);
     const unsigned grid = static_cast<unsigned>(a.rows * a.batch);

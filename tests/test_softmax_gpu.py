@@ -66,6 +66,8 @@ def variants_for(cols, mask_esize=0):
         v.append("pipe")
     if cols <= 32768:
         v.append("row")
+    if not mask_esize and cols <= 16384:  # PIPE_REGS: no dense mask, at most 16384 columns
+        v.append("pipe_regs")
     return v
 
 
@@ -82,6 +84,32 @@ def test_variants_agree_with_torch(cols, causal):
             assert not torch.isnan(p).any(), (variant, in_place)
             torch.testing.assert_close(p.double(), want, atol=2e-3, rtol=1e-2, msg=f"{variant} {in_place}")
             torch.testing.assert_close(lse.double(), want_lse, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("cols", [8193, 12289, 16384])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_pipe_regs_is_pipe_bit_for_bit(cols, causal):
+    """Many rows a CTA (the ring and the row descriptors turn over): PIPE_REGS, which AUTO takes for these rows,
+    writes PIPE's P and LSE exactly (calls that add the mass run PIPE) and matches torch."""
+    rows, ld = 300, -(-cols // 32) * 32
+    scores = torch.randn(4, rows, ld, device="cuda") * 4
+    want, want_lse = expected(scores, cols, causal, None, rows)
+    out = {v: run_softmax(scores.clone(), variant=v, causal=causal, Sk=cols) for v in ("pipe", "pipe_regs", "auto")}
+    p, lse = out["pipe_regs"]
+    assert not torch.isnan(p).any() and not torch.isnan(lse).any()
+    torch.testing.assert_close(p.double(), want, atol=2e-3, rtol=1e-2)
+    torch.testing.assert_close(lse.double(), want_lse, atol=1e-4, rtol=1e-5)
+    for v in ("pipe", "auto"):
+        assert torch.equal(out[v][0], p) and torch.equal(out[v][1], lse), v
+
+
+def test_pipe_regs_refuses_masks_and_long_rows():
+    scores = torch.randn(1, 4, 16416, device="cuda")
+    with pytest.raises(native.CudaError):
+        run_softmax(scores, variant="pipe_regs", Sk=16385)
+    mask = torch.ones(1, 4, 4096, dtype=torch.bool, device="cuda")
+    with pytest.raises(native.CudaError):
+        run_softmax(torch.randn(1, 4, 4096, device="cuda"), variant="pipe_regs", mask=mask)
 
 
 @pytest.mark.parametrize("mdtype", [torch.bool, torch.float32, torch.bfloat16, torch.float16])

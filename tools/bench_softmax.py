@@ -27,7 +27,7 @@ def main(argv=None) -> int:
     ap.add_argument("--pad", type=int, default=0, help="extra floats of row stride (ld = cols + pad)")
     ap.add_argument("--mass", action="store_true", help="also time PIPE adding the attention mass per key")
     a = ap.parse_args(argv)
-    variants = ("pipe", "row", "two_pass") + (("pipe+mass",) if a.mass else ())
+    variants = ("pipe", "pipe_regs", "row", "two_pass") + (("pipe+mass",) if a.mass else ())
     print(f"{'cols':>7} {'mask':>5} " + "".join(f"{v:>10}" for v in variants) + "   TB/s")
     for cols in map(int, a.cols.split(",")):
         ld = cols + a.pad

@@ -10,6 +10,7 @@
 #   suite      tools/bench.py run $SUITE_ARGS (default --quick)    generate  Hugging Face generate() (bench_generate)
 #   decode     the suite's decode group (masks too) vs cuDNN       masked    the masked fa3 and long rows vs cuDNN
 #   cp         context parallelism on every GPU (tests + bench_cp)
+#   probe      the long path's key tiles under several caps (probe_long_rows $PROBE_ARGS)
 set -uo pipefail
 OUT=${OUT:-results}
 mkdir -p "$OUT"
@@ -51,6 +52,7 @@ for p in ${PHASES:-tests}; do
       phase memcheck-lt 200 compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitize_lt.py
       phase racecheck-lt 200 compute-sanitizer --tool racecheck --error-exitcode 9 python3 tools/sanitize_lt.py ;;
     tiles) phase tiles 420 python3 tools/bench_key_tiles.py ${TILES_ARGS:-} --out "$OUT/tiles" ;;
+    probe) phase probe 400 python3 tools/probe_long_rows.py ${PROBE_ARGS:-} ;;
     lt) phase lt 260 python3 tools/bench_lt.py ${LT_ARGS:-} --out "$OUT/lt" ;;
     suite) phase suite 560 python3 tools/bench.py run ${SUITE_ARGS:---quick} --out "$OUT/suite" ;;
     decode) phase decode 400 python3 tools/bench.py run --groups decode --providers auto,lt,wmma,cudnn,flash,efficient \
