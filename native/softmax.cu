@@ -779,12 +779,13 @@ cudaError_t launch_pipe_regs(const attn_lt_softmax_args& a, cudaStream_t stream)
     return err != cudaSuccess ? err : cudaGetLastError();
 }
 
-// The kernel a launch runs (a forced variant, or by row length and GPU) and PIPE's CTAs a row (0: PIPE cannot).
-int resolve_variant(const attn_lt_softmax_args& a, int* pc) {
+// The kernel a launch runs (a forced variant, or by row length and GPU) and PIPE's CTAs a row (0: PIPE cannot);
+// `adding`: the kernel of the same rows when the softmax adds their mass (asked before the mass is set).
+int resolve_variant(const attn_lt_softmax_args& a, int* pc, bool adding = false) {
     *pc = pipe_cluster(a);
     if (a.variant != ATTN_LT_SOFTMAX_AUTO) return a.variant;
     return a.cols < kPipeMinCols                    ? ATTN_LT_SOFTMAX_ROW
-           : regs_preferred(a)                    ? ATTN_LT_SOFTMAX_PIPE_REGS
+           : !adding && regs_preferred(a)         ? ATTN_LT_SOFTMAX_PIPE_REGS
            : *pc                                  ? ATTN_LT_SOFTMAX_PIPE
            : a.cols <= kRowMaxCols ? ATTN_LT_SOFTMAX_ROW : ATTN_LT_SOFTMAX_TWO_PASS;
 }
@@ -931,7 +932,7 @@ int attn_lt_softmax_adds_mass(const attn_lt_softmax_args* a) {
     if (a == nullptr || a->cols <= 0) return 0;
     const bool clean = cudaPeekAtLastError() == cudaSuccess;
     int pc = 0;
-    const int variant = resolve_variant(*a, &pc);
+    const int variant = resolve_variant(*a, &pc, true);
     if (clean) cudaGetLastError();  // pipe_cluster may ask the device; a failure there only means "no"
     return variant == ATTN_LT_SOFTMAX_PIPE && pipe_sums_mass(*a, pc) ? 1 : 0;
 }
