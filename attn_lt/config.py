@@ -12,7 +12,8 @@ variable                       default      meaning
 ``ATTN_LT_KEY_TILES``          1            0: never tile the keys of the long path (each chunk over whole key rows,
                                             as before key tiles; for comparisons)
 ``ATTN_LT_LIB``                (package)    path of ``libattn_lt.so`` to load instead of the packaged build
-``ATTN_LT_SOFTMAX``            auto         force a softmax kernel: ``pipe``, ``pipe_regs``, ``row``, ``two_pass``
+``ATTN_LT_SOFTMAX``            auto         force a softmax kernel: ``pipe``, ``pipe_regs`` (unmasked rows of at
+                                            most 16384 keys, no mass), ``row``, ``two_pass``
 ``ATTN_LT_CACHE_DIR``          (user cache) directory of the algorithm cache ``algos.sqlite``
                                             (default ``$XDG_CACHE_HOME/attn_lt`` or ``~/.cache/attn_lt``)
 ``ATTN_LT_ALGO_POLICY``        tune         ``tune`` (tune a GEMM shape on its first use when not cached),

@@ -16,11 +16,12 @@ instead: row blocks keep their size, each covers its keys ``key_tile`` at a time
 partial output and its LSE, and a small native kernel joins them by LSE (the arithmetic of :mod:`attn_lt.merge`),
 the last tile writing the output. The chunk sizes and the set of GEMM shapes then stay the same at any length; only
 the number of chunks grows, and nothing here lists them unless asked (``explain`` at 10M keys reads the grid).
-Calls of at least :data:`TILE_MIN_ROWS` query rows whose rows are longer than one softmax CTA holds
-(:func:`one_cta_keys`: fewer keys when a dense mask shares the CTA's ring) are tiled too, whatever the budget: on
-sm_90 the softmax streams such rows over clusters of CTAs at about 60 % of its one-CTA rate. No key tile is longer
-than one CTA holds (unless the tile unit is: fewer than 64 query rows), and without causal masking a row block's
-tiles are balanced (no short last tile).
+Calls of at least :data:`TILE_MIN_ROWS` query rows whose rows are longer than the softmax runs at its full rate
+(:func:`tile_keys`) are tiled too, whatever the budget: without a mask, what one softmax CTA holds (on sm_90 longer
+rows stream over clusters of CTAs at about 60 % of its one-CTA rate); with a dense mask sharing the CTA's ring,
+what two CTAs an SM hold (longer masked rows leave one CTA an SM). No key tile is longer than that (unless the tile
+unit is: fewer than 64 query rows), and without causal masking a row block's tiles are balanced (no short last
+tile).
 
 Memory: a plan uses one workspace of ``workspace_bytes`` = per lane, cuBLASLt workspace + the largest chunk's FP32
 score block (+ the key tiles' accumulators); P is written in place over the scores. That is bounded by the budget
@@ -53,8 +54,8 @@ TILE_MIN_ROWS = 512
 #: Query rows of a key-tiled row block (causal too: beside keys this long its masked corner is a sliver), and a bound
 #: on the key tile. Measured on the H100 (B1 H4 S512k causal, tools/probe_tiles.py): 1024 rows x 121856 keys
 #: 94 TFLOP/s, 2048 x 59392 98, 2048 x 32768 (at most; 4 entries a GEMM) 101, 4096 x 28672 99. Since the softmax
-#: holds at most 28160 keys a CTA, :func:`one_cta_keys` is the tighter bound (KEY_TILE_MAX binds only in probes
-#: that raise it).
+#: holds at most 28160 keys a CTA, :func:`tile_keys` is the tighter bound (KEY_TILE_MAX binds only in probes that
+#: raise it).
 TILE_ROWS = 2048
 KEY_TILE_MAX = 32768
 #: Shared memory of the softmax's ring a CTA (native/softmax.cu's kPipeSmem; a test holds the two equal): two slots
@@ -63,9 +64,11 @@ PIPE_RING_BYTES = 220 * 1024
 #: The longest FP32 score row (keys) the softmax holds in one CTA without a mask (see :func:`one_cta_keys`). Longer
 #: rows run over clusters of CTAs, at 2.2-2.3 TB/s against 3.8-4.0 on the H200, so prefill-sized calls tile such
 #: keys at most this long: H200, B1 H16 S64k D128 0.83x the time of whole rows, B1 H4 S64k D512 0.86x, B1 H32 S128k
-#: causal 0.82x (tools/probe_long_rows.py; tools/results/2026-11-23e/h200/long-rows/); with a bf16 mask (18688 keys
-#: a CTA), B1 H16 S32k D128 0.88-0.90x (tools/results/2026-11-23f/h200/probe-1/).
+#: causal 0.82x (tools/probe_long_rows.py; tools/results/2026-11-23e/h200/long-rows/). Masked rows: :func:`tile_keys`.
 ONE_CTA_KEYS = PIPE_RING_BYTES // (2 * 4)
+#: The ring a softmax CTA may take with two CTAs an SM on Hopper (228 KB of shared memory an SM, less each CTA's
+#: 1 KB reserve and static shared memory): the bound of a masked row's tile (:func:`tile_keys`).
+TWO_CTA_RING_BYTES = 112 * 1024
 
 
 def _round_up(x: int, m: int) -> int:
@@ -276,7 +279,7 @@ class Plan:
         done = sum(cnt * c.ne * self.rows(c) * c.keys for c, cnt in shapes.values())
         biggest = max((c for c, _ in shapes.values()), key=lambda c: c.ne * self.rows(c) * c.keys)
         why = "; ".join(w for w, yes in (
-            (f"rows longer than one softmax CTA holds ({one_cta_keys(case)} keys)", long_rows(case)),
+            (f"rows longer than the softmax runs at its full rate ({tile_keys(case)} keys)", long_rows(case)),
             (f"whole rows would leave a chunk fewer than {TILE_MIN_ROWS} rows",
              _whole_rows(case, self.score_budget) < min(case.Sq, TILE_MIN_ROWS))) if yes)
         tiles = (f"keys in tiles of {self.key_tile} merged by LSE ({why})" if self.key_tile
@@ -374,19 +377,36 @@ def _row_block(case: Case) -> int:
     return min(case.Sq, CAUSAL_ROW_BLOCK if case.causal else ROW_BLOCK)
 
 
+def _ring_mask_bytes(case: Case) -> int:
+    """Bytes a key of the mask takes in the softmax's ring: a dense mask contiguous over keys streams through it."""
+    m = case.mask
+    return _MASK_BYTES[m.dtype] if m is not None and m.strides[3] == 1 else 0
+
+
 def one_cta_keys(case: Case) -> int:
     """The longest score row (keys, a multiple of :data:`KEY_BLOCK`) of ``case`` that one softmax CTA holds: two
     ring slots of FP32 scores, plus the mask's bytes when a dense mask is contiguous over keys (the kernel then
     streams it through the ring: bool 22528 keys, 16-bit 18688, fp32 14080; unmasked :data:`ONE_CTA_KEYS`)."""
-    m = case.mask
-    mask_bytes = _MASK_BYTES[m.dtype] if m is not None and m.strides[3] == 1 else 0
-    return PIPE_RING_BYTES // (2 * (4 + mask_bytes)) // KEY_BLOCK * KEY_BLOCK
+    return PIPE_RING_BYTES // (2 * (4 + _ring_mask_bytes(case))) // KEY_BLOCK * KEY_BLOCK
+
+
+def tile_keys(case: Case) -> int:
+    """The longest key tile of ``case``, and the row length past which calls of at least :data:`TILE_MIN_ROWS`
+    query rows tile their keys: :func:`one_cta_keys` without a mask in the ring; with one, the longest row whose
+    two ring slots leave room for two softmax CTAs an SM (:data:`TWO_CTA_RING_BYTES`: bool 11264 keys, 16-bit
+    9472, fp32 7168). Longer masked rows run one CTA an SM; tiled, B1 H16 D128 (tools/results/2026-11-23g): H200
+    S16k 0.941x the time of whole rows with a bf16 mask, 0.944x with a bool one, S12k 0.968x / 0.972x, S32k bool
+    0.950x against tiles of 16384; H100 S16k bf16 0.984x, S32k 0.987x against tiles of 16384."""
+    mask_bytes = _ring_mask_bytes(case)
+    if not mask_bytes:
+        return one_cta_keys(case)
+    return TWO_CTA_RING_BYTES // (2 * (4 + mask_bytes)) // KEY_BLOCK * KEY_BLOCK
 
 
 def long_rows(case: Case) -> bool:
-    """Whether ``case`` is a call of at least :data:`TILE_MIN_ROWS` query rows whose score rows are longer than one
-    softmax CTA holds (:func:`one_cta_keys`): such calls tile their keys at any budget."""
-    return case.Sq >= TILE_MIN_ROWS and case.Sk > one_cta_keys(case)
+    """Whether ``case`` is a call of at least :data:`TILE_MIN_ROWS` query rows whose score rows are longer than the
+    softmax runs at its full rate (:func:`tile_keys`): such calls tile their keys at any budget."""
+    return case.Sq >= TILE_MIN_ROWS and case.Sk > tile_keys(case)
 
 
 def _whole_rows(case: Case, scores: int) -> int:
@@ -433,12 +453,12 @@ def _grid(case: Case, budget: int, gemm_ws: int, scores: int, lanes: int, key_ti
 
 def _key_tiling(case: Case, scores: int, m: int) -> tuple[int, int]:
     """(rows a row block, keys a tile) for key-tiled chunks within ``scores`` bytes: the most rows up to ``m``
-    (a multiple of 64), then the longest tile within the budget, :data:`KEY_TILE_MAX` and :func:`one_cta_keys`
+    (a multiple of 64), then the longest tile within the budget, :data:`KEY_TILE_MAX` and :func:`tile_keys`
     that is a multiple of the unit, lcm(rows, :data:`KEY_BLOCK`) (so that causal row blocks meet a bounded set of
     tile lengths; the unit alone when it is longer); without causal masking, every row block covers all ``Sk``
     keys, so the tiles are then balanced: the same count, each ceil(Sk / count) rounded up to the unit; (0, 0)
     when no tile of 64 rows (``m`` if fewer) fits."""
-    longest = min(KEY_TILE_MAX, one_cta_keys(case))
+    longest = min(KEY_TILE_MAX, tile_keys(case))
     rows = m - m % 64 if m >= 64 else m
     while rows >= min(m, 64):
         unit = math.lcm(rows, KEY_BLOCK)

@@ -224,6 +224,15 @@ __device__ __forceinline__ float max4(float4 v) { return fmaxf(fmaxf(v.x, v.y), 
 // x log2 e - m log2 e: m log2 e overflows for rows masked with finite minima (-3.4e38, Hugging Face's masks).
 __device__ __forceinline__ float ex(float x, float mref) { return ex2((x - mref) * kLog2e); }
 
+// v = exp(v - mref) by component; returns their sum as (x + y) + (z + w), as PIPE sums a float4.
+__device__ __forceinline__ float ex4(float4& v, float mref) {
+    v.x = ex(v.x, mref);
+    v.y = ex(v.y, mref);
+    v.z = ex(v.z, mref);
+    v.w = ex(v.w, mref);
+    return (v.x + v.y) + (v.z + v.w);
+}
+
 __device__ __forceinline__ void finish_row(const Row& w, float mx, float sum) {
     if (threadIdx.x == 0) *w.lse = sum > 0.f ? mx + logf(sum) : -INFINITY;
 }
@@ -243,13 +252,7 @@ __global__ void __launch_bounds__(THREADS) softmax_resident(const attn_lt_softma
     const float mref = mx == -INFINITY ? 0.f : mx;
     float sum = 0.f;
 #pragma unroll
-    for (int i = 0; i < NV; ++i) {
-        v[i].x = ex(v[i].x, mref);
-        v[i].y = ex(v[i].y, mref);
-        v[i].z = ex(v[i].z, mref);
-        v[i].w = ex(v[i].w, mref);
-        sum += (v[i].x + v[i].y) + (v[i].z + v[i].w);
-    }
+    for (int i = 0; i < NV; ++i) sum += ex4(v[i], mref);
     sum = block_sum<THREADS>(sum, red[1]);
     const float inv = sum > 0.f ? 1.f / sum : 0.f;
 #pragma unroll
@@ -562,13 +565,7 @@ __global__ void __launch_bounds__(kRegsThreads, 2) softmax_pipe_regs(const attn_
         float sum = 0.f;
 #pragma unroll
         for (int k = 0; k < kRegsV; ++k) {
-            if (int(threadIdx.x) + k * kRegsThreads < n4) {
-                v[k].x = ex(v[k].x, mref);
-                v[k].y = ex(v[k].y, mref);
-                v[k].z = ex(v[k].z, mref);
-                v[k].w = ex(v[k].w, mref);
-                sum += (v[k].x + v[k].y) + (v[k].z + v[k].w);
-            }
+            if (int(threadIdx.x) + k * kRegsThreads < n4) sum += ex4(v[k], mref);
         }
         sum = block_sum<kRegsThreads>(sum, red[1]);
         const float inv = sum > 0.f ? 1.f / sum : 0.f;
@@ -746,7 +743,7 @@ bool regs_fit(const attn_lt_softmax_args& a) {
 }
 
 // Whether AUTO gives these rows PIPE_REGS: it can; PIPE's two-slot ring (its kernel for unmasked rows past 8192
-// columns) leaves room for one CTA an SM only (1 KB more a CTA covers its static shared memory, under 600 B); and
+// columns) leaves room for one CTA an SM only (512 B more a CTA covers its static shared memory: 352 B); and
 // the GPU's DRAM is fast enough for one CTA an SM to fall behind it (kRegsMinGbpsPerSm). Measured (bf16, softmax
 // alone by tools/bench_softmax.py, and the long path B1 H16 S16k D128 by tools/probe_long_rows.py):
 //   H200 (36 GB/s an SM): 12288 columns (PIPE two CTAs an SM) PIPE 3.79 TB/s, PIPE_REGS 3.59; 15360 (one) 3.57
@@ -757,8 +754,9 @@ constexpr double kRegsMinGbpsPerSm = 30.0;
 bool regs_preferred(const attn_lt_softmax_args& a) {
     if (a.cols <= kRegsMinCols || !regs_fit(a)) return false;
     const DeviceInfo* d = nullptr;
-    if (current_device_info(&d) != cudaSuccess || d->dram_gbps_per_sm < kRegsMinGbpsPerSm) return false;
-    const int64_t pipe_cta = 2 * pipe_layout(a, 1).slot_bytes + d->reserved_smem + 1024;
+    if (current_device_info(&d) != cudaSuccess || d->dram_gbps_per_sm < kRegsMinGbpsPerSm || d->smem_per_sm <= 0)
+        return false;
+    const int64_t pipe_cta = 2 * pipe_layout(a, 1).slot_bytes + d->reserved_smem + 512;
     return 2 * pipe_cta > d->smem_per_sm;
 }
 

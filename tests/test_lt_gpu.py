@@ -165,19 +165,20 @@ def test_rows_longer_than_one_softmax_cta_are_tiled(causal):
     check(q, k, v, causal=causal)
 
 
+@pytest.mark.parametrize("Sk", [23001, 12001])  # past one CTA's length; past two CTAs an SM's only
 @pytest.mark.parametrize("kind", ["bool", "bf16", "fp32"])
-def test_masked_rows_longer_than_one_softmax_cta_are_tiled(kind):
-    """A dense mask shares the softmax CTA's ring, so fewer keys fit one CTA: at the default budget a masked call
-    past that length is tiled at most that long (a row masked out in its first tile only, and one everywhere)."""
-    from attn_lt.plan import one_cta_keys
+def test_masked_rows_past_the_softmax_full_rate_are_tiled(kind, Sk):
+    """A dense mask shares the softmax CTA's ring, so fewer keys fit: at the default budget a masked call past what
+    two CTAs an SM hold is tiled at most that long (a row masked out in its first tile only, and one everywhere)."""
+    from attn_lt.plan import tile_keys
 
-    B, Hq, Sq, Sk = 1, 2, 520, 23001
+    B, Hq, Sq = 1, 2, 520
     m = make_mask("1,1,Sq,Sk", kind, B, Hq, Sq, Sk)
-    m[..., 7, :12000] = False if kind == "bool" else float("-inf")
+    m[..., 7, :Sk // 2] = False if kind == "bool" else float("-inf")
     m[..., 9, :] = False if kind == "bool" else float("-inf")
     q, k, v = rand_qkv(B, Hq, 1, Sq, Sk, 64, "bf16")
     p = attn_lt.plan(q, k, v, attn_mask=m, backend="lt")
-    assert 0 < p.chunks.key_tile <= one_cta_keys(p.case) < Sk, p.chunks.summary()
+    assert 0 < p.chunks.key_tile <= tile_keys(p.case) < Sk, p.chunks.summary()
     check(q, k, v, attn_mask=m)
 
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from attn_lt import config
-from attn_lt.plan import KEY_BLOCK, ONE_CTA_KEYS, chunk_layout, make_plan, one_cta_keys, out_strides, score_ld
+from attn_lt.plan import (KEY_BLOCK, ONE_CTA_KEYS, chunk_layout, make_plan, one_cta_keys, out_strides, score_ld,
+                          tile_keys)
 from attn_lt.testing import random_qkv, reference
 from attn_lt.validate import Case, check_tensors
 
@@ -229,33 +230,37 @@ def test_long_keys_are_tiled_and_the_grid_stays_bounded(S, causal):
     (512, ONE_CTA_KEYS + 1, False, False, True),
     (2048, ONE_CTA_KEYS, False, False, False),  # rows one CTA of the softmax holds: whole rows
     (511, 65536, False, False, False),  # decode-sized calls keep whole rows (a clustered row is faster there)
-    (2048, 65536, False, True, True),  # a dense mask: tiles of at most what one CTA holds beside the mask
-    (2048, 24000, False, True, True),
-    (2048, 22528, False, True, False),
+    (2048, 65536, False, True, True),  # a dense mask: tiles of at most what two CTAs an SM hold beside the mask
+    (2048, 11265, False, True, True),
+    (2048, 11264, False, True, False),
 ])
 @pytest.mark.parametrize("Hkv", [16, 4])  # GQA: a call whose group would fold into rows is tiled too
-def test_rows_longer_than_one_cta_holds_are_tiled(Sq, Sk, causal, masked, tiled, Hkv):
-    """Prefill-sized calls whose score rows are longer than one softmax CTA holds (fewer keys beside a bool mask)
-    tile the keys at most that long, however large the budget (whole rows would run on clusters of CTAs)."""
+def test_rows_longer_than_the_softmax_full_rate_are_tiled(Sq, Sk, causal, masked, tiled, Hkv):
+    """Prefill-sized calls whose score rows are longer than one softmax CTA holds (with a bool mask in the ring,
+    than two CTAs an SM hold) tile the keys at most that long, however large the budget (whole rows would run on
+    clusters of CTAs, or one CTA an SM)."""
     from attn_lt.validate import MaskInfo
 
     mask = MaskInfo("bool", "bool", (1, 1, Sq, Sk), (0, 0, Sk, 1)) if masked else None
     case = Case.contiguous(1, 16, Hkv, Sq, Sk, 128, causal=causal, mask=mask)
-    most = one_cta_keys(case)
-    assert most == (22528 if masked else ONE_CTA_KEYS)
+    most = tile_keys(case)
+    assert most == (11264 if masked else ONE_CTA_KEYS)
     plan = make_plan(case, 1024 * MiB)
     assert bool(plan.key_tile) == tiled, plan.summary()
     if tiled:
         assert plan.key_tile <= most and plan.row_block >= 512
         assert all(c.keys <= most for c, _ in plan.shapes().values())
-        assert "one softmax CTA holds" in plan.summary()
+        assert "full rate" in plan.summary()
     assert make_plan(case, 1024 * MiB, key_tiles=False).key_tile == 0
 
 
-@pytest.mark.parametrize("dtype,keys", [("bool", 22528), ("bf16", 18688), ("fp16", 18688), ("fp32", 14080)])
-def test_one_cta_keys_fit_the_ring_beside_the_mask(dtype, keys):
+@pytest.mark.parametrize("dtype,keys,two_cta_keys", [("bool", 22528, 11264), ("bf16", 18688, 9472),
+                                                    ("fp16", 18688, 9472), ("fp32", 14080, 7168)])
+def test_one_cta_keys_fit_the_ring_beside_the_mask(dtype, keys, two_cta_keys):
     """one_cta_keys mirrors native/softmax.cu's pipe_layout: two slots of FP32 scores and (a mask contiguous over
-    keys) its bytes fit kPipeSmem; a mask strided over keys is read from global memory, not through the ring."""
+    keys) its bytes fit kPipeSmem; a mask strided over keys is read from global memory, not through the ring.
+    tile_keys is the longest masked row whose two slots, each CTA's 1 KB reserve and its static shared memory (under
+    1 KB) fit two CTAs in a Hopper SM's 228 KB."""
     from attn_lt.plan import PIPE_RING_BYTES
     from attn_lt.validate import MaskInfo
 
@@ -267,9 +272,11 @@ def test_one_cta_keys_fit_the_ring_beside_the_mask(dtype, keys):
     case = Case.contiguous(1, 4, 4, 1024, 65536, 64, mask=MaskInfo(kind, dtype, (1, 1, 1024, 65536), (0, 0, 65536, 1)))
     assert one_cta_keys(case) == keys and keys % KEY_BLOCK == 0
     assert 2 * slot(keys, esize) <= PIPE_RING_BYTES < 2 * slot(keys + KEY_BLOCK, esize)
+    assert tile_keys(case) == two_cta_keys and two_cta_keys % KEY_BLOCK == 0
+    assert 2 * (2 * slot(two_cta_keys, esize) + 2048) <= 228 * 1024
     transposed = MaskInfo(kind, dtype, (1, 1, 65536, 1024), (0, 0, 1, 1024))
     strided = Case.contiguous(1, 4, 4, 1024, 65536, 64, mask=transposed)
-    assert one_cta_keys(strided) == ONE_CTA_KEYS
+    assert one_cta_keys(strided) == tile_keys(strided) == ONE_CTA_KEYS
 
 
 @pytest.mark.parametrize("Sk", [28161, 30000, 65536 + 100])

@@ -89,8 +89,9 @@ def test_variants_agree_with_torch(cols, causal):
 @pytest.mark.parametrize("cols", [8193, 12289, 16384])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_pipe_regs_is_pipe_bit_for_bit(cols, causal):
-    """Many rows a CTA (the ring and the row descriptors turn over): PIPE_REGS, which AUTO takes for these rows,
-    writes PIPE's P and LSE exactly (calls that add the mass run PIPE) and matches torch."""
+    """Many rows a CTA (the ring and the row descriptors turn over): PIPE_REGS writes the P and LSE of PIPE's
+    512-thread kernel exactly (the kernel of these rows when AUTO does not take PIPE_REGS, and of calls that add the
+    mass) and matches torch; AUTO, whichever it takes here, agrees."""
     rows, ld = 300, -(-cols // 32) * 32
     scores = torch.randn(4, rows, ld, device="cuda") * 4
     want, want_lse = expected(scores, cols, causal, None, rows)

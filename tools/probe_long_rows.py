@@ -1,13 +1,13 @@
 """Probe: how long the long path's key tiles should be. Each shape runs under several tile caps, interleaved over
 two rounds at the default 1 GiB budget: ``whole`` (no row is tiled unless the budget forces it), ``rule`` (the
-shipped rule: :func:`attn_lt.plan.long_rows` and :func:`attn_lt.plan.one_cta_keys`), or a number N (calls of at
+shipped rule: :func:`attn_lt.plan.long_rows` and :func:`attn_lt.plan.tile_keys`), or a number N (calls of at
 least ``TILE_MIN_ROWS`` rows tile keys past N into balanced tiles of at most N, masked calls too). How
 ``ONE_CTA_KEYS`` and the per-mask lengths in attn_lt/plan.py were put to use.
 
     python tools/probe_long_rows.py [--caps whole,rule,16384,8192] [--shapes 16:16384:16384:128,16:32768:32768:128:c]
 
-A shape is H:Sq:Sk:D, B = 1 and Hq = Hkv, with ``:c`` for causal and ``:m`` for a dense bf16 mask (1, 1, Sq, Sk)
-that hides every row's last 1/16 of the keys.
+A shape is H:Sq:Sk:D, B = 1 and Hq = Hkv, with ``:c`` for causal and ``:m`` (bf16) or ``:b`` (bool) for a dense
+mask (1, 1, Sq, Sk) that hides every row's last 1/16 of the keys.
 """
 
 from __future__ import annotations
@@ -29,37 +29,40 @@ SHAPES = ("16:32768:32768:128,16:32768:32768:128:c,16:65536:65536:128,16:65536:6
           "4:65536:65536:512,16:1024:65536:128")
 
 
-def parse_shape(text: str) -> tuple[int, int, int, int, bool, bool]:
+def parse_shape(text: str) -> tuple[int, int, int, int, bool, str]:
     parts = text.split(":")
     H, Sq, Sk, D = (int(x) for x in parts[:4])
-    return H, Sq, Sk, D, "c" in parts[4:], "m" in parts[4:]
+    return H, Sq, Sk, D, "c" in parts[4:], "m" if "m" in parts[4:] else "b" if "b" in parts[4:] else ""
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--caps", default="whole,rule",
                     help="comma-separated: whole, rule, or a tile cap in keys; /pN pads score rows by N floats")
-    ap.add_argument("--shapes", default=SHAPES, help="comma-separated H:Sq:Sk:D[:c][:m]")
+    ap.add_argument("--shapes", default=SHAPES, help="comma-separated H:Sq:Sk:D[:c][:m|:b]")
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("probe_long_rows needs a CUDA GPU", file=sys.stderr)
         return 2
-    shipped, shipped_ld = planner.one_cta_keys, planner.score_ld
+    shipped, shipped_ld = planner.tile_keys, planner.score_ld
     caps = args.caps.split(",")
     for H, Sq, Sk, D, causal, masked in (parse_shape(s) for s in args.shapes.split(",")):
         q = torch.randn(1, H, Sq, D, device="cuda", dtype=torch.bfloat16)
         k, v = (torch.randn(1, H, Sk, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         mask = None
-        if masked:
+        if masked == "m":
             mask = torch.zeros(1, 1, Sq, Sk, device="cuda", dtype=torch.bfloat16)
             mask[..., Sk - Sk // 16:] = float("-inf")
+        elif masked == "b":
+            mask = torch.ones(1, 1, Sq, Sk, device="cuda", dtype=torch.bool)
+            mask[..., Sk - Sk // 16:] = False
         flops = 4 * H * Sq * Sk * D / (2 if causal else 1)
         plans = {}
         for i, variant in enumerate(caps):
             cap, _, pad = variant.partition("/p")
-            planner.one_cta_keys = (shipped if cap == "rule" else
-                                    (lambda case: 1 << 40) if cap == "whole" else (lambda case, n=int(cap): n))
+            planner.tile_keys = (shipped if cap == "rule" else
+                                 (lambda case: 1 << 40) if cap == "whole" else (lambda case, n=int(cap): n))
             if pad:  # score rows padded by that many floats
                 planner.score_ld = lambda n, pad=int(pad): shipped_ld(n) + pad
             try:  # a budget a few bytes apart: neither the planner's cache nor attention()'s sees the patch
@@ -71,7 +74,7 @@ def main() -> int:
                     if not p.program.pending:
                         break
             finally:
-                planner.one_cta_keys, planner.score_ld = shipped, shipped_ld
+                planner.tile_keys, planner.score_ld = shipped, shipped_ld
             plans[variant] = p
         times = {n: [] for n in plans}
         for _ in range(2):
@@ -81,8 +84,8 @@ def main() -> int:
         base = best[caps[0]]
         cells = " | ".join(f"{n} " + "/".join(f"{ms:.2f}" for ms in t) + f" ms {flops / best[n] / 1e9:.0f} TF "
                            f"x{best[n] / base:.3f}" for n, t in times.items())
-        print(f"H{H} Sq{Sq} Sk{Sk} D{D}{' causal' if causal else ''}{' masked' if masked else ''}: {cells}",
-              flush=True)
+        kind = (" causal" if causal else "") + {"m": " masked", "b": " bool-masked"}.get(masked, "")
+        print(f"H{H} Sq{Sq} Sk{Sk} D{D}{kind}: {cells}", flush=True)
         for n, p in plans.items():
             print(f"    {n}: {p.chunks.summary()[:150]}")
         del q, k, v, mask, plans

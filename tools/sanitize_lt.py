@@ -19,7 +19,7 @@ CASES = [  # B, Hq, Hkv, Sq, Sk, D, causal, dtype, mask, workspace bytes (small 
     (2, 4, 2, 257, 1500, 80, False, torch.float16, "bool", 1 << 20),
     (1, 4, 1, 500, 499, 128, True, torch.bfloat16, "float", 2 << 20),
     (1, 2, 2, 97, 4097, 64, False, torch.bfloat16, None, 64 << 20),  # whole rows
-    (1, 4, 2, 200, 15001, 64, True, torch.float16, None, 256 << 20),  # PIPE_REGS (auto), several rows a CTA
+    (1, 4, 2, 200, 15001, 64, True, torch.float16, None, 256 << 20),  # PIPE_REGS where AUTO takes it (H200)
 ]
 
 
