@@ -383,11 +383,17 @@ def _ring_mask_bytes(case: Case) -> int:
     return _MASK_BYTES[m.dtype] if m is not None and m.strides[3] == 1 else 0
 
 
+def _ring_keys(ring_bytes: int, case: Case) -> int:
+    """The longest score row (keys, a multiple of :data:`KEY_BLOCK`) whose two ring slots, FP32 scores and the
+    mask's bytes in the ring, take at most ``ring_bytes``."""
+    return ring_bytes // (2 * (4 + _ring_mask_bytes(case))) // KEY_BLOCK * KEY_BLOCK
+
+
 def one_cta_keys(case: Case) -> int:
     """The longest score row (keys, a multiple of :data:`KEY_BLOCK`) of ``case`` that one softmax CTA holds: two
     ring slots of FP32 scores, plus the mask's bytes when a dense mask is contiguous over keys (the kernel then
     streams it through the ring: bool 22528 keys, 16-bit 18688, fp32 14080; unmasked :data:`ONE_CTA_KEYS`)."""
-    return PIPE_RING_BYTES // (2 * (4 + _ring_mask_bytes(case))) // KEY_BLOCK * KEY_BLOCK
+    return _ring_keys(PIPE_RING_BYTES, case)
 
 
 def tile_keys(case: Case) -> int:
@@ -397,10 +403,7 @@ def tile_keys(case: Case) -> int:
     9472, fp32 7168). Longer masked rows run one CTA an SM; tiled, B1 H16 D128 (tools/results/2026-11-23g): H200
     S16k 0.941x the time of whole rows with a bf16 mask, 0.944x with a bool one, S12k 0.968x / 0.972x, S32k bool
     0.950x against tiles of 16384; H100 S16k bf16 0.984x, S32k 0.987x against tiles of 16384."""
-    mask_bytes = _ring_mask_bytes(case)
-    if not mask_bytes:
-        return one_cta_keys(case)
-    return TWO_CTA_RING_BYTES // (2 * (4 + mask_bytes)) // KEY_BLOCK * KEY_BLOCK
+    return _ring_keys(TWO_CTA_RING_BYTES if _ring_mask_bytes(case) else PIPE_RING_BYTES, case)
 
 
 def long_rows(case: Case) -> bool:

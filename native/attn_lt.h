@@ -155,8 +155,8 @@ const char* attn_lt_error_string(int err);
 int64_t attn_lt_softmax_max_resident_cols(void);
 int attn_lt_softmax(const attn_lt_softmax_args* args, void* stream);
 /* 1 when attn_lt_softmax would add these arguments' P into their mass (mass_add) on the current device: the PIPE
- * kernel runs them; else 0 (the caller sums P itself). */
-/* Asked before the mass is set: whether a launch of these arguments with mass_add set would run PIPE. */
+ * kernel runs them; else 0 (the caller sums P itself). Asked before the mass is set: it answers for a launch with
+ * the mass set, which AUTO never gives to PIPE_REGS. */
 int attn_lt_softmax_adds_mass(const attn_lt_softmax_args* args);
 int attn_lt_tile_merge(const attn_lt_tile_merge_args* args, void* stream);
 

@@ -233,8 +233,11 @@ __device__ __forceinline__ float ex4(float4& v, float mref) {
     return (v.x + v.y) + (v.z + v.w);
 }
 
+// The LSE of a row from its max (the reference) and the sum of exp(x - max); -inf for a row with nothing visible.
+__device__ __forceinline__ float row_lse(float mx, float sum) { return sum > 0.f ? mx + logf(sum) : -INFINITY; }
+
 __device__ __forceinline__ void finish_row(const Row& w, float mx, float sum) {
-    if (threadIdx.x == 0) *w.lse = sum > 0.f ? mx + logf(sum) : -INFINITY;
+    if (threadIdx.x == 0) *w.lse = row_lse(mx, sum);
 }
 
 template <int THREADS, int NV, typename OutT>
@@ -476,7 +479,7 @@ __global__ void __launch_bounds__(THREADS, 1) softmax_pipe(const attn_lt_softmax
             }
         }
         if (threadIdx.x == 0) {  // the descriptor written here is read after the next iteration's barrier
-            if (rank == 0) *w.lse = sum > 0.f ? mref + logf(sum) : -INFINITY;
+            if (rank == 0) *w.lse = row_lse(mref, sum);
             if (!kEarlyHead) set_head(lin + int64_t(STAGES) * step, (hi + STAGES) % kHeads);
         }
         slot = (slot + 1) % STAGES;
@@ -489,7 +492,6 @@ __global__ void __launch_bounds__(THREADS, 1) softmax_pipe(const attn_lt_softmax
     if constexpr (CLUSTERED) cluster.sync();  // no CTA leaves while another may still read its shared memory
 #endif
 }
-
 
 // PIPE_REGS (rows of at most kRegsMaxCols columns without a dense mask or the attention mass): persistent CTAs of
 // kRegsThreads threads, two an SM. Thread t holds float4 groups t, t + kRegsThreads, ... of its row in registers
@@ -574,7 +576,7 @@ __global__ void __launch_bounds__(kRegsThreads, 2) softmax_pipe_regs(const attn_
             const int c = threadIdx.x + k * kRegsThreads;
             if (c < n4) store4<OutT>(p, 4 * c, v[k].x * inv, v[k].y * inv, v[k].z * inv, v[k].w * inv);
         }
-        if (threadIdx.x == 0) *lse = sum > 0.f ? mref + logf(sum) : -INFINITY;
+        if (threadIdx.x == 0) *lse = row_lse(mref, sum);
         hi = (hi + 1) % 3;
     }
     cp_async_wait<0>();
