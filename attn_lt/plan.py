@@ -59,7 +59,8 @@ TILE_MIN_ROWS = 512
 TILE_ROWS = 2048
 KEY_TILE_MAX = 32768
 #: Shared memory of the softmax's ring a CTA (native/softmax.cu's kPipeSmem; a test holds the two equal): two slots
-#: of a row, each its FP32 scores plus, with a dense mask contiguous over keys, its mask bytes.
+#: of a row, each its FP32 scores plus, with a dense mask contiguous over keys, its mask bytes. The planner keeps
+#: Hopper's figure; a GPU whose opt-in a block is smaller (A100: 163 KB) runs the longer rows on other kernels.
 PIPE_RING_BYTES = 220 * 1024
 #: The longest FP32 score row (keys) the softmax holds in one CTA without a mask (see :func:`one_cta_keys`). Longer
 #: rows run over clusters of CTAs, at 2.2-2.3 TB/s against 3.8-4.0 on the H200, so prefill-sized calls tile such

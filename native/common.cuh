@@ -72,7 +72,7 @@ __device__ __forceinline__ float2 mask_pair_of(const unsigned char* p) {
 // runtime does not say.
 // A launcher asks on every call (a decode step's hot path), the runtime once per device.
 struct DeviceInfo {
-    int major, minor, sms, smem_per_sm, reserved_smem;
+    int major, minor, sms, smem_per_sm, reserved_smem, smem_optin;  // smem_optin: a block's opt-in maximum
     double dram_gbps_per_sm;
 };
 
@@ -100,10 +100,11 @@ inline cudaError_t current_device_info(const DeviceInfo** out) {
                     cudaSuccess ||
                 cudaDeviceGetAttribute(&d.reserved_smem, cudaDevAttrReservedSharedMemoryPerBlock, dev) !=
                     cudaSuccess ||
+                cudaDeviceGetAttribute(&d.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
                 cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, dev) != cudaSuccess ||
                 cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, dev) != cudaSuccess) {
                 (void)cudaGetLastError();
-                d.smem_per_sm = d.reserved_smem = 0;
+                d.smem_per_sm = d.reserved_smem = d.smem_optin = 0;
             } else if (d.sms > 0) {
                 d.dram_gbps_per_sm = 2.0 * khz * 1e3 * bits / 8 / 1e9 / d.sms;
             }

@@ -628,13 +628,23 @@ int sm_count() {
     return current_device_info(&d) == cudaSuccess && d->sms > 0 ? d->sms : 1;
 }
 
-constexpr int64_t kPipeSmem = 220 * 1024;  // ring bytes a CTA may take (227 KB opt-in on sm_80 and sm_90)
+constexpr int64_t kPipeSmem = 220 * 1024;  // ring bytes a CTA may take where the device allows (sm_90: 227 KB)
 constexpr int64_t kPipeMinCols = 4096;       // shorter rows: ROW is faster (less per-row synchronisation)
+constexpr int64_t kStaticSmem = 512;         // covers a softmax kernel's static shared memory (PIPE: at most 352 B)
+
+// Ring bytes a PIPE CTA may take on the current device: kPipeSmem, or less where a block's opt-in maximum is
+// smaller (A100 163 KB, sm_86/sm_89 99 KB), so that rows whose ring would not fit take ROW or TWO_PASS instead of
+// failing to launch.
+int64_t pipe_ring_bytes() {
+    const DeviceInfo* d = nullptr;
+    if (current_device_info(&d) != cudaSuccess || d->smem_optin <= 0) return kPipeSmem;
+    return std::min<int64_t>(kPipeSmem, d->smem_optin - kStaticSmem);
+}
 
 // Ring slots PIPE can use with C CTAs a row (0: the ring does not fit).
 int pipe_stages(const attn_lt_softmax_args& a, int C) {
-    const int64_t slot = pipe_layout(a, C).slot_bytes;
-    return 3 * slot <= kPipeSmem ? 3 : (2 * slot <= kPipeSmem ? 2 : 0);
+    const int64_t slot = pipe_layout(a, C).slot_bytes, ring = pipe_ring_bytes();
+    return 3 * slot <= ring ? 3 : (2 * slot <= ring ? 2 : 0);
 }
 
 // CTAs a row for PIPE: 1, or on sm_90 the smallest cluster whose segments fit a two-slot ring (0: none fits).
@@ -745,7 +755,7 @@ bool regs_fit(const attn_lt_softmax_args& a) {
 }
 
 // Whether AUTO gives these rows PIPE_REGS: it can; PIPE's two-slot ring (its kernel for unmasked rows past 8192
-// columns) leaves room for one CTA an SM only (512 B more a CTA covers its static shared memory: 352 B); and
+// columns) leaves room for one CTA an SM only (kStaticSmem more a CTA covers its static shared memory); and
 // the GPU's DRAM is fast enough for one CTA an SM to fall behind it (kRegsMinGbpsPerSm). Measured (bf16, softmax
 // alone by tools/bench_softmax.py, and the long path B1 H16 S16k D128 by tools/probe_long_rows.py):
 //   H200 (36 GB/s an SM): 12288 columns (PIPE two CTAs an SM) PIPE 3.79 TB/s, PIPE_REGS 3.59; 15360 (one) 3.57
@@ -758,7 +768,7 @@ bool regs_preferred(const attn_lt_softmax_args& a) {
     const DeviceInfo* d = nullptr;
     if (current_device_info(&d) != cudaSuccess || d->dram_gbps_per_sm < kRegsMinGbpsPerSm || d->smem_per_sm <= 0)
         return false;
-    const int64_t pipe_cta = 2 * pipe_layout(a, 1).slot_bytes + d->reserved_smem + 512;
+    const int64_t pipe_cta = 2 * pipe_layout(a, 1).slot_bytes + d->reserved_smem + kStaticSmem;
     return 2 * pipe_cta > d->smem_per_sm;
 }
 
@@ -779,6 +789,27 @@ cudaError_t launch_pipe_regs(const attn_lt_softmax_args& a, cudaStream_t stream)
     return err != cudaSuccess ? err : cudaGetLastError();
 }
 
+// Whether AUTO gives these rows ROW rather than PIPE over a cluster (pc > 1: unmasked rows past 28160 columns on
+// sm_90): decode rows (one query position, Sq = 1), which ROW holds in registers (at most kRowMaxCols columns),
+// few of them (at most kRowFewRowsPerSm an SM). PIPE's pipeline then has a handful of rows a cluster to overlap and
+// its two cluster barriers a row cost more; ROW runs one CTA a row, every row's loads in flight at once. Decode
+// only: a call that adds the mass (rows of several positions) takes PIPE, and the same rows without the mass must
+// too, so that P is the same bit for bit; a decode call's mass is written, which ROW does. Measured (bf16, unmasked,
+// tools/bench_softmax.py --cols 28672,30720,32768 --heads 8, TB/s of PIPE / ROW):
+//   H200, 64 rows 0.76-0.95 / 0.91-0.98; 256 1.41-1.58 / 1.56-1.96; 1024 2.09-2.17 / 2.20-2.39; 6144 2.46-2.61 /
+//   2.39-2.52. H100: 64 0.66-0.82 / 0.89-0.91; 256 1.22-1.33 / 1.44-1.80; 1024 1.73-1.75 / 1.97-2.06; 6144 2.04 /
+//   2.07-2.20. Decode on the long path against forced PIPE (B Hq32 Hkv8 Sk32768, B 4-16, and Sk 30000; without
+//   and with the mass): H100 1.0-2.5 % faster, H200 1.3-2.1 %; 64 rows (B2) within 0.4 %; 32 rows (B1 Hkv32) 0-1 %
+//   slower.
+constexpr int kRowFewRowsPerSm = 8;
+
+bool row_preferred(const attn_lt_softmax_args& a, int pc, bool adding) {
+    if (pc <= 1 || a.Sq != 1 || a.cols > kRowMaxCols || a.mask_dtype != ATTN_LT_NONE || adding ||
+        (a.mass_add && a.mass != nullptr))
+        return false;
+    return a.rows * a.batch <= int64_t(kRowFewRowsPerSm) * sm_count();
+}
+
 // The kernel a launch runs (a forced variant, or by row length and GPU) and PIPE's CTAs a row (0: PIPE cannot);
 // `adding`: the kernel of the same rows when the softmax adds their mass (asked before the mass is set).
 int resolve_variant(const attn_lt_softmax_args& a, int* pc, bool adding = false) {
@@ -786,6 +817,7 @@ int resolve_variant(const attn_lt_softmax_args& a, int* pc, bool adding = false)
     if (a.variant != ATTN_LT_SOFTMAX_AUTO) return a.variant;
     return a.cols < kPipeMinCols                    ? ATTN_LT_SOFTMAX_ROW
            : !adding && regs_preferred(a)         ? ATTN_LT_SOFTMAX_PIPE_REGS
+           : row_preferred(a, *pc, adding)        ? ATTN_LT_SOFTMAX_ROW
            : *pc                                  ? ATTN_LT_SOFTMAX_PIPE
            : a.cols <= kRowMaxCols ? ATTN_LT_SOFTMAX_ROW : ATTN_LT_SOFTMAX_TWO_PASS;
 }
@@ -803,8 +835,9 @@ cudaError_t launch(const attn_lt_softmax_args& a, cudaStream_t stream) {
         // kernel adds the mass (112 registers; with 512 threads that allowed one CTA an SM). H200, 8k columns:
         // 3.68 -> 3.94 TB/s, with the mass 2.14 -> 3.72. Masked 8k rows keep 512 threads (2.05 against 1.92). A
         // call with the mass and one without must share the configuration: P is then the same bit for bit.
-        static_assert(3 * 4096 * (4 + 4) <= kPipeSmem && 3 * 8192 * 4 <= kPipeSmem,
-                      "three slots of 4k columns with an fp32 mask, and of 8k without, fit the ring");
+        static_assert(3 * 4096 * (4 + 4) <= 99 * 1024 - kStaticSmem && 3 * 8192 * 4 <= 99 * 1024 - kStaticSmem,
+                      "three slots of 4k columns with an fp32 mask, and of 8k without, fit the smallest opt-in "
+                      "(99 KB: sm_86, sm_89)");
         if (c <= 4096) return launch_pipe<256, 3, false, OutT, kPipeMaxV256>(a, 1, stream);
         if (c <= 8192 && a.mask_dtype == ATTN_LT_NONE)
             return launch_pipe<256, 3, false, OutT, kPipeMaxV256x8k>(a, 1, stream);
@@ -910,7 +943,7 @@ const char* attn_lt_error_string(int err) {
 
 int64_t attn_lt_softmax_max_resident_cols(void) {
     // PIPE with an 8-CTA cluster (sm_90): 8 segments, each two slots of scores within the ring budget.
-    return has_clusters() ? kMaxCluster * (kPipeSmem / 2 / 16 / 4 * 4 * 4) : kRowMaxCols;
+    return has_clusters() ? kMaxCluster * (pipe_ring_bytes() / 2 / 16 / 4 * 4 * 4) : kRowMaxCols;
 }
 
 int attn_lt_softmax(const attn_lt_softmax_args* a, void* stream) {

@@ -51,11 +51,14 @@ def expected(scores, Sk, causal, mask, Sq):
 
 def pipe_fits(cols, mask_esize=0):
     """Mirror of pipe_cluster() in native/softmax.cu: two ring slots of a row segment (+ its mask) within
-    220 KiB, the row split over 1 CTA or (sm_90) a cluster of 2, 4 or 8."""
+    220 KiB or, where smaller, the device's opt-in shared memory a block less 512 bytes, the row split over 1 CTA
+    or (sm_90) a cluster of 2, 4 or 8."""
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    ring = min(220 * 1024, getattr(props, "shared_memory_per_block_optin", 227 * 1024) - 512)
     n4 = -(-cols // 4)
     for C in (1, 2, 4, 8) if torch.cuda.get_device_capability()[0] >= 9 else (1,):
         seg4 = n4 if C == 1 else -(-(-(-n4 // C)) // 4) * 4
-        if 2 * (seg4 * 16 + min(cols, 4 * seg4) * mask_esize // 16 * 16) <= 220 * 1024:
+        if 2 * (seg4 * 16 + min(cols, 4 * seg4) * mask_esize // 16 * 16) <= ring:
             return True
     return False
 
@@ -102,6 +105,23 @@ def test_pipe_regs_is_pipe_bit_for_bit(cols, causal):
     torch.testing.assert_close(lse.double(), want_lse, atol=1e-4, rtol=1e-5)
     for v in ("pipe", "auto"):
         assert torch.equal(out[v][0], p) and torch.equal(out[v][1], lse), v
+
+
+@pytest.mark.parametrize("cols", [28161, 32768])
+def test_few_decode_rows_past_one_cta_take_row(cols):
+    """Decode rows (Sq = 1) that PIPE splits over a cluster, at most 8 an SM: AUTO takes ROW, bit for bit; more of
+    them, or rows of several query positions, keep PIPE."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("PIPE splits rows over clusters on sm_90 only")
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    ld = -(-cols // 32) * 32
+    for batch, Sq, want in ((256, 1, "row"), (8 * sms + 1, 1, "pipe"), (4, 64, "pipe")):
+        scores = torch.randn(batch, Sq, ld, device="cuda") * 4
+        out = {v: run_softmax(scores.clone(), variant=v, Sk=cols, Sq=Sq) for v in ("auto", "row", "pipe")}
+        assert not torch.isnan(out["auto"][0]).any()
+        assert torch.equal(out["auto"][0], out[want][0]) and torch.equal(out["auto"][1], out[want][1]), (batch, Sq)
+        other = "pipe" if want == "row" else "row"  # the two kernels sum in different orders
+        assert not (torch.equal(out["auto"][0], out[other][0]) and torch.equal(out["auto"][1], out[other][1]))
 
 
 def test_pipe_regs_refuses_masks_and_long_rows():
