@@ -68,8 +68,8 @@ __device__ __forceinline__ float2 mask_pair_of(const unsigned char* p) {
 }
 
 // The current device's compute capability, SM count, shared memory an SM (bytes; CTAs also take reserved_smem
-// each) and peak DRAM bandwidth an SM (GB/s, from the memory clock and bus width); the last three 0 where the
-// runtime does not say.
+// each), the shared memory a block may opt in to (bytes) and peak DRAM bandwidth an SM (GB/s, from the memory clock
+// and bus width); each of the last four 0 where the runtime does not say.
 // A launcher asks on every call (a decode step's hot path), the runtime once per device.
 struct DeviceInfo {
     int major, minor, sms, smem_per_sm, reserved_smem, smem_optin;  // smem_optin: a block's opt-in maximum
@@ -93,18 +93,22 @@ inline cudaError_t current_device_info(const DeviceInfo** out) {
             if (err == cudaSuccess) err = cudaDeviceGetAttribute(&d.minor, cudaDevAttrComputeCapabilityMinor, dev);
             if (err == cudaSuccess) err = cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev);
             if (err != cudaSuccess) return err;
-            // Only a tuning rule reads these: a runtime that does not say leaves them 0 (the rule then keeps its
-            // default), and the failed query's error is not left for the caller's next launch.
+            // A runtime that does not say leaves these 0, and the failed query's error is not left for the caller's
+            // next launch. The opt-in bounds the softmax's ring (which then takes the smallest opt-in of a supported
+            // GPU); the others only tuning rules (which then keep their defaults).
+            if (cudaDeviceGetAttribute(&d.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+                (void)cudaGetLastError();
+                d.smem_optin = 0;
+            }
             int khz = 0, bits = 0;  // double data rate: two transfers a clock
             if (cudaDeviceGetAttribute(&d.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) !=
                     cudaSuccess ||
                 cudaDeviceGetAttribute(&d.reserved_smem, cudaDevAttrReservedSharedMemoryPerBlock, dev) !=
                     cudaSuccess ||
-                cudaDeviceGetAttribute(&d.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
                 cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, dev) != cudaSuccess ||
                 cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, dev) != cudaSuccess) {
                 (void)cudaGetLastError();
-                d.smem_per_sm = d.reserved_smem = d.smem_optin = 0;
+                d.smem_per_sm = d.reserved_smem = 0;
             } else if (d.sms > 0) {
                 d.dram_gbps_per_sm = 2.0 * khz * 1e3 * bits / 8 / 1e9 / d.sms;
             }

@@ -4,11 +4,13 @@
 //  * PIPE (the default from 4096 columns): persistent CTAs; while a CTA reduces and writes one row, the next
 //    rows stream into a 2-3 slot shared-memory ring by cp.async, so loads are always in flight and the bytes
 //    that wait for their row's max and sum sit in shared memory rather than registers. Rows whose ring does not
-//    fit one CTA (over 28160 columns) are split over a cluster of 2, 4 or 8 CTAs on sm_90 (up to 225280);
+//    fit one CTA (on Hopper over 28160 columns; the ring takes what the device lets a block opt in to) are split
+//    over a cluster of 2, 4 or 8 CTAs on sm_90 (up to 225280);
 //  * PIPE_REGS: persistent CTAs, two an SM, the row in registers and the next one in a single slot: unmasked rows
 //    without the attention mass of up to 16384 columns, where PIPE's two slots fit one CTA an SM only and the
 //    DRAM outruns one CTA an SM (H200, not H100: regs_preferred);
-//  * ROW: one CTA a row, the row in registers (up to 32768 columns; the default below 4096 columns);
+//  * ROW: one CTA a row, the row in registers (up to 32768 columns; the default below 4096 columns, and for few
+//    decode rows that PIPE would split over a cluster: row_preferred);
 // Longer rows take TWO_PASS (an online max/sum pass, then a pass that re-reads and writes P), tile by tile so
 // that in-place writes never overrun unread scores.
 #include "attn_lt.h"
@@ -631,14 +633,16 @@ int sm_count() {
 constexpr int64_t kPipeSmem = 220 * 1024;  // ring bytes a CTA may take where the device allows (sm_90: 227 KB)
 constexpr int64_t kPipeMinCols = 4096;       // shorter rows: ROW is faster (less per-row synchronisation)
 constexpr int64_t kStaticSmem = 512;         // covers a softmax kernel's static shared memory (PIPE: at most 352 B)
+constexpr int64_t kMinOptinSmem = 99 * 1024;  // the smallest opt-in a block of the GPUs built for (sm_86, sm_89)
 
 // Ring bytes a PIPE CTA may take on the current device: kPipeSmem, or less where a block's opt-in maximum is
-// smaller (A100 163 KB, sm_86/sm_89 99 KB), so that rows whose ring would not fit take ROW or TWO_PASS instead of
-// failing to launch.
+// smaller (A100 163 KB, sm_86/sm_89 99 KB; kMinOptinSmem where the runtime does not say), so that rows whose ring
+// would not fit take ROW or TWO_PASS instead of failing to launch.
 int64_t pipe_ring_bytes() {
     const DeviceInfo* d = nullptr;
-    if (current_device_info(&d) != cudaSuccess || d->smem_optin <= 0) return kPipeSmem;
-    return std::min<int64_t>(kPipeSmem, d->smem_optin - kStaticSmem);
+    const int64_t optin = current_device_info(&d) == cudaSuccess && d->smem_optin > 0 ? d->smem_optin
+                                                                                     : kMinOptinSmem;
+    return std::min<int64_t>(kPipeSmem, optin - kStaticSmem);
 }
 
 // Ring slots PIPE can use with C CTAs a row (0: the ring does not fit).
@@ -789,13 +793,15 @@ cudaError_t launch_pipe_regs(const attn_lt_softmax_args& a, cudaStream_t stream)
     return err != cudaSuccess ? err : cudaGetLastError();
 }
 
-// Whether AUTO gives these rows ROW rather than PIPE over a cluster (pc > 1: unmasked rows past 28160 columns on
-// sm_90): decode rows (one query position, Sq = 1), which ROW holds in registers (at most kRowMaxCols columns),
+// Whether AUTO gives these rows ROW rather than PIPE over a cluster (pc > 1: on Hopper, unmasked rows past 28160
+// columns): decode rows (one query position, Sq = 1), which ROW holds in registers (at most kRowMaxCols columns),
 // few of them (at most kRowFewRowsPerSm an SM). PIPE's pipeline then has a handful of rows a cluster to overlap and
-// its two cluster barriers a row cost more; ROW runs one CTA a row, every row's loads in flight at once. Decode
-// only: a call that adds the mass (rows of several positions) takes PIPE, and the same rows without the mass must
-// too, so that P is the same bit for bit; a decode call's mass is written, which ROW does. Measured (bf16, unmasked,
-// tools/bench_softmax.py --cols 28672,30720,32768 --heads 8, TB/s of PIPE / ROW):
+// its two cluster barriers a row cost more; ROW runs one CTA a row, every row's loads in flight at once. The rule
+// does not look at the mass, so that a call with it and one without run the same kernel (P the same bit for bit):
+// ROW writes a decode call's mass, and a call that adds the mass sums these rows' P itself
+// (attn_lt_softmax_adds_mass answers 0). Decode only: a prefill call that adds the mass keeps PIPE, which adds it.
+// Measured on Hopper only (bf16, unmasked, tools/bench_softmax.py --cols 28672,30720,32768 --heads 8, TB/s of
+// PIPE / ROW):
 //   H200, 64 rows 0.76-0.95 / 0.91-0.98; 256 1.41-1.58 / 1.56-1.96; 1024 2.09-2.17 / 2.20-2.39; 6144 2.46-2.61 /
 //   2.39-2.52. H100: 64 0.66-0.82 / 0.89-0.91; 256 1.22-1.33 / 1.44-1.80; 1024 1.73-1.75 / 1.97-2.06; 6144 2.04 /
 //   2.07-2.20. Decode on the long path against forced PIPE (B Hq32 Hkv8 Sk32768, B 4-16, and Sk 30000; without
@@ -803,21 +809,20 @@ cudaError_t launch_pipe_regs(const attn_lt_softmax_args& a, cudaStream_t stream)
 //   slower.
 constexpr int kRowFewRowsPerSm = 8;
 
-bool row_preferred(const attn_lt_softmax_args& a, int pc, bool adding) {
-    if (pc <= 1 || a.Sq != 1 || a.cols > kRowMaxCols || a.mask_dtype != ATTN_LT_NONE || adding ||
-        (a.mass_add && a.mass != nullptr))
-        return false;
+bool row_preferred(const attn_lt_softmax_args& a, int pc) {
+    if (pc <= 1 || a.Sq != 1 || a.cols > kRowMaxCols || a.mask_dtype != ATTN_LT_NONE) return false;
     return a.rows * a.batch <= int64_t(kRowFewRowsPerSm) * sm_count();
 }
 
-// The kernel a launch runs (a forced variant, or by row length and GPU) and PIPE's CTAs a row (0: PIPE cannot);
+// The kernel a launch runs (a forced variant, or by row length, row count, query positions, mask and GPU) and
+// PIPE's CTAs a row (0: PIPE cannot);
 // `adding`: the kernel of the same rows when the softmax adds their mass (asked before the mass is set).
 int resolve_variant(const attn_lt_softmax_args& a, int* pc, bool adding = false) {
     *pc = pipe_cluster(a);
     if (a.variant != ATTN_LT_SOFTMAX_AUTO) return a.variant;
     return a.cols < kPipeMinCols                    ? ATTN_LT_SOFTMAX_ROW
            : !adding && regs_preferred(a)         ? ATTN_LT_SOFTMAX_PIPE_REGS
-           : row_preferred(a, *pc, adding)        ? ATTN_LT_SOFTMAX_ROW
+           : row_preferred(a, *pc)                ? ATTN_LT_SOFTMAX_ROW
            : *pc                                  ? ATTN_LT_SOFTMAX_PIPE
            : a.cols <= kRowMaxCols ? ATTN_LT_SOFTMAX_ROW : ATTN_LT_SOFTMAX_TWO_PASS;
 }
@@ -835,9 +840,9 @@ cudaError_t launch(const attn_lt_softmax_args& a, cudaStream_t stream) {
         // kernel adds the mass (112 registers; with 512 threads that allowed one CTA an SM). H200, 8k columns:
         // 3.68 -> 3.94 TB/s, with the mass 2.14 -> 3.72. Masked 8k rows keep 512 threads (2.05 against 1.92). A
         // call with the mass and one without must share the configuration: P is then the same bit for bit.
-        static_assert(3 * 4096 * (4 + 4) <= 99 * 1024 - kStaticSmem && 3 * 8192 * 4 <= 99 * 1024 - kStaticSmem,
-                      "three slots of 4k columns with an fp32 mask, and of 8k without, fit the smallest opt-in "
-                      "(99 KB: sm_86, sm_89)");
+        constexpr int64_t kSmallestRing = kMinOptinSmem - kStaticSmem;
+        static_assert(3 * 4096 * (4 + 4) <= kSmallestRing && 3 * 8192 * 4 <= kSmallestRing,
+                      "three slots of 4k columns with an fp32 mask, and of 8k without, fit the smallest opt-in");
         if (c <= 4096) return launch_pipe<256, 3, false, OutT, kPipeMaxV256>(a, 1, stream);
         if (c <= 8192 && a.mask_dtype == ATTN_LT_NONE)
             return launch_pipe<256, 3, false, OutT, kPipeMaxV256x8k>(a, 1, stream);

@@ -77,7 +77,7 @@ def test_mla_decode_v_is_a_view_of_the_latent_cache(Sk):
     dict(B=2, Hq=8, Hkv=8, Sq=64, Sk=3000, causal=False, mask="float", window=17),
     dict(B=4, Hq=32, Hkv=8, Sq=1, Sk=8192, causal=False, mask=None, window=None),   # decode, group folded
     dict(B=2, Hq=32, Hkv=8, Sq=16, Sk=5000, causal=True, mask=None, window=8),     # folded, causal, window
-    dict(B=2, Hq=8, Hkv=2, Sq=1, Sk=30000, causal=False, mask=None, window=None),  # decode past 28160 keys: ROW
+    dict(B=2, Hq=8, Hkv=2, Sq=1, Sk=30000, causal=False, mask=None, window=None),  # decode, 30000 keys (ROW, sm_90)
     # the softmax adds the mass (PIPE): many chunks a head on two lanes, a window, a mask, a causal mix with torch
     dict(B=1, Hq=4, Hkv=2, Sq=1500, Sk=16384, causal=False, mask=None, window=None, ws=128 << 20),
     dict(B=2, Hq=4, Hkv=4, Sq=700, Sk=6001, causal=False, mask="bool", window=300, ws=64 << 20),

@@ -109,19 +109,25 @@ def test_pipe_regs_is_pipe_bit_for_bit(cols, causal):
 
 @pytest.mark.parametrize("cols", [28161, 32768])
 def test_few_decode_rows_past_one_cta_take_row(cols):
-    """Decode rows (Sq = 1) that PIPE splits over a cluster, at most 8 an SM: AUTO takes ROW, bit for bit; more of
-    them, or rows of several query positions, keep PIPE."""
+    """Decode rows (Sq = 1) that PIPE splits over a cluster, at most 8 an SM: AUTO takes ROW, bit for bit, and a
+    call that adds their mass sums it itself (the softmax says it does not add it), so that P is the same with the
+    mass and without; more of them, or rows of several query positions, keep PIPE, which adds the mass."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("PIPE splits rows over clusters on sm_90 only")
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     ld = -(-cols // 32) * 32
-    for batch, Sq, want in ((256, 1, "row"), (8 * sms + 1, 1, "pipe"), (4, 64, "pipe")):
+    for batch, Sq, want in ((256, 1, "row"), (8 * sms, 1, "row"), (8 * sms + 1, 1, "pipe"), (4, 64, "pipe")):
         scores = torch.randn(batch, Sq, ld, device="cuda") * 4
         out = {v: run_softmax(scores.clone(), variant=v, Sk=cols, Sq=Sq) for v in ("auto", "row", "pipe")}
         assert not torch.isnan(out["auto"][0]).any()
         assert torch.equal(out["auto"][0], out[want][0]) and torch.equal(out["auto"][1], out[want][1]), (batch, Sq)
         other = "pipe" if want == "row" else "row"  # the two kernels sum in different orders
         assert not (torch.equal(out["auto"][0], out[other][0]) and torch.equal(out["auto"][1], out[other][1]))
+        a = native.SoftmaxArgs()
+        a.rows, a.cols, a.batch, a.ld_s, a.ld_p = Sq, cols, batch, ld, 2 * ld
+        a.Sq, a.Sk, a.g, a.Hkv, a.Hq = Sq, cols, 1, batch, batch
+        a.out_dtype, a.variant = native.DTYPE_CODES["bf16"], native.SOFTMAX_VARIANTS["auto"]
+        assert native.softmax_adds_mass(a) == (want == "pipe"), (batch, Sq)
 
 
 def test_pipe_regs_refuses_masks_and_long_rows():
