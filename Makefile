@@ -18,11 +18,11 @@ NVCCFLAGS ?= -O3 -std=c++17 -Xcompiler -fPIC,-Wall -Xptxas -warn-spills --expt-r
 # The softmax kernels have none with nvcc 13.0 (earlier builds spilled 8-16 bytes in the masked PIPE kernel that
 # also sums the attention mass).
 
-# wgmma and setmaxnreg exist only in the arch-specific sm_90a target: the Hopper kernel is compiled for it alone
-# (a separate object, so the driver cannot pick a plain sm_90 build of it) and linked into the same library.
+# wgmma and setmaxnreg exist only in the arch-specific sm_90a target: the Hopper kernels are compiled for it alone
+# (an object a file, so the driver cannot pick a plain sm_90 build of them) and linked into the same library.
 SM90A_GENCODE ?= -gencode arch=compute_90a,code=sm_90a
-SM90A_SRC := native/flash_sm90.cu
-SM90A_OBJ := build/native/flash_sm90.o
+SM90A_SRC := native/flash_sm90.cu native/scores_sm90.cu
+SM90A_OBJ := $(patsubst native/%.cu,build/native/%.o,$(SM90A_SRC))
 
 NATIVE_SRC := $(sort $(wildcard native/*.cu native/*.cuh native/*.h))
 CU_SRC := $(filter-out $(SM90A_SRC),$(sort $(wildcard native/*.cu)))
@@ -41,9 +41,12 @@ native: $(LIB) fastpath
 fastpath:
 	$(PYTHON) native/build_fastpath.py
 
-$(LIB): $(NATIVE_SRC) Makefile
-	@mkdir -p $(dir $@) $(dir $(SM90A_OBJ))
-	$(NVCC) $(NVCCFLAGS) $(SM90A_GENCODE) -c -o $(SM90A_OBJ) $(SM90A_SRC)
+build/native/%.o: native/%.cu $(NATIVE_SRC) Makefile
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) $(SM90A_GENCODE) -c -o $@ $<
+
+$(LIB): $(NATIVE_SRC) $(SM90A_OBJ) Makefile
+	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) $(GENCODE) -DATTN_LT_SOURCE_HASH=\"$(SOURCE_HASH)\" -shared -o $@ $(CU_SRC) $(SM90A_OBJ)
 
 # Installs the package (editable) with the `attn-lt` command, then builds the fast path against the torch it

@@ -31,7 +31,7 @@ _NO_BACKWARD = ("attn_lt.attention has no backward pass (forward and inference o
 PLAN_CACHE_SIZE = 256
 #: Environment variables a plan depends on (part of the key of ``attention()``'s plan cache).
 PLAN_ENV_VARS = ("ATTN_LT_WORKSPACE_MB", "ATTN_LT_THRESHOLD", "ATTN_LT_ALGO_POLICY", "ATTN_LT_SOFTMAX",
-             "ATTN_LT_CACHE_DIR", "XDG_CACHE_HOME", "ATTN_LT_LANES", "ATTN_LT_KEY_TILES")
+             "ATTN_LT_CACHE_DIR", "XDG_CACHE_HOME", "ATTN_LT_LANES", "ATTN_LT_KEY_TILES", "ATTN_LT_QK")
 
 
 try:  # the cudaStream_t of the current stream, the current device, whether it captures: one call each (PyTorch's
@@ -456,12 +456,14 @@ class AttentionPlan:
         if self.backend == "lt":
             from .lt.algos import GemmClass, class_status
             from .lt.path import plan_gemm_keys
+            from .lt.scores import SOURCE, runs_native
 
             if self._program is not None:
                 members = [(g.key, g.algo_source) for _, qk, pv in self._program.gemms() for g in (qk, pv)]
             else:
-                members = [(key, None) for pair in plan_gemm_keys(self.case, self.chunks, self.out_align)
-                           for key in pair]
+                dev = None if self.device is None else self.device.index
+                members = [(key, SOURCE if dev is not None and runs_native(dev, key) else None)
+                           for pair in plan_gemm_keys(self.case, self.chunks, self.out_align) for key in pair]
             by_class: dict = {}
             for key, source in members:
                 cls = GemmClass.of(key)

@@ -16,6 +16,9 @@ variable                       default      meaning
                                             most 16384 keys, no mass), ``row``, ``two_pass``
 ``ATTN_LT_CACHE_DIR``          (user cache) directory of the algorithm cache ``algos.sqlite``
                                             (default ``$XDG_CACHE_HOME/attn_lt`` or ``~/.cache/attn_lt``)
+``ATTN_LT_QK``                 cublaslt     the long path's Q@K^T: ``cublaslt``, or ``native`` (on Hopper,
+                                            native/scores_sm90.cu wherever it can run; faster alone and with one
+                                            lane, slower with two: see attn_lt/lt/scores.py)
 ``ATTN_LT_ALGO_POLICY``        tune         ``tune`` (tune a GEMM shape on its first use when not cached),
                                             ``cache`` (use cached algorithms, never tune), ``heuristic``
                                             (cuBLASLt's heuristic only, no cache); argument ``algo_policy``
@@ -143,6 +146,17 @@ def softmax_variant() -> str:
     v = env("ATTN_LT_SOFTMAX", "auto").strip() or "auto"
     if v not in SOFTMAX_VARIANTS:
         raise ValueError(f"environment variable ATTN_LT_SOFTMAX={v!r} must be one of {SOFTMAX_VARIANTS}")
+    return v
+
+
+QK_KERNELS = ("cublaslt", "native")
+
+
+def qk_kernel() -> str:
+    """Who runs the long path's Q@K^T: ``ATTN_LT_QK`` or "cublaslt" (see attn_lt/lt/scores.py)."""
+    v = env("ATTN_LT_QK", "cublaslt").strip() or "cublaslt"
+    if v not in QK_KERNELS:
+        raise ValueError(f"environment variable ATTN_LT_QK={v!r} must be one of {QK_KERNELS}")
     return v
 
 

@@ -16,7 +16,7 @@ from . import config
 
 log = logging.getLogger("attn_lt")
 
-ABI_VERSION = 12
+ABI_VERSION = 13
 _PKG = Path(__file__).resolve().parent
 _LIB_PATH = _PKG / "_native" / "libattn_lt.so"
 SOURCE_DIR = _PKG.parent / "native"
@@ -68,6 +68,15 @@ class FlashArgs(ctypes.Structure):
                                       "m_sq", "m_sk")] + [
         ("scale", ctypes.c_float)] + [
         (n, ctypes.c_int32) for n in ("causal", "dtype", "variant", "mask_dtype", "splits", "Dv")]
+
+
+class ScoresArgs(ctypes.Structure):
+    """Mirror of ``attn_lt_scores_args`` in native/attn_lt.h."""
+
+    _fields_ = [(n, ctypes.c_void_p) for n in ("q", "k", "s")] + [
+        (n, ctypes.c_int64) for n in ("rows", "cols", "batch", "D", "q_ld", "q_bs", "k_ld", "k_bs", "s_ld",
+                                      "s_bs")] + [
+        ("alpha", ctypes.c_float), ("dtype", ctypes.c_int32)]
 
 
 def flash_addresses(args: FlashArgs) -> ctypes.Array:
@@ -122,6 +131,10 @@ def load() -> ctypes.CDLL:
     lib.attn_lt_flash_sm90_fwd.argtypes = [ctypes.POINTER(FlashArgs), ctypes.c_void_p]
     lib.attn_lt_flash_sm90_supported.restype = ctypes.c_int
     lib.attn_lt_flash_sm90_supported.argtypes = []
+    lib.attn_lt_scores_sm90.restype = ctypes.c_int
+    lib.attn_lt_scores_sm90.argtypes = [ctypes.POINTER(ScoresArgs), ctypes.c_void_p]
+    lib.attn_lt_scores_sm90_supported.restype = ctypes.c_int
+    lib.attn_lt_scores_sm90_supported.argtypes = [ctypes.c_int64]
     abi = lib.attn_lt_abi_version()
     if abi != ABI_VERSION:
         raise NativeLibraryError(f"{path} has ABI version {abi}, this package expects {ABI_VERSION}; {_BUILD_HINT}")
@@ -210,3 +223,22 @@ def flash_sm90(args: FlashArgs, stream: int) -> None:
     _launch("attn_lt_flash_sm90_fwd", args, stream,
             lambda a: f"B={a.B} Hq={a.Hq} Hkv={a.Hkv} Sq={a.Sq} Sk={a.Sk} D={a.D} Dv={a.Dv or a.D} "
                       f"splits={a.splits} variant={a.variant}")
+
+
+def scores_sm90_supported(D: int) -> bool:
+    """True when :func:`scores_sm90` runs head dim ``D`` on the current CUDA device (sm_90, D 64 or 128)."""
+    return bool(load().attn_lt_scores_sm90_supported(D))
+
+
+@functools.lru_cache(maxsize=1)
+def _scores_fn():
+    return load().attn_lt_scores_sm90
+
+
+def scores_sm90(args: ScoresArgs, stream: int) -> None:
+    """Launch the long path's Hopper Q@K^T (native/scores_sm90.cu: FP32 scores, TMA stores overlapping the next
+    tile's MMAs); raises :class:`CudaError` on failure."""
+    err = _scores_fn()(ctypes.byref(args), stream)  # the hot path: one foreign call
+    if err:
+        _raise("attn_lt_scores_sm90", err, f"rows={args.rows} cols={args.cols} batch={args.batch} D={args.D} "
+                                           f"ld=({args.q_ld},{args.k_ld},{args.s_ld})")

@@ -8,7 +8,7 @@
 #define ATTN_LT_H
 #include <stdint.h>
 
-#define ATTN_LT_ABI_VERSION 12
+#define ATTN_LT_ABI_VERSION 13
 
 #ifdef __cplusplus
 extern "C" {
@@ -148,6 +148,26 @@ int attn_lt_flash_fwd(const attn_lt_flash_args* args, void* stream);
 int attn_lt_flash_sm90_fwd(const attn_lt_flash_args* args, void* stream);
 /* 1 when the current device is compute capability 9.0 and this library holds the sm_90a kernel, else 0. */
 int attn_lt_flash_sm90_supported(void);
+/* The long path's Q@K^T on Hopper (native/scores_sm90.cu: persistent TMA/wgmma kernel whose TMA stores of one tile
+ * overlap the next tile's loads and MMAs). For e in [0, batch):
+ *   s[e] (rows x cols, FP32, row stride s_ld, block stride s_bs) = alpha * q[e] (rows x D) @ k[e] (cols x D)^T,
+ * q's and k's rows strided by q_ld / k_ld and blocks by q_bs / k_bs (elements; the last dimension contiguous).
+ * D 64 or 128; fp16/bf16; q, k, s 16-byte aligned; strides of q and k multiples of 8 elements, of s multiples of 4
+ * (any for a dimension of size 1); rows, cols < 2^31. cudaErrorNotSupported unless the current device is compute
+ * capability 9.0; an attn_lt_status when a precondition fails. */
+typedef struct attn_lt_scores_args {
+    const void* q;
+    const void* k;
+    float* s;
+    int64_t rows, cols, batch, D;
+    int64_t q_ld, q_bs, k_ld, k_bs, s_ld, s_bs;
+    float alpha;
+    int32_t dtype; /* ATTN_LT_F16 or ATTN_LT_BF16 */
+} attn_lt_scores_args;
+
+int attn_lt_scores_sm90(const attn_lt_scores_args* args, void* stream);
+/* 1 when attn_lt_scores_sm90 can run head dim D on the current device (compute capability 9.0, sm_90a built). */
+int attn_lt_scores_sm90_supported(int64_t D);
 const char* attn_lt_source_hash(void);
 const char* attn_lt_error_string(int err);
 /* Largest row length read once (PIPE with an 8-CTA cluster on sm_90, ROW elsewhere) on the current device;

@@ -265,6 +265,7 @@ def test_kernel_families():
     assert bl.kernel_family("void softmax_pipe<...>(attn_lt_softmax_args)") == "softmax"
     assert bl.kernel_family("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_TNT") == "gemm"
     assert bl.kernel_family("sm90_xmma_gemm_bf16f32_bf16f32_f32_tn_n_tilesize128x128x64") == "gemm"
+    assert bl.kernel_family("void (anonymous namespace)::scores_sm90<128, __nv_bfloat16>(CUtensorMap_st, ...)") == "gemm"
     assert bl.kernel_family("Memset (Device)") == "memory"
     assert bl.kernel_family("void at::native::reduce_kernel<...>") == "other"
 

@@ -529,7 +529,7 @@ def read_results(path) -> tuple[dict, list[dict]]:
 
 # ---- profiles (pure part) ---------------------------------------------------------------------------------------
 
-_GEMM_HINTS = ("gemm", "nvjet", "xmma", "cutlass", "sm90_", "sm80_", "ampere", "hopper", "cublas")
+_GEMM_HINTS = ("gemm", "nvjet", "xmma", "cutlass", "sm90_", "sm80_", "ampere", "hopper", "cublas", "scores_sm90")
 
 
 def kernel_family(name: str) -> str:

@@ -11,6 +11,8 @@
 #   decode     the suite's decode group (masks too) vs cuDNN       masked    the masked fa3 and long rows vs cuDNN
 #   cp         context parallelism on every GPU (tests + bench_cp)
 #   probe      the long path's key tiles under several caps (probe_long_rows $PROBE_ARGS)
+#   scores     Q@K^T alone: cuBLASLt against native/scores_sm90.cu (bench_scores $SCORES_ARGS)
+#   sanitize-scores  compute-sanitizer on native/scores_sm90.cu
 set -uo pipefail
 OUT=${OUT:-results}
 mkdir -p "$OUT"
@@ -52,6 +54,10 @@ for p in ${PHASES:-tests}; do
       phase memcheck-lt 200 compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitize_lt.py
       phase racecheck-lt 200 compute-sanitizer --tool racecheck --error-exitcode 9 python3 tools/sanitize_lt.py ;;
     tiles) phase tiles 420 python3 tools/bench_key_tiles.py ${TILES_ARGS:-} --out "$OUT/tiles" ;;
+    scores) phase scores 300 python3 tools/bench_scores.py ${SCORES_ARGS:-} --json "$OUT/scores.json" ;;
+    sanitize-scores)
+      phase memcheck-scores 120 compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/sanitize_scores.py
+      phase racecheck-scores 120 compute-sanitizer --tool racecheck --error-exitcode 9 python3 tools/sanitize_scores.py ;;
     probe) phase probe 400 python3 tools/probe_long_rows.py ${PROBE_ARGS:-} ;;
     lt) phase lt 260 python3 tools/bench_lt.py ${LT_ARGS:-} --out "$OUT/lt" ;;
     suite) phase suite 560 python3 tools/bench.py run ${SUITE_ARGS:---quick} --out "$OUT/suite" ;;

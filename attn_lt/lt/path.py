@@ -1,10 +1,11 @@
 """The long path ``lt``: its declaration and its executor.
 
-Per chunk of a :class:`~attn_lt.plan.Plan`: Q@K^T into the FP32 score region (cuBLASLt), the native softmax (P in
-place over the scores, LSE), P@V into the output (cuBLASLt), all on the caller's current stream; a key tile's P@V
-goes to an FP32 partial output instead, which the native merge joins by LSE (the last tile writes the output). A
-:class:`Program` prepares one plan once — every chunk's operand offsets, both GEMMs with their descriptors and
-algorithms, the softmax arguments — so that a call only adds base addresses and launches.
+Per chunk of a :class:`~attn_lt.plan.Plan`: Q@K^T into the FP32 score region (cuBLASLt, or the Hopper kernel of
+``lt/scores.py`` with ``ATTN_LT_QK=native``), the native softmax (P in place over the scores, LSE), P@V into the
+output (cuBLASLt), all on the caller's current stream; a key tile's P@V goes to an FP32 partial output instead,
+which the native merge joins by LSE (the last tile writes the output). A :class:`Program` prepares one plan once —
+every chunk's operand offsets, both GEMMs with their descriptors and algorithms, the softmax arguments — so that a
+call only adds base addresses and launches.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from .. import config, native
 from ..backends import Backend
 from ..plan import Chunk, ChunkLayout, Plan, chunk_layout, tile_regions
 from ..validate import Case, address_alignment
-from . import algos, cublaslt
+from . import algos, cublaslt, scores
 from .cublaslt import GemmKey
 
 #: The long path runs any head dim cuBLASLt accepts (v's may differ from q's and k's); the softmax does not
@@ -138,7 +139,7 @@ class Program:
     def _step(self, c: Chunk, lane: int) -> _Step:
         lay, ptrs, (qk_key, pv_key) = chunk_gemms(self.case, self.plan, c, self._model)
         offsets = tuple(p - b for p, b in zip(ptrs[:4], self._model[:4]))
-        qk, pv = cublaslt.gemm(self.device, qk_key), cublaslt.gemm(self.device, pv_key)
+        qk, pv = scores.qk_gemm(self.device, qk_key), cublaslt.gemm(self.device, pv_key)
         args = self._softmax_args(lay, c)
         if not c.tile:
             return _Step(c, offsets, qk, pv, args, lane)
