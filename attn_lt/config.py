@@ -17,8 +17,8 @@ variable                       default      meaning
 ``ATTN_LT_CACHE_DIR``          (user cache) directory of the algorithm cache ``algos.sqlite``
                                             (default ``$XDG_CACHE_HOME/attn_lt`` or ``~/.cache/attn_lt``)
 ``ATTN_LT_QK``                 cublaslt     the long path's Q@K^T: ``cublaslt``, or ``native`` (on Hopper,
-                                            native/scores_sm90.cu wherever it can run; faster alone and with one
-                                            lane, slower with two: see attn_lt/lt/scores.py)
+                                            native/scores_sm90.cu where its grid keeps K; faster alone at D128 and
+                                            with one lane, slower with two: see attn_lt/lt/scores.py)
 ``ATTN_LT_ALGO_POLICY``        tune         ``tune`` (tune a GEMM shape on its first use when not cached),
                                             ``cache`` (use cached algorithms, never tune), ``heuristic``
                                             (cuBLASLt's heuristic only, no cache); argument ``algo_policy``

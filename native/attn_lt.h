@@ -153,8 +153,10 @@ int attn_lt_flash_sm90_supported(void);
  *   s[e] (rows x cols, FP32, row stride s_ld, block stride s_bs) = alpha * q[e] (rows x D) @ k[e] (cols x D)^T,
  * q's and k's rows strided by q_ld / k_ld and blocks by q_bs / k_bs (elements; the last dimension contiguous).
  * D 64 or 128; fp16/bf16; q, k, s 16-byte aligned; strides of q and k multiples of 8 elements, of s multiples of 4
- * (any for a dimension of size 1); rows, cols < 2^31. cudaErrorNotSupported unless the current device is compute
- * capability 9.0; an attn_lt_status when a precondition fails. */
+ * (any for a dimension of size 1); s_ld >= cols rounded up to 4 (each row's last 16-byte chunk is written whole:
+ * zeros past the last key), so s must hold (batch - 1) * s_bs + (rows - 1) * s_ld + that many floats; rows,
+ * cols, batch < 2^31 and fewer than 2^31 - 2^20 tiles of 128 x 128. cudaErrorNotSupported unless the current device
+ * is compute capability 9.0; an attn_lt_status when a precondition fails. */
 typedef struct attn_lt_scores_args {
     const void* q;
     const void* k;

@@ -12,7 +12,7 @@
 //     stage back, write alpha * S into one of their two store buffers in the 128-byte swizzle and hand it to TMA
 //     stores (a bulk async-group); a buffer is written again once its stores have read it.
 // Rows and keys past the ends are zero-filled by the loads; the stores write whole 16-byte chunks, so a row's last
-// chunk gets zeros past its last key and nothing beyond that chunk is written.
+// chunk gets zeros past its last key (the launcher requires s_ld >= cols rounded up to 4) and nothing beyond it.
 //
 // Layout (cuBLASLt's qk GEMM of attn_lt/lt/cublaslt.py, row-major here): for e in [0, batch),
 //   S[e] (rows x cols, FP32, row stride s_ld, block stride s_bs) = alpha * Q[e] (rows x D) @ K[e] (cols x D)^T,
@@ -55,7 +55,7 @@ struct ScoresLayout {
     static constexpr int kStages = D == 64 ? 4 : 2;
     static constexpr uint32_t kK = kQBytes, kEpi = kK + kStages * kKBytes;
     static constexpr uint32_t kBars = kEpi + 2 * kEpiBuffers * kEpiBytes;
-    static constexpr uint32_t kBarCount = 2 + 2 * kStages;  // q_full, q_empty, full[kStages], empty[kStages]
+    static constexpr uint32_t kBarCount = 2 + 2 * kStages;  // r_full, r_empty, full[kStages], empty[kStages]
     static constexpr size_t kSmem = kBars + 8 * kBarCount + 1024;  // + slack to align the base to 1024 bytes
     static_assert(kSmem <= 227 * 1024, "shared memory over the sm_90 limit");
 };
@@ -288,8 +288,10 @@ extern "C" int attn_lt_scores_sm90(const attn_lt_scores_args* a, void* stream) {
     if (a->rows <= 0 || a->cols <= 0 || a->batch <= 0) return ATTN_LT_ERR_ARGS;
     if (a->D != 64 && a->D != 128) return ATTN_LT_ERR_HEAD_DIM;
     if (a->dtype != ATTN_LT_F16 && a->dtype != ATTN_LT_BF16) return ATTN_LT_ERR_DTYPE;
-    const int64_t tiles = ((a->rows + kTileM - 1) / kTileM) * ((a->cols + kTileN - 1) / kTileN) * a->batch;
-    if (a->rows >= (int64_t(1) << 31) || a->cols >= (int64_t(1) << 31) || tiles >= (int64_t(1) << 31))
+    // tile numbers t and t + grid stay below 2^31 (the kernel's int tile loop)
+    constexpr int64_t kMaxTiles = (int64_t(1) << 31) - (int64_t(1) << 20);
+    if (a->rows >= (int64_t(1) << 31) || a->cols >= (int64_t(1) << 31) || a->batch >= (int64_t(1) << 31) ||
+        ((a->rows + kTileM - 1) / kTileM) * ((a->cols + kTileN - 1) / kTileN) > kMaxTiles / a->batch)
         return ATTN_LT_ERR_LENGTH;
     if (!aligned16(a->q) || !aligned16(a->k) || !aligned16(a->s)) return ATTN_LT_ERR_ALIGNMENT;
     // TMA: row and block strides multiples of 16 bytes (8 half elements, 4 floats) below 2^40 bytes
@@ -297,7 +299,8 @@ extern "C" int attn_lt_scores_sm90(const attn_lt_scores_args* a, void* stream) {
         return size == 1 || (stride > 0 && stride % per16 == 0 && stride < (int64_t(1) << 38));
     };
     if (!ok(a->rows, a->q_ld, 8) || !ok(a->batch, a->q_bs, 8) || !ok(a->cols, a->k_ld, 8) ||
-        !ok(a->batch, a->k_bs, 8) || !ok(a->rows, a->s_ld, 4) || !ok(a->batch, a->s_bs, 4))
+        !ok(a->batch, a->k_bs, 8) || !ok(a->rows, a->s_ld, 4) || !ok(a->batch, a->s_bs, 4) ||
+        a->s_ld < (a->cols + 3) / 4 * 4)  // the stores write a row's last 16-byte chunk whole
         return ATTN_LT_ERR_STRIDES;
     cudaError_t err = check_device();
     if (err != cudaSuccess) return static_cast<int>(err);

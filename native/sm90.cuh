@@ -44,7 +44,7 @@ __device__ __forceinline__ void tma_load_5d(uint32_t dst, const CUtensorMap* map
         : "memory");
 }
 
-// One TMA box of a 4-D tensor map (the mask) into shared memory, completing (in bytes) on `bar`.
+// One TMA box of a 4-D tensor map into shared memory, completing (in bytes) on `bar`.
 __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1,
                                             int c2, int c3) {
     asm volatile(
@@ -54,7 +54,8 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map
         : "memory");
 }
 
-// One TMA box from shared memory to a 3-D tensor map (elements outside the tensor are not written), in this
+// One TMA box from shared memory to a 3-D tensor map (rows and boxes outside the tensor are not written; along the
+// first dimension whole 16-byte chunks are: the chunk holding the last element is written whole), in this
 // thread's current bulk async-group; the writes the threads made to the box must be fenced first (fence_async_smem).
 __device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2) {
     asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(

@@ -1,6 +1,7 @@
 """The long path's Hopper Q@K^T (native/scores_sm90.cu) alone: FP32 scores against a float64 reference, within
-twice the error of torch's FP32 GEMM of the same inputs; odd sizes, strided operands, padded score rows (the
-padding never written), both dtypes; preconditions refused before any GPU work."""
+twice the error of torch's FP32 GEMM of the same inputs; odd sizes, strided operands, padded score rows (written
+only up to each row's last 16-byte chunk), K kept and Q kept, resident blocks reloaded, both dtypes; preconditions
+refused before any GPU work; the rule that gives the long path's chunks to it."""
 
 import math
 
@@ -33,7 +34,8 @@ def scores_args(q, k, s, alpha):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("batch,rows,cols,D,strided", [
     (1, 1, 1, 64, False), (2, 97, 4097, 128, True), (1, 4096, 4095, 64, False), (3, 300, 1000, 128, True),
-    (1, 129, 4096, 128, False), (5, 64, 97, 64, True)])
+    (1, 129, 4096, 128, False), (5, 64, 97, 64, True),
+    (2, 300, 17001, 64, True), (3, 700, 20000, 128, False), (4, 1000, 4097, 128, True)])
 def test_scores_match_the_reference(dtype, batch, rows, cols, D, strided):
     torch.manual_seed(rows * 7 + cols)
     if strided:  # heads interleaved: (S, batch, D) memory seen as (batch, S, D)
@@ -78,7 +80,7 @@ def test_scores_repeated_calls_agree_bit_for_bit():
 
 @pytest.mark.parametrize("field,value,status", [
     ("D", 80, "head dim"), ("dtype", 3, "dtype"), ("q_ld", 100, "stride"), ("s_ld", 4098, "stride"),
-    ("rows", 0, "argument"), ("q", 8, "align")])
+    ("rows", 0, "argument"), ("q", 8, "align"), ("cols", 4097, "stride"), ("batch", 1 << 31, "length")])
 def test_scores_preconditions_refused_before_any_gpu_work(field, value, status):
     try:
         native.load()
@@ -107,12 +109,15 @@ def qk_key(**kw) -> "GemmKey":
 def test_native_reasons_take_the_long_paths_chunks_and_refuse_the_rest():
     from attn_lt.lt.scores import native_reasons
 
-    for key in (qk_key(), qk_key(k=64, lda=64, ldb=64), qk_key(m=97, ldc=100, n=1, batch=1), qk_key(m=28160)):
-        assert native_reasons(key) == [], key
+    for key in (qk_key(), qk_key(k=64, lda=64, ldb=64), qk_key(m=97, ldc=100, n=1, batch=1), qk_key(m=8192)):
+        assert native_reasons(key, 132) == [], key
     cases = {"head dim 80": qk_key(k=80, lda=80, ldb=80), "16-byte aligned": qk_key(align_b=8),
-             "multiple of 16 bytes": qk_key(ldc=16386), "FP32 scores": qk_key(role="pv", trans_a=False)}
+             "multiple of 16 bytes": qk_key(ldc=16386), "FP32 scores": qk_key(role="pv", trans_a=False),
+             "last 16-byte chunk": qk_key(m=97, ldc=97, n=1, batch=1), "dtype": qk_key(dtype="fp32"),
+             "more than the 132 SMs": qk_key(m=28160, ldc=28160), "uses 100 of 132 SMs": qk_key(m=12800, ldc=12800),
+             "tiles": qk_key(batch=1 << 31)}
     for words, key in cases.items():
-        assert any(words in r for r in native_reasons(key)), (words, native_reasons(key))
+        assert any(words in r for r in native_reasons(key, 132)), (words, native_reasons(key, 132))
 
 
 def test_qk_kernel_setting(monkeypatch):
@@ -138,7 +143,7 @@ def test_long_path_with_the_native_qk_matches_cublaslt(monkeypatch, D, causal, H
     import attn_lt
     from attn_lt.testing import random_qkv
 
-    q, k, v = random_qkv(1, 4, Hkv, 1000, 6000, D, torch.bfloat16)
+    q, k, v = random_qkv(1, 4, Hkv, 1000, 8000, D, torch.bfloat16)  # 63 key blocks: a grid of 126 keeps K
     outs = {}
     for choice in ("native", "cublaslt"):
         monkeypatch.setenv("ATTN_LT_QK", choice)

@@ -1,13 +1,14 @@
 """The long path's Q@K^T on Hopper by native/scores_sm90.cu instead of cuBLASLt, when ``ATTN_LT_QK=native``.
 
 The scores GEMM (k = D, FP32 output) is bound by its 4-byte stores. The native kernel overlaps one tile's TMA stores
-with the next tile's loads and MMAs on a persistent grid. Measured (``tools/bench_scores.py``, bf16, 2048 rows x
-16384 keys x 3 heads, D 128): alone it writes 3.30-3.38 TB/s on the H200 against cuBLASLt's 3.18 (2.62 against
-2.49 on the H100), and the long path with one lane gains about 1 %; with the default two lanes the long path is
-1-3 % slower, since its grid takes every SM while the other lane's softmax waits for them. So cuBLASLt stays the
-default; ``tools/NOTES.md`` (nineteenth pass) has the figures.
+with the next tile's loads and MMAs on a persistent grid whose CTAs each keep one K block. Measured
+(``tools/bench_scores.py``, bf16, 2048 rows x 16384 keys x 3 heads): at D128 it writes 3.40 TB/s on the H200
+against cuBLASLt's 3.22 (2.62 against 2.49 on the H100), at D64 the same as cuBLASLt, and the long path with one
+lane gains up to 1.5 points of its floor; with the default two lanes the long path loses 1-3 points, since the
+kernel's grid holds every SM while the other lane's softmax waits for them. So cuBLASLt stays the default;
+``tools/NOTES.md`` (nineteenth pass) has the figures.
 
-:func:`qk_gemm` gives a chunk its Q@K^T: :class:`NativeScores` where :func:`runs_native`, else cuBLASLt's
+:func:`qk_gemm` gives a chunk its Q@K^T: a :class:`NativeScores` where :func:`runs_native`, else cuBLASLt's
 :class:`~attn_lt.lt.cublaslt.Gemm`.
 """
 
@@ -30,23 +31,47 @@ HEAD_DIMS = (64, 128)
 SOURCE = "native (scores_sm90: Hopper Q@K^T, ATTN_LT_QK=native)"
 
 
-def native_reasons(key: GemmKey) -> list[str]:
-    """Why the native kernel cannot take the Q@K^T ``key`` on a Hopper GPU (empty: it can)."""
+#: Mirrors of attn_lt_scores_sm90's checks (native/scores_sm90.cu): lengths, tiles, strides (elements).
+MAX_LENGTH = 1 << 31
+MAX_TILES = (1 << 31) - (1 << 20)
+MAX_STRIDE = 1 << 38
+TILE = 128
+#: The share of the SMs a grid that keeps K must cover for the kernel to be run (measured: a grid of half the SMs
+#: writes at half the rate; with more key blocks than SMs no CTA keeps K and the kernel is 8-25 % slower).
+MIN_SM_SHARE = 0.9
+
+
+def native_reasons(key: GemmKey, sms: int) -> list[str]:
+    """Why the native kernel does not take the Q@K^T ``key`` on a Hopper GPU of ``sms`` SMs (empty: it does): what
+    it cannot run (the launcher's checks), and where it is measured slower than cuBLASLt."""
     why = []
     if key.role != "qk" or key.out_dtype != "fp32" or not key.trans_a or key.trans_b:
         why.append("not the long path's Q@K^T with FP32 scores")
+    if key.dtype not in ("fp16", "bf16"):
+        why.append(f"dtype {key.dtype}")
     if key.k not in HEAD_DIMS:
         why.append(f"head dim {key.k} not in {HEAD_DIMS}")
     if min(key.align_a, key.align_b, key.align_c) < 16:
         why.append("an operand not 16-byte aligned")
 
     def stride_ok(size: int, stride: int, per16: int) -> bool:
-        return size == 1 or (stride > 0 and stride % per16 == 0)
+        return size == 1 or (0 < stride < MAX_STRIDE and stride % per16 == 0)
 
     if not (stride_ok(key.m, key.lda, 8) and stride_ok(key.n, key.ldb, 8) and stride_ok(key.batch, key.stride_a, 8)
             and stride_ok(key.batch, key.stride_b, 8) and stride_ok(key.n, key.ldc, 4)
             and stride_ok(key.batch, key.stride_c, 4)):
         why.append("a stride that is not a multiple of 16 bytes")
+    if key.ldc < -(-key.m // 4) * 4:
+        why.append("score rows shorter than their last 16-byte chunk, which the kernel writes whole")
+    key_blocks = -(-key.m // TILE)
+    if max(key.m, key.n, key.batch) >= MAX_LENGTH or key_blocks * -(-key.n // TILE) > MAX_TILES // key.batch:
+        why.append("more rows, keys or tiles than the kernel indexes")
+    if key_blocks > sms:
+        why.append(f"{key_blocks} key blocks of {TILE}, more than the {sms} SMs: no CTA keeps K (slower than "
+                   "cuBLASLt)")
+    elif key_blocks * (sms // key_blocks) < MIN_SM_SHARE * sms:
+        why.append(f"{key_blocks} key blocks of {TILE}: a grid that keeps K uses {key_blocks * (sms // key_blocks)} "
+                   f"of {sms} SMs (slower than cuBLASLt)")
     return why
 
 
@@ -76,35 +101,38 @@ class NativeScores:
 
 
 @functools.lru_cache(maxsize=16)
-def _hopper(device: int) -> bool:
-    """Whether the native Q@K^T runs on ``device`` (sm_90, the library built for sm_90a)."""
+def _hopper_sms(device: int) -> int | None:
+    """The SM count of ``device`` when the native Q@K^T runs there (sm_90, the library built for sm_90a), else
+    None."""
     try:
         import torch
 
         with torch.cuda.device(device):
-            return native.scores_sm90_supported(HEAD_DIMS[0])
+            if not native.scores_sm90_supported(HEAD_DIMS[0]):
+                return None
+        return int(torch.cuda.get_device_properties(device).multi_processor_count)
     except (native.NativeLibraryError, RuntimeError, OSError):
-        return False
+        return None
 
 
 def runs_native(device: int, key: GemmKey) -> bool:
     """Whether :func:`qk_gemm` gives ``key`` the native kernel on ``device``: ``ATTN_LT_QK=native``, a Hopper GPU,
     and nothing in :func:`native_reasons`."""
-    if config.qk_kernel() != "native" or key.role != "qk" or not _hopper(device):
+    if config.qk_kernel() != "native" or key.role != "qk":
         return False
-    why = native_reasons(key)
+    sms = _hopper_sms(device)
+    if sms is None:
+        return False
+    why = native_reasons(key, sms)
     if why:
         log.debug("ATTN_LT_QK=native: cuBLASLt runs %s: %s", key, "; ".join(why))
     return not why
 
 
 def qk_gemm(device: int, key: GemmKey):
-    """The Q@K^T of ``key`` on ``device``: :class:`NativeScores` where :func:`runs_native`, else cuBLASLt's."""
+    """The Q@K^T of ``key`` on ``device``: a new :class:`NativeScores` where :func:`runs_native` (each holds the
+    arguments of its own launches: one per chunk of a program, which runs one call at a time), else cuBLASLt's
+    :class:`~attn_lt.lt.cublaslt.Gemm` (shared; its ``run`` keeps no per-call state)."""
     if runs_native(device, key):
-        return _native(device, key)
+        return NativeScores(device, key)
     return cublaslt.gemm(device, key)
-
-
-@functools.lru_cache(maxsize=1024)
-def _native(device: int, key: GemmKey) -> NativeScores:
-    return NativeScores(device, key)
