@@ -30,7 +30,6 @@ HEAD_DIMS = (64, 128)
 #: Where the algorithm of a native Q@K^T comes from, as ``explain`` shows it.
 SOURCE = "native (scores_sm90: Hopper Q@K^T, ATTN_LT_QK=native)"
 
-
 #: Mirrors of attn_lt_scores_sm90's checks (native/scores_sm90.cu): lengths, tiles, strides (elements).
 MAX_LENGTH = 1 << 31
 MAX_TILES = (1 << 31) - (1 << 20)
