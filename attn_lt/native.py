@@ -133,8 +133,6 @@ def load() -> ctypes.CDLL:
     lib.attn_lt_flash_sm90_supported.argtypes = []
     lib.attn_lt_scores_sm90.restype = ctypes.c_int
     lib.attn_lt_scores_sm90.argtypes = [ctypes.POINTER(ScoresArgs), ctypes.c_void_p]
-    lib.attn_lt_scores_sm90_supported.restype = ctypes.c_int
-    lib.attn_lt_scores_sm90_supported.argtypes = [ctypes.c_int64]
     abi = lib.attn_lt_abi_version()
     if abi != ABI_VERSION:
         raise NativeLibraryError(f"{path} has ABI version {abi}, this package expects {ABI_VERSION}; {_BUILD_HINT}")
@@ -223,11 +221,6 @@ def flash_sm90(args: FlashArgs, stream: int) -> None:
     _launch("attn_lt_flash_sm90_fwd", args, stream,
             lambda a: f"B={a.B} Hq={a.Hq} Hkv={a.Hkv} Sq={a.Sq} Sk={a.Sk} D={a.D} Dv={a.Dv or a.D} "
                       f"splits={a.splits} variant={a.variant}")
-
-
-def scores_sm90_supported(D: int) -> bool:
-    """True when :func:`scores_sm90` runs head dim ``D`` on the current CUDA device (sm_90, D 64 or 128)."""
-    return bool(load().attn_lt_scores_sm90_supported(D))
 
 
 @functools.lru_cache(maxsize=1)

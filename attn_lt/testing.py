@@ -245,3 +245,21 @@ def forced_flash_error(q, k, v, attn_mask=None, causal=False, splits: int = 1, k
     torch.cuda.synchronize()
     err = rel_error(out, reference(q, k, v, attn_mask, causal)[0])
     return err, bool(err < 2e-2 and not torch.isnan(lse).any() and not torch.isnan(out).any())
+
+
+def scores_args(q: torch.Tensor, k: torch.Tensor, s: torch.Tensor, alpha: float):
+    """The :class:`~attn_lt.native.ScoresArgs` of ``s = alpha * q @ k^T`` (native/scores_sm90.cu): q (batch, rows, D)
+    and k (batch, cols, D) strided views with the last dimension contiguous, s (batch, rows, ld) FP32 whose first
+    ``cols`` columns a row are the scores."""
+    from . import native
+
+    a = native.ScoresArgs()
+    a.q, a.k, a.s = q.data_ptr(), k.data_ptr(), s.data_ptr()
+    a.batch, a.rows, a.D = q.shape
+    a.cols = k.shape[1]
+    a.q_ld, a.q_bs, a.k_ld, a.k_bs = q.stride(1), q.stride(0), k.stride(1), k.stride(0)
+    a.s_ld, a.s_bs = s.stride(1), s.stride(0)
+    a.alpha = alpha
+    a.dtype = native.DTYPE_CODES["bf16" if q.dtype == torch.bfloat16 else "fp16"]
+    return a
+

@@ -38,6 +38,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture
+def sm90():
+    """Skips unless the current GPU is compute capability 9.0; fails if it is and the sm_90a kernels cannot run
+    there (the Hopper fused kernel and the long path's Q@K^T share the library's sm_90a build)."""
+    from attn_lt import native
+
+    cc = torch.cuda.get_device_capability()
+    if cc != (9, 0):
+        pytest.skip(f"the sm_90a kernels need a compute capability 9.0 GPU (H100/H200); this one is {cc}")
+    assert native.flash_sm90_supported(), "cc 9.0 GPU, but the library holds no usable sm_90a kernel"
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _private_algo_cache(tmp_path_factory):
     """Tests never touch the user's algorithm cache, and use cuBLASLt's heuristic unless a test asks to tune."""

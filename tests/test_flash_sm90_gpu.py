@@ -25,15 +25,6 @@ gpu = pytest.mark.gpu
 VARIANTS = ["default", "plain"]  # the prefill pipelines: overlapped with ping-pong, and plain
 
 
-@pytest.fixture
-def sm90():
-    """Skips unless the current GPU is compute capability 9.0; fails if it is and the kernel cannot run there."""
-    cc = torch.cuda.get_device_capability()
-    if cc != (9, 0):
-        pytest.skip(f"the sm_90a kernel needs a compute capability 9.0 GPU (H100/H200); this one is {cc}")
-    assert native.flash_sm90_supported(), "cc 9.0 GPU, but the library holds no usable sm_90a kernel"
-
-
 def sm90_attention(q, k, v, causal=False, scale=None, variant="default", out=None, with_lse=True, mask=None):
     """(out, lse) of the Hopper kernel on (B, Hq, Sq, D) q, (B, Hkv, Sk, D) k and (B, Hkv, Sk, Dv) v (any strides
     the launcher accepts), with an optional bool or q-dtype mask broadcast to (B, Hq, Sq, Sk); out (B, Hq, Sq, Dv)

@@ -9,28 +9,11 @@ import pytest
 import torch
 
 from attn_lt import native
-from attn_lt.testing import rel_error
-
-
-def cuda_sm90() -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-
-
-def scores_args(q, k, s, alpha):
-    """q (batch, rows, D) and k (batch, cols, D) strided views (last dim contiguous), s (batch, rows, ld) FP32."""
-    a = native.ScoresArgs()
-    a.q, a.k, a.s = q.data_ptr(), k.data_ptr(), s.data_ptr()
-    a.batch, a.rows, a.D = q.shape
-    a.cols = k.shape[1]
-    a.q_ld, a.q_bs, a.k_ld, a.k_bs = q.stride(1), q.stride(0), k.stride(1), k.stride(0)
-    a.s_ld, a.s_bs = s.stride(1), s.stride(0)
-    a.alpha = alpha
-    a.dtype = native.DTYPE_CODES["bf16" if q.dtype == torch.bfloat16 else "fp16"]
-    return a
+from attn_lt.testing import rel_error, scores_args
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not cuda_sm90(), reason="needs an sm_90 (Hopper) GPU")
+@pytest.mark.usefixtures("sm90")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("batch,rows,cols,D,strided", [
     (1, 1, 1, 64, False), (2, 97, 4097, 128, True), (1, 4096, 4095, 64, False), (3, 300, 1000, 128, True),
@@ -65,7 +48,7 @@ def test_scores_match_the_reference(dtype, batch, rows, cols, D, strided):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not cuda_sm90(), reason="needs an sm_90 (Hopper) GPU")
+@pytest.mark.usefixtures("sm90")
 def test_scores_repeated_calls_agree_bit_for_bit():
     q = torch.randn(3, 2048, 128, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(3, 8192, 128, device="cuda", dtype=torch.bfloat16)
@@ -135,7 +118,7 @@ def test_qk_kernel_setting(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not cuda_sm90(), reason="needs an sm_90 (Hopper) GPU")
+@pytest.mark.usefixtures("sm90")
 @pytest.mark.parametrize("D,causal,Hkv", [(128, False, 4), (64, True, 2), (128, True, 1)])
 def test_long_path_with_the_native_qk_matches_cublaslt(monkeypatch, D, causal, Hkv):
     """The same long-path call with its Q@K^T by the native kernel and by cuBLASLt: the explanation names the

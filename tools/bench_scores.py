@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from attn_lt import native  # noqa: E402
 from attn_lt.lt import algos, cublaslt  # noqa: E402
 from attn_lt.lt.cublaslt import GemmKey  # noqa: E402
-from attn_lt.testing import rel_error, time_ms  # noqa: E402
+from attn_lt.testing import rel_error, scores_args, time_ms  # noqa: E402
 from attn_lt.validate import address_alignment  # noqa: E402
 
 #: B1 H16 S16k D128 and D64 chunks at the default budget (2048 rows x 16384 keys, 3 heads), a causal chunk's
@@ -68,11 +68,7 @@ def main(argv=None) -> int:
         entry = algos.tune(g, ws.nbytes, ops, a.tune_ms)
         tuned = min(entry.median_ms, heur)
         ref = s.clone()
-        args = native.ScoresArgs()
-        args.q, args.k, args.s = q.data_ptr(), k.data_ptr(), s.data_ptr()
-        args.rows, args.cols, args.batch, args.D = rows, cols, batch, D
-        args.q_ld, args.q_bs, args.k_ld, args.k_bs, args.s_ld, args.s_bs = D, rows * D, D, cols * D, cols, rows * cols
-        args.alpha, args.dtype = alpha, native.DTYPE_CODES[a.dtype]
+        args = scores_args(q, k, s, alpha)
         s.fill_(math.nan)
         native.scores_sm90(args, stream)
         torch.cuda.synchronize()

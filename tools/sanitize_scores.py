@@ -12,7 +12,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from attn_lt import native  # noqa: E402
-from attn_lt.testing import rel_error  # noqa: E402
+from attn_lt.testing import rel_error, scores_args  # noqa: E402
 
 CASES = [(1, 1, 1, 64), (2, 97, 300, 128), (3, 129, 1029, 64), (1, 1100, 2100, 128)]  # batch, rows, cols, D
 
@@ -25,13 +25,7 @@ def main() -> int:
             k = torch.randn(batch, cols, D, device="cuda", dtype=dt)
             ld = -(-cols // 4) * 4 + 4
             s = torch.full((batch, rows, ld), math.nan, device="cuda")
-            a = native.ScoresArgs()
-            a.q, a.k, a.s = q.data_ptr(), k.data_ptr(), s.data_ptr()
-            a.rows, a.cols, a.batch, a.D = rows, cols, batch, D
-            a.q_ld, a.q_bs, a.k_ld, a.k_bs = q.stride(1), q.stride(0), k.stride(1), k.stride(0)
-            a.s_ld, a.s_bs, a.alpha = ld, rows * ld, 0.5
-            a.dtype = native.DTYPE_CODES["bf16" if dt == torch.bfloat16 else "fp16"]
-            native.scores_sm90(a, torch.cuda.current_stream().cuda_stream)
+            native.scores_sm90(scores_args(q, k, s, 0.5), torch.cuda.current_stream().cuda_stream)
             torch.cuda.synchronize()
             err = rel_error(s[..., :cols], 0.5 * (q.double() @ k.double().transpose(1, 2)))
             worst = max(worst, err)

@@ -15,10 +15,10 @@ kernel's grid holds every SM while the other lane's softmax waits for them. So c
 from __future__ import annotations
 
 import ctypes
-import functools
 import logging
 
 from .. import config, native
+from ..wmma import device_facts
 from . import cublaslt
 from .cublaslt import GemmKey
 
@@ -99,30 +99,15 @@ class NativeScores:
         native.scores_sm90(args, stream)
 
 
-@functools.lru_cache(maxsize=16)
-def _hopper_sms(device: int) -> int | None:
-    """The SM count of ``device`` when the native Q@K^T runs there (sm_90, the library built for sm_90a), else
-    None."""
-    try:
-        import torch
-
-        with torch.cuda.device(device):
-            if not native.scores_sm90_supported(HEAD_DIMS[0]):
-                return None
-        return int(torch.cuda.get_device_properties(device).multi_processor_count)
-    except (native.NativeLibraryError, RuntimeError, OSError):
-        return None
-
-
 def runs_native(device: int, key: GemmKey) -> bool:
     """Whether :func:`qk_gemm` gives ``key`` the native kernel on ``device``: ``ATTN_LT_QK=native``, a Hopper GPU,
     and nothing in :func:`native_reasons`."""
     if config.qk_kernel() != "native" or key.role != "qk":
         return False
-    sms = _hopper_sms(device)
-    if sms is None:
+    facts = device_facts(device)  # the library's sm_90a build holds this kernel beside the fused one
+    if facts is None or not facts.hopper:
         return False
-    why = native_reasons(key, sms)
+    why = native_reasons(key, facts.sms)
     if why:
         log.debug("ATTN_LT_QK=native: cuBLASLt runs %s: %s", key, "; ".join(why))
     return not why
