@@ -312,10 +312,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 mbar_wait(empty_v(s), ph ^ 1);
                 mbar_expect_tx(full_v(s), L::kVBytes);
                 tma_load_5d(sV + s * L::kVBytes, &tmv, full_v(s), 0, n0, 0, hk, b);
-                if (++s == kStages) {
-                    s = 0;
-                    ph ^= 1;
-                }
+                ring_next<kStages>(s, ph);
             }
         }
     } else {
@@ -433,10 +430,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                     fence_regs(o);
                     fence_regs(pf);
                     release(empty_v(s));
-                    if (++s == kStages) {
-                        s = 0;
-                        ph ^= 1;
-                    }
+                    ring_next<kStages>(s, ph);
                 }
             } else {
                 // Overlapped: step i issues QK^T of tile i and PV of tile i - 1, then runs the softmax of tile i
@@ -457,10 +451,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 for (int i = 1; i < n_tiles; ++i) {
                     const int sv = s;  // the stage of tile i - 1, whose V this step multiplies
                     const uint32_t phv = ph;
-                    if (++s == kStages) {
-                        s = 0;
-                        ph ^= 1;
-                    }
+                    ring_next<kStages>(s, ph);
                     n0 -= BN;
                     mbar_wait(full_k(s), ph);
                     mbar_wait(full_v(sv), phv);  // loaded before K of tile i: no branch between the two issues
@@ -633,10 +624,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 mbar_wait(empty_k(s), ph ^ 1);
                 mbar_expect_tx(full_k(s), L::kKBytes);
                 tma_load_5d(sK + s * L::kKBytes, &tmk, full_k(s), 0, (t0 + i) * kMlaKeys, 0, hk, b);
-                if (++s == kMlaStages) {
-                    s = 0;
-                    ph ^= 1;
-                }
+                ring_next<kMlaStages>(s, ph);
             }
         }
         return;
@@ -706,10 +694,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 fence_regs(o);
                 fence_regs(pf);
                 release(empty_k(s));
-                if (++s == kMlaStages) {
-                    s = 0;
-                    ph ^= 1;
-                }
+                ring_next<kMlaStages>(s, ph);
             }
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
@@ -739,10 +724,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 fence_regs(o);
                 mbar_arrive(p_empty);
                 release(empty_k(s));
-                if (++s == kMlaStages) {
-                    s = 0;
-                    ph ^= 1;
-                }
+                ring_next<kMlaStages>(s, ph);
             }
             mbar_wait(p_full, n_tiles & 1);
             l_r[0] = sum_s[rw];
@@ -1023,26 +1005,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // ---- host side ----------------------------------------------------------------------------------------------------
-
-// A stride the kernel accepts: that of a dimension of size 1 (never used), or a positive multiple of 8 elements
-// (16 bytes, as TMA and the 16-byte stores need) small enough for a tensor map (< 2^40 bytes).
-bool stride_ok(int64_t size, int64_t stride) {
-    return size == 1 || (stride > 0 && stride % 8 == 0 && stride < (int64_t(1) << 39));
-}
-
-// q, k or v (B, H, S, D) seen as 5-D (64, S, D / 64, H, B) with byte strides (row, 128, head, batch): one box of
-// (64, rows, D / 64, 1, 1) is the slab layout of a tile. A dimension of size 1 gets a nominal legal stride.
-bool make_map(CUtensorMap* map, CUtensorMapDataType dt, const void* ptr, int64_t B, int64_t H, int64_t S, int64_t D,
-              int64_t sb, int64_t sh, int64_t ss, uint32_t rows) {
-    const auto st = [](int64_t size, int64_t stride) { return cuuint64_t(size == 1 ? 16 : stride * 2); };
-    const cuuint64_t dims[5] = {64, cuuint64_t(S), cuuint64_t(D / 64), cuuint64_t(H), cuuint64_t(B)};
-    const cuuint64_t strides[4] = {st(S, ss), 128, st(H, sh), st(B, sb)};
-    const cuuint32_t box[5] = {64, rows, cuuint32_t(D / 64), 1, 1};
-    const cuuint32_t elem[5] = {1, 1, 1, 1, 1};
-    return encode_tiled()(map, dt, 5, const_cast<void*>(ptr), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
 
 // The mask kind the kernel reads for these arguments: kNoMask without a mask; bool or q's dtype, 16-byte aligned,
 // keys contiguous, the other strides 0 (broadcast) or multiples of 16 bytes below 2^40; else -1.

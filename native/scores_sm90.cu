@@ -130,17 +130,14 @@ __global__ void __launch_bounds__(kThreads, 1)
                 if (x.rid != r_now) {  // a new resident block, once the consumers are done with the last one
                     mbar_wait(r_empty, rph ^ 1);
                     mbar_expect_tx(r_full, L::kQBytes);
-                    tma_load_4d(sR, res_map, r_full, 0, r_row, 0, x.e);
+                    tma_load_5d(sR, res_map, r_full, 0, r_row, 0, 0, x.e);
                     rph ^= 1;
                     r_now = x.rid;
                 }
                 mbar_wait(empty(s), ph ^ 1);  // the consumers released this stage's previous tile
                 mbar_expect_tx(full(s), L::kKBytes);
-                tma_load_4d(stage(s), ring_map, full(s), 0, s_row, 0, x.e);
-                if (++s == kStages) {
-                    s = 0;
-                    ph ^= 1;
-                }
+                tma_load_5d(stage(s), ring_map, full(s), 0, s_row, 0, 0, x.e);
+                ring_next<kStages>(s, ph);
             }
         }
     } else {
@@ -180,10 +177,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             wgmma_wait<0>();
             fence_regs(acc);
             if (lane == 0) mbar_arrive(empty(s));
-            if (++s == kStages) {
-                s = 0;
-                ph ^= 1;
-            }
+            ring_next<kStages>(s, ph);
             // this buffer is free once the stores issued from it kEpiBuffers tiles ago have read it
             const uint32_t epi = epi0 + buf * L::kEpiBytes;
             if (tid == 0) bulk_wait_read<kEpiBuffers - 1>();
@@ -215,19 +209,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // ---- host side ----------------------------------------------------------------------------------------------------
 
-// Q or K (batch, rows, D) as 4-D (64, rows, D / 64, batch) with byte strides (row, 128, block): one box of
-// (64, 128, D / 64, 1) is a tile's slab layout. A dimension of size 1 gets a nominal legal stride.
-bool make_operand_map(CUtensorMap* map, CUtensorMapDataType dt, const void* ptr, int64_t batch, int64_t rows,
-                      int64_t D, int64_t ld, int64_t bs) {
-    const cuuint64_t dims[4] = {64, cuuint64_t(rows), cuuint64_t(D / 64), cuuint64_t(batch)};
-    const cuuint64_t strides[3] = {cuuint64_t(rows == 1 ? 16 : ld * 2), 128, cuuint64_t(batch == 1 ? 16 : bs * 2)};
-    const cuuint32_t box[4] = {64, 128, cuuint32_t(D / 64), 1};
-    const cuuint32_t elem[4] = {1, 1, 1, 1};
-    return encode_tiled()(map, dt, 4, const_cast<void*>(ptr), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
 // The scores (batch, rows, cols) FP32 as 3-D (cols, rows, batch): one box of (32, 64, 1) is a store's 64 rows of
 // 128 bytes.
 bool make_scores_map(CUtensorMap* map, float* ptr, int64_t batch, int64_t rows, int64_t cols, int64_t ld,
@@ -246,8 +227,9 @@ cudaError_t launch_scores(const attn_lt_scores_args& a, cudaStream_t stream) {
     using L = ScoresLayout<D>;
     constexpr CUtensorMapDataType dt = tma_dtype<T>();
     alignas(64) CUtensorMap mq, mk, ms;
-    if (!make_operand_map(&mq, dt, a.q, a.batch, a.rows, D, a.q_ld, a.q_bs) ||
-        !make_operand_map(&mk, dt, a.k, a.batch, a.cols, D, a.k_ld, a.k_bs) ||
+    // Q and K (batch, rows, D) as make_map's (B, H, S, D) with one head: a box is a 128-row tile's slabs
+    if (!make_map(&mq, dt, a.q, a.batch, 1, a.rows, D, a.q_bs, 0, a.q_ld, kTileM) ||
+        !make_map(&mk, dt, a.k, a.batch, 1, a.cols, D, a.k_bs, 0, a.k_ld, kTileN) ||
         !make_scores_map(&ms, a.s, a.batch, a.rows, a.cols, a.s_ld, a.s_bs))
         return static_cast<cudaError_t>(ATTN_LT_ERR_TENSOR_MAP);
     const auto kernel = scores_sm90<D, T>;
@@ -268,10 +250,7 @@ cudaError_t launch_scores(const attn_lt_scores_args& a, cudaStream_t stream) {
         grid = p.tiles_n * (dev->sms / p.tiles_n);
         p.k_resident = 1;
     }
-    if (grid > p.tiles) {
-        grid = p.tiles;
-        p.k_resident = grid % p.tiles_n == 0;
-    }
+    if (grid > p.tiles) grid = p.tiles;  // still a multiple of tiles_n when K is kept: tiles = tiles_n x row blocks
     kernel<<<grid, kThreads, L::kSmem, stream>>>(mq, mk, ms, p);
     return cudaGetLastError();
 }
@@ -294,12 +273,9 @@ extern "C" int attn_lt_scores_sm90(const attn_lt_scores_args* a, void* stream) {
         ((a->rows + kTileM - 1) / kTileM) * ((a->cols + kTileN - 1) / kTileN) > kMaxTiles / a->batch)
         return ATTN_LT_ERR_LENGTH;
     if (!aligned16(a->q) || !aligned16(a->k) || !aligned16(a->s)) return ATTN_LT_ERR_ALIGNMENT;
-    // TMA: row and block strides multiples of 16 bytes (8 half elements, 4 floats) below 2^40 bytes
-    const auto ok = [](int64_t size, int64_t stride, int64_t per16) {
-        return size == 1 || (stride > 0 && stride % per16 == 0 && stride < (int64_t(1) << 38));
-    };
-    if (!ok(a->rows, a->q_ld, 8) || !ok(a->batch, a->q_bs, 8) || !ok(a->cols, a->k_ld, 8) ||
-        !ok(a->batch, a->k_bs, 8) || !ok(a->rows, a->s_ld, 4) || !ok(a->batch, a->s_bs, 4) ||
+    // TMA: row and block strides multiples of 16 bytes below 2^40 bytes
+    if (!stride_ok(a->rows, a->q_ld) || !stride_ok(a->batch, a->q_bs) || !stride_ok(a->cols, a->k_ld) ||
+        !stride_ok(a->batch, a->k_bs) || !stride_ok(a->rows, a->s_ld, 4) || !stride_ok(a->batch, a->s_bs, 4) ||
         a->s_ld < (a->cols + 3) / 4 * 4)  // the stores write a row's last 16-byte chunk whole
         return ATTN_LT_ERR_STRIDES;
     cudaError_t err = check_device();

@@ -11,6 +11,15 @@ __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
 
+// A ring of N stages: step (s, ph) to the next stage; the barrier parity flips each time the ring wraps.
+template <int N>
+__device__ __forceinline__ void ring_next(int& s, uint32_t& ph) {
+    if (++s == N) {
+        s = 0;
+        ph ^= 1;
+    }
+}
+
 // The producer's arrival: also announces the bytes the TMA copies will complete on this barrier.
 __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
@@ -240,6 +249,27 @@ EncodeTiled encode_tiled() {
         return reinterpret_cast<EncodeTiled>(f);
     }();
     return fn;
+}
+
+// A stride TMA accepts for elements of `esize` (2 or 4) bytes: that of a dimension of size 1 (never used), or a
+// positive multiple of 16 bytes below 2^40 bytes.
+bool stride_ok(int64_t size, int64_t stride, int64_t esize = 2) {
+    return size == 1 || (stride > 0 && stride % (16 / esize) == 0 && stride < (int64_t(1) << 40) / esize);
+}
+
+// A 16-bit (B, H, S, D) tensor seen as 5-D (64, S, D / 64, H, B) with byte strides (row, 128, head, batch): one box
+// of (64, rows, D / 64, 1, 1) is the slab layout (64-column slabs, 128-byte swizzle) of a tile of `rows` rows. A
+// dimension of size 1 gets a nominal legal stride.
+bool make_map(CUtensorMap* map, CUtensorMapDataType dt, const void* ptr, int64_t B, int64_t H, int64_t S, int64_t D,
+              int64_t sb, int64_t sh, int64_t ss, uint32_t rows) {
+    const auto st = [](int64_t size, int64_t stride) { return cuuint64_t(size == 1 ? 16 : stride * 2); };
+    const cuuint64_t dims[5] = {64, cuuint64_t(S), cuuint64_t(D / 64), cuuint64_t(H), cuuint64_t(B)};
+    const cuuint64_t strides[4] = {st(S, ss), 128, st(H, sh), st(B, sb)};
+    const cuuint32_t box[5] = {64, rows, cuuint32_t(D / 64), 1, 1};
+    const cuuint32_t elem[5] = {1, 1, 1, 1, 1};
+    return encode_tiled()(map, dt, 5, const_cast<void*>(ptr), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 // Current device is compute capability 9.0: cudaSuccess, cudaErrorNotSupported, or the runtime's error.

@@ -63,7 +63,8 @@ def test_scores_repeated_calls_agree_bit_for_bit():
 
 @pytest.mark.parametrize("field,value,status", [
     ("D", 80, "head dim"), ("dtype", 3, "dtype"), ("q_ld", 100, "stride"), ("s_ld", 4098, "stride"),
-    ("rows", 0, "argument"), ("q", 8, "align"), ("cols", 4097, "stride"), ("batch", 1 << 31, "length")])
+    ("rows", 0, "argument"), ("q", 8, "align"), ("cols", 4097, "stride"), ("batch", 1 << 31, "length"),
+    ("q_ld", 1 << 39, "stride"), ("s_ld", 1 << 38, "stride")])  # TMA strides: below 2^40 bytes
 def test_scores_preconditions_refused_before_any_gpu_work(field, value, status):
     try:
         native.load()
@@ -92,13 +93,15 @@ def qk_key(**kw) -> "GemmKey":
 def test_native_reasons_take_the_long_paths_chunks_and_refuse_the_rest():
     from attn_lt.lt.scores import native_reasons
 
-    for key in (qk_key(), qk_key(k=64, lda=64, ldb=64), qk_key(m=97, ldc=100, n=1, batch=1), qk_key(m=8192)):
+    for key in (qk_key(), qk_key(k=64, lda=64, ldb=64), qk_key(m=97, ldc=100, n=1, batch=1), qk_key(m=8192),
+                qk_key(stride_b=(1 << 39) - 8), qk_key(stride_c=(1 << 38) - 4)):
         assert native_reasons(key, 132) == [], key
     cases = {"head dim 80": qk_key(k=80, lda=80, ldb=80), "16-byte aligned": qk_key(align_b=8),
              "multiple of 16 bytes": qk_key(ldc=16386), "FP32 scores": qk_key(role="pv", trans_a=False),
              "last 16-byte chunk": qk_key(m=97, ldc=97, n=1, batch=1), "dtype": qk_key(dtype="fp32"),
              "more than the 132 SMs": qk_key(m=28160, ldc=28160), "uses 100 of 132 SMs": qk_key(m=12800, ldc=12800),
-             "tiles": qk_key(batch=1 << 31)}
+             "tiles": qk_key(batch=1 << 31), "below 2^40 bytes": qk_key(stride_b=1 << 39),
+             "below 2^40": qk_key(stride_c=1 << 38)}
     for words, key in cases.items():
         assert any(words in r for r in native_reasons(key, 132)), (words, native_reasons(key, 132))
 

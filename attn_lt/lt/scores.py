@@ -30,10 +30,10 @@ HEAD_DIMS = (64, 128)
 #: Where the algorithm of a native Q@K^T comes from, as ``explain`` shows it.
 SOURCE = "native (scores_sm90: Hopper Q@K^T, ATTN_LT_QK=native)"
 
-#: Mirrors of attn_lt_scores_sm90's checks (native/scores_sm90.cu): lengths, tiles, strides (elements).
+#: Mirrors of attn_lt_scores_sm90's checks (native/scores_sm90.cu): lengths, tiles, strides (bytes, as TMA takes).
 MAX_LENGTH = 1 << 31
 MAX_TILES = (1 << 31) - (1 << 20)
-MAX_STRIDE = 1 << 38
+MAX_STRIDE_BYTES = 1 << 40
 TILE = 128
 #: The share of the SMs a grid that keeps K must cover for the kernel to be run (measured: a grid of half the SMs
 #: writes at half the rate; with more key blocks than SMs no CTA keeps K and the kernel is 8-25 % slower).
@@ -53,13 +53,13 @@ def native_reasons(key: GemmKey, sms: int) -> list[str]:
     if min(key.align_a, key.align_b, key.align_c) < 16:
         why.append("an operand not 16-byte aligned")
 
-    def stride_ok(size: int, stride: int, per16: int) -> bool:
-        return size == 1 or (0 < stride < MAX_STRIDE and stride % per16 == 0)
+    def stride_ok(size: int, stride: int, esize: int) -> bool:  # elements of esize bytes
+        return size == 1 or (0 < stride * esize < MAX_STRIDE_BYTES and stride * esize % 16 == 0)
 
-    if not (stride_ok(key.m, key.lda, 8) and stride_ok(key.n, key.ldb, 8) and stride_ok(key.batch, key.stride_a, 8)
-            and stride_ok(key.batch, key.stride_b, 8) and stride_ok(key.n, key.ldc, 4)
+    if not (stride_ok(key.m, key.lda, 2) and stride_ok(key.n, key.ldb, 2) and stride_ok(key.batch, key.stride_a, 2)
+            and stride_ok(key.batch, key.stride_b, 2) and stride_ok(key.n, key.ldc, 4)
             and stride_ok(key.batch, key.stride_c, 4)):
-        why.append("a stride that is not a multiple of 16 bytes")
+        why.append("a stride that is not a positive multiple of 16 bytes below 2^40 bytes")
     if key.ldc < -(-key.m // 4) * 4:
         why.append("score rows shorter than their last 16-byte chunk, which the kernel writes whole")
     key_blocks = -(-key.m // TILE)
