@@ -254,6 +254,38 @@ def test_text_and_markdown_tables(tmp_path):
     assert meta2["gpu"] == "test GPU" and rows2[0]["provider"] == "lt-lanes1"
 
 
+def test_gpu_monitor_samples_parse_and_summarise():
+    import bench
+
+    assert bench.parse_sample("1980, 1980, 123.45, 0x0000000000000000") == (1980.0, 1980.0, 123.45, 0)
+    assert bench.parse_sample("1560, 1980, 693.10, 0x0000000000000004\n") == (1560.0, 1980.0, 693.1, 4)
+    for bad in ("clocks.sm [MHz], clocks.max.sm [MHz], power.draw [W], clocks_throttle_reasons.active",
+                "[N/A], 1980, 100, 0x0", "1980, 100, 0x0", ""):
+        assert bench.parse_sample(bad) is None
+    assert bench.summarize_samples([]) == {}
+    got = bench.summarize_samples([(1980.0, 1980.0, 650.0, 0), (1560.0, 1980.0, 700.0, 4),
+                                   (1605.0, 1980.0, 690.0, 4 | 0x20), (1500.0, 1980.0, 705.0, 4)])
+    assert got["sm_mhz"] == 1605.0 and got["sm_mhz_min"] == 1500.0 and got["sm_mhz_max"] == 1980.0
+    assert got["power_w_max"] == 705.0 and got["samples"] == 4
+    assert got["clock_held"] == "power cap 75 %, sw thermal 25 %"
+    # the power-cap reason at (nearly) full clock is no clock held down; nor is idle (1)
+    assert bench.summarize_samples([(1965.0, 1980.0, 580.0, 4), (1980.0, 1980.0, 560.0, 4)])["clock_held"] == ""
+    assert bench.summarize_samples([(1200.0, 1980.0, 90.0, 1)])["clock_held"] == "no reason given"
+
+
+def test_gpu_monitor_keeps_the_samples_in_its_windows():
+    import bench
+
+    mon = bench.GpuMonitor.__new__(bench.GpuMonitor)  # no nvidia-smi: the samples by hand
+    mon._proc = None
+    mon.samples = [(1.0, (1980.0, 1980.0, 300.0, 0)), (2.0, (1500.0, 1980.0, 700.0, 4)),
+                   (3.0, (1550.0, 1980.0, 698.0, 4)), (4.0, (1980.0, 1980.0, 200.0, 0))]
+    got = mon.summary([(1.5, 2.5), (2.9, 3.1)])
+    assert got["samples"] == 2 and got["sm_mhz_min"] == 1500.0 and got["clock_held"] == "power cap 100 %"
+    assert mon.summary([]) == {} and mon.summary([(5.0, 6.0)]) == {}
+    mon.close()  # nothing to stop
+
+
 def test_row_statuses_are_checked():
     with pytest.raises(ValueError, match="status"):
         bl.row(by_name("wide-d512"), "lt", "maybe")
@@ -481,6 +513,24 @@ def test_run_row_control_flow_with_cuda_stubbed(monkeypatch):
         by["math"]["reason"]
     assert by["efficient"]["status"] == "error" and "wrong result" in by["efficient"]["reason"]
     assert list(fns) == ["lt"] and len(timer.calls) == 3  # three rounds, only the provider that ran right
+    assert not any(k.startswith("gpu_") for k in by["lt"])  # no monitor: no clock fields
+
+    class FakeMonitor:  # what the GPU's clock did while lt was timed: its three rounds' windows
+        def __init__(self):
+            self.windows = None
+
+        def summary(self, windows):
+            self.windows = windows
+            return {"sm_mhz": 1560.0, "sm_mhz_min": 1275.0, "sm_mhz_max": 1980.0, "power_w_max": 700.0,
+                    "samples": 9, "clock_held": "power cap 100 %"}
+
+    mon = FakeMonitor()
+    rows, _ = bl.run_row(s, [spec("lt", "lt", 1e-3)], FakeTimer(), H100, log=lambda m: None, monitor=mon)
+    assert len(mon.windows) == 3 and all(a <= b for a, b in mon.windows)
+    assert rows[0]["gpu_sm_mhz"] == 1560.0 and rows[0]["gpu_clock_held"] == "power cap 100 %"
+    line, = bl.clock_lines(rows)
+    assert line == ("wide-d512 lt: SM clock 1560 MHz median of 1980, 1275 lowest, up to 700 W (power cap 100 % of 9 "
+                    "samples)")
 
     def refusing():
         import warnings

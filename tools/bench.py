@@ -425,6 +425,92 @@ def gpu_state() -> str:
         return "unknown"
 
 
+#: nvidia-smi's clock event reasons (a bitmask) that mean the GPU held its SM clock down while it was busy.
+CLOCK_HELD = {0x4: "power cap", 0x8: "hw slowdown", 0x20: "sw thermal", 0x40: "hw thermal", 0x80: "power brake"}
+#: The sample query of :class:`GpuMonitor`.
+MONITOR_QUERY = "clocks.sm,clocks.max.sm,power.draw,clocks_throttle_reasons.active"
+#: A provider timed at a median SM clock below this share of the GPU's maximum ran on a clock held down.
+CLOCK_HELD_BELOW = 0.97
+
+
+def parse_sample(line: str) -> tuple[float, float, float, int] | None:
+    """(SM MHz, its maximum, watts, clock event reasons) of one ``nvidia-smi --format=csv,noheader,nounits`` line of
+    :data:`MONITOR_QUERY`; None for a line that is not one (a header, ``[N/A]``)."""
+    try:
+        mhz, top, watts, reasons = (x.strip() for x in line.split(","))
+        return float(mhz), float(top), float(watts), int(reasons, 16)
+    except ValueError:
+        return None
+
+
+def summarize_samples(samples: list[tuple[float, float, float, int]]) -> dict:
+    """What the GPU did while samples ``(SM MHz, max MHz, watts, reasons)`` were taken: the median and lowest SM
+    clock and the maximum, the highest power (nvidia-smi's, averaged over its own window), and, when the median
+    clock was below :data:`CLOCK_HELD_BELOW` of the maximum, each reason that held it (:data:`CLOCK_HELD`) with the
+    share of samples it was reported in (the power-cap reason is also reported at full clock, so alone it means
+    nothing); empty without samples."""
+    if not samples:
+        return {}
+    mhz = sorted(m for m, *_ in samples)
+    top = max(t for _, t, _, _ in samples)
+    out = {"sm_mhz": mhz[len(mhz) // 2], "sm_mhz_min": mhz[0], "sm_mhz_max": top,
+           "power_w_max": max(w for _, _, w, _ in samples), "samples": len(samples), "clock_held": ""}
+    if out["sm_mhz"] < CLOCK_HELD_BELOW * top:
+        shares = {name: sum(1 for *_, r in samples if r & bit) / len(samples) for bit, name in CLOCK_HELD.items()}
+        out["clock_held"] = ", ".join(f"{name} {100 * f:.0f} %" for name, f in shares.items() if f > 0) or \
+            "no reason given"
+    return out
+
+
+class GpuMonitor:
+    """The SM clock, power draw and clock event reasons of the current GPU, sampled by ``nvidia-smi -lms`` in the
+    background while a run lasts. Timings on these GPUs move with the clock, and a kernel that holds the GPU at its
+    power limit runs at a lower one (H100, MLA decode at 64k keys called back to back: 80 % of the copy rate in its
+    first calls, 68-70 % once the 700 W cap holds the SM clock at 1.3-1.6 GHz). :meth:`summary` says what was seen
+    between ``time.monotonic()`` readings; without nvidia-smi every summary is empty."""
+
+    def __init__(self, interval_ms: int = 20):
+        import atexit
+        import threading
+
+        import torch
+
+        self.samples: list[tuple[float, tuple[float, float, float, int]]] = []
+        dev = torch.cuda.current_device()
+        p = torch.cuda.get_device_properties(dev)
+        try:  # nvidia-smi numbers GPUs its own way: name this one by its PCI address
+            gpu = f"{p.pci_domain_id:08X}:{p.pci_bus_id:02X}:{p.pci_device_id:02X}.0"
+        except AttributeError:
+            gpu = str(dev)
+        try:
+            self._proc = subprocess.Popen(["nvidia-smi", "-i", gpu, f"--query-gpu={MONITOR_QUERY}",
+                                           "--format=csv,noheader,nounits", f"-lms={interval_ms}"],
+                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        except OSError:
+            self._proc = None
+            return
+        atexit.register(self.close)  # never leave nvidia-smi sampling after the run, however it ends
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self._proc.stdout:
+            got = parse_sample(line)
+            if got is not None:
+                self.samples.append((time.monotonic(), got))
+
+    def summary(self, windows: list[tuple[float, float]]) -> dict:
+        """:func:`summarize_samples` of the samples taken within any of ``windows`` ((start, end) monotonic s)."""
+        return summarize_samples([x for t, x in list(self.samples) if any(a <= t <= b for a, b in windows)])
+
+    def close(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+
+
 def metadata(argv) -> dict:
     """Where and with what a run is made: ``attn-lt info``'s environment plus the driver, the GPU's state, the
     versions of the peers and of the tools, and the sources' hash."""

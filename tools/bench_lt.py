@@ -30,7 +30,10 @@ GEMM tuning) and a check of its output against an FP32 reference on sampled rows
 reference on sampled heads, and lt's mass against eager's) before any timing — a wrong result is ERR, never a
 time; then interleaved rounds (every provider once a round, in ``bench.round_order``), CUDA events, the L2 flushed
 (256 MiB read, ``bench.Timer``) before each call; ``ms`` is the median of all timed calls, ``spread_pct`` the range of the
-rounds' medians over it.
+rounds' medians over it. ``nvidia-smi`` samples the SM clock, power and clock event reasons every 20 ms
+(``bench.GpuMonitor``): each timed provider's row gets the clock it ran at (``gpu_sm_mhz``, ``gpu_sm_mhz_min``,
+``gpu_power_w_max``, ``gpu_clock_held``), and the table names every provider timed at a median clock below 97 % of
+the GPU's maximum (on the H100, MLA prefill at its power cap: every provider at about 1.69 GHz of 1.98).
 
 Floor of the long path: max(FLOPs / GEMM rate, (Q, K, V, O and mask bytes + 12 B per score) / copy rate), with the
 bf16 GEMM rate (8192^3) and the device-to-device copy rate (bytes read + written) measured at the start of the run;
@@ -62,7 +65,8 @@ from dataclasses import asdict, dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench import Timer, ceilings, first_line, peak_mib, round_order, sdpa_reasons, source_hash, warm_up  # noqa: E402
+from bench import (GpuMonitor, Timer, ceilings, first_line, gpu_state, peak_mib, round_order, sdpa_reasons,  # noqa: E402
+                   source_hash, warm_up)
 from bench_suite import markdown_tables  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -477,6 +481,18 @@ def _target_lines(rows) -> list[str]:
             + (f"; {t['note']}" if t["note"] else "") for t in targets(rows)]
 
 
+def clock_lines(rows: list[dict]) -> list[str]:
+    """The timed providers whose GPU held its SM clock down (power cap, thermal) while they ran, with the clock seen
+    (``bench.GpuMonitor``'s samples): their times are those of a GPU at that clock."""
+    out = []
+    for r in rows:
+        if r.get("status") == "ok" and r.get("gpu_clock_held"):
+            out.append(f"{r['case']} {r['provider']}: SM clock {r['gpu_sm_mhz']:.0f} MHz median of "
+                       f"{r['gpu_sm_mhz_max']:.0f}, {r['gpu_sm_mhz_min']:.0f} lowest, up to {r['gpu_power_w_max']:.0f} "
+                       f"W ({r['gpu_clock_held']} of {r['gpu_samples']} samples)")
+    return out
+
+
 def render_text(meta: dict, rows: list[dict]) -> str:
     buf = io.StringIO()
     buf.write(describe(meta) + "\n")
@@ -489,6 +505,9 @@ def render_text(meta: dict, rows: list[dict]) -> str:
     t = _target_lines(rows)
     if t:
         buf.write("\ntargets:\n" + "".join(f"  {x}\n" for x in t))
+    held = clock_lines(rows)
+    if held:
+        buf.write("\nclock held down while timed:\n" + "".join(f"  {x}\n" for x in held))
     why = not_run(rows)
     if why:
         buf.write("\nnot run:\n" + "".join(f"  {x}\n" for x in why))
@@ -502,6 +521,9 @@ def render_markdown(meta: dict, rows: list[dict]) -> str:
     t = _target_lines(rows)
     if t:
         buf.write("\nTargets:\n\n" + "".join(f"- {x}\n" for x in t))
+    held = clock_lines(rows)
+    if held:
+        buf.write("\nClock held down while timed:\n\n" + "".join(f"- {x}\n" for x in held))
     why = not_run(rows)
     if why:
         buf.write("\nNot run (provider, status: reason [cases]):\n\n" + "".join(f"- {x}\n" for x in why))
@@ -740,12 +762,13 @@ def first_call(s: Shape, sp: Spec):
     return fn, err, peak, info
 
 
-def run_row(s: Shape, specs: list[Spec], timer: Timer, ceil: dict, log) -> tuple[list[dict], dict]:
+def run_row(s: Shape, specs: list[Spec], timer: Timer, ceil: dict, log,
+            monitor: GpuMonitor | None = None) -> tuple[list[dict], dict]:
     """Every provider of a row: first calls, then interleaved timed rounds. Returns (rows, {provider: fn} of those
-    that ran)."""
+    that ran). With a ``monitor``, each row also says what the GPU's clock did while that provider was timed."""
     import torch
 
-    rows, ready = {}, {}
+    rows, ready, windows = {}, {}, {}
     for sp in specs:
         log(f"{s.name}: {sp.provider}")
         got = first_call(s, sp)
@@ -760,7 +783,9 @@ def run_row(s: Shape, specs: list[Spec], timer: Timer, ceil: dict, log) -> tuple
             if p not in ready:
                 continue
             try:
+                t0 = time.monotonic()
                 samples[p].append(timer.samples(ready[p][0]))
+                windows.setdefault(p, []).append((t0, time.monotonic()))
             except torch.cuda.OutOfMemoryError as e:
                 rows[p] = row(s, p, "skipped", f"out of memory: {first_line(e, 120)}")
                 del ready[p]
@@ -774,9 +799,11 @@ def run_row(s: Shape, specs: list[Spec], timer: Timer, ceil: dict, log) -> tuple
         times = [t for r in samples[p] for t in r]
         ms = statistics.median(times)
         meds = [statistics.median(r) for r in samples[p]]
+        clock = monitor.summary(windows.get(p, [])) if monitor is not None else {}
         rows[p] = row(s, p, "ok", ms=round(ms, 5), rel_err=float(f"{err:.3g}"), peak_mib=round(peak, 1),
                       reps=len(times), spread_pct=round(100 * (max(meds) - min(meds)) / ms, 2),
-                      **metrics(s, p, ms, ceil, info), **{k: v for k, v in info.items() if k != "computed_scores"})
+                      **metrics(s, p, ms, ceil, info), **{k: v for k, v in info.items() if k != "computed_scores"},
+                      **{f"gpu_{k}": v for k, v in clock.items()})
     return [rows[sp.provider] for sp in specs], {p: v[0] for p, v in ready.items()}
 
 
@@ -1010,7 +1037,7 @@ def metadata(argv) -> dict:
         versions["cuBLASLt"] = "unavailable"
     return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "gpu": torch.cuda.get_device_name(), "driver": _smi("driver_version"),
-            "gpu_state_at_start": _smi("clocks.sm,clocks.max.sm,power.draw,temperature.gpu"),
+            "gpu_state_at_start": gpu_state(),
             "source_sha": source_hash(), "versions": versions, "python": sys.version.split()[0],
             "algo_policy": os.environ.get("ATTN_LT_ALGO_POLICY", "tune"),
             "lanes_env": os.environ.get("ATTN_LT_LANES", "(unset: 2)"), "dtype": "bf16",
@@ -1034,6 +1061,7 @@ def run(a, argv) -> int:
     meta.update(rep_ms=a.rep_ms, rounds=a.rounds, warm_up_s=a.warm_up_s, check_tol=CHECK_TOL, quick=a.quick,
                 workspace_mb=a.workspace_mb, max_seq=a.max_seq)
     timer = Timer(a.rep_ms, a.rounds)
+    monitor = GpuMonitor()
     workspace = None if a.workspace_mb is None else a.workspace_mb << 20
     rows: list[dict] = []
     deferred: list = []  # (overlap row, its call) to profile once everything else is measured
@@ -1056,7 +1084,7 @@ def run(a, argv) -> int:
             specs = specs_for(s, tensors, workspace, keep)
             if s.section == "mla_decode":  # the default's guard needs to know whether a fused backend ran
                 specs = _track_fused(specs, keep)
-            got, fns = run_row(s, specs, timer, ceil, log)
+            got, fns = run_row(s, specs, timer, ceil, log, monitor)
             if s.section == "mass" and "lt_mass" in keep and "eager" in keep:
                 from attn_lt.testing import rel_error
 
@@ -1085,7 +1113,9 @@ def run(a, argv) -> int:
         except Exception as e:
             r["profile"] = {"error": f"{type(e).__name__}: {first_line(e)}"}
     deferred.clear()
-    meta["gpu_state_at_end"] = _smi("clocks.sm,clocks.max.sm,power.draw,temperature.gpu")
+    monitor.close()
+    meta["clock_samples"] = len(monitor.samples)
+    meta["gpu_state_at_end"] = gpu_state()
     save()
     print(f"\nfiles: lt.json, summary.md in {a.out}")
     print(render_text(meta, rows), end="")
