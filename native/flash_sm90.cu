@@ -1012,9 +1012,7 @@ int mask_kind(const attn_lt_flash_args& a) {
     if (a.mask_dtype == ATTN_LT_NONE) return kNoMask;
     const int es = a.mask_dtype == ATTN_LT_BOOL ? 1 : a.mask_dtype == a.dtype ? 2 : 0;
     if (es == 0 || a.mask == nullptr || !aligned16(a.mask) || (a.Sk > 1 && a.m_sk != 1)) return -1;
-    const auto ok = [es](int64_t size, int64_t stride) {
-        return size == 1 || stride == 0 || (stride > 0 && stride * es % 16 == 0 && stride * es < (int64_t(1) << 40));
-    };
+    const auto ok = [es](int64_t size, int64_t stride) { return stride == 0 || stride_ok(size, stride, es); };
     if (!ok(a.B, a.m_sb) || !ok(a.Hq, a.m_sh) || !ok(a.Sq, a.m_sq)) return -1;
     return es == 1 ? kBoolMask : kAddMask;
 }

@@ -1,6 +1,7 @@
 // Hopper (sm_90a) building blocks of the kernels compiled for it (flash_sm90.cu, scores_sm90.cu): PTX wrappers for
-// mbarriers, TMA, setmaxnreg, named barriers and wgmma, and on the host the driver's tensor-map encoder and the
-// device check. Included inside each file's anonymous namespace, after common.cuh.
+// mbarriers, TMA, setmaxnreg, named barriers and wgmma, the ring advance; on the host the driver's tensor-map
+// encoder, the strides TMA accepts (stride_ok), the slab-layout map of a 16-bit (B, H, S, D) tensor (make_map) and
+// the device check. Included inside each file's anonymous namespace, after common.cuh.
 #pragma once
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -251,8 +252,8 @@ EncodeTiled encode_tiled() {
     return fn;
 }
 
-// A stride TMA accepts for elements of `esize` (2 or 4) bytes: that of a dimension of size 1 (never used), or a
-// positive multiple of 16 bytes below 2^40 bytes.
+// A stride TMA accepts for elements of `esize` (1, 2 or 4) bytes: that of a dimension of size 1 (never used), or a
+// positive multiple of 16 bytes below 2^40 bytes (checked in elements: no overflow).
 bool stride_ok(int64_t size, int64_t stride, int64_t esize = 2) {
     return size == 1 || (stride > 0 && stride % (16 / esize) == 0 && stride < (int64_t(1) << 40) / esize);
 }

@@ -140,6 +140,7 @@ def test_shapes_validate_their_fields():
 def test_arguments_and_defaults():
     a = bl.parse_args([])
     assert (a.rep_ms, a.rounds, a.warm_up_s, a.quick, a.out) == (200.0, 5, 3.0, False, "bench-results/lt")
+    assert not a.no_clock and bl.parse_args(["--no-clock"]).no_clock
     a = bl.parse_args(["--quick", "--out", "x", "--rounds", "2"])
     assert (a.rep_ms, a.rounds, a.warm_up_s, a.out) == (100.0, 2, 1.0, "x")
     with pytest.raises(ValueError, match="rounds"):
@@ -259,31 +260,99 @@ def test_gpu_monitor_samples_parse_and_summarise():
 
     assert bench.parse_sample("1980, 1980, 123.45, 0x0000000000000000") == (1980.0, 1980.0, 123.45, 0)
     assert bench.parse_sample("1560, 1980, 693.10, 0x0000000000000004\n") == (1560.0, 1980.0, 693.1, 4)
+    mhz, top, watts, reasons = bench.parse_sample("1980, 1980, [N/A], 0x0000000000000000")
+    assert (mhz, top, reasons) == (1980.0, 1980.0, 0) and math.isnan(watts)
     for bad in ("clocks.sm [MHz], clocks.max.sm [MHz], power.draw [W], clocks_throttle_reasons.active",
-                "[N/A], 1980, 100, 0x0", "1980, 100, 0x0", ""):
+                'Field "x" is not a valid field to query.', "[N/A], 1980, 100, 0x0", "1980, 100, 0x0", ""):
         assert bench.parse_sample(bad) is None
     assert bench.summarize_samples([]) == {}
     got = bench.summarize_samples([(1980.0, 1980.0, 650.0, 0), (1560.0, 1980.0, 700.0, 4),
                                    (1605.0, 1980.0, 690.0, 4 | 0x20), (1500.0, 1980.0, 705.0, 4)])
-    assert got["sm_mhz"] == 1605.0 and got["sm_mhz_min"] == 1500.0 and got["sm_mhz_max"] == 1980.0
+    assert got["sm_mhz"] == 1605.0 and got["sm_mhz_min"] == 1500.0 and got["sm_mhz_rated"] == 1980.0
     assert got["power_w_max"] == 705.0 and got["samples"] == 4
     assert got["clock_held"] == "power cap 75 %, sw thermal 25 %"
     # the power-cap reason at (nearly) full clock is no clock held down; nor is idle (1)
     assert bench.summarize_samples([(1965.0, 1980.0, 580.0, 4), (1980.0, 1980.0, 560.0, 4)])["clock_held"] == ""
     assert bench.summarize_samples([(1200.0, 1980.0, 90.0, 1)])["clock_held"] == "no reason given"
+    assert bench.summarize_samples([(1980.0, 1980.0, math.nan, 0)])["power_w_max"] is None
 
 
-def test_gpu_monitor_keeps_the_samples_in_its_windows():
+class FakeSmi:
+    """What subprocess.Popen gives GpuMonitor: a process whose output is ``lines``."""
+
+    def __init__(self, lines):
+        import io
+
+        self.stdout = io.StringIO("".join(lines))
+        self.returncode = None
+
+    def poll(self):
+        return self.returncode
+
+    def terminate(self):
+        self.returncode = -15
+
+    def wait(self, timeout=None):
+        return self.returncode
+
+
+def started_monitor(monkeypatch, popen, pci=True):
+    """A GpuMonitor made with torch's device lookup and subprocess.Popen stubbed, its reader thread finished."""
+    import subprocess
+    import threading
+
     import bench
 
-    mon = bench.GpuMonitor.__new__(bench.GpuMonitor)  # no nvidia-smi: the samples by hand
-    mon._proc = None
+    props = type("Props", (), {"pci_domain_id": 0, "pci_bus_id": 0x1B, "pci_device_id": 0} if pci else {})()
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: props)
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    monkeypatch.setattr(bench.atexit, "register", lambda fn: None)
+    threads = set(threading.enumerate())
+    mon = bench.GpuMonitor()
+    for t in set(threading.enumerate()) - threads:
+        t.join(timeout=5)
+    return mon
+
+
+def test_gpu_monitor_starts_nvidia_smi_for_the_device_and_reads_it(monkeypatch):
+    seen = {}
+
+    def popen(cmd, **kw):
+        seen["cmd"] = cmd
+        return FakeSmi(["1980, 1980, 300.0, 0x0000000000000000\n", "1500, 1980, 700.0, 0x0000000000000004\n"])
+
+    mon = started_monitor(monkeypatch, popen)
+    assert seen["cmd"][:3] == ["nvidia-smi", "-i", "00000000:1B:00.0"] and "-lms=20" in seen["cmd"]
+    assert [x for _, x in mon.samples] == [(1980.0, 1980.0, 300.0, 0), (1500.0, 1980.0, 700.0, 4)]
+    assert mon.status() == "2 samples" and mon.problem is None
+    assert mon.summary([(0.0, float("inf"))])["samples"] == 2
+    mon.close()
+    mon.close()  # twice: harmless
+
+
+def test_gpu_monitor_says_why_it_has_no_samples(monkeypatch):
+    mon = started_monitor(monkeypatch, lambda cmd, **kw: FakeSmi(['Field "clocks_x" is not a valid field.\n']))
+    assert mon.samples == [] and mon.summary([(0.0, float("inf"))]) == {}
+    assert mon.status() == 'no samples: nvidia-smi: Field "clocks_x" is not a valid field.'
+
+    def missing(cmd, **kw):
+        raise FileNotFoundError(2, "No such file or directory", "nvidia-smi")
+
+    mon = started_monitor(monkeypatch, missing)
+    assert mon.status().startswith("no samples: nvidia-smi did not start") and mon.summary([(0, 1)]) == {}
+    mon.close()
+    mon = started_monitor(monkeypatch, missing, pci=False)  # never started: nvidia-smi could pick another GPU
+    assert "no PCI address" in mon.status()
+
+
+def test_gpu_monitor_keeps_the_samples_in_its_windows(monkeypatch):
+    mon = started_monitor(monkeypatch, lambda cmd, **kw: FakeSmi([]))
     mon.samples = [(1.0, (1980.0, 1980.0, 300.0, 0)), (2.0, (1500.0, 1980.0, 700.0, 4)),
                    (3.0, (1550.0, 1980.0, 698.0, 4)), (4.0, (1980.0, 1980.0, 200.0, 0))]
     got = mon.summary([(1.5, 2.5), (2.9, 3.1)])
     assert got["samples"] == 2 and got["sm_mhz_min"] == 1500.0 and got["clock_held"] == "power cap 100 %"
     assert mon.summary([]) == {} and mon.summary([(5.0, 6.0)]) == {}
-    mon.close()  # nothing to stop
 
 
 def test_row_statuses_are_checked():
@@ -521,7 +590,7 @@ def test_run_row_control_flow_with_cuda_stubbed(monkeypatch):
 
         def summary(self, windows):
             self.windows = windows
-            return {"sm_mhz": 1560.0, "sm_mhz_min": 1275.0, "sm_mhz_max": 1980.0, "power_w_max": 700.0,
+            return {"sm_mhz": 1560.0, "sm_mhz_min": 1275.0, "sm_mhz_rated": 1980.0, "power_w_max": 700.0,
                     "samples": 9, "clock_held": "power cap 100 %"}
 
     mon = FakeMonitor()

@@ -80,6 +80,27 @@ def test_scores_preconditions_refused_before_any_gpu_work(field, value, status):
         native.scores_sm90(a, 0)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="past its checks the launcher would launch on fake addresses")
+@pytest.mark.parametrize("field,value", [("q_ld", (1 << 39) - 8), ("q_bs", (1 << 39) - 8), ("k_bs", (1 << 39) - 8),
+                                         ("s_ld", (1 << 38) - 4), ("s_bs", (1 << 38) - 4)])
+def test_scores_strides_just_below_2_40_bytes_pass_the_checks(field, value):
+    """The bound of the refusals above is TMA's (2^40 bytes), not a tighter one: such a stride gets past the stride
+    check and fails only at the device check (no GPU here)."""
+    try:
+        native.load()
+    except native.NativeLibraryError as e:
+        pytest.skip(f"native library unavailable: {e}")
+    a = native.ScoresArgs()
+    a.q, a.k, a.s = 1 << 20, 1 << 21, 1 << 22
+    a.rows, a.cols, a.batch, a.D = 128, 4096, 2, 128  # batch 2: the block strides are checked too
+    a.q_ld, a.q_bs, a.k_ld, a.k_bs, a.s_ld, a.s_bs = 128, 128 * 128, 128, 4096 * 128, 4096, 128 * 4096
+    a.alpha, a.dtype = 1.0, native.DTYPE_CODES["bf16"]
+    setattr(a, field, value)
+    with pytest.raises(native.CudaError) as got:
+        native.scores_sm90(a, 0)
+    assert "stride" not in str(got.value), got.value
+
+
 def qk_key(**kw) -> "GemmKey":
     from attn_lt.lt.cublaslt import GemmKey
 

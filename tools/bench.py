@@ -21,6 +21,7 @@ bad arguments.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import datetime
 import json
@@ -416,11 +417,27 @@ def source_hash() -> str:
     return h.hexdigest()[:12]
 
 
-def gpu_state() -> str:
-    """SM clock, its maximum, power draw and temperature now (clocks move with power and heat on these GPUs)."""
+def smi_gpu() -> str | None:
+    """The current CUDA device as nvidia-smi names it (its PCI address: nvidia-smi's own indices need not match
+    CUDA's under ``CUDA_VISIBLE_DEVICES`` or its ordering), or None where torch does not give the address."""
+    import torch
+
+    p = torch.cuda.get_device_properties(torch.cuda.current_device())
     try:
-        return subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,clocks.max.sm,power.draw,temperature.gpu",
-                               "--format=csv,noheader"], capture_output=True, text=True, timeout=20).stdout.strip()
+        return f"{p.pci_domain_id:08X}:{p.pci_bus_id:02X}:{p.pci_device_id:02X}.0"
+    except AttributeError:
+        return None
+
+
+def gpu_state() -> str:
+    """SM clock, its maximum, power draw and temperature of the current GPU now (clocks move with power and heat on
+    these GPUs)."""
+    gpu = smi_gpu()
+    try:
+        return subprocess.run(["nvidia-smi", *(["-i", gpu] if gpu else []),
+                               "--query-gpu=clocks.sm,clocks.max.sm,power.draw,temperature.gpu",
+                               "--format=csv,noheader"], capture_output=True, text=True,
+                              timeout=20).stdout.strip().split("\n")[0] or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
@@ -435,26 +452,28 @@ CLOCK_HELD_BELOW = 0.97
 
 def parse_sample(line: str) -> tuple[float, float, float, int] | None:
     """(SM MHz, its maximum, watts, clock event reasons) of one ``nvidia-smi --format=csv,noheader,nounits`` line of
-    :data:`MONITOR_QUERY`; None for a line that is not one (a header, ``[N/A]``)."""
+    :data:`MONITOR_QUERY`; the power is NaN where nvidia-smi has none (``[N/A]``); None for a line that is not a
+    sample (a header, an error)."""
     try:
         mhz, top, watts, reasons = (x.strip() for x in line.split(","))
-        return float(mhz), float(top), float(watts), int(reasons, 16)
+        return float(mhz), float(top), math.nan if watts.startswith("[") else float(watts), int(reasons, 16)
     except ValueError:
         return None
 
 
 def summarize_samples(samples: list[tuple[float, float, float, int]]) -> dict:
-    """What the GPU did while samples ``(SM MHz, max MHz, watts, reasons)`` were taken: the median and lowest SM
-    clock and the maximum, the highest power (nvidia-smi's, averaged over its own window), and, when the median
-    clock was below :data:`CLOCK_HELD_BELOW` of the maximum, each reason that held it (:data:`CLOCK_HELD`) with the
-    share of samples it was reported in (the power-cap reason is also reported at full clock, so alone it means
-    nothing); empty without samples."""
+    """What the GPU did while samples ``(SM MHz, max MHz, watts, reasons)`` were taken: the (upper) median and the
+    lowest SM clock, the GPU's rated maximum, the highest power (nvidia-smi's, averaged over its own window; absent
+    where it gives none), and, when the median clock was below :data:`CLOCK_HELD_BELOW` of the maximum, each reason
+    that held it (:data:`CLOCK_HELD`) with the share of samples it was reported in (the power-cap reason is also
+    reported at full clock, so alone it means nothing); empty without samples."""
     if not samples:
         return {}
     mhz = sorted(m for m, *_ in samples)
     top = max(t for _, t, _, _ in samples)
-    out = {"sm_mhz": mhz[len(mhz) // 2], "sm_mhz_min": mhz[0], "sm_mhz_max": top,
-           "power_w_max": max(w for _, _, w, _ in samples), "samples": len(samples), "clock_held": ""}
+    watts = [w for _, _, w, _ in samples if not math.isnan(w)]
+    out = {"sm_mhz": mhz[len(mhz) // 2], "sm_mhz_min": mhz[0], "sm_mhz_rated": top,
+           "power_w_max": max(watts) if watts else None, "samples": len(samples), "clock_held": ""}
     if out["sm_mhz"] < CLOCK_HELD_BELOW * top:
         shares = {name: sum(1 for *_, r in samples if r & bit) / len(samples) for bit, name in CLOCK_HELD.items()}
         out["clock_held"] = ", ".join(f"{name} {100 * f:.0f} %" for name, f in shares.items() if f > 0) or \
@@ -467,36 +486,47 @@ class GpuMonitor:
     background while a run lasts. Timings on these GPUs move with the clock, and a kernel that holds the GPU at its
     power limit runs at a lower one (H100, MLA decode at 64k keys called back to back: 80 % of the copy rate in its
     first calls, 68-70 % once the 700 W cap holds the SM clock at 1.3-1.6 GHz). :meth:`summary` says what was seen
-    between ``time.monotonic()`` readings; without nvidia-smi every summary is empty."""
+    between ``time.monotonic()`` readings: samples are stamped when read, a few ms after nvidia-smi took them, and
+    its power is its own running average, so a window of a few tens of ms may show a neighbour's power. Where
+    nothing can be sampled (no nvidia-smi, no PCI address, a query it refuses), every summary is empty and
+    :attr:`problem` says why."""
 
     def __init__(self, interval_ms: int = 20):
-        import atexit
         import threading
 
-        import torch
-
         self.samples: list[tuple[float, tuple[float, float, float, int]]] = []
-        dev = torch.cuda.current_device()
-        p = torch.cuda.get_device_properties(dev)
-        try:  # nvidia-smi numbers GPUs its own way: name this one by its PCI address
-            gpu = f"{p.pci_domain_id:08X}:{p.pci_bus_id:02X}:{p.pci_device_id:02X}.0"
-        except AttributeError:
-            gpu = str(dev)
+        self.problem: str | None = None
+        self._proc = None
+        gpu = smi_gpu()
+        if gpu is None:
+            self.problem = "torch gives no PCI address for the device, so nvidia-smi cannot be pointed at it"
+            return
         try:
             self._proc = subprocess.Popen(["nvidia-smi", "-i", gpu, f"--query-gpu={MONITOR_QUERY}",
                                            "--format=csv,noheader,nounits", f"-lms={interval_ms}"],
-                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        except OSError:
-            self._proc = None
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        except OSError as e:
+            self.problem = f"nvidia-smi did not start: {e}"
             return
         atexit.register(self.close)  # never leave nvidia-smi sampling after the run, however it ends
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
-        for line in self._proc.stdout:
-            got = parse_sample(line)
-            if got is not None:
-                self.samples.append((time.monotonic(), got))
+        try:
+            for line in self._proc.stdout:
+                got = parse_sample(line)
+                if got is not None:
+                    self.samples.append((time.monotonic(), got))
+                elif line.strip() and self.problem is None:  # nvidia-smi's own complaint, kept for the report
+                    self.problem = f"nvidia-smi: {line.strip()[:200]}"
+        except (OSError, ValueError):  # the pipe closed under the reader
+            pass
+
+    def status(self) -> str:
+        """A line for the run's metadata: how many samples, or why there are none."""
+        if self.samples:
+            return f"{len(self.samples)} samples"
+        return f"no samples: {self.problem or 'nvidia-smi gave none'}"
 
     def summary(self, windows: list[tuple[float, float]]) -> dict:
         """:func:`summarize_samples` of the samples taken within any of ``windows`` ((start, end) monotonic s)."""

@@ -4,7 +4,7 @@ SDPA backend that runs the case, on one GPU in one run, with the ceilings measur
 
     python tools/bench_lt.py [--quick] [--out DIR] [--sections overlap,wide,mla_prefill,mla_decode,mass]
                              [--only NAME,...] [--max-seq N] [--workspace-mb N] [--rep-ms 200] [--rounds 5]
-                             [--warm-up-s 3] [--no-profile] [--time-limit-s N] [--list]
+                             [--warm-up-s 3] [--no-profile] [--no-clock] [--time-limit-s N] [--list]
 
 Sections (bf16; ``--quick`` keeps the rows marked *):
   overlap      lt with ATTN_LT_LANES=1 and =2 (two plans in one process, timed in interleaved rounds): B1 H16
@@ -31,9 +31,11 @@ reference on sampled heads, and lt's mass against eager's) before any timing —
 time; then interleaved rounds (every provider once a round, in ``bench.round_order``), CUDA events, the L2 flushed
 (256 MiB read, ``bench.Timer``) before each call; ``ms`` is the median of all timed calls, ``spread_pct`` the range of the
 rounds' medians over it. ``nvidia-smi`` samples the SM clock, power and clock event reasons every 20 ms
-(``bench.GpuMonitor``): each timed provider's row gets the clock it ran at (``gpu_sm_mhz``, ``gpu_sm_mhz_min``,
-``gpu_power_w_max``, ``gpu_clock_held``), and the table names every provider timed at a median clock below 97 % of
-the GPU's maximum (on the H100, MLA prefill at its power cap: every provider at about 1.69 GHz of 1.98).
+(``bench.GpuMonitor``; ``--no-clock`` leaves it out): each timed provider's row gets the clock it ran at
+(``gpu_sm_mhz``, the median, ``gpu_sm_mhz_min``, ``gpu_sm_mhz_rated``, ``gpu_power_w_max``, ``gpu_samples``,
+``gpu_clock_held``; none for a provider timed for less than a sample's interval), the metadata how many samples
+came (or why none did), and the table names every provider timed at a median clock below 97 % of the GPU's rated
+maximum (on the H100, MLA prefill at its power cap: every provider but lt at 1.62-1.70 GHz of 1.98).
 
 Floor of the long path: max(FLOPs / GEMM rate, (Q, K, V, O and mask bytes + 12 B per score) / copy rate), with the
 bf16 GEMM rate (8192^3) and the device-to-device copy rate (bytes read + written) measured at the start of the run;
@@ -487,9 +489,11 @@ def clock_lines(rows: list[dict]) -> list[str]:
     out = []
     for r in rows:
         if r.get("status") == "ok" and r.get("gpu_clock_held"):
+            watts = r.get("gpu_power_w_max")
+            power = f", up to {watts:.0f} W" if watts is not None else ""
             out.append(f"{r['case']} {r['provider']}: SM clock {r['gpu_sm_mhz']:.0f} MHz median of "
-                       f"{r['gpu_sm_mhz_max']:.0f}, {r['gpu_sm_mhz_min']:.0f} lowest, up to {r['gpu_power_w_max']:.0f} "
-                       f"W ({r['gpu_clock_held']} of {r['gpu_samples']} samples)")
+                       f"{r['gpu_sm_mhz_rated']:.0f}, {r['gpu_sm_mhz_min']:.0f} lowest{power} ({r['gpu_clock_held']} "
+                       f"of {r['gpu_samples']} samples)")
     return out
 
 
@@ -1061,7 +1065,7 @@ def run(a, argv) -> int:
     meta.update(rep_ms=a.rep_ms, rounds=a.rounds, warm_up_s=a.warm_up_s, check_tol=CHECK_TOL, quick=a.quick,
                 workspace_mb=a.workspace_mb, max_seq=a.max_seq)
     timer = Timer(a.rep_ms, a.rounds)
-    monitor = GpuMonitor()
+    monitor = None if a.no_clock else GpuMonitor()
     workspace = None if a.workspace_mb is None else a.workspace_mb << 20
     rows: list[dict] = []
     deferred: list = []  # (overlap row, its call) to profile once everything else is measured
@@ -1113,8 +1117,9 @@ def run(a, argv) -> int:
         except Exception as e:
             r["profile"] = {"error": f"{type(e).__name__}: {first_line(e)}"}
     deferred.clear()
-    monitor.close()
-    meta["clock_samples"] = len(monitor.samples)
+    if monitor is not None:
+        monitor.close()
+    meta["clock_monitor"] = monitor.status() if monitor is not None else "off (--no-clock)"
     meta["gpu_state_at_end"] = gpu_state()
     save()
     print(f"\nfiles: lt.json, summary.md in {a.out}")
@@ -1164,6 +1169,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--rounds", type=int, default=None, help="interleaved timed rounds (default 5, 3 with --quick)")
     ap.add_argument("--warm-up-s", type=float, default=None, help="seconds of GEMMs first (default 3, 1 with --quick)")
     ap.add_argument("--no-profile", action="store_true", help="leave out the per-kernel profile of the overlap rows")
+    ap.add_argument("--no-clock", action="store_true",
+                    help="leave out the SM clock's samples (nvidia-smi in the background) beside the timings")
     ap.add_argument("--time-limit-s", type=float, default=0, help="rows not started after this long are recorded "
                     "as skipped (0: no limit)")
     ap.add_argument("--list", action="store_true", help="print the rows with FLOPs and bytes and exit (no GPU)")

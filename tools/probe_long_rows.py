@@ -43,10 +43,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--caps", default="whole,rule",
                     help="comma-separated: whole, rule, or a tile cap in keys; /pN pads score rows by N floats")
-    ap.add_argument("--shapes", default=SHAPES, help="comma-separated H:Sq:Sk:D[:c][:m|:b]")
+    ap.add_argument("--shapes", default=SHAPES, help="comma-separated H:Sq:Sk:D[/Dv][:c][:m|:b]")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--profile", action="store_true",
-                    help="also print where one call of each variant spends its GPU time (bench_lt's kernel profile)")
+                    help="also print where one call of each variant spends its GPU time (bench_lt's kernel profile), "
+                         "after the shape's timed rounds; a profiler session may tax the launches of the shapes "
+                         "timed after it, so profile one shape a run where their times matter")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("probe_long_rows needs a CUDA GPU", file=sys.stderr)
@@ -69,15 +71,16 @@ def main() -> int:
         plans = {}
         for i, variant in enumerate(caps):
             cap, _, pad = variant.partition("/p")
-            if cap.startswith("rb"):  # row blocks of that many rows, the shipped tile rule
-                planner.ROW_BLOCK = planner.CAUSAL_ROW_BLOCK = int(cap[2:])
-                cap = "rule"
-            planner.tile_keys = (shipped if cap == "rule" else
-                                 (lambda case: 1 << 40) if cap == "whole" else (lambda case, n=int(cap): n))
-            if pad:  # score rows padded by that many floats
-                planner.score_ld = lambda n, pad=int(pad): shipped_ld(n) + pad
-            try:  # a budget a few bytes above 1 GiB (never below: a lane that loses its last bytes may lose an entry),
-                # so that neither the planner's cache nor attention()'s sees the patch
+            try:  # the planner patched for this variant, restored however the variant ends
+                if cap.startswith("rb"):  # row blocks of that many rows, the shipped tile rule
+                    planner.ROW_BLOCK = planner.CAUSAL_ROW_BLOCK = int(cap[2:])
+                    cap = "rule"
+                planner.tile_keys = (shipped if cap == "rule" else
+                                     (lambda case: 1 << 40) if cap == "whole" else (lambda case, n=int(cap): n))
+                if pad:  # score rows padded by that many floats
+                    planner.score_ld = lambda n, pad=int(pad): shipped_ld(n) + pad
+                # a budget a few bytes above 1 GiB (never below: a lane that loses its last bytes may lose an
+                # entry), so that neither the planner's cache nor attention()'s sees the patch
                 p = attn_lt.plan(q, k, v, causal=causal, attn_mask=mask, backend="lt",
                                  workspace_bytes=(1 << 30) + 512 * (i + 1))
                 for _ in range(3):  # the first calls build the program (under the patch) and tune
