@@ -135,15 +135,15 @@ enum attn_lt_flash_sm90_variant {
 
 int attn_lt_abi_version(void);
 int attn_lt_flash_fwd(const attn_lt_flash_args* args, void* stream);
-/* The fused short path on Hopper (native/flash_sm90.cu: TMA, mbarrier ring, wgmma, producer/consumer warpgroups),
- * same arguments: D is 64, 128 or 256 (Dv = D), or 192 with Dv = 128; q, k, v, o 16-byte aligned; strides (batch,
- * head, row) of q, k, v, o positive multiples of 8 elements (any for a dimension of size 1); lse may be null; a mask
- * bool or of q's dtype (read by TMA), 16-byte aligned, keys contiguous, its other strides 0 or multiples of 16
- * bytes, with the default variant only. MLA decode: D 576 with Dv 512, Sq = 1, v = k (the same address and
- * strides: v is k's first 512 columns), no mask, the default variant, the keys in `splits` parts (o_part, lse_part
- * as above) — ATTN_LT_ERR_LATENT otherwise. The decode variant: D = Dv = 64 or 128, Sq <= 64, the keys in `splits`
- * parts, a mask only if the heads share it (head stride 0, or Hq = 1) and it has at most 16 rows of positions (or a
- * row stride of 0) — ATTN_LT_ERR_VARIANT otherwise. cudaErrorNotSupported unless the current device is compute
+/* The fused short path on Hopper (native/flash_sm90.cu: TMA, mbarrier ring, wgmma, producer/consumer warpgroups), same
+ * arguments: D is 64, 128 or 256 (Dv = D), or 192 with Dv = 128; q, k, v, o 16-byte aligned; strides (batch, head,
+ * row) of q, k, v, o positive multiples of 8 elements below 2^40 bytes (any for a dimension of size 1); lse may be
+ * null; a mask bool or of q's dtype (read by TMA), 16-byte aligned, keys contiguous, its other strides 0 or multiples
+ * of 16 bytes below 2^40, with the default variant only. MLA decode: D 576 with Dv 512, Sq = 1, v = k (the same
+ * address and strides: v is k's first 512 columns), no mask, the default variant, the keys in `splits` parts (o_part,
+ * lse_part as above) — ATTN_LT_ERR_LATENT otherwise. The decode variant: D = Dv = 64 or 128, Sq <= 64, the keys in
+ * `splits` parts, a mask only if the heads share it (head stride 0, or Hq = 1) and it has at most 16 rows of positions
+ * (or a row stride of 0) — ATTN_LT_ERR_VARIANT otherwise. cudaErrorNotSupported unless the current device is compute
  * capability 9.0; an attn_lt_status when a precondition fails. */
 int attn_lt_flash_sm90_fwd(const attn_lt_flash_args* args, void* stream);
 /* 1 when the current device is compute capability 9.0 and this library holds the sm_90a kernel, else 0. */
@@ -152,11 +152,11 @@ int attn_lt_flash_sm90_supported(void);
  * overlap the next tile's loads and MMAs). For e in [0, batch):
  *   s[e] (rows x cols, FP32, row stride s_ld, block stride s_bs) = alpha * q[e] (rows x D) @ k[e] (cols x D)^T,
  * q's and k's rows strided by q_ld / k_ld and blocks by q_bs / k_bs (elements; the last dimension contiguous).
- * D 64 or 128; fp16/bf16; q, k, s 16-byte aligned; strides of q and k multiples of 8 elements, of s multiples of 4
- * (any for a dimension of size 1); s_ld >= cols rounded up to 4 (each row's last 16-byte chunk is written whole:
- * zeros past the last key), so s must hold (batch - 1) * s_bs + (rows - 1) * s_ld + that many floats; rows,
- * cols, batch < 2^31 and fewer than 2^31 - 2^20 tiles of 128 x 128. cudaErrorNotSupported unless the current device
- * is compute capability 9.0; an attn_lt_status when a precondition fails. */
+ * D 64 or 128; fp16/bf16; q, k, s 16-byte aligned; strides of q and k multiples of 8 elements, of s multiples of 4,
+ * all below 2^40 bytes (any for a dimension of size 1); s_ld >= cols rounded up to 4 (each row's last 16-byte chunk
+ * is written whole: zeros past the last key), so s must hold (batch - 1) * s_bs + (rows - 1) * s_ld + that many
+ * floats; rows, cols, batch < 2^31 and fewer than 2^31 - 2^20 tiles of 128 x 128. cudaErrorNotSupported unless the
+ * current device is compute capability 9.0; an attn_lt_status when a precondition fails. */
 typedef struct attn_lt_scores_args {
     const void* q;
     const void* k;
