@@ -205,6 +205,23 @@ def test_tables_show_rates_ratios_and_why_a_provider_did_not_run():
     assert "| fa3-d128-s4k-mask | B4 H16 S4096 D128 |" in md and "| n/a |" in md
 
 
+def test_tables_name_the_providers_timed_on_a_clock_held_down():
+    c = suite.fa3_case(128, 4096)
+    held = dict(gpu_sm_mhz=1620.0, gpu_sm_mhz_min=1605.0, gpu_sm_mhz_rated=1980.0, gpu_power_w_max=None,
+                gpu_samples=5, gpu_clock_held="power cap 60 %")
+    full = dict(gpu_sm_mhz=1980.0, gpu_sm_mhz_min=1965.0, gpu_sm_mhz_rated=1980.0, gpu_power_w_max=600.0,
+                gpu_samples=4, gpu_clock_held="")
+    ceil = {"gemm_tflops": 700.0, "hbm_tbs": 4.0}
+    rows = suite.add_ratios([suite.row(c, "auto", "ok", route="wmma", ms=1.0, **suite.metrics(c, "fused", 1.0, ceil),
+                                       **full),
+                             suite.row(c, "cudnn", "ok", ms=1.0, **suite.metrics(c, "fused", 1.0, ceil), **held)])
+    line = "fa3-d128-s4k cudnn: SM clock 1620 MHz median of 1980, 1605 lowest (power cap 60 % of 5 samples)"
+    assert suite.clock_lines(rows) == [line]
+    assert f"clock held down while timed:\n  {line}\n" in suite.render_text(rows)
+    assert f"Clock held down while timed:\n\n- {line}\n" in suite.render_markdown({"date": "d", "gpu": "g"}, rows)
+    assert "clock held" not in suite.render_text(rows[:1])
+
+
 def test_decode_tables_show_bandwidth():
     c = suite.decode_case(1, 65536, gqa=False)
     rows = suite.add_ratios([suite.row(c, "auto", "ok", route="lt", ms=2.0, peak_mib=1.0, rel_err=1e-3, reps=9,
@@ -320,6 +337,8 @@ def test_bench_run_measures_a_case_end_to_end(tmp_path):
     assert {r["route"] for r in rows if r["provider"] == "auto"} == {"wmma"}
     assert meta["ceilings"]["gemm_tflops"] > 0 and meta["versions"]["torch"] and meta["flush"] == "write"
     assert (tmp_path / "summary.md").exists() and (tmp_path / "results.csv").exists()
+    assert meta["clock_monitor"].endswith("samples") and not meta["clock_monitor"].startswith("no")
+    assert any(r.get("gpu_sm_mhz") for r in rows if r["status"] == "ok")  # the SM clock sampled beside the times
 
 
 def test_sdpa_refusals_keep_the_reasons_not_the_noise():

@@ -5,7 +5,7 @@ section; cases, formulas and writers: tools/bench_suite.py.
 
     python tools/bench.py run [--quick] [--groups fa3,long,decode] [--no-masks] [--providers auto,lt,...]
                               [--cases SUBSTR,...] [--out DIR] [--rep-ms 150] [--rounds 7] [--warm-up-s 5]
-                              [--time-limit-s N] [--lt-details] [--flush read|write]
+                              [--time-limit-s N] [--lt-details] [--flush read|write] [--no-clock]
     python tools/bench.py list [--quick] [--groups ...]        the cases of a run, with FLOPs and bytes (no GPU)
     python tools/bench.py report DIR/results.json [--readme README.md]   summary.md, plots (and the README's
                                                                results block) again from a results file (no GPU)
@@ -290,13 +290,14 @@ def round_order(providers: list, i: int) -> list:
     return order[shift:] + order[:shift]
 
 
-def run_case(c, providers, tensors, ref, timer, ceil, bar) -> list[dict]:
+def run_case(c, providers, tensors, ref, timer, ceil, bar, monitor: GpuMonitor | None = None) -> list[dict]:
     """Every provider on one case, a row each: first calls, then ``timer.rounds`` timed rounds in which each
     provider that ran takes its turn (so a drifting clock touches all of them alike) in :func:`round_order`.
-    ``ms`` is the median of all timed calls, ``spread_pct`` the range of the rounds' medians over it."""
+    ``ms`` is the median of all timed calls, ``spread_pct`` the range of the rounds' medians over it; with a
+    ``monitor``, the ``gpu_*`` fields say what the GPU's clock did while the provider was timed."""
     import torch
 
-    rows, ready = {}, {}
+    rows, ready, windows = {}, {}, {}
     free, need = torch.cuda.mem_get_info()[0], suite.unfused_peak_bytes(c)
     for p in providers:
         bar.step(f"{c.name} {p}")
@@ -317,7 +318,9 @@ def run_case(c, providers, tensors, ref, timer, ceil, bar) -> list[dict]:
             if p not in ready:
                 continue
             try:
+                t0 = time.monotonic()
                 rounds[p].append(timer.samples(ready[p][0]))
+                windows.setdefault(p, []).append((t0, time.monotonic()))
             except torch.cuda.OutOfMemoryError as e:
                 rows[p] = suite.row(c, p, "skipped", f"out of memory: {first_line(e, 100)}")
                 del ready[p]
@@ -331,10 +334,12 @@ def run_case(c, providers, tensors, ref, timer, ceil, bar) -> list[dict]:
         times = [t for r in rounds[p] for t in r]
         ms = statistics.median(times)
         meds = [statistics.median(r) for r in rounds[p]]
+        clock = monitor.summary(windows.get(p, [])) if monitor is not None else {}
         rows[p] = suite.row(c, p, "ok", route=route, ms=round(ms, 5), peak_mib=round(peak, 1),
                             rel_err=float(f"{err:.3g}"), reps=len(times), host_us=host_us(fn, ms),
                             spread_pct=round(100 * (max(meds) - min(meds)) / ms, 2),
-                            **suite.metrics(c, suite.provider_path(p, route), ms, ceil))
+                            **suite.metrics(c, suite.provider_path(p, route), ms, ceil),
+                            **{f"gpu_{k}": v for k, v in clock.items()})
     return [rows[p] for p in providers]
 
 
@@ -612,6 +617,7 @@ def cmd_run(a, argv) -> int:
     meta.update(rep_ms=a.rep_ms, rounds=a.rounds, slow_rounds=a.slow_rounds, warm_up_s=a.warm_up_s,
                 check_tol=CHECK_TOL, quick=a.quick, flush=a.flush)
     timer = Timer(a.rep_ms, a.rounds, a.slow_rounds, a.flush)
+    monitor = None if a.no_clock else GpuMonitor()
     rows: list[dict] = []
     bar = suite.Progress(len(cases) * len(providers))
     t0 = time.monotonic()
@@ -632,7 +638,7 @@ def cmd_run(a, argv) -> int:
             continue
         tensors = make_inputs(c)
         ref = reference_rows(c, *tensors)
-        case_rows = run_case(c, providers, tensors, ref, timer, ceil, bar)
+        case_rows = run_case(c, providers, tensors, ref, timer, ceil, bar, monitor)
         rows += case_rows
         lt = next((r for r in case_rows if r["provider"] == "lt" and r["status"] == "ok"), None)
         if a.lt_details and lt:
@@ -641,6 +647,9 @@ def cmd_run(a, argv) -> int:
         torch.cuda.empty_cache()
         save()
     bar.close()
+    if monitor is not None:
+        monitor.close()
+    meta["clock_monitor"] = monitor.status() if monitor is not None else "off (--no-clock)"
     meta["gpu_state_at_end"] = gpu_state()
     if a.lt_details:
         meta["host_cost"] = host_cost()
@@ -746,6 +755,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "do_bench does, which leaves the L2 full of dirty lines for the call to write back")
             p.add_argument("--time-limit-s", type=float, default=0, help="stop measuring after this long; the "
                            "cases left are recorded as skipped (0: no limit)")
+            p.add_argument("--no-clock", action="store_true", help="leave out the SM clock's samples (nvidia-smi "
+                           "in the background) beside the timings")
     p = sub.add_parser("report")
     p.add_argument("results")
     p.add_argument("--out", default=None, help="directory for summary.md and the PNGs (default: beside the results)")

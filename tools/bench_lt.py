@@ -69,7 +69,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench import (GpuMonitor, Timer, ceilings, first_line, gpu_state, peak_mib, round_order, sdpa_reasons,  # noqa: E402
                    source_hash, warm_up)
-from bench_suite import markdown_tables  # noqa: E402
+from bench_suite import clock_lines, markdown_tables  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SECTIONS = ("overlap", "wide", "mla_prefill", "mla_decode", "mass")
@@ -481,20 +481,6 @@ def _target_lines(rows) -> list[str]:
     return [f"{'met' if t['met'] else 'MISSED'}: {t['target']} = "
             f"{'-' if t['value'] is None else t['value']}{t['unit']} (goal {t['goal']})"
             + (f"; {t['note']}" if t["note"] else "") for t in targets(rows)]
-
-
-def clock_lines(rows: list[dict]) -> list[str]:
-    """The timed providers whose GPU held its SM clock down (power cap, thermal) while they ran, with the clock seen
-    (``bench.GpuMonitor``'s samples): their times are those of a GPU at that clock."""
-    out = []
-    for r in rows:
-        if r.get("status") == "ok" and r.get("gpu_clock_held"):
-            watts = r.get("gpu_power_w_max")
-            power = f", up to {watts:.0f} W" if watts is not None else ""
-            out.append(f"{r['case']} {r['provider']}: SM clock {r['gpu_sm_mhz']:.0f} MHz median of "
-                       f"{r['gpu_sm_mhz_rated']:.0f}, {r['gpu_sm_mhz_min']:.0f} lowest{power} ({r['gpu_clock_held']} "
-                       f"of {r['gpu_samples']} samples)")
-    return out
 
 
 def render_text(meta: dict, rows: list[dict]) -> str:

@@ -212,9 +212,11 @@ def unfused_peak_bytes(c: Case) -> float:
 # ---- rows, ratios ----------------------------------------------------------------------------------------------
 
 CASE_FIELDS = tuple(f.name for f in fields(Case))
+#: What the GPU's clock did while a provider was timed (``bench.GpuMonitor``'s summary, prefixed ``gpu_``).
+GPU_FIELDS = ("gpu_sm_mhz", "gpu_sm_mhz_min", "gpu_sm_mhz_rated", "gpu_power_w_max", "gpu_samples", "gpu_clock_held")
 ROW_FIELDS = ("case",) + CASE_FIELDS + (
     "provider", "status", "reason", "route", "ms", "tflops", "tbs", "io_tbs", "roofline_pct", "peak_mib", "rel_err",
-    "reps", "spread_pct", "host_us", "vs_auto", "details")
+    "reps", "spread_pct", "host_us", "vs_auto") + GPU_FIELDS + ("details",)
 CSV_FIELDS = ROW_FIELDS[:-1]  # details are nested: JSON only
 
 
@@ -358,6 +360,20 @@ def reasons(rows: list[dict]) -> list[str]:
     return lines
 
 
+def clock_lines(rows: list[dict]) -> list[str]:
+    """The timed providers whose GPU held its SM clock down (power cap, thermal) while they ran, with the clock seen
+    (``bench.GpuMonitor``'s samples, the rows' ``gpu_*`` fields): their times are those of a GPU at that clock."""
+    out = []
+    for r in rows:
+        if r.get("status") == "ok" and r.get("gpu_clock_held"):
+            watts = r.get("gpu_power_w_max")
+            power = f", up to {watts:.0f} W" if watts is not None else ""
+            out.append(f"{r['case']} {r['provider']}: SM clock {r['gpu_sm_mhz']:.0f} MHz median of "
+                       f"{r['gpu_sm_mhz_rated']:.0f}, {r['gpu_sm_mhz_min']:.0f} lowest{power} ({r['gpu_clock_held']} "
+                       f"of {r['gpu_samples']} samples)")
+    return out
+
+
 def render_text(rows: list[dict]) -> str:
     buf = io.StringIO()
     for title, header, lines in table(rows):
@@ -366,6 +382,9 @@ def render_text(rows: list[dict]) -> str:
         for ln in [header] + lines:
             buf.write("  ".join(x.ljust(w) if i < 2 else x.rjust(w) for i, (x, w) in enumerate(zip(ln, widths)))
                       + "\n")
+    held = clock_lines(rows)
+    if held:
+        buf.write("\nclock held down while timed:\n" + "".join(f"  {x}\n" for x in held))
     why = reasons(rows)
     if why:
         buf.write("\nnot run:\n" + "".join(f"  {x}\n" for x in why))
@@ -399,6 +418,9 @@ def render_markdown(meta: dict, rows: list[dict]) -> str:
     buf = io.StringIO()
     buf.write(describe(meta) + "\n")
     markdown_tables(buf, table(rows))
+    held = clock_lines(rows)
+    if held:
+        buf.write("\nClock held down while timed:\n\n" + "".join(f"- {x}\n" for x in held))
     why = reasons(rows)
     if why:
         buf.write("\nNot run (provider, status: reason [cases]):\n\n" + "".join(f"- {x}\n" for x in why))
