@@ -262,4 +262,3 @@ def scores_args(q: torch.Tensor, k: torch.Tensor, s: torch.Tensor, alpha: float)
     a.alpha = alpha
     a.dtype = native.DTYPE_CODES["bf16" if q.dtype == torch.bfloat16 else "fp16"]
     return a
-

@@ -13,6 +13,7 @@ import torch
 TOOLS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools")
 sys.path.insert(0, TOOLS)
 import bench_lt as bl  # noqa: E402
+import bench_suite  # noqa: E402
 
 H100 = {"gemm_tflops": 737.0, "copy_tbs": 3.00}  # BENCHMARKS.md, the H100 measured 2026-11-22
 H200 = {"gemm_tflops": 787.0, "copy_tbs": 4.24}
@@ -346,6 +347,17 @@ def test_gpu_monitor_says_why_it_has_no_samples(monkeypatch):
     assert "no PCI address" in mon.status()
 
 
+def test_gpu_monitor_off_starts_nothing(monkeypatch):
+    import subprocess
+
+    import bench
+
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **kw: pytest.fail("--no-clock started nvidia-smi"))
+    mon = bench.GpuMonitor(enabled=False)
+    assert mon.status() == "off (--no-clock)" and mon.summary([(0.0, float("inf"))]) == {}
+    mon.close()
+
+
 def test_gpu_monitor_keeps_the_samples_in_its_windows(monkeypatch):
     mon = started_monitor(monkeypatch, lambda cmd, **kw: FakeSmi([]))
     mon.samples = [(1.0, (1980.0, 1980.0, 300.0, 0)), (2.0, (1500.0, 1980.0, 700.0, 4)),
@@ -597,7 +609,7 @@ def test_run_row_control_flow_with_cuda_stubbed(monkeypatch):
     rows, _ = bl.run_row(s, [spec("lt", "lt", 1e-3)], FakeTimer(), H100, log=lambda m: None, monitor=mon)
     assert len(mon.windows) == 3 and all(a <= b for a, b in mon.windows)
     assert rows[0]["gpu_sm_mhz"] == 1560.0 and rows[0]["gpu_clock_held"] == "power cap 100 %"
-    line, = bl.clock_lines(rows)
+    line, = bench_suite.clock_lines(rows)  # shared by both benchmarks
     assert line == ("wide-d512 lt: SM clock 1560 MHz median of 1980, 1275 lowest, up to 700 W (power cap 100 % of 9 "
                     "samples)")
 

@@ -494,14 +494,17 @@ class GpuMonitor:
     between ``time.monotonic()`` readings: samples are stamped when read, a few ms after nvidia-smi took them, and
     its power is its own running average, so a window of a few tens of ms may show a neighbour's power. Where
     nothing can be sampled (no nvidia-smi, no PCI address, a query it refuses), every summary is empty and
-    :attr:`problem` says why."""
+    :attr:`problem` says why; with ``enabled`` false (the benchmarks' ``--no-clock``) nothing is started."""
 
-    def __init__(self, interval_ms: int = 20):
+    def __init__(self, interval_ms: int = 20, enabled: bool = True):
         import threading
 
         self.samples: list[tuple[float, tuple[float, float, float, int]]] = []
         self.problem: str | None = None
+        self.enabled = enabled
         self._proc = None
+        if not enabled:
+            return
         gpu = smi_gpu()
         if gpu is None:
             self.problem = "torch gives no PCI address for the device, so nvidia-smi cannot be pointed at it"
@@ -529,6 +532,8 @@ class GpuMonitor:
 
     def status(self) -> str:
         """A line for the run's metadata: how many samples, or why there are none."""
+        if not self.enabled:
+            return "off (--no-clock)"
         if self.samples:
             return f"{len(self.samples)} samples"
         return f"no samples: {self.problem or 'nvidia-smi gave none'}"
@@ -617,7 +622,7 @@ def cmd_run(a, argv) -> int:
     meta.update(rep_ms=a.rep_ms, rounds=a.rounds, slow_rounds=a.slow_rounds, warm_up_s=a.warm_up_s,
                 check_tol=CHECK_TOL, quick=a.quick, flush=a.flush)
     timer = Timer(a.rep_ms, a.rounds, a.slow_rounds, a.flush)
-    monitor = None if a.no_clock else GpuMonitor()
+    monitor = GpuMonitor(enabled=not a.no_clock)
     rows: list[dict] = []
     bar = suite.Progress(len(cases) * len(providers))
     t0 = time.monotonic()
@@ -647,9 +652,8 @@ def cmd_run(a, argv) -> int:
         torch.cuda.empty_cache()
         save()
     bar.close()
-    if monitor is not None:
-        monitor.close()
-    meta["clock_monitor"] = monitor.status() if monitor is not None else "off (--no-clock)"
+    monitor.close()
+    meta["clock_monitor"] = monitor.status()
     meta["gpu_state_at_end"] = gpu_state()
     if a.lt_details:
         meta["host_cost"] = host_cost()

@@ -69,7 +69,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench import (GpuMonitor, Timer, ceilings, first_line, gpu_state, peak_mib, round_order, sdpa_reasons,  # noqa: E402
                    source_hash, warm_up)
-from bench_suite import clock_lines, markdown_tables  # noqa: E402
+from bench_suite import clock_section, markdown_tables  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SECTIONS = ("overlap", "wide", "mla_prefill", "mla_decode", "mass")
@@ -495,9 +495,7 @@ def render_text(meta: dict, rows: list[dict]) -> str:
     t = _target_lines(rows)
     if t:
         buf.write("\ntargets:\n" + "".join(f"  {x}\n" for x in t))
-    held = clock_lines(rows)
-    if held:
-        buf.write("\nclock held down while timed:\n" + "".join(f"  {x}\n" for x in held))
+    buf.write(clock_section(rows, markdown=False))
     why = not_run(rows)
     if why:
         buf.write("\nnot run:\n" + "".join(f"  {x}\n" for x in why))
@@ -511,9 +509,7 @@ def render_markdown(meta: dict, rows: list[dict]) -> str:
     t = _target_lines(rows)
     if t:
         buf.write("\nTargets:\n\n" + "".join(f"- {x}\n" for x in t))
-    held = clock_lines(rows)
-    if held:
-        buf.write("\nClock held down while timed:\n\n" + "".join(f"- {x}\n" for x in held))
+    buf.write(clock_section(rows, markdown=True))
     why = not_run(rows)
     if why:
         buf.write("\nNot run (provider, status: reason [cases]):\n\n" + "".join(f"- {x}\n" for x in why))
@@ -1051,7 +1047,7 @@ def run(a, argv) -> int:
     meta.update(rep_ms=a.rep_ms, rounds=a.rounds, warm_up_s=a.warm_up_s, check_tol=CHECK_TOL, quick=a.quick,
                 workspace_mb=a.workspace_mb, max_seq=a.max_seq)
     timer = Timer(a.rep_ms, a.rounds)
-    monitor = None if a.no_clock else GpuMonitor()
+    monitor = GpuMonitor(enabled=not a.no_clock)
     workspace = None if a.workspace_mb is None else a.workspace_mb << 20
     rows: list[dict] = []
     deferred: list = []  # (overlap row, its call) to profile once everything else is measured
@@ -1103,9 +1099,8 @@ def run(a, argv) -> int:
         except Exception as e:
             r["profile"] = {"error": f"{type(e).__name__}: {first_line(e)}"}
     deferred.clear()
-    if monitor is not None:
-        monitor.close()
-    meta["clock_monitor"] = monitor.status() if monitor is not None else "off (--no-clock)"
+    monitor.close()
+    meta["clock_monitor"] = monitor.status()
     meta["gpu_state_at_end"] = gpu_state()
     save()
     print(f"\nfiles: lt.json, summary.md in {a.out}")

@@ -374,6 +374,16 @@ def clock_lines(rows: list[dict]) -> list[str]:
     return out
 
 
+def clock_section(rows: list[dict], markdown: bool) -> str:
+    """The tables' closing list of :func:`clock_lines` (empty when no provider ran on a clock held down)."""
+    held = clock_lines(rows)
+    if not held:
+        return ""
+    if markdown:
+        return "\nClock held down while timed:\n\n" + "".join(f"- {x}\n" for x in held)
+    return "\nclock held down while timed:\n" + "".join(f"  {x}\n" for x in held)
+
+
 def render_text(rows: list[dict]) -> str:
     buf = io.StringIO()
     for title, header, lines in table(rows):
@@ -382,9 +392,7 @@ def render_text(rows: list[dict]) -> str:
         for ln in [header] + lines:
             buf.write("  ".join(x.ljust(w) if i < 2 else x.rjust(w) for i, (x, w) in enumerate(zip(ln, widths)))
                       + "\n")
-    held = clock_lines(rows)
-    if held:
-        buf.write("\nclock held down while timed:\n" + "".join(f"  {x}\n" for x in held))
+    buf.write(clock_section(rows, markdown=False))
     why = reasons(rows)
     if why:
         buf.write("\nnot run:\n" + "".join(f"  {x}\n" for x in why))
@@ -418,9 +426,7 @@ def render_markdown(meta: dict, rows: list[dict]) -> str:
     buf = io.StringIO()
     buf.write(describe(meta) + "\n")
     markdown_tables(buf, table(rows))
-    held = clock_lines(rows)
-    if held:
-        buf.write("\nClock held down while timed:\n\n" + "".join(f"- {x}\n" for x in held))
+    buf.write(clock_section(rows, markdown=True))
     why = reasons(rows)
     if why:
         buf.write("\nNot run (provider, status: reason [cases]):\n\n" + "".join(f"- {x}\n" for x in why))
