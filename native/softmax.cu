@@ -155,8 +155,10 @@ __device__ __forceinline__ float4 apply_mask(float4 v, int64_t j, const Row& w, 
     return v;
 }
 
+// Keys j..j+3 of the row, masked; a group wholly past the last visible key (the row's end, or its causal limit) is
+// not read: its P is 0 whatever the scores hold.
 __device__ __forceinline__ float4 load_masked(int64_t j, const Row& w, const attn_lt_softmax_args& a) {
-    if (j >= a.cols) return make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+    if (j > w.limit) return make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
     return apply_mask(__ldcs(reinterpret_cast<const float4*>(w.s + j)), j, w, a);
 }
 
@@ -352,15 +354,22 @@ __global__ void __launch_bounds__(THREADS, 1) softmax_pipe(const attn_lt_softmax
             head[hi].s = nullptr;
         }
     };
+    // Groups wholly past the row's last visible key are not copied (causal rows: the masked corner of a chunk);
+    // pass 1 overwrites their stale slot entries with -inf before anything reads them.
     auto issue = [&](int slot, int hi) {  // the ring's slot, the row's descriptor
         const Head& w = head[hi];
         if (w.s != nullptr) {
+            const int64_t visible4 = w.limit < 0 ? 0 : w.limit / 4 + 1;  // groups holding a visible key
+            const int64_t ce = visible4 < c1 ? visible4 : c1;
             float4* dst = reinterpret_cast<float4*>(slot_ptr(slot));
-            for (int64_t c = c0 + threadIdx.x; c < c1; c += THREADS) cp_async16(dst + (c - c0), w.s + 4 * c);
+            for (int64_t c = c0 + threadIdx.x; c < ce; c += THREADS) cp_async16(dst + (c - c0), w.s + 4 * c);
             if (HAS_MASK && ring_keys && reinterpret_cast<uintptr_t>(w.mask) % 16 == 0) {
+                // pass 1 reads the slot's mask for whole visible groups only: the bytes of keys up to the limit
+                const int64_t seen = (w.limit + 1 - 4 * c0) * esize;
+                const int64_t units = ring_keys * esize / 16, mu = seen <= 0 ? 0 : (seen + 15) / 16;
                 char* mdst = slot_ptr(slot) + L.seg4 * 16;
                 const char* msrc = w.mask + 4 * c0 * esize;
-                for (int64_t u = threadIdx.x; u < ring_keys * esize / 16; u += THREADS)
+                for (int64_t u = threadIdx.x; u < (mu < units ? mu : units); u += THREADS)
                     cp_async16(mdst + 16 * u, msrc + 16 * u);
             }
         }
@@ -521,12 +530,15 @@ __global__ void __launch_bounds__(kRegsThreads, 2) softmax_pipe_regs(const attn_
         if (lin < nrows) head[hi] = row_info<Row>(a, lin % a.batch, lin / a.batch);
         else head[hi].s = nullptr;
     };
-    auto issue = [&](const float* s) {  // this thread's groups of the row at s into the slot
-        if (s != nullptr) {
+    // This thread's groups of a row into the slot, up to the group of its last visible key (PIPE's rule: the
+    // groups past it are set to -inf below before they are read).
+    auto issue = [&](const Row& w) {
+        if (w.s != nullptr) {
+            const int visible4 = w.limit < 0 ? 0 : static_cast<int>(min(w.limit / 4 + 1, int64_t(n4)));
 #pragma unroll
             for (int k = 0; k < kRegsV; ++k) {
                 const int c = threadIdx.x + k * kRegsThreads;
-                if (c < n4) cp_async16(ring + c, s + 4 * c);
+                if (c < visible4) cp_async16(ring + c, w.s + 4 * c);
             }
         }
         cp_async_commit();
@@ -536,7 +548,7 @@ __global__ void __launch_bounds__(kRegsThreads, 2) softmax_pipe_regs(const attn_
         set_head(blockIdx.x + step, 1);
     }
     __syncthreads();
-    issue(head[0].s);
+    issue(head[0]);
     int hi = 0;
     for (int64_t lin = blockIdx.x; lin < nrows; lin += step) {
         // the last visible key (the causal limit, or the row's end; -1: none), in 32 bits like the columns
@@ -561,7 +573,7 @@ __global__ void __launch_bounds__(kRegsThreads, 2) softmax_pipe_regs(const attn_
             }
         }
         // The max has consumed every value read from the slot: the next row may overwrite it.
-        issue(head[(hi + 1) % 3].s);
+        issue(head[(hi + 1) % 3]);
         char* const p = head[hi].p;  // read before this row's barriers (see head)
         float* const lse = head[hi].lse;
         mx = block_max<kRegsThreads>(mx, red[0]);

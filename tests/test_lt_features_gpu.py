@@ -69,6 +69,33 @@ def test_mla_decode_v_is_a_view_of_the_latent_cache(Sk):
     assert "Dqk576 Dv512" in str(attn_lt.explain(q, cache, v))
 
 
+def test_decode_mass_takes_the_lean_loop_once_resolved(monkeypatch):
+    """A prepared decode plan that returns the mass: once its GEMMs are resolved, a call runs the lean loop (the
+    softmax writes the mass as it writes P), and gives the first call's output and mass bit for bit."""
+    from attn_lt.lt import path as lt_path
+
+    q = torch.randn(4, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(4, 8, 8192, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    p = attn_lt.plan(q, k, v, backend="lt", return_key_mass=True)
+    o1, m1 = p.run(q, k, v)
+    general = []
+    run_general = lt_path.Program._run_general
+    monkeypatch.setattr(lt_path.Program, "_run_general",
+                        lambda self, *a, **kw: general.append(1) or run_general(self, *a, **kw))
+    o2, m2 = p.run(q, k, v)
+    assert not general, "a resolved decode call with the mass took the general loop"
+    assert torch.equal(o1, o2) and torch.equal(m1, m2)
+    ref = mass_reference(q, k)
+    assert ((m2.double() - ref).abs() <= 4e-3 * ref + 1e-6).all()
+    # a plan of the same call without the mass (its chunks' arguments may be the same objects) writes no mass
+    kept = m2.clone()
+    plain = attn_lt.plan(q, k, v, backend="lt")
+    for _ in range(2):
+        assert torch.equal(plain.run(q, k, v), o1)
+    assert torch.equal(m2, kept)
+
+
 @pytest.mark.parametrize("case", [
     dict(B=1, Hq=4, Hkv=4, Sq=300, Sk=1000, causal=False, mask=None, window=None),
     dict(B=2, Hq=8, Hkv=2, Sq=257, Sk=4097, causal=True, mask=None, window=None),

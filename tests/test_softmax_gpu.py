@@ -89,6 +89,28 @@ def test_variants_agree_with_torch(cols, causal):
             torch.testing.assert_close(lse.double(), want_lse, atol=1e-4, rtol=1e-5)
 
 
+@pytest.mark.parametrize("cols", [97, 4100, 8193, 16384, 40000])
+@pytest.mark.parametrize("masked", [False, True], ids=["nomask", "mask"])
+def test_scores_past_the_causal_limit_are_ignored(cols, masked):
+    """The first rows of a causal square (Sq = Sk): row r sees keys 0..r, and every score past that is NaN, as if
+    nothing had written it (the kernels skip loading whole groups past a row's limit, and the mask's bytes there).
+    Every variant gives torch's P, 0 past the limit, and LSE, in place and out of place."""
+    rows, ld = min(300, cols), -(-cols // 32) * 32  # query positions 0..rows-1 of Sq = cols
+    past = torch.arange(ld, device="cuda")[None, :] > torch.arange(rows, device="cuda")[:, None]
+    for variant in variants_for(cols, 2 if masked else 0):
+        for in_place in (True, False):
+            scores = (torch.randn(2, rows, ld, device="cuda") * 4).masked_fill_(past, math.nan)
+            mask = torch.randn(2, rows, cols, device="cuda").to(torch.bfloat16) if masked else None
+            want, want_lse = expected(scores, cols, True, mask, cols)
+            p, lse = run_softmax(scores, variant=variant, in_place=in_place, causal=True, Sq=cols, Sk=cols,
+                                 mask=mask)
+            lse = lse[:, :rows]  # query positions 0..rows-1 of Sq
+            assert not torch.isnan(p).any() and not torch.isnan(lse).any(), (variant, in_place)
+            assert (p[:, past[:, :cols]] == 0).all(), (variant, in_place)
+            torch.testing.assert_close(p.double(), want, atol=2e-3, rtol=1e-2, msg=f"{variant} {in_place}")
+            torch.testing.assert_close(lse.double(), want_lse, atol=1e-4, rtol=1e-5)
+
+
 @pytest.mark.parametrize("cols", [8193, 12289, 16384])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_pipe_regs_is_pipe_bit_for_bit(cols, causal):

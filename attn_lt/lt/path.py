@@ -217,7 +217,9 @@ class Program:
             streams = (stream,) if lanes is None else (stream, lanes.side_ptr)
             if lanes is not None:
                 lanes.fork()
-            if self.pending or key_mass is not None or not self._lean:
+            # the lean loop runs prepared plans without key tiles; of the mass, only what the softmax writes itself
+            direct = key_mass is not None and self._mass_direct(key_mass_window)
+            if self.pending or (key_mass is not None and not direct) or not self._lean:
                 deadline = 0.0
                 if self.pending:
                     budget = config.tune_call_ms() if tune_budget_ms is None else tune_budget_ms
@@ -228,6 +230,7 @@ class Program:
                 qb, kb, vb, ob = bases
                 softmax, alpha, one = native.softmax, self._alpha_ptr, self._one_ptr
                 lane_bytes = plan.lane_bytes
+                mass_ptr = key_mass.data_ptr() if direct else 0
                 for s in self.steps:
                     st = streams[s.lane]
                     w = ws0 + s.lane * lane_bytes
@@ -235,7 +238,7 @@ class Program:
                     s.qk.run(kb + s.k, qb + s.q, scores, alpha, w, gws, st)
                     a = s.args
                     a.scores = a.probs = scores
-                    a.lse, a.mask = lse_ptr, mask_ptr
+                    a.lse, a.mask, a.mass = lse_ptr, mask_ptr, mass_ptr
                     softmax(a, st)
                     s.pv.run(vb + s.v, scores, ob + s.o, one, w, gws, st)
             if lanes is not None:
