@@ -12,6 +12,7 @@ import torch
 
 TOOLS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools")
 sys.path.insert(0, TOOLS)
+import bench  # noqa: E402
 import bench_lt as bl  # noqa: E402
 import bench_suite  # noqa: E402
 
@@ -142,6 +143,9 @@ def test_arguments_and_defaults():
     a = bl.parse_args([])
     assert (a.rep_ms, a.rounds, a.warm_up_s, a.quick, a.out) == (200.0, 5, 3.0, False, "bench-results/lt")
     assert not a.no_clock and bl.parse_args(["--no-clock"]).no_clock
+    assert a.settle_ms == bench.SETTLE_MS == 100.0 and bl.parse_args(["--settle-ms", "0"]).settle_ms == 0
+    with pytest.raises(ValueError, match="settle-ms"):
+        bl.parse_args(["--settle-ms", "-1"])
     a = bl.parse_args(["--quick", "--out", "x", "--rounds", "2"])
     assert (a.rep_ms, a.rounds, a.warm_up_s, a.out) == (100.0, 2, 1.0, "x")
     with pytest.raises(ValueError, match="rounds"):
@@ -257,8 +261,6 @@ def test_text_and_markdown_tables(tmp_path):
 
 
 def test_gpu_monitor_samples_parse_and_summarise():
-    import bench
-
     assert bench.parse_sample("1980, 1980, 123.45, 0x0000000000000000") == (1980.0, 1980.0, 123.45, 0)
     assert bench.parse_sample("1560, 1980, 693.10, 0x0000000000000004\n") == (1560.0, 1980.0, 693.1, 4)
     mhz, top, watts, reasons = bench.parse_sample("1980, 1980, [N/A], 0x0000000000000000")
@@ -301,8 +303,6 @@ def started_monitor(monkeypatch, popen, pci=True):
     """A GpuMonitor made with torch's device lookup and subprocess.Popen stubbed, its reader thread finished."""
     import subprocess
     import threading
-
-    import bench
 
     props = type("Props", (), {"pci_domain_id": 0, "pci_bus_id": 0x1B, "pci_device_id": 0} if pci else {})()
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
@@ -349,8 +349,6 @@ def test_gpu_monitor_says_why_it_has_no_samples(monkeypatch):
 
 def test_gpu_monitor_off_starts_nothing(monkeypatch):
     import subprocess
-
-    import bench
 
     monkeypatch.setattr(subprocess, "Popen", lambda *a, **kw: pytest.fail("--no-clock started nvidia-smi"))
     mon = bench.GpuMonitor(enabled=False)
@@ -563,9 +561,13 @@ def test_run_row_control_flow_with_cuda_stubbed(monkeypatch):
         rounds = 3
 
         def __init__(self):
-            self.calls = []
+            self.calls, self.settled = [], []
+
+        def settle(self, fn):
+            self.settled.append(fn)
 
         def samples(self, fn):
+            assert self.settled and self.settled[-1] is fn  # each round's samples come right after its settling
             self.calls.append(fn)
             fn()
             return [2.0, 2.2]
@@ -594,6 +596,7 @@ def test_run_row_control_flow_with_cuda_stubbed(monkeypatch):
         by["math"]["reason"]
     assert by["efficient"]["status"] == "error" and "wrong result" in by["efficient"]["reason"]
     assert list(fns) == ["lt"] and len(timer.calls) == 3  # three rounds, only the provider that ran right
+    assert len(timer.settled) == 3
     assert not any(k.startswith("gpu_") for k in by["lt"])  # no monitor: no clock fields
 
     class FakeMonitor:  # what the GPU's clock did while lt was timed: its three rounds' windows
@@ -604,6 +607,14 @@ def test_run_row_control_flow_with_cuda_stubbed(monkeypatch):
             self.windows = windows
             return {"sm_mhz": 1560.0, "sm_mhz_min": 1275.0, "sm_mhz_rated": 1980.0, "power_w_max": 700.0,
                     "samples": 9, "clock_held": "power cap 100 %"}
+
+    fast, slow = FakeTimer(), FakeTimer()  # calls under FAST_CALL_MS get FAST_ROUNDS rounds, over a second three
+    fast.samples = lambda fn: fast.calls.append(fn) or [0.3, 0.31]
+    slow.rounds = 5
+    slow.samples = lambda fn: slow.calls.append(fn) or [1500.0]
+    for timer, rounds, reps in ((fast, bl.FAST_ROUNDS, 2 * bl.FAST_ROUNDS), (slow, 3, 3)):
+        rows, _ = bl.run_row(s, [spec("lt", "lt", 1e-3)], timer, H100, log=lambda m: None)
+        assert len(timer.calls) == len(timer.settled) == rounds and rows[0]["reps"] == reps
 
     mon = FakeMonitor()
     rows, _ = bl.run_row(s, [spec("lt", "lt", 1e-3)], FakeTimer(), H100, log=lambda m: None, monitor=mon)

@@ -313,6 +313,32 @@ def test_bench_list_and_compare_commands(tmp_path, capsys):
 def test_timer_refuses_an_unknown_flush_before_touching_the_gpu():
     with pytest.raises(ValueError, match="--flush must be one of read, write"):
         bench.Timer(10.0, 7, flush="none")
+    with pytest.raises(ValueError, match="--settle-ms >= 0"):
+        bench.Timer(10.0, 7, settle_ms=-1)
+
+
+def test_timer_settles_with_untimed_calls_for_its_time(monkeypatch):
+    """settle(): nothing at 0 ms; otherwise calls (as timed ones are made) until settle_ms has passed, at least one."""
+    now = [0.0]
+
+    def clock():  # every reading of the clock is 1 ms later
+        now[0] += 1e-3
+        return now[0]
+
+    monkeypatch.setattr(bench.time, "perf_counter", clock)
+    t = bench.Timer.__new__(bench.Timer)  # no GPU buffer: once() is stubbed
+    calls = []
+    t.once = lambda fn: calls.append(fn)
+    t.settle_ms = 0.0
+    t.settle("f")
+    assert calls == []
+    t.settle_ms = 5.0
+    t.settle("f")
+    assert calls == ["f"] * 5  # readings at 1 (end 6), then 2..6 between the calls
+    calls.clear()
+    t.settle_ms = 0.5
+    t.settle("g")
+    assert calls == ["g"]
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the answer on a machine without a GPU")

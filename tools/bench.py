@@ -6,6 +6,7 @@ section; cases, formulas and writers: tools/bench_suite.py.
     python tools/bench.py run [--quick] [--groups fa3,long,decode] [--no-masks] [--providers auto,lt,...]
                               [--cases SUBSTR,...] [--out DIR] [--rep-ms 150] [--rounds 7] [--warm-up-s 5]
                               [--time-limit-s N] [--lt-details] [--flush read|write] [--no-clock]
+                              [--settle-ms 100]
     python tools/bench.py list [--quick] [--groups ...]        the cases of a run, with FLOPs and bytes (no GPU)
     python tools/bench.py report DIR/results.json [--readme README.md]   summary.md, plots (and the README's
                                                                results block) again from a results file (no GPU)
@@ -113,6 +114,11 @@ def make_call(provider, c, q, k, v, mask):
 FLUSHES = ("read", "write")
 
 
+#: Untimed calls of a provider before each of its timed rounds (``Timer.settle``), ms: about what the GPU's clock
+#: controller takes to follow a change of load (tools/NOTES.md, twentieth and twenty-first passes).
+SETTLE_MS = 100.0
+
+
 class Timer:
     """CUDA-event timings with the L2 flushed before each call, taken in rounds.
 
@@ -122,15 +128,16 @@ class Timer:
     the flush's cost, not the call's.
     """
 
-    def __init__(self, rep_ms: float, rounds: int, slow_rounds: int = 3, flush: str = "read"):
+    def __init__(self, rep_ms: float, rounds: int, slow_rounds: int = 3, flush: str = "read",
+                 settle_ms: float = 0.0):
         import torch
 
-        if rounds < 1 or rep_ms <= 0 or slow_rounds < 1:
-            raise ValueError(f"--rounds and --slow-rounds must be >= 1 and --rep-ms > 0, got {rounds}, "
-                             f"{slow_rounds} and {rep_ms}")
+        if rounds < 1 or rep_ms <= 0 or slow_rounds < 1 or settle_ms < 0:
+            raise ValueError(f"--rounds and --slow-rounds must be >= 1, --rep-ms > 0 and --settle-ms >= 0, got "
+                             f"{rounds}, {slow_rounds}, {rep_ms} and {settle_ms}")
         if flush not in FLUSHES:
             raise ValueError(f"--flush must be one of {', '.join(FLUSHES)}, got {flush!r}")
-        self.rep_ms, self.rounds, self.slow_rounds = rep_ms, rounds, slow_rounds
+        self.rep_ms, self.rounds, self.slow_rounds, self.settle_ms = rep_ms, rounds, slow_rounds, settle_ms
         buf = torch.zeros(256 << 20, dtype=torch.uint8, device="cuda")
         self.flush = (lambda: buf.view(torch.int64).sum()) if flush == "read" else buf.zero_
 
@@ -139,6 +146,18 @@ class Timer:
 
         self.flush()
         return event_ms(fn)
+
+    def settle(self, fn) -> None:
+        """Untimed calls of ``fn`` (as timed: L2 flushed before each) for ``settle_ms``, at least one when it is
+        not 0, before a round's samples: a GPU at its power limit runs a kernel faster right after a lighter one
+        (H100, MLA decode at 64k keys: 0.98-1.01 ms after lt's calls or an idle pause, 1.03-1.09 after its own), and
+        the clock's controller takes about 0.1 s to follow, so each provider is timed at its own sustained clock."""
+        if self.settle_ms <= 0:
+            return
+        end = time.perf_counter() + self.settle_ms / 1e3
+        self.once(fn)
+        while time.perf_counter() < end:
+            self.once(fn)
 
     def samples(self, fn) -> list[float]:
         """One round: at least one call, as many as fit in rep_ms / rounds, at most 100 / rounds."""
@@ -318,6 +337,7 @@ def run_case(c, providers, tensors, ref, timer, ceil, bar, monitor: GpuMonitor |
             if p not in ready:
                 continue
             try:
+                timer.settle(ready[p][0])
                 t0 = time.monotonic()
                 rounds[p].append(timer.samples(ready[p][0]))
                 windows.setdefault(p, []).append((t0, time.monotonic()))
@@ -620,8 +640,8 @@ def cmd_run(a, argv) -> int:
     warm_up(a.warm_up_s)
     meta["ceilings"] = ceil = ceilings()
     meta.update(rep_ms=a.rep_ms, rounds=a.rounds, slow_rounds=a.slow_rounds, warm_up_s=a.warm_up_s,
-                check_tol=CHECK_TOL, quick=a.quick, flush=a.flush)
-    timer = Timer(a.rep_ms, a.rounds, a.slow_rounds, a.flush)
+                check_tol=CHECK_TOL, quick=a.quick, flush=a.flush, settle_ms=a.settle_ms)
+    timer = Timer(a.rep_ms, a.rounds, a.slow_rounds, a.flush, a.settle_ms)
     monitor = GpuMonitor(enabled=not a.no_clock)
     rows: list[dict] = []
     bar = suite.Progress(len(cases) * len(providers))
@@ -761,6 +781,10 @@ def build_parser() -> argparse.ArgumentParser:
                            "cases left are recorded as skipped (0: no limit)")
             p.add_argument("--no-clock", action="store_true", help="leave out the SM clock's samples (nvidia-smi "
                            "in the background) beside the timings")
+            p.add_argument("--settle-ms", type=float, default=SETTLE_MS, help="untimed calls of a provider before "
+                           f"each of its rounds, ms, so that it is timed at its own sustained clock, not at the one "
+                           f"the provider before it left (default {SETTLE_MS:g}; 0: none, the protocol before "
+                           f"2026-11-24)")
     p = sub.add_parser("report")
     p.add_argument("results")
     p.add_argument("--out", default=None, help="directory for summary.md and the PNGs (default: beside the results)")

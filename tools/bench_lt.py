@@ -4,7 +4,8 @@ SDPA backend that runs the case, on one GPU in one run, with the ceilings measur
 
     python tools/bench_lt.py [--quick] [--out DIR] [--sections overlap,wide,mla_prefill,mla_decode,mass]
                              [--only NAME,...] [--max-seq N] [--workspace-mb N] [--rep-ms 200] [--rounds 5]
-                             [--warm-up-s 3] [--no-profile] [--no-clock] [--time-limit-s N] [--list]
+                             [--warm-up-s 3] [--settle-ms 100] [--no-profile] [--no-clock] [--time-limit-s N]
+                             [--list]
 
 Sections (bf16; ``--quick`` keeps the rows marked *):
   overlap      lt with ATTN_LT_LANES=1 and =2 (two plans in one process, timed in interleaved rounds): B1 H16
@@ -28,14 +29,17 @@ Sections (bf16; ``--quick`` keeps the rows marked *):
 Protocol (as tools/bench.py): a few seconds of GEMMs first for the clocks; every provider's first calls (lt's
 GEMM tuning) and a check of its output against an FP32 reference on sampled rows (the mass against an FP32
 reference on sampled heads, and lt's mass against eager's) before any timing — a wrong result is ERR, never a
-time; then interleaved rounds (every provider once a round, in ``bench.round_order``), CUDA events, the L2 flushed
-(256 MiB read, ``bench.Timer``) before each call; ``ms`` is the median of all timed calls, ``spread_pct`` the range of the
-rounds' medians over it. ``nvidia-smi`` samples the SM clock, power and clock event reasons every 20 ms
-(``bench.GpuMonitor``; ``--no-clock`` leaves it out): each timed provider's row gets the clock it ran at
-(``gpu_sm_mhz``, the median, ``gpu_sm_mhz_min``, ``gpu_sm_mhz_rated``, ``gpu_power_w_max``, ``gpu_samples``,
-``gpu_clock_held``; none for a provider timed for less than a sample's interval), the metadata how many samples
-came (or why none did), and the table names every provider timed at a median clock below 97 % of the GPU's rated
-maximum (on the H100, MLA prefill at its power cap: every provider but lt at 1.62-1.70 GHz of 1.98).
+time; then interleaved rounds (every provider once a round, in ``bench.round_order``; ``--settle-ms`` of its own
+untimed calls before each provider's round, so that no provider is timed at the clock a lighter one before it left
+headroom for; at least seven rounds where every call takes under 1 ms, at most three where a round takes over a
+second), CUDA events, the L2 flushed (256 MiB read, ``bench.Timer``) before each call; ``ms`` is the median
+of all timed calls, ``spread_pct`` the range of the rounds' medians over it. ``nvidia-smi`` samples the SM clock,
+power and clock event reasons every 20 ms (``bench.GpuMonitor``; ``--no-clock`` leaves it out): each timed
+provider's row gets the clock it ran at (``gpu_sm_mhz``, the median, ``gpu_sm_mhz_min``, ``gpu_sm_mhz_rated``,
+``gpu_power_w_max``, ``gpu_samples``, ``gpu_clock_held``; none for a provider timed for less than a sample's
+interval), the metadata how many samples came (or why none did), and the table names every provider timed at a
+median clock below 97 % of the GPU's rated maximum (on the H100, MLA prefill at its power cap: every provider
+but lt at 1.62-1.70 GHz of 1.98).
 
 Floor of the long path: max(FLOPs / GEMM rate, (Q, K, V, O and mask bytes + 12 B per score) / copy rate), with the
 bf16 GEMM rate (8192^3) and the device-to-device copy rate (bytes read + written) measured at the start of the run;
@@ -51,14 +55,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import io
 import json
 import math
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 import warnings
@@ -67,8 +69,9 @@ from dataclasses import asdict, dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench import (GpuMonitor, Timer, ceilings, first_line, gpu_state, peak_mib, round_order, sdpa_reasons,  # noqa: E402
-                   source_hash, warm_up)
+import bench  # noqa: E402
+from bench import (SETTLE_MS, GpuMonitor, Timer, ceilings, first_line, gpu_state, peak_mib,  # noqa: E402
+                   round_order, sdpa_reasons, source_hash, warm_up)
 from bench_suite import clock_section, markdown_tables  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -84,6 +87,10 @@ MEMORY_FRACTION = 0.85
 EAGER_SCORE_BYTES = 6
 #: A row whose first timed round takes longer than this gets at most three rounds.
 SLOW_ROUND_MS = 1000.0
+#: A row whose every call takes less than this (ms) gets at least FAST_ROUNDS rounds: a median of three short
+#: rounds moves with the machine's brief disturbances (H100, decode mass: +3.1 and +6.0 % in two runs of one loan).
+FAST_CALL_MS = 1.0
+FAST_ROUNDS = 7
 SCHEMA = "attn_lt.bench_lt"
 
 #: The issue's targets.
@@ -769,6 +776,7 @@ def run_row(s: Shape, specs: list[Spec], timer: Timer, ceil: dict, log,
             if p not in ready:
                 continue
             try:
+                timer.settle(ready[p][0])
                 t0 = time.monotonic()
                 samples[p].append(timer.samples(ready[p][0]))
                 windows.setdefault(p, []).append((t0, time.monotonic()))
@@ -778,8 +786,11 @@ def run_row(s: Shape, specs: list[Spec], timer: Timer, ceil: dict, log,
             except Exception as e:
                 rows[p] = row(s, p, "error", f"{type(e).__name__}: {first_line(e)}")
                 del ready[p]
-        if i == 0 and sum(statistics.median(r[0]) for r in samples.values() if r) > SLOW_ROUND_MS:
+        first = [statistics.median(r[0]) for r in samples.values() if r] if i == 0 else []
+        if first and sum(first) > SLOW_ROUND_MS:
             n_rounds = min(n_rounds, 3)
+        elif first and max(first) < FAST_CALL_MS:
+            n_rounds = max(n_rounds, FAST_ROUNDS)
         i += 1
     for p, (fn, err, peak, info) in ready.items():
         times = [t for r in samples[p] for t in r]
@@ -993,41 +1004,13 @@ def mass_specs(s: Shape, q, k, v, check, workspace, keep: dict) -> list[Spec]:
 
 # ---- the run ----------------------------------------------------------------------------------------------------
 
-def _version(name: str) -> str:
-    try:
-        return str(__import__(name).__version__)
-    except Exception:
-        return "unavailable"
-
-
-def _smi(query: str) -> str:
-    try:
-        return subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"], capture_output=True,
-                              text=True, timeout=20).stdout.split("\n")[0].strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def metadata(argv) -> dict:
-    import torch
-
-    import attn_lt
-
-    versions = {"attn_lt": getattr(attn_lt, "__version__", "?"), "torch": torch.__version__,
-                "CUDA": torch.version.cuda, "cuDNN": torch.backends.cudnn.version(), "nvmath": _version("nvmath")}
-    try:
-        from nvmath.bindings import cublasLt
-
-        versions["cuBLASLt"] = cublasLt.get_version()
-    except Exception:
-        versions["cuBLASLt"] = "unavailable"
-    return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "gpu": torch.cuda.get_device_name(), "driver": _smi("driver_version"),
-            "gpu_state_at_start": gpu_state(),
-            "source_sha": source_hash(), "versions": versions, "python": sys.version.split()[0],
-            "algo_policy": os.environ.get("ATTN_LT_ALGO_POLICY", "tune"),
-            "lanes_env": os.environ.get("ATTN_LT_LANES", "(unset: 2)"), "dtype": "bf16",
-            "command": "python tools/bench_lt.py " + " ".join(shlex.quote(a) for a in argv)}
+    """The suite's metadata (``bench.metadata``: the GPU, driver, the GPU's state, versions, the sources' hash),
+    with this tool's command and the lanes' setting."""
+    meta = bench.metadata(argv)
+    meta.update(lanes_env=os.environ.get("ATTN_LT_LANES", "(unset: 2)"),
+                command="python tools/bench_lt.py " + " ".join(shlex.quote(a) for a in argv))
+    return meta
 
 
 def run(a, argv) -> int:
@@ -1044,9 +1027,9 @@ def run(a, argv) -> int:
     meta = metadata(argv)
     warm_up(a.warm_up_s)
     meta["ceilings"] = ceil = ceilings()
-    meta.update(rep_ms=a.rep_ms, rounds=a.rounds, warm_up_s=a.warm_up_s, check_tol=CHECK_TOL, quick=a.quick,
-                workspace_mb=a.workspace_mb, max_seq=a.max_seq)
-    timer = Timer(a.rep_ms, a.rounds)
+    meta.update(rep_ms=a.rep_ms, rounds=a.rounds, warm_up_s=a.warm_up_s, settle_ms=a.settle_ms, check_tol=CHECK_TOL,
+                quick=a.quick, workspace_mb=a.workspace_mb, max_seq=a.max_seq)
+    timer = Timer(a.rep_ms, a.rounds, settle_ms=a.settle_ms)
     monitor = GpuMonitor(enabled=not a.no_clock)
     workspace = None if a.workspace_mb is None else a.workspace_mb << 20
     rows: list[dict] = []
@@ -1149,6 +1132,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "(default 200, 100 with --quick)")
     ap.add_argument("--rounds", type=int, default=None, help="interleaved timed rounds (default 5, 3 with --quick)")
     ap.add_argument("--warm-up-s", type=float, default=None, help="seconds of GEMMs first (default 3, 1 with --quick)")
+    ap.add_argument("--settle-ms", type=float, default=SETTLE_MS, help="untimed calls of a provider before each of "
+                    f"its rounds, ms, so that it is timed at its own sustained clock (default {SETTLE_MS:g}; 0: none)")
     ap.add_argument("--no-profile", action="store_true", help="leave out the per-kernel profile of the overlap rows")
     ap.add_argument("--no-clock", action="store_true",
                     help="leave out the SM clock's samples (nvidia-smi in the background) beside the timings")
@@ -1166,9 +1151,9 @@ def parse_args(argv) -> argparse.Namespace:
         a.rounds = 3 if a.quick else 5
     if a.warm_up_s is None:
         a.warm_up_s = 1.0 if a.quick else 3.0
-    if a.rounds < 1 or a.rep_ms <= 0 or a.warm_up_s < 0 or a.time_limit_s < 0:
-        raise ValueError(f"--rounds must be >= 1, --rep-ms > 0, --warm-up-s and --time-limit-s >= 0; got "
-                         f"{a.rounds}, {a.rep_ms}, {a.warm_up_s}, {a.time_limit_s}")
+    if a.rounds < 1 or a.rep_ms <= 0 or min(a.warm_up_s, a.time_limit_s, a.settle_ms) < 0:
+        raise ValueError(f"--rounds must be >= 1, --rep-ms > 0, --warm-up-s, --time-limit-s and --settle-ms >= 0; "
+                         f"got {a.rounds}, {a.rep_ms}, {a.warm_up_s}, {a.time_limit_s}, {a.settle_ms}")
     if a.workspace_mb is not None and a.workspace_mb < 1:
         raise ValueError(f"--workspace-mb must be >= 1, got {a.workspace_mb}")
     return a
