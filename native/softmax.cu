@@ -1,6 +1,7 @@
 // Row softmax of the long path: FP32 scores in, P (fp16/bf16, may overwrite the scores in place) and LSE out.
 //
-// Each score is read from memory once (4 B) and P written once (2 B) while the row fits on chip:
+// Each visible score is read from memory once (4 B; groups of four keys wholly past a row's causal limit are not
+// read: their P is 0) and P written once (2 B) while the row fits on chip:
 //  * PIPE (the default from 4096 columns): persistent CTAs; while a CTA reduces and writes one row, the next
 //    rows stream into a 2-3 slot shared-memory ring by cp.async, so loads are always in flight and the bytes
 //    that wait for their row's max and sum sit in shared memory rather than registers. Rows whose ring does not
@@ -155,8 +156,11 @@ __device__ __forceinline__ float4 apply_mask(float4 v, int64_t j, const Row& w, 
     return v;
 }
 
-// Keys j..j+3 of the row, masked; a group wholly past the last visible key (the row's end, or its causal limit) is
-// not read: its P is 0 whatever the scores hold.
+// Float4 groups of a row holding a visible key: those up to the group of `limit`, the last visible key (negative:
+// none). Groups past them are never loaded, since their P is 0 whatever the scores hold.
+__device__ __forceinline__ int64_t visible_groups(int64_t limit) { return limit < 0 ? 0 : limit / 4 + 1; }
+
+// Keys j..j+3 of the row, masked; a group past the visible ones (the row's end, or its causal limit) is not read.
 __device__ __forceinline__ float4 load_masked(int64_t j, const Row& w, const attn_lt_softmax_args& a) {
     if (j > w.limit) return make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
     return apply_mask(__ldcs(reinterpret_cast<const float4*>(w.s + j)), j, w, a);
@@ -272,10 +276,10 @@ __global__ void __launch_bounds__(THREADS) softmax_resident(const attn_lt_softma
 
 // Persistent CTAs (or clusters of C CTAs on sm_90) over rows lin = cluster + k * clusters (lin = row * batch +
 // entry). CTA `rank` of a cluster owns float4 groups [rank * seg4, (rank + 1) * seg4) of every row. Slot k % STAGES
-// of its ring receives its segment of row k's scores (and, when the mask keys are contiguous and 16-byte aligned,
-// of the mask) STAGES - 1 rows ahead. Pass 1 masks in the slot and takes the max, pass 2 turns the slot into
-// exp(x - max) and sums, pass 3 scales and stores P into the row's own global region, which no other row's
-// prefetch reads. A cluster combines its max and sum through distributed shared memory (parity-double-buffered,
+// of its ring receives the visible groups of its segment of row k's scores (and, when the mask keys are contiguous
+// and 16-byte aligned, of the mask) STAGES - 1 rows ahead. Pass 1 masks in the slot and takes the max, pass 2 turns
+// the slot into exp(x - max) and sums, pass 3 scales and stores P into the row's own global region, which no other
+// row's prefetch reads. A cluster combines its max and sum through distributed shared memory (parity-double-buffered,
 // so one row's exchange never overwrites values another CTA may still read).
 struct PipeLayout {
     int64_t n4;          // float4 groups of scores a row
@@ -355,12 +359,11 @@ __global__ void __launch_bounds__(THREADS, 1) softmax_pipe(const attn_lt_softmax
         }
     };
     // Groups wholly past the row's last visible key are not copied (causal rows: the masked corner of a chunk);
-    // pass 1 overwrites their stale slot entries with -inf before anything reads them.
+    // pass 1 replaces their stale slot entries by -inf without using their values.
     auto issue = [&](int slot, int hi) {  // the ring's slot, the row's descriptor
         const Head& w = head[hi];
         if (w.s != nullptr) {
-            const int64_t visible4 = w.limit < 0 ? 0 : w.limit / 4 + 1;  // groups holding a visible key
-            const int64_t ce = visible4 < c1 ? visible4 : c1;
+            const int64_t ce = min(visible_groups(w.limit), c1);
             float4* dst = reinterpret_cast<float4*>(slot_ptr(slot));
             for (int64_t c = c0 + threadIdx.x; c < ce; c += THREADS) cp_async16(dst + (c - c0), w.s + 4 * c);
             if (HAS_MASK && ring_keys && reinterpret_cast<uintptr_t>(w.mask) % 16 == 0) {
@@ -530,11 +533,11 @@ __global__ void __launch_bounds__(kRegsThreads, 2) softmax_pipe_regs(const attn_
         if (lin < nrows) head[hi] = row_info<Row>(a, lin % a.batch, lin / a.batch);
         else head[hi].s = nullptr;
     };
-    // This thread's groups of a row into the slot, up to the group of its last visible key (PIPE's rule: the
-    // groups past it are set to -inf below before they are read).
+    // This thread's groups of a row into the slot, up to the group of its last visible key (as PIPE: the groups
+    // past it are replaced by -inf below without their values being used).
     auto issue = [&](const Row& w) {
         if (w.s != nullptr) {
-            const int visible4 = w.limit < 0 ? 0 : static_cast<int>(min(w.limit / 4 + 1, int64_t(n4)));
+            const int visible4 = static_cast<int>(min(visible_groups(w.limit), int64_t(n4)));
 #pragma unroll
             for (int k = 0; k < kRegsV; ++k) {
                 const int c = threadIdx.x + k * kRegsThreads;

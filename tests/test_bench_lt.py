@@ -620,6 +620,16 @@ def test_run_row_control_flow_with_cuda_stubbed(monkeypatch):
     rows, _ = bl.run_row(s, [spec("lt", "lt", 1e-3)], FakeTimer(), H100, log=lambda m: None, monitor=mon)
     assert len(mon.windows) == 3 and all(a <= b for a, b in mon.windows)
     assert rows[0]["gpu_sm_mhz"] == 1560.0 and rows[0]["gpu_clock_held"] == "power cap 100 %"
+    with monkeypatch.context() as m:  # the windows cover each round's timed calls, not the settling before them
+        clock = [0.0]
+        m.setattr(bl.time, "monotonic", lambda: clock[0])
+        t = FakeTimer()
+        t.settle = lambda fn: t.settled.append(fn) or clock.__setitem__(0, clock[0] + 10.0)
+        timed = t.samples
+        t.samples = lambda fn: clock.__setitem__(0, clock[0] + 1.0) or timed(fn)
+        mon2 = FakeMonitor()
+        bl.run_row(s, [spec("lt", "lt", 1e-3)], t, H100, log=lambda msg: None, monitor=mon2)
+        assert [b - a for a, b in mon2.windows] == [1.0] * 3 and len(t.settled) == 3
     line, = bench_suite.clock_lines(rows)  # shared by both benchmarks
     assert line == ("wide-d512 lt: SM clock 1560 MHz median of 1980, 1275 lowest, up to 700 W (power cap 100 % of 9 "
                     "samples)")

@@ -88,12 +88,8 @@ def test_decode_mass_takes_the_lean_loop_once_resolved(monkeypatch):
     assert torch.equal(o1, o2) and torch.equal(m1, m2)
     ref = mass_reference(q, k)
     assert ((m2.double() - ref).abs() <= 4e-3 * ref + 1e-6).all()
-    # a plan of the same call without the mass (its chunks' arguments may be the same objects) writes no mass
-    kept = m2.clone()
-    plain = attn_lt.plan(q, k, v, backend="lt")
-    for _ in range(2):
-        assert torch.equal(plain.run(q, k, v), o1)
-    assert torch.equal(m2, kept)
+    # the softmax arguments, which other launches of the program reuse, keep no pointer to the caller's mass
+    assert all(s.args.mass == 0 for s in p.program.steps)
 
 
 @pytest.mark.parametrize("case", [

@@ -90,25 +90,33 @@ def test_variants_agree_with_torch(cols, causal):
 
 
 @pytest.mark.parametrize("cols", [97, 4100, 8193, 16384, 40000])
-@pytest.mark.parametrize("masked", [False, True], ids=["nomask", "mask"])
-def test_scores_past_the_causal_limit_are_ignored(cols, masked):
-    """The first rows of a causal square (Sq = Sk): row r sees keys 0..r, and every score past that is NaN, as if
-    nothing had written it (the kernels skip loading whole groups past a row's limit, and the mask's bytes there).
-    Every variant gives torch's P, 0 past the limit, and LSE, in place and out of place."""
-    rows, ld = min(300, cols), -(-cols // 32) * 32  # query positions 0..rows-1 of Sq = cols
-    past = torch.arange(ld, device="cuda")[None, :] > torch.arange(rows, device="cuda")[:, None]
-    for variant in variants_for(cols, 2 if masked else 0):
+@pytest.mark.parametrize("mdtype", [None, torch.bool, torch.bfloat16, torch.float32],
+                         ids=["nomask", "bool", "bf16", "fp32"])
+def test_scores_past_the_causal_limit_are_ignored(cols, mdtype):
+    """Causal rows whose limit falls anywhere in the row or before it (Sq = Sk + 8: row r sees keys 0..r-8, the
+    first eight none), with every score past the limit NaN, as if nothing had written it (the kernels skip loading
+    whole groups past a row's limit, and the mask's bytes there). Every variant gives torch's P, 0 past the limit,
+    and LSE (-inf for the rows that see nothing), in place and out of place."""
+    rows, ld, Sq = min(300, cols), -(-cols // 32) * 32, cols + 8  # query positions 0..rows-1
+    past = torch.arange(ld, device="cuda")[None, :] > torch.arange(rows, device="cuda")[:, None] - 8
+    esize = 0 if mdtype is None else torch.empty(0, dtype=mdtype).element_size()
+    for variant in variants_for(cols, esize):
         for in_place in (True, False):
             scores = (torch.randn(2, rows, ld, device="cuda") * 4).masked_fill_(past, math.nan)
-            mask = torch.randn(2, rows, cols, device="cuda").to(torch.bfloat16) if masked else None
-            want, want_lse = expected(scores, cols, True, mask, cols)
-            p, lse = run_softmax(scores, variant=variant, in_place=in_place, causal=True, Sq=cols, Sk=cols,
-                                 mask=mask)
-            lse = lse[:, :rows]  # query positions 0..rows-1 of Sq
+            mask = None
+            if mdtype == torch.bool:
+                mask = torch.rand(2, rows, cols, device="cuda") > 0.3
+            elif mdtype is not None:
+                mask = torch.randn(2, rows, cols, device="cuda").to(mdtype)
+            want, want_lse = expected(scores, cols, True, mask, Sq)
+            p, lse = run_softmax(scores, variant=variant, in_place=in_place, causal=True, Sq=Sq, Sk=cols, mask=mask)
+            lse = lse[:, :rows]
             assert not torch.isnan(p).any() and not torch.isnan(lse).any(), (variant, in_place)
-            assert (p[:, past[:, :cols]] == 0).all(), (variant, in_place)
+            assert (p[:, past[:, :cols]] == 0).all() and torch.isneginf(lse[:, :8]).all(), (variant, in_place)
             torch.testing.assert_close(p.double(), want, atol=2e-3, rtol=1e-2, msg=f"{variant} {in_place}")
-            torch.testing.assert_close(lse.double(), want_lse, atol=1e-4, rtol=1e-5)
+            fin = torch.isfinite(want_lse)
+            assert torch.equal(fin, torch.isfinite(lse)), (variant, in_place)
+            torch.testing.assert_close(lse[fin].double(), want_lse[fin], atol=1e-4, rtol=1e-5)
 
 
 @pytest.mark.parametrize("cols", [8193, 12289, 16384])

@@ -635,13 +635,13 @@ def cmd_run(a, argv) -> int:
               file=sys.stderr)
         return 2
     cases, providers = _select(a)
+    timer = Timer(a.rep_ms, a.rounds, a.slow_rounds, a.flush, a.settle_ms)  # bad timing arguments: exit 2 now
     os.makedirs(a.out, exist_ok=True)
     meta = metadata(argv)
     warm_up(a.warm_up_s)
     meta["ceilings"] = ceil = ceilings()
     meta.update(rep_ms=a.rep_ms, rounds=a.rounds, slow_rounds=a.slow_rounds, warm_up_s=a.warm_up_s,
                 check_tol=CHECK_TOL, quick=a.quick, flush=a.flush, settle_ms=a.settle_ms)
-    timer = Timer(a.rep_ms, a.rounds, a.slow_rounds, a.flush, a.settle_ms)
     monitor = GpuMonitor(enabled=not a.no_clock)
     rows: list[dict] = []
     bar = suite.Progress(len(cases) * len(providers))

@@ -798,7 +798,7 @@ def run_row(s: Shape, specs: list[Spec], timer: Timer, ceil: dict, log,
         meds = [statistics.median(r) for r in samples[p]]
         clock = monitor.summary(windows.get(p, [])) if monitor is not None else {}
         rows[p] = row(s, p, "ok", ms=round(ms, 5), rel_err=float(f"{err:.3g}"), peak_mib=round(peak, 1),
-                      reps=len(times), spread_pct=round(100 * (max(meds) - min(meds)) / ms, 2),
+                      reps=len(times), rounds=len(meds), spread_pct=round(100 * (max(meds) - min(meds)) / ms, 2),
                       **metrics(s, p, ms, ceil, info), **{k: v for k, v in info.items() if k != "computed_scores"},
                       **{f"gpu_{k}": v for k, v in clock.items()})
     return [rows[sp.provider] for sp in specs], {p: v[0] for p, v in ready.items()}
@@ -1130,7 +1130,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--workspace-mb", type=int, default=None, help="lt's workspace budget (default: the library's)")
     ap.add_argument("--rep-ms", type=float, default=None, help="timing budget of a provider on a row, ms "
                     "(default 200, 100 with --quick)")
-    ap.add_argument("--rounds", type=int, default=None, help="interleaved timed rounds (default 5, 3 with --quick)")
+    ap.add_argument("--rounds", type=int, default=None, help="interleaved timed rounds (default 5, 3 with --quick; "
+                    f"rows whose calls all take under {FAST_CALL_MS:g} ms get at least {FAST_ROUNDS}, rows whose "
+                    f"round takes over {SLOW_ROUND_MS / 1e3:g} s at most 3; each row records its own)")
     ap.add_argument("--warm-up-s", type=float, default=None, help="seconds of GEMMs first (default 3, 1 with --quick)")
     ap.add_argument("--settle-ms", type=float, default=SETTLE_MS, help="untimed calls of a provider before each of "
                     f"its rounds, ms, so that it is timed at its own sustained clock (default {SETTLE_MS:g}; 0: none)")

@@ -204,7 +204,6 @@ class Program:
         of each head when given; plans without key tiles only): written by the softmax in decode, added by the
         softmax (FP32, per CTA, then atomics) where its PIPE kernel runs the chunk, else summed from P by torch."""
         plan = self.plan
-        gws = plan.gemm_workspace
         ws0 = workspace.data_ptr()
         bases = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())
         lse_ptr, mask_ptr = lse.data_ptr(), (0 if mask is None else mask.data_ptr())
@@ -217,44 +216,55 @@ class Program:
             streams = (stream,) if lanes is None else (stream, lanes.side_ptr)
             if lanes is not None:
                 lanes.fork()
-            # the lean loop runs prepared plans without key tiles; of the mass, only what the softmax writes itself
+            # a mass the softmax writes itself as it writes P (decode) takes the lean loop; any other, the general
             direct = key_mass is not None and self._mass_direct(key_mass_window)
-            if self.pending or (key_mass is not None and not direct) or not self._lean:
+            mass_ptr = key_mass.data_ptr() if direct else 0
+            summed = None if direct else key_mass
+            if self.pending or summed is not None or not self._lean:
                 deadline = 0.0
                 if self.pending:
                     budget = config.tune_call_ms() if tune_budget_ms is None else tune_budget_ms
                     deadline = time.perf_counter() + budget / 1e3
-                self._run_general(bases, lse_ptr, mask_ptr, workspace, streams, may_tune, deadline, key_mass,
-                                  key_mass_window, lanes)
+                self._run_general(bases, lse_ptr, mask_ptr, mass_ptr, workspace, streams, may_tune, deadline,
+                                  summed, key_mass_window, lanes)
             else:
-                qb, kb, vb, ob = bases
-                softmax, alpha, one = native.softmax, self._alpha_ptr, self._one_ptr
-                lane_bytes = plan.lane_bytes
-                mass_ptr = key_mass.data_ptr() if direct else 0
-                for s in self.steps:
-                    st = streams[s.lane]
-                    w = ws0 + s.lane * lane_bytes
-                    scores = w + gws
-                    s.qk.run(kb + s.k, qb + s.q, scores, alpha, w, gws, st)
-                    a = s.args
-                    a.scores = a.probs = scores
-                    a.lse, a.mask, a.mass = lse_ptr, mask_ptr, mass_ptr
-                    softmax(a, st)
-                    s.pv.run(vb + s.v, scores, ob + s.o, one, w, gws, st)
+                self._run_lean(bases, lse_ptr, mask_ptr, mass_ptr, ws0, streams)
             if lanes is not None:
                 lanes.join()
 
-    def _run_general(self, bases, lse_ptr, mask_ptr, workspace, streams, may_tune, deadline, key_mass, window,
-                     lanes) -> None:
-        """The loop with algorithm resolution (first runs), key tiles and the attention mass per key."""
+    def _run_lean(self, bases, lse_ptr, mask_ptr, mass_ptr, ws0, streams) -> None:
+        """The loop of a prepared plan without key tiles whose GEMMs are resolved: addresses and launches only.
+        ``mass_ptr``: the mass the softmax writes as it writes P (0: none)."""
+        qb, kb, vb, ob = bases
+        softmax, alpha, one = native.softmax, self._alpha_ptr, self._one_ptr
+        gws, lane_bytes = self.plan.gemm_workspace, self.plan.lane_bytes
+        try:
+            for s in self.steps:
+                st = streams[s.lane]
+                w = ws0 + s.lane * lane_bytes
+                scores = w + gws
+                s.qk.run(kb + s.k, qb + s.q, scores, alpha, w, gws, st)
+                a = s.args
+                a.scores = a.probs = scores
+                a.lse, a.mask, a.mass = lse_ptr, mask_ptr, mass_ptr
+                softmax(a, st)
+                s.pv.run(vb + s.v, scores, ob + s.o, one, w, gws, st)
+        finally:
+            if mass_ptr:  # the arguments are copied at launch; no later run may see a stale mass
+                for s in self.steps:
+                    s.args.mass = 0
+
+    def _run_general(self, bases, lse_ptr, mask_ptr, mass_ptr, workspace, streams, may_tune, deadline, key_mass,
+                     window, lanes) -> None:
+        """The loop with algorithm resolution (first runs), key tiles and the attention mass per key that is not
+        written by the softmax alone. ``mass_ptr``: the mass the softmax writes as it writes P (0: none);
+        ``key_mass``: a mass summed over several rows or chunks (None: none)."""
         qb, kb, vb, ob = bases
         gws = self.plan.gemm_workspace
         ws0 = workspace.data_ptr()
         tile_base = gws + self.plan.score_bytes
         case = self.case
-        direct = key_mass is not None and self._mass_direct(window)
-        mass_ptr = key_mass.data_ptr() if direct else 0
-        masses = [key_mass] if key_mass is not None and not direct else []
+        masses = [] if key_mass is None else [key_mass]
         if masses and lanes is not None:  # lanes write disjoint slices once, or add into their own sums
             if self.mass_written_once:
                 masses.append(key_mass)
