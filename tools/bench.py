@@ -757,7 +757,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True)
     for name in ("run", "list"):
         p = sub.add_parser(name)
-        p.add_argument("--quick", action="store_true", help="a subset that runs in about a minute")
+        p.add_argument("--quick", action="store_true", help="a subset that runs in about a minute and a half")
         p.add_argument("--groups", default=",".join(suite.GROUPS), help="comma-separated: fa3, long, decode")
         p.add_argument("--no-masks", action="store_true", help="leave out the dense-mask variants")
         p.add_argument("--cases", default="", help="only cases whose name contains one of these (comma-separated)")
