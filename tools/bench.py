@@ -635,7 +635,7 @@ def cmd_run(a, argv) -> int:
               file=sys.stderr)
         return 2
     cases, providers = _select(a)
-    timer = Timer(a.rep_ms, a.rounds, a.slow_rounds, a.flush, a.settle_ms)  # bad timing arguments: exit 2 now
+    timer = Timer(a.rep_ms, a.rounds, a.slow_rounds, a.flush, a.settle_ms)  # bad arguments: exit 2 before warm-up
     os.makedirs(a.out, exist_ok=True)
     meta = metadata(argv)
     warm_up(a.warm_up_s)
