@@ -317,6 +317,51 @@ def test_timer_refuses_an_unknown_flush_before_touching_the_gpu():
         bench.Timer(10.0, 7, settle_ms=-1)
 
 
+def test_timed_rounds_times_settles_and_drops_failures():
+    """bench.timed_rounds, shared by both benchmarks: each provider settled then timed once a round; one that runs
+    out of memory is skipped, one that raises is an error, neither timed further; the round rules."""
+    import torch
+
+    class FakeTimer:
+        rounds, slow_rounds = 4, 2
+
+        def __init__(self, ms):
+            self.ms, self.log = ms, []
+
+        def settle(self, fn):
+            self.log.append(("settle", fn))
+
+        def samples(self, fn):
+            self.log.append(("time", fn))
+            fn()
+            return [self.ms, self.ms]
+
+    calls_b = []
+
+    def oom():
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
+
+    def flaky():
+        calls_b.append(1)
+        if len(calls_b) == 2:
+            raise RuntimeError("second round")
+
+    def ok():
+        pass
+
+    t = FakeTimer(2.0)
+    timed, failed = bench.timed_rounds({"a": ok, "b": flaky, "c": oom}, t)
+    assert failed == {"b": ("error", "RuntimeError: second round"),
+                      "c": ("skipped", "out of memory: CUDA out of memory. Tried to allocate 2 GiB")}
+    assert list(timed) == ["a"] and timed["a"] == {"ms": 2.0, "reps": 8, "rounds": 4, "spread_pct": 0.0}
+    assert all(t.log[i] == ("settle", t.log[i + 1][1]) for i in range(0, len(t.log), 2))  # settled, then timed
+    slow = FakeTimer(600.0)  # the first round over SLOW_ROUND_MS: slow_rounds; under FAST_CALL_MS: fast_rounds
+    assert bench.timed_rounds({"a": ok, "b": ok}, slow)[0]["a"]["rounds"] == 2
+    fast = FakeTimer(0.5)
+    assert bench.timed_rounds({"a": ok}, fast, fast_rounds=6)[0]["a"]["rounds"] == 6
+    assert bench.timed_rounds({"a": ok}, FakeTimer(0.5))[0]["a"]["rounds"] == 4
+
+
 def test_timer_settles_with_untimed_calls_for_its_time(monkeypatch):
     """settle(): nothing at 0 ms; otherwise calls (as timed ones are made) until settle_ms has passed, at least one."""
     now = [0.0]

@@ -44,6 +44,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHECK_TOL = 2e-2
 #: A case whose first timed round (every provider once) takes longer than this gets three rounds, not --rounds.
 SLOW_ROUND_MS = 1000.0
+#: Calls shorter than this (ms) may take more rounds (:func:`timed_rounds`' ``fast_rounds``): a median of few short
+#: rounds moves with the machine's brief disturbances (H100, decode mass: +3.1 and +6.0 % in two runs of one loan).
+FAST_CALL_MS = 1.0
 #: Free GPU memory the unfused chains may plan to use.
 MEMORY_FRACTION = 0.9
 
@@ -316,7 +319,7 @@ def run_case(c, providers, tensors, ref, timer, ceil, bar, monitor: GpuMonitor |
     ``monitor``, the ``gpu_*`` fields say what the GPU's clock did while the provider was timed."""
     import torch
 
-    rows, ready, windows = {}, {}, {}
+    rows, ready = {}, {}
     free, need = torch.cuda.mem_get_info()[0], suite.unfused_peak_bytes(c)
     for p in providers:
         bar.step(f"{c.name} {p}")
@@ -330,37 +333,62 @@ def run_case(c, providers, tensors, ref, timer, ceil, bar, monitor: GpuMonitor |
         else:
             ready[p] = got
         torch.cuda.empty_cache()
-    rounds: dict = {p: [] for p in ready}
+    timed, failed = timed_rounds({p: got[0] for p, got in ready.items()}, timer, monitor)
+    for p, (status, reason) in failed.items():
+        rows[p] = suite.row(c, p, status, reason)
+    for p, t in timed.items():
+        fn, route, peak, err = ready[p]
+        rows[p] = suite.row(c, p, "ok", route=route, peak_mib=round(peak, 1), rel_err=float(f"{err:.3g}"),
+                            host_us=host_us(fn, t["ms"]), **t, **suite.metrics(c, suite.provider_path(p, route),
+                                                                                t["ms"], ceil))
+    return [rows[p] for p in providers]
+
+
+def timed_rounds(calls: dict, timer: Timer, monitor: GpuMonitor | None = None,
+                 fast_rounds: int = 0) -> tuple[dict, dict]:
+    """Both benchmarks' timed rounds of ``calls`` ({provider: call}): every provider once a round, in
+    :func:`round_order` (so a drifting clock touches all of them alike), settled before each of its rounds
+    (:meth:`Timer.settle`); ``timer.rounds`` rounds, ``timer.slow_rounds`` where the first round's calls take over
+    :data:`SLOW_ROUND_MS` together (three rounds show a drift), at least ``fast_rounds`` where every one of them took
+    under :data:`FAST_CALL_MS`. Returns ({provider: ``ms`` (the median of all its timed calls), ``reps``, ``rounds``,
+    ``spread_pct`` (the range of its rounds' medians over ``ms``) and, with a ``monitor``, the ``gpu_*`` fields of
+    the clock while it was timed}, {provider: (status, reason)} of those that failed while timed: "skipped" when out
+    of memory, else "error")."""
+    import torch
+
+    ready, samples, windows, failed = dict(calls), {p: [] for p in calls}, {}, {}
     n_rounds, i = timer.rounds, 0
     while i < n_rounds:
         for p in round_order(list(ready), i):
             if p not in ready:
                 continue
             try:
-                timer.settle(ready[p][0])
+                timer.settle(ready[p])
                 t0 = time.monotonic()
-                rounds[p].append(timer.samples(ready[p][0]))
+                samples[p].append(timer.samples(ready[p]))
                 windows.setdefault(p, []).append((t0, time.monotonic()))
             except torch.cuda.OutOfMemoryError as e:
-                rows[p] = suite.row(c, p, "skipped", f"out of memory: {first_line(e, 100)}")
+                failed[p] = ("skipped", f"out of memory: {first_line(e, 100)}")
                 del ready[p]
             except Exception as e:
-                rows[p] = suite.row(c, p, "error", f"{type(e).__name__}: {first_line(e)}")
+                failed[p] = ("error", f"{type(e).__name__}: {first_line(e)}")
                 del ready[p]
-        if i == 0 and sum(statistics.median(r[0]) for r in rounds.values() if r) > SLOW_ROUND_MS:
-            n_rounds = min(timer.rounds, timer.slow_rounds)  # long calls: three rounds show a drift
+        first = [statistics.median(r[0]) for r in samples.values() if r] if i == 0 else []
+        if first and sum(first) > SLOW_ROUND_MS:
+            n_rounds = min(timer.rounds, timer.slow_rounds)
+        elif first and fast_rounds and max(first) < FAST_CALL_MS:
+            n_rounds = max(n_rounds, fast_rounds)
         i += 1
-    for p, (fn, route, peak, err) in ready.items():
-        times = [t for r in rounds[p] for t in r]
+    timed = {}
+    for p in ready:
+        times = [t for r in samples[p] for t in r]
         ms = statistics.median(times)
-        meds = [statistics.median(r) for r in rounds[p]]
+        meds = [statistics.median(r) for r in samples[p]]
         clock = monitor.summary(windows.get(p, [])) if monitor is not None else {}
-        rows[p] = suite.row(c, p, "ok", route=route, ms=round(ms, 5), peak_mib=round(peak, 1),
-                            rel_err=float(f"{err:.3g}"), reps=len(times), host_us=host_us(fn, ms),
-                            spread_pct=round(100 * (max(meds) - min(meds)) / ms, 2),
-                            **suite.metrics(c, suite.provider_path(p, route), ms, ceil),
-                            **{f"gpu_{k}": v for k, v in clock.items()})
-    return [rows[p] for p in providers]
+        timed[p] = {"ms": round(ms, 5), "reps": len(times), "rounds": len(meds),
+                    "spread_pct": round(100 * (max(meds) - min(meds)) / ms, 2),
+                    **{f"gpu_{k}": v for k, v in clock.items()}}
+    return timed, failed
 
 
 def lt_details(c, q, k, v, mask) -> dict:

@@ -60,7 +60,6 @@ import json
 import math
 import os
 import shlex
-import statistics
 import sys
 import time
 import warnings
@@ -70,8 +69,8 @@ from dataclasses import asdict, dataclass
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import bench  # noqa: E402
-from bench import (SETTLE_MS, GpuMonitor, Timer, ceilings, first_line, gpu_state, peak_mib,  # noqa: E402
-                   round_order, sdpa_reasons, source_hash, warm_up)
+from bench import (FAST_CALL_MS, SETTLE_MS, SLOW_ROUND_MS, GpuMonitor, Timer, ceilings, first_line,  # noqa: E402
+                   gpu_state, peak_mib, sdpa_reasons, source_hash, timed_rounds, warm_up)
 from bench_suite import clock_section, markdown_tables  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -85,11 +84,8 @@ CHECK_TOL = 2e-2
 MEMORY_FRACTION = 0.85
 #: Bytes a score costs eager PyTorch at its peak: bf16 scores (2) and their FP32 softmax (4) at once.
 EAGER_SCORE_BYTES = 6
-#: A row whose first timed round takes longer than this gets at most three rounds.
-SLOW_ROUND_MS = 1000.0
-#: A row whose every call takes less than this (ms) gets at least FAST_ROUNDS rounds: a median of three short
-#: rounds moves with the machine's brief disturbances (H100, decode mass: +3.1 and +6.0 % in two runs of one loan).
-FAST_CALL_MS = 1.0
+#: Rounds of a row whose every call takes under ``bench.FAST_CALL_MS`` (``bench.timed_rounds``): three short rounds
+#: move with the machine's brief disturbances.
 FAST_ROUNDS = 7
 SCHEMA = "attn_lt.bench_lt"
 
@@ -759,9 +755,7 @@ def run_row(s: Shape, specs: list[Spec], timer: Timer, ceil: dict, log,
             monitor: GpuMonitor | None = None) -> tuple[list[dict], dict]:
     """Every provider of a row: first calls, then interleaved timed rounds. Returns (rows, {provider: fn} of those
     that ran). With a ``monitor``, each row also says what the GPU's clock did while that provider was timed."""
-    import torch
-
-    rows, ready, windows = {}, {}, {}
+    rows, ready = {}, {}
     for sp in specs:
         log(f"{s.name}: {sp.provider}")
         got = first_call(s, sp)
@@ -769,38 +763,14 @@ def run_row(s: Shape, specs: list[Spec], timer: Timer, ceil: dict, log,
             rows[sp.provider] = got
         else:
             ready[sp.provider] = got
-    samples: dict = {p: [] for p in ready}
-    n_rounds, i = timer.rounds, 0
-    while i < n_rounds:
-        for p in round_order(list(ready), i):
-            if p not in ready:
-                continue
-            try:
-                timer.settle(ready[p][0])
-                t0 = time.monotonic()
-                samples[p].append(timer.samples(ready[p][0]))
-                windows.setdefault(p, []).append((t0, time.monotonic()))
-            except torch.cuda.OutOfMemoryError as e:
-                rows[p] = row(s, p, "skipped", f"out of memory: {first_line(e, 120)}")
-                del ready[p]
-            except Exception as e:
-                rows[p] = row(s, p, "error", f"{type(e).__name__}: {first_line(e)}")
-                del ready[p]
-        first = [statistics.median(r[0]) for r in samples.values() if r] if i == 0 else []
-        if first and sum(first) > SLOW_ROUND_MS:
-            n_rounds = min(n_rounds, 3)
-        elif first and max(first) < FAST_CALL_MS:
-            n_rounds = max(n_rounds, FAST_ROUNDS)
-        i += 1
-    for p, (fn, err, peak, info) in ready.items():
-        times = [t for r in samples[p] for t in r]
-        ms = statistics.median(times)
-        meds = [statistics.median(r) for r in samples[p]]
-        clock = monitor.summary(windows.get(p, [])) if monitor is not None else {}
-        rows[p] = row(s, p, "ok", ms=round(ms, 5), rel_err=float(f"{err:.3g}"), peak_mib=round(peak, 1),
-                      reps=len(times), rounds=len(meds), spread_pct=round(100 * (max(meds) - min(meds)) / ms, 2),
-                      **metrics(s, p, ms, ceil, info), **{k: v for k, v in info.items() if k != "computed_scores"},
-                      **{f"gpu_{k}": v for k, v in clock.items()})
+    timed, failed = timed_rounds({p: got[0] for p, got in ready.items()}, timer, monitor, FAST_ROUNDS)
+    for p, (status, reason) in failed.items():
+        rows[p] = row(s, p, status, reason)
+        del ready[p]
+    for p, t in timed.items():
+        fn, err, peak, info = ready[p]
+        rows[p] = row(s, p, "ok", rel_err=float(f"{err:.3g}"), peak_mib=round(peak, 1), **t,
+                      **metrics(s, p, t["ms"], ceil, info), **{k: v for k, v in info.items() if k != "computed_scores"})
     return [rows[sp.provider] for sp in specs], {p: v[0] for p, v in ready.items()}
 
 

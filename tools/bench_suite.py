@@ -216,7 +216,7 @@ CASE_FIELDS = tuple(f.name for f in fields(Case))
 GPU_FIELDS = ("gpu_sm_mhz", "gpu_sm_mhz_min", "gpu_sm_mhz_rated", "gpu_power_w_max", "gpu_samples", "gpu_clock_held")
 ROW_FIELDS = ("case",) + CASE_FIELDS + (
     "provider", "status", "reason", "route", "ms", "tflops", "tbs", "io_tbs", "roofline_pct", "peak_mib", "rel_err",
-    "reps", "spread_pct", "host_us", "vs_auto") + GPU_FIELDS + ("details",)
+    "reps", "rounds", "spread_pct", "host_us", "vs_auto") + GPU_FIELDS + ("details",)
 CSV_FIELDS = ROW_FIELDS[:-1]  # details are nested: JSON only
 
 
