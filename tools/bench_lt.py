@@ -18,10 +18,12 @@ Sections (bf16; ``--quick`` keeps the rows marked *):
                math, and lt over the best of them.
   mla_prefill  B1 H128 S8k D_qk 192 D_v 128 causal*: lt, attn_lt's fused path (wmma: the Hopper kernel) and auto
                (what attention() picks) vs SDPA efficient, cuDNN, flash, math.
-  mla_decode   B32 Hq128 Hkv1 Sq1 D_qk 576 D_v 512, V = K[..., :512] (a view), Sk 8k*, 16k, 32k, 64k*: lt, the
-               fused MLA decode kernel (wmma) and auto: ms and the latent cache read rate (B Sk 576 2 bytes / time)
-               as % of the copy rate; SDPA backends attempted under a memory guard (a provider whose planned memory
-               exceeds the free memory is skipped, and says so).
+  mla_decode   B32 Hq128 Hkv1 Sq1 D_qk 576 D_v 512, V = K[..., :512] (a view), Sk 8k*, 16k, 32k, 64k*, and
+               Hq 16, 32, 64 at Sk 32k (one GPU's heads under tensor parallelism; no target): lt, the fused MLA
+               decode kernel (wmma) and auto: ms, the latent cache read rate (B Sk 576 2 bytes / time) as % of the
+               copy rate, TFLOP/s as % of the GEMM rate, and the roofline (the longer of the cache read at the
+               copy rate and the FLOPs at the GEMM rate) as % of the time; SDPA backends attempted under a memory
+               guard (a provider whose planned memory exceeds the free memory is skipped, and says so).
   mass         the attention mass per key (return_key_mass): B1 H32 S16k D128 with all rows* and the last 64 rows,
                and decode B8 Hq32 Hkv8 Sk32k*: lt without and with the mass (overhead %), beside eager PyTorch
                (softmax(q @ k^T * scale) in FP32, then .sum(-2); chunked over kv heads to fit): time and peak memory.
@@ -171,17 +173,29 @@ def lt_bytes(s: Shape, n_scores: float | None = None) -> float:
     return io_bytes(s) + SCORE_BYTES * (scores(s) if n_scores is None else n_scores)
 
 
-def floor_ms(s: Shape, gemm_tflops: float, copy_tbs: float, n_scores: float | None = None) -> float:
-    """The long path's floor time: its FLOPs at the GEMM rate or its bytes at the copy rate, whichever is longer."""
+def roofline_ms(flop: float, nbytes: float, gemm_tflops: float, copy_tbs: float) -> float:
+    """``flop`` at the GEMM rate or ``nbytes`` at the copy rate, whichever takes longer (ms)."""
     if gemm_tflops <= 0 or copy_tbs <= 0:
         raise ValueError(f"ceilings must be positive, got {gemm_tflops} TFLOP/s and {copy_tbs} TB/s")
-    return max(flops(s) / (gemm_tflops * 1e9), lt_bytes(s, n_scores) / (copy_tbs * 1e9))
+    return max(flop / (gemm_tflops * 1e9), nbytes / (copy_tbs * 1e9))
+
+
+def floor_ms(s: Shape, gemm_tflops: float, copy_tbs: float, n_scores: float | None = None) -> float:
+    """The long path's floor time: its FLOPs at the GEMM rate or its bytes at the copy rate, whichever is longer."""
+    return roofline_ms(flops(s), lt_bytes(s, n_scores), gemm_tflops, copy_tbs)
 
 
 def cache_bytes(s: Shape) -> int:
     """Bytes of the KV cache a decode step must read once: K (the latent cache when V is a view of it) and V."""
     kv = s.D if s.v_view else s.D + s.Dv
     return DTYPE_BYTES[s.dtype] * s.B * s.Hkv * s.Sk * kv
+
+
+def decode_roofline_ms(s: Shape, gemm_tflops: float, copy_tbs: float) -> float:
+    """Any decode kernel's floor: the cache read once at the copy rate or the FLOPs at the GEMM rate, whichever is
+    longer. MLA decode with 128 query heads a latent head (279 kFLOP a 1152-byte key) is bound by its FLOPs
+    wherever the GEMM rate is below 242 times the copy rate."""
+    return roofline_ms(flops(s), cache_bytes(s), gemm_tflops, copy_tbs)
 
 
 def math_bytes(s: Shape) -> float:
@@ -230,6 +244,9 @@ def cases(quick: bool = False) -> list[Shape]:
     out.append(Shape("mla_prefill", "mla-prefill", 1, 128, 128, 8192, 8192, 192, 128, causal=True))
     for Sk in ((8192, 65536) if quick else (8192, 16384, 32768, 65536)):
         out.append(Shape("mla_decode", f"mla-decode-sk{_k(Sk)}", 32, 128, 1, 1, Sk, 576, 512, v_view=True))
+    if not quick:  # the query heads of one GPU under tensor parallelism over 8, 4 and 2 GPUs (no target)
+        for Hq in (16, 32, 64):
+            out.append(Shape("mla_decode", f"mla-decode-hq{Hq}-sk32k", 32, Hq, 1, 1, 32768, 576, 512, v_view=True))
     out.append(Shape("mass", "mass-s16k", 1, 32, 32, S, S, 128))
     if not quick:
         out.append(Shape("mass", "mass-s16k-w64", 1, 32, 32, S, S, 128, window=64))
@@ -286,7 +303,9 @@ def metrics(s: Shape, provider: str, ms: float, ceil: dict, info: dict | None = 
             m["floor_plan_pct"] = round(100 * fp / ms, 1)
     if s.section == "mla_decode":
         tbs = cache_bytes(s) / ms / 1e9
-        m.update(cache_tbs=round(tbs, 3), cache_pct_copy=round(100 * tbs / ceil["copy_tbs"], 1))
+        roof = decode_roofline_ms(s, ceil["gemm_tflops"], ceil["copy_tbs"])
+        m.update(cache_tbs=round(tbs, 3), cache_pct_copy=round(100 * tbs / ceil["copy_tbs"], 1),
+                 gemm_pct=round(100 * m["tflops"] / ceil["gemm_tflops"], 1), roofline_pct=round(100 * roof / ms, 1))
     return m
 
 
@@ -352,7 +371,7 @@ def targets(rows: list[dict]) -> list[dict]:
         elif sec == "mla_prefill" and p in ("lt", "auto") and r.get("vs_efficient") is not None:
             add(r, f"{'attention() (auto: ' + r.get('backend', '?') + ')' if p == 'auto' else 'lt'} over SDPA "
                 "efficient", r["vs_efficient"], "x", ">=", MLA_PREFILL_RATIO)
-        elif sec == "mla_decode" and p in ("lt", "auto"):
+        elif sec == "mla_decode" and p in ("lt", "auto") and c.startswith("mla-decode-sk"):  # the issue's Hq 128
             who = f"attention() (auto: {r.get('backend', '?')})" if p == "auto" else "lt"
             add(r, f"{who}: latent cache read, % of the copy rate", r["cache_pct_copy"], " %", ">=",
                 DECODE_CACHE_PCT)
@@ -432,15 +451,16 @@ def table(rows: list[dict]) -> list[tuple[str, list[str], list[list[str]]]]:
     cs = _cases(rows, "mla_decode")
     if cs:
         header = ["case", "shape", "lt ms", "% copy", "% lt floor", "wmma ms", "auto ms", "auto TB/s",
-                  "auto % copy"] + list(SDPA_PROVIDERS) + ["default"]
+                  "auto % copy", "auto % GEMM", "auto % roofline"] + list(SDPA_PROVIDERS) + ["default"]
         lines = []
         for c, shape in cs:
             lt, wm, auto = by.get((c, "lt")), by.get((c, "wmma")), by.get((c, "auto"))
             lines.append([c, shape, _cell(lt, "ms", "{:.3f}"), _cell(lt, "cache_pct_copy"), _cell(lt, "floor_pct"),
                           _cell(wm, "ms", "{:.3f}"), _cell(auto, "ms", "{:.3f}"), _cell(auto, "cache_tbs", "{:.2f}"),
-                          _cell(auto, "cache_pct_copy")]
+                          _cell(auto, "cache_pct_copy"), _cell(auto, "gemm_pct"), _cell(auto, "roofline_pct")]
                          + [_cell(by.get((c, p)), "ms", "{:.3f}") for p in SDPA_PROVIDERS + ("default",)])
-        out.append(("MLA decode: ms, latent cache read (B Sk 576 2 B / time) as % of the copy rate; SDPA ms",
+        out.append(("MLA decode: ms, latent cache read (B Sk 576 2 B / time) as % of the copy rate, TFLOP/s as % of "
+                    "the GEMM rate, and the roofline (the longer of the two at those rates) as % of the time; SDPA ms",
                     header, lines))
     cs = _cases(rows, "mass")
     if cs:
