@@ -276,6 +276,13 @@ def test_text_and_markdown_tables(tmp_path):
     assert "n/a" in wide and "3.00x (efficient)" in wide
     assert "MISSED: overlap-d64" in text and "met: overlap-d128" in text
     assert "eager error: wrong result" in text and "math skipped" in text
+    head = next(ln for ln in text.splitlines() if ln.startswith("case") and "auto % roofline" in ln)
+    tp = next(ln for ln in text.splitlines() if ln.startswith("mla-decode-hq16-sk32k"))
+    # 0.5 ms: 2.42 TB/s of cache, 80.5 % of the copy rate and of the roofline (the reads bind), 9.9 % of the GEMM
+    # rate; each value right-aligned under its column
+    for col, value in (("auto % copy", "80.5"), ("auto % GEMM", "9.9"), ("auto % roofline", "80.5")):
+        end = head.index(col) + len(col)
+        assert tp[end - len(value):end] == value, (col, tp)
     bl.write_results(str(tmp_path), meta, rows)
     md = (tmp_path / "summary.md").read_text()
     assert "| mass-s16k | B1 H32 S16384 D128 | 40.00 | 44.00 | +10.0 % | 60.00 | 1 |" in md
