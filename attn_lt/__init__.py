@@ -1,6 +1,29 @@
-"""attn_lt: hybrid attention for NVIDIA GPUs (cuBLASLt long path, fused tensor-core short path)."""
+"""attn_lt: hybrid attention for NVIDIA GPUs (cuBLASLt long path, fused tensor-core short path).
 
-from .api import AttentionPlan, attention, explain, plan
+The public names load on first use, so that ``import attn_lt`` (and the ``attn-lt`` command's argument parsing)
+costs no ``import torch``.
+"""
 
 __version__ = "0.1.0"
 __all__ = ["attention", "plan", "AttentionPlan", "explain", "__version__"]
+
+_API_NAMES = frozenset(("attention", "plan", "AttentionPlan", "explain"))
+_SUBMODULES = frozenset(("api", "backends", "cache", "calibrate", "cli", "config", "device", "distributed",
+                         "fastpath", "integrations", "lt", "maintenance", "merge", "native", "plan", "select",
+                         "testing", "validate", "wmma"))
+
+
+def __getattr__(name: str):
+    import importlib
+
+    if name in _API_NAMES:
+        api = importlib.import_module(".api", __name__)
+        globals().update({n: getattr(api, n) for n in _API_NAMES})
+        return globals()[name]
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'attn_lt' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | _API_NAMES)

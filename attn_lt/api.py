@@ -29,9 +29,6 @@ _NO_BACKWARD = ("attn_lt.attention has no backward pass (forward and inference o
 
 #: Plans kept by ``attention()`` (least recently used first out).
 PLAN_CACHE_SIZE = 256
-#: Environment variables a plan depends on (part of the key of ``attention()``'s plan cache).
-PLAN_ENV_VARS = ("ATTN_LT_WORKSPACE_MB", "ATTN_LT_THRESHOLD", "ATTN_LT_ALGO_POLICY", "ATTN_LT_SOFTMAX",
-             "ATTN_LT_CACHE_DIR", "XDG_CACHE_HOME", "ATTN_LT_LANES", "ATTN_LT_KEY_TILES", "ATTN_LT_QK")
 
 
 try:  # the cudaStream_t of the current stream, the current device, whether it captures: one call each (PyTorch's
@@ -47,7 +44,7 @@ except AttributeError:  # pragma: no cover - other PyTorch builds
     _capturing = torch.cuda.is_current_stream_capturing
 
 
-fastpath.setup(_current_device, _raw_stream, _capturing, PLAN_ENV_VARS)
+fastpath.setup(_current_device, _raw_stream, _capturing)
 
 _scratch: dict[tuple[int, int], torch.Tensor] = {}
 _scratch_lock = threading.Lock()
@@ -358,13 +355,13 @@ class AttentionPlan:
         ws_ptr, lse_ptr = self._scratch(self.device, stream, False)[2:]
         return (gen, self._out_shape, *self._program.fast_launch(), stream, ws_ptr, lse_ptr)
 
-    def _remember_fast(self, q, k, v, options: tuple, env: tuple, backend: str, threshold) -> None:
+    def _remember_fast(self, q, k, v, options: tuple, settings: config.Settings, backend: str, threshold) -> None:
         """After attention() ran this plan on q, k, v (no mask, no ``out``, no LSE) with ``options`` (see
-        :func:`attn_lt.fastpath.remember`) under the environment snapshot ``env``: let the compiled fast path run
-        the later calls of this family and options that this plan runs as it is (see :meth:`runs_keys_of`)."""
+        :func:`attn_lt.fastpath.remember`) under ``settings``: let the compiled fast path run the later calls of
+        this family and options that this plan runs as it is (see :meth:`runs_keys_of`)."""
         launch = self._fast_launch()
         if launch is not None:
-            fastpath.remember(q, k, v, options, env, self._keys_covered(backend, threshold), *launch)
+            fastpath.remember(q, k, v, options, (settings,), self._keys_covered(backend, threshold), *launch)
 
     def _scratch(self, device: torch.device, stream: int, capturing: bool) -> tuple:
         """(workspace, LSE scratch, their addresses): views of the stream's shared scratch buffer (see
@@ -517,7 +514,7 @@ def _plan_case(case: Case, backend: str, workspace_bytes, threshold, algo_policy
     policy = config.algo_policy(algo_policy)
     chunks = None
     if decision.backend == "lt":
-        chunks = make_plan(case, workspace_bytes, key_tiles=config.key_tiles() and not return_key_mass)
+        chunks = make_plan(case, workspace_bytes, key_tiles=config.current().key_tiles and not return_key_mass)
     fused = None
     if decision.backend == "wmma":
         device = None if signature is None else _device_of(signature[0][_DEVICE]).index
@@ -554,11 +551,14 @@ _plans_lock = threading.Lock()
 
 
 def clear_plans() -> None:
-    """Forget every plan ``attention()`` keeps (e.g. after a new calibration)."""
+    """Forget every plan ``attention()`` keeps (e.g. after a new calibration; new settings do it themselves)."""
     with _plans_lock:
         _plans.clear()
         _families.clear()
         fastpath.clear()
+
+
+config.on_change(clear_plans)
 
 
 def cached_plans() -> int:
@@ -639,7 +639,7 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
         out_align = 256 if out is None else address_alignment(out.data_ptr())
         sig = call_signature(q, k, v, attn_mask, out_align)
         options = (causal, scale, backend, workspace_bytes, threshold, algo_policy, return_key_mass,
-                   key_mass_window, out_layout, config.env_snapshot(PLAN_ENV_VARS))
+                   key_mass_window, out_layout, config.current())
         family = (sig[0], options)
         last = _families.get(family)
     except (AttributeError, TypeError, ValueError, RuntimeError):  # not 4-D tensors, unhashable options:

@@ -1,4 +1,8 @@
-"""Every tunable default and the environment variable that overrides it, in one place.
+"""Settings: every tunable default and the environment variable that overrides it, in one place.
+
+Arguments come first (``workspace_bytes=``, ``threshold=``, ``algo_policy=``), the environment second. The
+environment is read once, when attn_lt first needs a setting, and checked then (a bad value raises ``ValueError``
+naming it); :func:`reload` reads it again (and drops the plans made under the old settings).
 
 =============================  ===========  =====================================================================
 variable                       default      meaning
@@ -6,94 +10,172 @@ variable                       default      meaning
 ``ATTN_LT_WORKSPACE_MB``       1024         workspace budget of the long path (FP32 score chunks + cuBLASLt
                                             workspace), MiB; the ``workspace_bytes`` argument overrides it
 ``ATTN_LT_THRESHOLD``          (measured)   key length from which ``backend="auto"`` takes the long path, for every
-                                            case (default: the rules ``attn-lt calibrate`` measured, else 4096)
-``ATTN_LT_LANES``              2            lanes of the long path: 2 overlaps a chunk's softmax with the next
-                                            chunk's GEMMs (two streams, half the budget each); 1 runs in series
-``ATTN_LT_KEY_TILES``          1            0: never tile the keys of the long path (each chunk over whole key rows,
-                                            as before key tiles; for comparisons)
-``ATTN_LT_LIB``                (package)    path of ``libattn_lt.so`` to load instead of the packaged build
-``ATTN_LT_SOFTMAX``            auto         force a softmax kernel: ``pipe``, ``pipe_regs`` (unmasked rows of at
-                                            most 16384 keys, no mass), ``row``, ``two_pass``
-``ATTN_LT_CACHE_DIR``          (user cache) directory of the algorithm cache ``algos.sqlite``
-                                            (default ``$XDG_CACHE_HOME/attn_lt`` or ``~/.cache/attn_lt``)
-``ATTN_LT_QK``                 cublaslt     the long path's Q@K^T: ``cublaslt``, or ``native`` (on Hopper,
-                                            native/scores_sm90.cu where its grid keeps K; faster alone at D128 and
-                                            with one lane, slower with two: see attn_lt/lt/scores.py)
+                                            case (default: the rules ``attn-lt calibrate`` measured, else 4096);
+                                            the ``threshold`` argument overrides it
 ``ATTN_LT_ALGO_POLICY``        tune         ``tune`` (tune a GEMM shape on its first use when not cached),
                                             ``cache`` (use cached algorithms, never tune), ``heuristic``
                                             (cuBLASLt's heuristic only, no cache); argument ``algo_policy``
 ``ATTN_LT_TUNE_MS``            200          time budget of tuning one GEMM shape, milliseconds
 ``ATTN_LT_TUNE_CALL_MS``       10000        tuning budget of one attention call; GEMM classes it does not reach
                                             keep the heuristic's algorithm and are tuned by later calls
-``ATTN_LT_FASTPATH``           1            0: cached fused calls of ``attention()`` and ``plan.run`` take the
-                                            Python path, not the compiled one (``attn_lt.fastpath``; read when
-                                            attn_lt is imported; for comparisons)
+``ATTN_LT_CACHE_DIR``          (user cache) directory of the algorithm cache ``algos.sqlite`` and measured
+                                            calibrations (default ``$XDG_CACHE_HOME/attn_lt`` or
+                                            ``~/.cache/attn_lt``)
+``ATTN_LT_LIB``                (package)    path of ``libattn_lt.so`` to load instead of the packaged build
+``ATTN_LT_DEBUG``              0            1: the ``attn-lt`` command shows the traceback of an unexpected error
 =============================  ===========  =====================================================================
+
+Options for tests and benchmarks, not settings (no environment variable; :func:`override` sets them): ``lanes``
+(1 runs the long path's chunks in series instead of overlapping two), ``key_tiles`` (False: whole key rows),
+``softmax`` (force one softmax kernel: ``row``, ``two_pass``, ``pipe``, ``pipe_regs``) and ``qk`` (``native``: the
+Hopper Q@K^T of attn_lt/lt/scores.py instead of cuBLASLt). ``attn_lt.fastpath.set_enabled(False)`` sends cached
+fused calls through the Python path.
 """
 
 from __future__ import annotations
 
-import functools
+import contextlib
+import dataclasses
 import os
+import threading
+from pathlib import Path
 
 DEFAULT_WORKSPACE_MB = 1024
 DEFAULT_THRESHOLD = 4096
 #: Share of the workspace given to cuBLASLt (split-K partial sums etc.), at most this many bytes.
 GEMM_WORKSPACE_MAX = 32 << 20
 
-
-# CPython keeps os.environ in a dict of encoded names and values that every write to os.environ updates. A lookup
-# there costs a tenth of os.environ.get (which encodes the name and decodes the value each time), and ``auto`` reads
-# the environment on every call.
-_environ = getattr(os.environ, "_data", None)
-
-
-@functools.lru_cache(maxsize=None)
-def _encoded(name: str):
-    return os.environ.encodekey(name)
+SOFTMAX_VARIANTS = ("auto", "row", "two_pass", "pipe", "pipe_regs")  # codes 0.. of attn_lt_softmax_variant
+QK_KERNELS = ("cublaslt", "native")
+ALGO_POLICIES = ("tune", "cache", "heuristic")
+#: The variables :func:`reload` reads (the public settings).
+ENV_VARS = ("ATTN_LT_WORKSPACE_MB", "ATTN_LT_THRESHOLD", "ATTN_LT_ALGO_POLICY", "ATTN_LT_TUNE_MS",
+            "ATTN_LT_TUNE_CALL_MS", "ATTN_LT_CACHE_DIR", "ATTN_LT_LIB", "ATTN_LT_DEBUG")
 
 
-def env(name: str, default: str | None = None) -> str | None:
-    """``os.environ.get(name, default)``, cheaper."""
-    if _environ is None:  # pragma: no cover - other Pythons
-        return os.environ.get(name, default)
-    raw = _environ.get(_encoded(name))
-    return default if raw is None else os.environ.decodevalue(raw)
+@dataclasses.dataclass(frozen=True, eq=False)
+class Settings:
+    """The settings in force: one object until :func:`reload` or :func:`override` makes another. Equal and hashed
+    by identity (cheap in a plan cache's key; the compiled fast path compares it so)."""
+
+    workspace_mb: int = DEFAULT_WORKSPACE_MB
+    threshold: int | None = None  # None: the calibration, else DEFAULT_THRESHOLD
+    algo_policy: str = "tune"
+    tune_ms: int = 200
+    tune_call_ms: int = 10000
+    cache_dir: Path = Path("~/.cache/attn_lt")
+    lib: str | None = None
+    debug: bool = False
+    # options for tests and benchmarks (never from the environment)
+    lanes: int = 2
+    key_tiles: bool = True
+    softmax: str = "auto"
+    qk: str = "cublaslt"
+
+    def __post_init__(self):
+        checks = (("lanes", self.lanes in (1, 2), "1 or 2"), ("softmax", self.softmax in SOFTMAX_VARIANTS,
+                  f"one of {SOFTMAX_VARIANTS}"), ("qk", self.qk in QK_KERNELS, f"one of {QK_KERNELS}"),
+                  ("algo_policy", self.algo_policy in ALGO_POLICIES, f"one of {ALGO_POLICIES}"),
+                  ("key_tiles", isinstance(self.key_tiles, bool), "True or False"))
+        for name, ok, want in checks:
+            if not ok:
+                raise ValueError(f"{name} must be {want}, got {getattr(self, name)!r}")
 
 
-def env_snapshot(names: tuple[str, ...]) -> tuple:
-    """The values of the variables ``names`` now, raw (equal snapshots: equal settings), for a cache key."""
-    if _environ is None:  # pragma: no cover - other Pythons
-        return tuple(map(os.environ.get, names))
-    keys = _encoded_names.get(names)
-    if keys is None:
-        keys = _encoded_names[names] = tuple(map(_encoded, names))
-    return tuple(map(_environ.get, keys))
-
-
-_encoded_names: dict[tuple[str, ...], tuple] = {}
-
-
-def env_source(names: tuple[str, ...]) -> tuple[dict, tuple] | None:
-    """Where :func:`env_snapshot` reads ``names``: (the dict of encoded names and values behind os.environ, the
-    names encoded), for a reader in C that compares snapshots; None on Pythons without that dict."""
-    if _environ is None:  # pragma: no cover - other Pythons
-        return None
-    env_snapshot(names)
-    return _environ, _encoded_names[names]
-
-
-def _env_int(name: str, default: int, minimum: int) -> int:
-    raw = env(name)
-    if raw is None or raw.strip() == "":
+def _env_int(environ, name: str, default: int, minimum: int, maximum: int = 1 << 62) -> int:
+    raw = environ.get(name, "").strip()
+    if raw == "":
         return default
     try:
-        value = int(raw)
+        value = int(raw) if len(raw) <= 19 else None
     except ValueError:
-        raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
-    if value < minimum:
-        raise ValueError(f"environment variable {name}={value} must be >= {minimum}")
+        value = None
+    if value is None:
+        raise ValueError(f"environment variable {name}={raw[:40]!r} is not an integer")
+    if not minimum <= value <= maximum:
+        raise ValueError(f"environment variable {name}={value} must be between {minimum} and {maximum}")
     return value
+
+
+def from_environment(environ=None) -> Settings:
+    """The settings ``environ`` (default ``os.environ``) gives; raises ``ValueError`` naming a bad variable."""
+    environ = os.environ if environ is None else environ
+    policy = environ.get("ATTN_LT_ALGO_POLICY", "").strip() or "tune"
+    if policy not in ALGO_POLICIES:
+        raise ValueError(f"environment variable ATTN_LT_ALGO_POLICY={policy[:40]!r} must be one of {ALGO_POLICIES}")
+    explicit = environ.get("ATTN_LT_CACHE_DIR", "").strip()
+    if explicit:
+        cache = Path(explicit).expanduser()
+    else:
+        base = environ.get("XDG_CACHE_HOME", "").strip() or os.path.join(os.path.expanduser("~"), ".cache")
+        cache = Path(base) / "attn_lt"
+    threshold = environ.get("ATTN_LT_THRESHOLD", "").strip()
+    return Settings(
+        workspace_mb=_env_int(environ, "ATTN_LT_WORKSPACE_MB", DEFAULT_WORKSPACE_MB, 1, 1 << 30),
+        threshold=_env_int(environ, "ATTN_LT_THRESHOLD", DEFAULT_THRESHOLD, 1, 1 << 40) if threshold else None,
+        algo_policy=policy,
+        tune_ms=_env_int(environ, "ATTN_LT_TUNE_MS", 200, 1, 3_600_000),
+        tune_call_ms=_env_int(environ, "ATTN_LT_TUNE_CALL_MS", 10000, 0, 86_400_000),
+        cache_dir=cache,
+        lib=environ.get("ATTN_LT_LIB", "").strip() or None,
+        debug=environ.get("ATTN_LT_DEBUG", "").strip() not in ("", "0"))
+
+
+_lock = threading.Lock()
+#: ``{"settings": Settings}``: the compiled fast path reads the entry here (attn_lt.fastpath), Python through
+#: :func:`current`.
+_state: dict[str, Settings | None] = {"settings": None}
+_listeners: list = []
+
+
+def current() -> Settings:
+    """The settings in force, read from the environment on first use."""
+    s = _state["settings"]
+    if s is None:
+        with _lock:
+            s = _state["settings"]
+            if s is None:
+                s = _state["settings"] = from_environment()
+    return s
+
+
+def _install(s: Settings | None) -> None:
+    with _lock:
+        old, _state["settings"] = _state["settings"], s
+    if old is not s:
+        for fn in list(_listeners):
+            fn()
+
+
+def on_change(fn) -> None:
+    """Call ``fn()`` (which must not read the settings) whenever :func:`reload` or :func:`override` replaces them:
+    the plan caches drop the plans made under the old ones."""
+    _listeners.append(fn)
+
+
+def reload() -> None:
+    """Read the environment again at the next use (where a bad value raises ``ValueError``), and drop the plans
+    made under the old settings."""
+    _install(None)
+
+
+@contextlib.contextmanager
+def override(**changes):
+    """Settings or test options changed for the ``with`` block (tests and benchmarks), e.g.
+    ``with config.override(lanes=1, softmax="row"): ...``; the old settings come back after it."""
+    old = current()
+    new = dataclasses.replace(old, **changes)
+    _install(new)
+    try:
+        yield new
+    finally:
+        _install(old)
+
+
+def snapshot_source() -> tuple[dict, tuple[str]]:
+    """Where the compiled fast path reads the settings in force: (a dict, its key)."""
+    current()
+    return _state, ("settings",)
 
 
 def workspace_bytes(override: int | None = None) -> int:
@@ -102,7 +184,7 @@ def workspace_bytes(override: int | None = None) -> int:
         if isinstance(override, bool) or not isinstance(override, int) or override <= 0:
             raise ValueError(f"workspace_bytes must be a positive int, got {override!r}")
         return override
-    return _env_int("ATTN_LT_WORKSPACE_MB", DEFAULT_WORKSPACE_MB, 1) << 20
+    return current().workspace_mb << 20
 
 
 def threshold_setting(override: int | None = None) -> tuple[int, str] | None:
@@ -112,88 +194,18 @@ def threshold_setting(override: int | None = None) -> tuple[int, str] | None:
         if isinstance(override, bool) or not isinstance(override, int) or override < 1:
             raise ValueError(f"threshold must be a positive int, got {override!r}")
         return override, "threshold argument"
-    if env("ATTN_LT_THRESHOLD", "").strip():
-        return _env_int("ATTN_LT_THRESHOLD", DEFAULT_THRESHOLD, 1), "ATTN_LT_THRESHOLD"
-    return None
-
-
-def lanes() -> int:
-    """Lanes of the long path (``ATTN_LT_LANES``, default 2): 2 lets one chunk's softmax run beside the next chunk's
-    GEMMs on a second stream; 1 runs every chunk on the caller's stream, one after the other."""
-    v = _env_int("ATTN_LT_LANES", 2, 1)
-    if v > 2:
-        raise ValueError(f"environment variable ATTN_LT_LANES={v} must be 1 or 2")
-    return v
-
-
-def key_tiles() -> bool:
-    """Whether the long path may tile the keys of long rows (``ATTN_LT_KEY_TILES``, default 1)."""
-    v = _env_int("ATTN_LT_KEY_TILES", 1, 0)
-    if v not in (0, 1):
-        raise ValueError(f"environment variable ATTN_LT_KEY_TILES={v} must be 0 or 1")
-    return bool(v)
-
-
-def library_override() -> str | None:
-    return env("ATTN_LT_LIB") or None
-
-
-SOFTMAX_VARIANTS = ("auto", "row", "two_pass", "pipe", "pipe_regs")  # codes 0.. of attn_lt_softmax_variant
-
-
-def softmax_variant() -> str:
-    """The softmax kernel to use: ``ATTN_LT_SOFTMAX`` or "auto" (by row length and GPU)."""
-    v = env("ATTN_LT_SOFTMAX", "auto").strip() or "auto"
-    if v not in SOFTMAX_VARIANTS:
-        raise ValueError(f"environment variable ATTN_LT_SOFTMAX={v!r} must be one of {SOFTMAX_VARIANTS}")
-    return v
-
-
-QK_KERNELS = ("cublaslt", "native")
-
-
-def qk_kernel() -> str:
-    """Who runs the long path's Q@K^T: ``ATTN_LT_QK`` or "cublaslt" (see attn_lt/lt/scores.py)."""
-    v = env("ATTN_LT_QK", "cublaslt").strip() or "cublaslt"
-    if v not in QK_KERNELS:
-        raise ValueError(f"environment variable ATTN_LT_QK={v!r} must be one of {QK_KERNELS}")
-    return v
-
-
-ALGO_POLICIES = ("tune", "cache", "heuristic")
+    t = current().threshold
+    return None if t is None else (t, "ATTN_LT_THRESHOLD")
 
 
 def algo_policy(override: str | None = None) -> str:
     """How the long path picks cuBLASLt algorithms: argument, else ``ATTN_LT_ALGO_POLICY``, else "tune"."""
-    v = override if override is not None else (env("ATTN_LT_ALGO_POLICY", "").strip() or "tune")
+    v = override if override is not None else current().algo_policy
     if v not in ALGO_POLICIES:
         raise ValueError(f"algo_policy must be one of {ALGO_POLICIES}, got {v!r}")
     return v
 
 
-def tune_ms() -> int:
-    """Time budget of tuning one GEMM shape (``ATTN_LT_TUNE_MS``, default 200)."""
-    return _env_int("ATTN_LT_TUNE_MS", 200, 1)
-
-
-def tune_call_ms() -> int:
-    """Tuning budget of one attention call (``ATTN_LT_TUNE_CALL_MS``, default 10000). GEMMs are tuned per shape
-    class (a few per kind of work), so the first call that meets a class pays for it once and later calls of any
-    length in it never tune; the budget only bounds a first call that meets very many classes."""
-    return _env_int("ATTN_LT_TUNE_CALL_MS", 10000, 0)
-
-
-def cache_dir():
-    """Directory of the algorithm cache: ``ATTN_LT_CACHE_DIR``, else the user's cache directory. Resolved once
-    per value of the variables it depends on (``auto`` asks on every call, for the calibration file)."""
-    return _cache_dir(env("ATTN_LT_CACHE_DIR"), env("XDG_CACHE_HOME"), env("HOME"))
-
-
-@functools.lru_cache(maxsize=8)
-def _cache_dir(explicit: str | None, xdg: str | None, home: str | None):
-    from pathlib import Path
-
-    if explicit:
-        return Path(explicit).expanduser()
-    base = xdg or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "attn_lt"
+def cache_dir() -> Path:
+    """Directory of the algorithm cache: ``ATTN_LT_CACHE_DIR``, else the user's cache directory."""
+    return current().cache_dir

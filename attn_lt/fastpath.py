@@ -9,9 +9,9 @@ LSE or the key mass asked for; grad; another stream or device; a graph capture),
 after it ran one. ``AttentionPlan.run`` does the same with a handle of its own (:func:`bind`, :data:`run`).
 Whatever the fast path declines takes the Python path, which also raises every error.
 
-The extension is built by ``make native`` for the torch and the Python it runs with (a file of its own for each:
-:func:`extension_path`), and carries the hash of its sources; without a matching build, :data:`call` is None and
-nothing changes but the host time. ``ATTN_LT_FASTPATH=0`` (or :func:`set_enabled`) turns it off.
+The extension is built with the package (``native/build.py``) for the torch and the Python that build it (a file
+of its own for each: :func:`extension_path`), and carries the hash of its sources; without a matching build,
+:data:`call` is None and nothing changes but the host time. :func:`set_enabled` turns it off.
 """
 
 from __future__ import annotations
@@ -28,8 +28,6 @@ from . import config, native
 log = logging.getLogger("attn_lt")
 
 _PKG = Path(__file__).resolve().parent
-#: The extension's sources, in the order their hash is taken (native/build_fastpath.py embeds it).
-SOURCES = (_PKG.parent / "native" / "attn_lt.h", _PKG.parent / "native" / "fastpath.cpp")
 
 #: The extension's ``call`` while it is loaded and enabled, else None: ``call(q, k, v, attn_mask, causal, scale,
 #: backend, return_lse, out, workspace_bytes, threshold, algo_policy, return_key_mass, key_mass_window, out_layout)``
@@ -43,48 +41,40 @@ _why = "not loaded"
 
 
 def extension_path() -> Path:
-    """Where ``make native`` puts the extension for this Python and this torch (C++ extensions bind to both)."""
-    tag = f"{sys.implementation.cache_tag}-torch{torch.__version__}"
-    return _PKG / "_native" / f"_fastpath-{tag}.so"
-
-
-def source_hash() -> str | None:
-    """:func:`attn_lt.native.files_hash` of :data:`SOURCES` (None outside a source checkout)."""
-    return native.files_hash(SOURCES) if all(p.is_file() for p in SOURCES) else None
+    """Where the build puts the extension for this Python and this torch (C++ extensions bind to both)."""
+    return _PKG / "_native" / native.fastpath_filename(sys.implementation.cache_tag, torch.__version__)
 
 
 def _load():
     path = extension_path()
     if not path.is_file():
-        return None, f"not built for this torch and Python ({path.name}): `make native` builds it"
+        return None, (f"not built for this torch and Python ({path.name}); reinstalling attn_lt (or `make native` "
+                      f"in a checkout) builds it")
     try:
         spec = importlib.util.spec_from_file_location("attn_lt._fastpath", path)  # a .so: an extension's loader
         ext = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(ext)
     except (ImportError, OSError) as e:
         return None, f"cannot load {path.name}: {e}; `make native` rebuilds it"
-    expected = source_hash()
+    expected = native.fastpath_source_hash()
     if expected is not None and ext.SOURCE_HASH != expected:
         return None, f"{path.name} is stale (built from sources {ext.SOURCE_HASH}, now {expected}): `make native`"
     return ext, None
 
 
-def setup(current_device, raw_stream, capturing, env_vars: tuple[str, ...]) -> None:
-    """Load the extension and enable it unless ``ATTN_LT_FASTPATH=0``. ``current_device()``, ``raw_stream(device)``
-    and ``capturing()`` are the calls attention()'s Python path asks (the current CUDA device, its current stream as
-    an int, whether that stream captures a graph); ``env_vars`` the environment variables its plans depend on."""
+def setup(current_device, raw_stream, capturing) -> None:
+    """Load the extension and enable it. ``current_device()``,
+    ``raw_stream(device)`` and ``capturing()`` are the calls attention()'s Python path asks (the current CUDA
+    device, its current stream as an int, whether that stream captures a graph). The extension compares each call's
+    settings with those a launch was remembered under (:func:`attn_lt.config.snapshot_source`)."""
     global _ext, _why
-    source = config.env_source(env_vars)
-    if source is None:  # pragma: no cover - other Pythons
-        _ext, _why = None, "this Python keeps os.environ in no dict"
-    else:
-        _ext, _why = _load()
+    _ext, _why = _load()
     if _ext is not None:
-        _ext.configure(current_device, raw_stream, capturing, *source)
+        _ext.configure(current_device, raw_stream, capturing, *config.snapshot_source())
         log.debug("fast path loaded: %s", extension_path().name)
     else:
         log.debug("fast path off: %s", _why)
-    set_enabled(config.env("ATTN_LT_FASTPATH", "1").strip() != "0")
+    set_enabled(True)
 
 
 def set_enabled(on: bool) -> bool:
@@ -102,16 +92,16 @@ def generation() -> int:
     return _ext.generation() if _ext is not None else 0
 
 
-def remember(q, k, v, options: tuple, env: tuple, keys: tuple[int, float], gen: int, out_shape: tuple,
+def remember(q, k, v, options: tuple, settings: tuple, keys: tuple[int, float], gen: int, out_shape: tuple,
              args: bytes, launcher: int, lse_part_offset: int, stream: int, workspace: int, lse: int) -> None:
     """Run later calls of q, k, v's family with ``options`` (causal, scale, backend, workspace_bytes, threshold,
-    algo_policy, key_mass_window, out_layout) under the environment snapshot ``env``, whose key length lies in
+    algo_policy, key_mass_window, out_layout) under ``settings`` (a 1-tuple of the Settings object), whose key length lies in
     ``keys`` (lo, hi), through this launch: the argument struct's bytes, the launcher's address, the LSE partials'
     offset in the workspace, the stream and the scratch addresses (workspace, LSE) that serve it, read in
     generation ``gen``. Takes nothing where the fast path would not take the call (tensor subclasses, options other
     than None, bool, int, float, str), or after a clear since ``gen``."""
     if call is not None:
-        _ext.remember(q, k, v, options, env, keys[0], float(keys[1]), gen, out_shape, args, launcher,
+        _ext.remember(q, k, v, options, settings, keys[0], float(keys[1]), gen, out_shape, args, launcher,
                       lse_part_offset, stream, workspace, lse)
 
 
@@ -142,4 +132,4 @@ def status() -> str:
     """One line for ``attn-lt info``."""
     if call is not None:
         return f"on ({extension_path().name})"
-    return "off (ATTN_LT_FASTPATH=0)" if _ext is not None else f"off: {_why}"
+    return "off (set_enabled(False))" if _ext is not None else f"off: {_why}"

@@ -1,7 +1,9 @@
-"""Loading ``libattn_lt.so`` (built by ``make native``) with ctypes, and typed launchers for its kernels.
+"""Loading ``libattn_lt.so`` with ctypes, and typed launchers for its kernels.
 
-The library carries a hash of the CUDA sources it was built from; in a source checkout a library built from
-other sources is refused as stale, with the command that rebuilds it.
+``native/build.py`` (run by ``pip install .`` and ``make native``) builds the library and the compiled fast path
+into ``attn_lt/_native/``, each with the hash of its sources, and records there (``BUILD.txt``) what it built and
+what it skipped, and why. In a source checkout a library built from other sources is refused as stale, with the
+command that rebuilds it. This module imports no torch (the build script uses its hashes and file names).
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ ABI_VERSION = 13
 _PKG = Path(__file__).resolve().parent
 _LIB_PATH = _PKG / "_native" / "libattn_lt.so"
 SOURCE_DIR = _PKG.parent / "native"
-_BUILD_HINT = "build it with `make native` in the attn_lt checkout (needs nvcc), or set ATTN_LT_LIB"
+_BUILD_HINT = "reinstall with nvcc on PATH (`pip install .`), run `make native` in a checkout, or set ATTN_LT_LIB"
+#: What native/build.py built and skipped, and why, one line a part (beside the library).
+BUILD_RECORD = "BUILD.txt"
 
 DTYPE_CODES = {"none": 0, "fp16": 1, "bf16": 2, "fp32": 3, "bool": 4}
 #: Softmax kernels (``SoftmaxArgs.variant``, names from config.SOFTMAX_VARIANTS); "auto" picks by row length and GPU.
@@ -99,8 +103,31 @@ def source_hash(src_dir: Path | None = None) -> str | None:
     return files_hash(sorted(files, key=lambda p: f"native/{p.name}")) if files else None
 
 
+def fastpath_source_hash(src_dir: Path | None = None) -> str | None:
+    """The hash the compiled fast path embeds: :func:`files_hash` of native/attn_lt.h and native/fastpath.cpp."""
+    src_dir = SOURCE_DIR if src_dir is None else src_dir
+    files = [src_dir / "attn_lt.h", src_dir / "fastpath.cpp"]
+    return files_hash(files) if all(p.is_file() for p in files) else None
+
+
+def fastpath_filename(cache_tag: str, torch_version: str) -> str:
+    """The compiled fast path's file name for one Python (``sys.implementation.cache_tag``) and one torch: a C++
+    extension binds to both, so another Python or torch finds no file and runs without it."""
+    return f"_fastpath-{cache_tag}-torch{torch_version}.so"
+
+
+def build_record(skipped_only: bool = False) -> str:
+    """What the build said about the native parts (``BUILD.txt``; with ``skipped_only``, what it did not build and
+    why), one line, or "" where there is none."""
+    try:
+        lines = (_PKG / "_native" / BUILD_RECORD).read_text().splitlines()
+    except OSError:
+        return ""
+    return "; ".join(line for line in lines if line and (not skipped_only or "not built" in line))
+
+
 def library_path() -> Path:
-    override = config.library_override()
+    override = config.current().lib
     return Path(override) if override else _LIB_PATH
 
 
@@ -109,36 +136,43 @@ def load() -> ctypes.CDLL:
     """Load and check the native library; raises :class:`NativeLibraryError` saying how to fix it."""
     path = library_path()
     if not path.is_file():
-        raise NativeLibraryError(f"native library not found at {path}; {_BUILD_HINT}")
+        record = build_record(skipped_only=True) if config.current().lib is None else ""
+        raise NativeLibraryError(f"native library not found at {path}"
+                                 f"{f' (the build said: {record})' if record else ''}; {_BUILD_HINT}")
     try:
         lib = ctypes.CDLL(str(path))
     except OSError as e:
         raise NativeLibraryError(f"cannot load {path}: {e}; {_BUILD_HINT}") from e
+    if not hasattr(lib, "attn_lt_abi_version"):
+        raise NativeLibraryError(f"{path} is not an attn_lt library (it has no attn_lt_abi_version); {_BUILD_HINT}")
     lib.attn_lt_abi_version.restype = ctypes.c_int
-    lib.attn_lt_source_hash.restype = ctypes.c_char_p
-    lib.attn_lt_error_string.restype = ctypes.c_char_p
-    lib.attn_lt_error_string.argtypes = [ctypes.c_int]
-    lib.attn_lt_softmax_max_resident_cols.restype = ctypes.c_int64
-    lib.attn_lt_softmax.restype = ctypes.c_int
-    lib.attn_lt_softmax.argtypes = [ctypes.POINTER(SoftmaxArgs), ctypes.c_void_p]
-    lib.attn_lt_softmax_adds_mass.restype = ctypes.c_int
-    lib.attn_lt_softmax_adds_mass.argtypes = [ctypes.POINTER(SoftmaxArgs)]
-    lib.attn_lt_tile_merge.restype = ctypes.c_int
-    lib.attn_lt_tile_merge.argtypes = [ctypes.POINTER(TileMergeArgs), ctypes.c_void_p]
-    lib.attn_lt_flash_fwd.restype = ctypes.c_int
-    lib.attn_lt_flash_fwd.argtypes = [ctypes.POINTER(FlashArgs), ctypes.c_void_p]
-    lib.attn_lt_flash_sm90_fwd.restype = ctypes.c_int
-    lib.attn_lt_flash_sm90_fwd.argtypes = [ctypes.POINTER(FlashArgs), ctypes.c_void_p]
-    lib.attn_lt_flash_sm90_supported.restype = ctypes.c_int
-    lib.attn_lt_flash_sm90_supported.argtypes = []
-    lib.attn_lt_scores_sm90.restype = ctypes.c_int
-    lib.attn_lt_scores_sm90.argtypes = [ctypes.POINTER(ScoresArgs), ctypes.c_void_p]
     abi = lib.attn_lt_abi_version()
     if abi != ABI_VERSION:
         raise NativeLibraryError(f"{path} has ABI version {abi}, this package expects {ABI_VERSION}; {_BUILD_HINT}")
+    try:
+        lib.attn_lt_source_hash.restype = ctypes.c_char_p
+        lib.attn_lt_error_string.restype = ctypes.c_char_p
+        lib.attn_lt_error_string.argtypes = [ctypes.c_int]
+        lib.attn_lt_softmax_max_resident_cols.restype = ctypes.c_int64
+        lib.attn_lt_softmax.restype = ctypes.c_int
+        lib.attn_lt_softmax.argtypes = [ctypes.POINTER(SoftmaxArgs), ctypes.c_void_p]
+        lib.attn_lt_softmax_adds_mass.restype = ctypes.c_int
+        lib.attn_lt_softmax_adds_mass.argtypes = [ctypes.POINTER(SoftmaxArgs)]
+        lib.attn_lt_tile_merge.restype = ctypes.c_int
+        lib.attn_lt_tile_merge.argtypes = [ctypes.POINTER(TileMergeArgs), ctypes.c_void_p]
+        lib.attn_lt_flash_fwd.restype = ctypes.c_int
+        lib.attn_lt_flash_fwd.argtypes = [ctypes.POINTER(FlashArgs), ctypes.c_void_p]
+        lib.attn_lt_flash_sm90_fwd.restype = ctypes.c_int
+        lib.attn_lt_flash_sm90_fwd.argtypes = [ctypes.POINTER(FlashArgs), ctypes.c_void_p]
+        lib.attn_lt_flash_sm90_supported.restype = ctypes.c_int
+        lib.attn_lt_flash_sm90_supported.argtypes = []
+        lib.attn_lt_scores_sm90.restype = ctypes.c_int
+        lib.attn_lt_scores_sm90.argtypes = [ctypes.POINTER(ScoresArgs), ctypes.c_void_p]
+    except AttributeError as e:  # the right ABI number but not our symbols
+        raise NativeLibraryError(f"{path} is not a complete attn_lt library ({e}); {_BUILD_HINT}") from None
     built = lib.attn_lt_source_hash().decode()
     expected = source_hash()
-    if config.library_override() is None and expected is not None and built != expected:
+    if config.current().lib is None and expected is not None and built != expected:
         raise NativeLibraryError(f"{path} is stale: built from sources {built}, native/ is now {expected}; "
                                  f"{_BUILD_HINT}")
     log.debug("loaded %s (ABI %d, sources %s)", path, abi, built)

@@ -65,7 +65,7 @@ PIPE_RING_BYTES = 220 * 1024
 #: The longest FP32 score row (keys) the softmax holds in one CTA without a mask (see :func:`one_cta_keys`). Longer
 #: rows run over clusters of CTAs, at 2.2-2.3 TB/s against 3.8-4.0 on the H200, so prefill-sized calls tile such
 #: keys at most this long: H200, B1 H16 S64k D128 0.83x the time of whole rows, B1 H4 S64k D512 0.86x, B1 H32 S128k
-#: causal 0.82x (tools/probe_long_rows.py; tools/results/2026-11-23e/h200/long-rows/). Masked rows: :func:`tile_keys`.
+#: causal 0.82x (tools/experiments/probe_long_rows.py). Masked rows: :func:`tile_keys`.
 ONE_CTA_KEYS = PIPE_RING_BYTES // (2 * 4)
 #: The ring a softmax CTA may take with two CTAs an SM on Hopper (228 KB of shared memory an SM, less each CTA's
 #: 1 KB reserve and static shared memory): the bound of a masked row's tile (:func:`tile_keys`).
@@ -346,15 +346,15 @@ LANE_MIN_CHUNKS = 4
 
 def make_plan(case: Case, budget: int | None = None, lanes: int | None = None, key_tiles: bool | None = None) -> Plan:
     """Chunk ``case`` so that its FP32 score blocks plus the cuBLASLt workspace fit ``budget`` bytes (default
-    ``ATTN_LT_WORKSPACE_MB``). ``key_tiles``: allow key tiles (default ``ATTN_LT_KEY_TILES``; see the module
-    docstring; a call that returns the attention mass per key needs each chunk's P normalised over all its keys,
-    so it passes False).
+    ``ATTN_LT_WORKSPACE_MB``). ``key_tiles``: allow key tiles (default: the settings' ``key_tiles`` option; see
+    the module docstring; a call that returns the attention mass per key needs each chunk's P normalised over all
+    its keys, so it passes False).
 
-    Lanes: a case of several chunks runs them on two lanes (``ATTN_LT_LANES``, default 2), each with its own
-    score region and cuBLASLt workspace in half the budget, on two CUDA streams, so that one chunk's
+    Lanes: a case of several chunks runs them on two lanes (the settings' ``lanes`` option, default 2), each with
+    its own score region and cuBLASLt workspace in half the budget, on two CUDA streams, so that one chunk's
     memory-bound softmax runs beside the next chunk's GEMMs instead of after them."""
-    return _make_plan(case, config.workspace_bytes(budget), config.lanes() if lanes is None else lanes,
-                      config.key_tiles() if key_tiles is None else key_tiles)
+    return _make_plan(case, config.workspace_bytes(budget), config.current().lanes if lanes is None else lanes,
+                      config.current().key_tiles if key_tiles is None else key_tiles)
 
 
 @functools.lru_cache(maxsize=256)
@@ -401,7 +401,7 @@ def tile_keys(case: Case) -> int:
     """The longest key tile of ``case``, and the row length past which calls of at least :data:`TILE_MIN_ROWS`
     query rows tile their keys: :func:`one_cta_keys` without a mask in the ring; with one, the longest row whose
     two ring slots leave room for two softmax CTAs an SM (:data:`TWO_CTA_RING_BYTES`: bool 11264 keys, 16-bit
-    9472, fp32 7168). Longer masked rows run one CTA an SM; tiled, B1 H16 D128 (tools/results/2026-11-23g): H200
+    9472, fp32 7168). Longer masked rows run one CTA an SM; tiled, B1 H16 D128: H200
     S16k 0.941x the time of whole rows with a bf16 mask, 0.944x with a bool one, S12k 0.968x / 0.972x, S32k bool
     0.950x against tiles of 16384; H100 S16k bf16 0.984x, S32k 0.987x against tiles of 16384."""
     return _ring_keys(TWO_CTA_RING_BYTES if _ring_mask_bytes(case) else PIPE_RING_BYTES, case)

@@ -7,7 +7,7 @@
 // key length it covers. Python checks that in ~80 k instructions a call (the signature, the plan lookup, the
 // output, the argument struct); here it is a few hundred nanoseconds. attn_lt/api.py remembers a fused plan here
 // after running it (`remember`: the tensors of that call, the options, the plan's key range, launch arguments,
-// stream and scratch addresses); `call` runs a later call whose family, options, environment, stream and device are
+// stream and scratch addresses); `call` runs a later call whose family, options, settings, stream and device are
 // those of a remembered plan, and returns None for anything else, which then takes the Python path (which also
 // words every error: nothing is raised here). AttentionPlan.run does the same through a handle of its own (`bind`,
 // `run`: exactly the plan's tensors' family, key length and K/V strides).
@@ -102,7 +102,7 @@ struct LaunchSpec {
 struct Entry {
     Family family;
     PyObject* options = nullptr;  // a tuple of kOptions objects (owned)
-    PyObject* env = nullptr;      // the environment snapshot, a tuple (owned)
+    PyObject* settings = nullptr; // the settings it was remembered under, a tuple (owned)
     int64_t sk_lo = 1, sk_hi = 0;
     LaunchSpec spec;
 };
@@ -121,14 +121,14 @@ uint64_t generation = 1;     // of the scratch the launches write: clear() start
 PyObject* current_device = nullptr;  // () -> int: the current CUDA device
 PyObject* raw_stream = nullptr;      // (device) -> int: its current stream
 PyObject* capturing = nullptr;       // () -> bool: whether that stream captures a CUDA graph
-PyObject* environ = nullptr;         // os.environ's dict of encoded names and values
-PyObject* env_keys = nullptr;        // the encoded names of the variables a plan depends on (a tuple)
+PyObject* settings_src = nullptr;    // where the settings in force are: a dict (attn_lt.config)
+PyObject* settings_keys = nullptr;   // its keys that plans depend on (a tuple)
 long long hits = 0;
 constexpr const char* kBound = "attn_lt._fastpath.Bound";
 
 void drop(Entry& e) {
     Py_CLEAR(e.options);
-    Py_CLEAR(e.env);
+    Py_CLEAR(e.settings);
 }
 
 // Take entry i out of `entries`, its references released after the vector is consistent again.
@@ -146,7 +146,7 @@ void clear_entries() {
 }
 
 // An object the fast path compares: None, or exactly bool, int, float, str or bytes (the options attention()'s
-// plans are keyed on, and the environment's values). Their == runs no Python code (and never releases the GIL);
+// plans are keyed on). Their == runs no Python code (and never releases the GIL);
 // anything else (an array, a tensor, a subclass) is left to the Python path, which keys plans by hash and ==.
 bool simple(PyObject* o) {
     return o == Py_None || PyBool_Check(o) || PyLong_CheckExact(o) || PyFloat_CheckExact(o) ||
@@ -172,12 +172,12 @@ bool same_items(PyObject* a, PyObject* b) {
     return true;
 }
 
-// Whether the environment's variables still hold the entry's snapshot.
-bool env_holds(PyObject* snapshot) {
-    const Py_ssize_t n = PyTuple_GET_SIZE(env_keys);
+// Whether the settings in force are still those of the entry.
+bool settings_hold(PyObject* snapshot) {
+    const Py_ssize_t n = PyTuple_GET_SIZE(settings_keys);
     if (PyTuple_GET_SIZE(snapshot) != n) return false;
     for (Py_ssize_t i = 0; i < n; ++i) {
-        PyObject* now = PyDict_GetItemWithError(environ, PyTuple_GET_ITEM(env_keys, i));  // borrowed
+        PyObject* now = PyDict_GetItemWithError(settings_src, PyTuple_GET_ITEM(settings_keys, i));  // borrowed
         if (now == nullptr && PyErr_Occurred()) {
             PyErr_Clear();
             return false;
@@ -281,16 +281,16 @@ Outcome launch(const LaunchSpec& s, uint64_t gen, int device, const at::Tensor& 
     return Outcome::kDone;
 }
 
-// configure(current_device, raw_stream, capturing, environ, env_keys): where the stream, the device and the
-// environment come from (PyTorch's calls, os.environ's dict); clears the entries.
+// configure(current_device, raw_stream, capturing, settings_src, settings_keys): where the stream, the device and
+// the settings come from (PyTorch's calls, attn_lt.config's dict); clears the entries.
 PyObject* configure(PyObject*, PyObject* const* args, Py_ssize_t n) {
     if (n != 5 || !PyDict_Check(args[3]) || !PyTuple_Check(args[4])) {
         PyErr_SetString(PyExc_TypeError,
-                        "configure(current_device, raw_stream, capturing, environ: dict, env_keys: tuple)");
+                        "configure(current_device, raw_stream, capturing, settings_src: dict, settings_keys: tuple)");
         return nullptr;
     }
     clear_entries();
-    PyObject** slots[5] = {&current_device, &raw_stream, &capturing, &environ, &env_keys};
+    PyObject** slots[5] = {&current_device, &raw_stream, &capturing, &settings_src, &settings_keys};
     for (int i = 0; i < 5; ++i) {
         Py_INCREF(args[i]);
         Py_XSETREF(*slots[i], args[i]);
@@ -302,13 +302,13 @@ PyObject* configure(PyObject*, PyObject* const* args, Py_ssize_t n) {
 // addresses, and take nothing if a clear() came in between.
 PyObject* current_generation(PyObject*, PyObject*) { return PyLong_FromUnsignedLongLong(generation); }
 
-// remember(q, k, v, options, env, sk_lo, sk_hi, generation, <launch>): run attention()'s later calls of this family
-// (q, k, v's), options and environment with this launch (see parse_spec) while the key length stays within [sk_lo,
+// remember(q, k, v, options, settings, sk_lo, sk_hi, generation, <launch>): run attention()'s later calls of this family
+// (q, k, v's), options and settings with this launch (see parse_spec) while the key length stays within [sk_lo,
 // sk_hi] and the K/V strides are ones the kernel reads. Replaces the entry of the same family and options. Takes
 // nothing (returns None) for tensors `call` would not take, options that are not simple, or another generation.
 PyObject* remember(PyObject*, PyObject* const* a, Py_ssize_t n) {
     if (n != 15 || !PyTuple_Check(a[3]) || PyTuple_GET_SIZE(a[3]) != kOptions || !PyTuple_Check(a[4])) {
-        PyErr_Format(PyExc_TypeError, "remember(q, k, v, options: tuple of %zd, env: tuple, sk_lo, sk_hi, "
+        PyErr_Format(PyExc_TypeError, "remember(q, k, v, options: tuple of %zd, settings: tuple, sk_lo, sk_hi, "
                      "generation, <launch>)", kOptions);
         return nullptr;
     }
@@ -327,7 +327,7 @@ PyObject* remember(PyObject*, PyObject* const* a, Py_ssize_t n) {
     if (PyErr_Occurred() || !parse_spec(a + 8, e.spec)) return nullptr;
     for (size_t i = 0; i < entries.size(); ++i) {
         Entry& old = entries[i];
-        if (old.family == e.family && same_items(old.options, a[3]) && same_items(old.env, a[4])) {
+        if (old.family == e.family && same_items(old.options, a[3]) && same_items(old.settings, a[4])) {
             erase_entry(i);
             break;
         }
@@ -336,14 +336,14 @@ PyObject* remember(PyObject*, PyObject* const* a, Py_ssize_t n) {
     Py_INCREF(a[3]);
     Py_INCREF(a[4]);
     e.options = a[3];
-    e.env = a[4];
+    e.settings = a[4];
     entries.insert(entries.begin(), e);
     Py_RETURN_NONE;
 }
 
 // call(q, k, v, attn_mask, causal, scale, backend, return_lse, out, workspace_bytes, threshold, algo_policy,
 //      return_key_mass, key_mass_window, out_layout): attention()'s arguments; the output of a remembered plan's
-// launch, or None (not a remembered family, options or environment; a mask, out=, the LSE or the key mass asked
+// launch, or None (not a remembered family, options or settings; a mask, out=, the LSE or the key mass asked
 // for; grad; another stream or device; a graph capture; a failed allocation or launch).
 PyObject* call(PyObject*, PyObject* const* a, Py_ssize_t n) {
     const at::Tensor* t[3];
@@ -366,7 +366,7 @@ PyObject* call(PyObject*, PyObject* const* a, Py_ssize_t n) {
     const size_t i = find();
     if (i == entries.size()) Py_RETURN_NONE;
     const Entry& e = entries[i];
-    if (Sk < e.sk_lo || Sk > e.sk_hi || v.size(2) != Sk || !reads(k, v, f.v_in_k) || !env_holds(e.env))
+    if (Sk < e.sk_lo || Sk > e.sk_hi || v.size(2) != Sk || !reads(k, v, f.v_in_k) || !settings_hold(e.settings))
         Py_RETURN_NONE;
     // a copy: launch() asks PyTorch for the device and the stream, and another thread could change `entries`
     // meanwhile; a clear() (the scratch moved) shows in the generation
@@ -463,7 +463,7 @@ PyObject* guarded(PyObject* self, PyObject* const* a, Py_ssize_t n) {
 
 PyMethodDef methods[] = {
     {"configure", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(guarded<configure>)), METH_FASTCALL,
-     "configure(current_device, raw_stream, capturing, environ, env_keys)"},
+     "configure(current_device, raw_stream, capturing, settings_src, settings_keys)"},
     {"remember", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(guarded<remember>)), METH_FASTCALL,
      "remember a fused plan's launch for its family (see native/fastpath.cpp)"},
     {"call", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(guarded<call>)), METH_FASTCALL,

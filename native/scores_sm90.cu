@@ -1,6 +1,6 @@
 // The long path's Q@K^T on Hopper (sm_90a), FP32 scores: an alternative to cuBLASLt for the scores GEMM, run when
-// ATTN_LT_QK=native (attn_lt/lt/scores.py). cuBLASLt stays the default: this kernel is faster alone but slower
-// inside the long path's two lanes (tools/NOTES.md, nineteenth pass).
+// the settings' qk="native" option (attn_lt/lt/scores.py). cuBLASLt stays the default: this kernel is faster alone
+// but slower inside the long path's two lanes (docs/performance-log.md).
 //
 // The scores GEMM has k = D (64 or 128) and writes 4 bytes an output element, so its stores bound it, not its MMAs.
 // Here one tile's stores overlap the next tile's loads and MMAs:

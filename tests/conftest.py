@@ -28,14 +28,49 @@ def gpu_unavailable_reason() -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=1)
+def native_unavailable_reason() -> str | None:
+    """Why the tests that load the native library (without a GPU) cannot run here, or None when they can."""
+    from attn_lt import native
+
+    try:
+        native.load()
+    except native.NativeLibraryError as e:
+        return str(e)
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
-    reason = gpu_unavailable_reason()
-    if reason is None:
-        return
-    skip = pytest.mark.skip(reason=f"GPU test skipped: {reason}")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+    for marker, reason, what in (("gpu", gpu_unavailable_reason(), "GPU test"),
+                                 ("native", native_unavailable_reason(), "needs the native library")):
+        if reason is None:
+            continue
+        skip = pytest.mark.skip(reason=f"{what} skipped: {reason}")
+        for item in items:
+            if marker in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture
+def monkeypatch(monkeypatch):
+    """pytest's monkeypatch, and attn_lt reads its settings again after a test changes the environment (as a new
+    process would), and after the test."""
+    from attn_lt import config as settings
+
+    setenv, delenv = monkeypatch.setenv, monkeypatch.delenv
+
+    def setenv_(name, value, prepend=None):
+        setenv(name, value, prepend)
+        settings.reload()
+
+    def delenv_(name, raising=True):
+        delenv(name, raising)
+        settings.reload()
+
+    monkeypatch.setenv, monkeypatch.delenv = setenv_, delenv_
+    yield monkeypatch
+    monkeypatch.undo()
+    settings.reload()
 
 
 @pytest.fixture
@@ -55,11 +90,12 @@ def _private_algo_cache(tmp_path_factory):
     """Tests never touch the user's algorithm cache, and use cuBLASLt's heuristic unless a test asks to tune."""
     import os
 
-    from attn_lt import calibrate
+    from attn_lt import calibrate, config
 
     saved = {k: os.environ.get(k) for k in ("ATTN_LT_CACHE_DIR", "ATTN_LT_ALGO_POLICY")}
     os.environ["ATTN_LT_CACHE_DIR"] = str(tmp_path_factory.mktemp("algo_cache"))
     os.environ["ATTN_LT_ALGO_POLICY"] = "heuristic"
+    config.reload()
     shipped = calibrate.SHIPPED_DIR  # tests see the design default unless they ship a calibration themselves
     calibrate.SHIPPED_DIR = tmp_path_factory.mktemp("no_shipped_calibrations")
     calibrate.clear_cache()
@@ -71,6 +107,7 @@ def _private_algo_cache(tmp_path_factory):
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+    config.reload()
 
 
 # ---- helpers shared by the GPU tests of both paths -------------------------------------------------------------

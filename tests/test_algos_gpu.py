@@ -66,7 +66,7 @@ def test_candidates_heuristic_first_within_workspace(fresh):
 
 def test_split_k_offered_for_an_unbatched_long_reduction(fresh):
     """cuBLASLt 13.1 takes split-K only for unbatched GEMMs (every algorithm refuses it at batch > 1, see
-    tools/NOTES.md); the search must find those configurations, validated, with every reduction scheme."""
+    docs/performance-log.md); the search must find those configurations, validated, with every reduction scheme."""
     from attn_lt.lt.cublaslt import GemmKey
 
     key = GemmKey("pv", "bf16", 128, 4, 65536, 1, False, False, 128, 131072, 128, 0, 0, 0, 256, 256, 256)

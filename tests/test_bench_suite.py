@@ -484,14 +484,3 @@ def test_bench_lt_details_record_kernels_and_gemms(tmp_path, monkeypatch):
     assert lt["details"]["gemms"] and all(g["gemm"] for g in lt["details"]["gemms"])
     assert meta["host_cost"]["plan_run_us"] > 0
     assert all("details" not in r for r in rows if r["provider"] != "lt")
-
-
-def test_host_ab_exports_a_base_package_beside_this_one(tmp_path):
-    """tools/host_ab.py: another source tree's attn_lt becomes attn_lt_base, its custom op renamed so that both
-    packages import into one process."""
-    import host_ab
-
-    host_ab.export_base(os.path.dirname(TOOLS), str(tmp_path))
-    api = (tmp_path / "attn_lt_base" / "api.py").read_text()
-    assert "attn_lt_base::attention" in api and "attn_lt::attention" not in api
-    assert not (tmp_path / "attn_lt_base" / "_native").exists()

@@ -20,7 +20,6 @@ OPTIONS = (False, None, "auto", None, None, None, None, "bshd")  # causal ... ou
 CALL_DEFAULTS = dict(attn_mask=None, causal=False, scale=None, backend="auto", return_lse=False, out=None,
                      workspace_bytes=None, threshold=None, algo_policy=None, return_key_mass=False,
                      key_mass_window=None, out_layout="bshd")
-ENV = api.PLAN_ENV_VARS
 
 
 class Recorder:
@@ -68,10 +67,10 @@ def fp():
     fastpath.clear()
     rec = Recorder()
 
-    def remember(q, k, v, options=OPTIONS, keys=(64, 4096), launcher=None, stream=0, env=None):
-        env = config.env_snapshot(ENV) if env is None else env
+    def remember(q, k, v, options=OPTIONS, keys=(64, 4096), launcher=None, stream=0, settings=None):
+        settings = (config.current(),) if settings is None else settings
         out_shape = (q.shape[0], q.shape[2], q.shape[1], v.shape[3])
-        fastpath.remember(q, k, v, options, env, keys, fastpath.generation(), out_shape, bytes(template()),
+        fastpath.remember(q, k, v, options, settings, keys, fastpath.generation(), out_shape, bytes(template()),
                           launcher or rec.address, 4096, stream, 1 << 20, 2 << 20)
 
     yield types.SimpleNamespace(rec=rec, remember=remember)
@@ -186,13 +185,21 @@ def test_stride_rule_agrees_with_runs_keys_of(fp):
             fp.remember(q, k, k, keys=(1, float("inf")))
 
 
-def test_environment_and_grad_and_clear(fp, monkeypatch):
+def test_settings_and_grad_and_clear(fp, monkeypatch):
     q, k, v = qkv()
     fp.remember(q, k, v)
     assert fast(q, k, v) is not None
-    monkeypatch.setenv("ATTN_LT_THRESHOLD", "2048")  # a plan depends on it: the Python path plans anew
+    with config.override(threshold=2048):  # plans depend on the settings: new ones forget the launches
+        assert fast(q, k, v) is None
+        fp.remember(q, k, v)
+        assert fast(q, k, v) is not None
     assert fast(q, k, v) is None
-    monkeypatch.delenv("ATTN_LT_THRESHOLD")
+    fp.remember(q, k, v)
+    monkeypatch.setenv("ATTN_LT_THRESHOLD", "2048")  # the environment read again: new settings
+    assert fast(q, k, v) is None
+    fp.remember(q, k, v, settings=(object(),))  # remembered under other settings than those in force
+    assert fast(q, k, v) is None
+    fp.remember(q, k, v)
     assert fast(q, k, v) is not None
     with torch.enable_grad():
         assert fast(q.detach().requires_grad_(), k, v) is None
@@ -296,10 +303,9 @@ def test_odd_tensors_and_options_are_left_to_the_python_path(fp):
 
 def test_a_stale_or_missing_build_is_refused(tmp_path, monkeypatch):
     """The extension carries its sources' hash: one built from other sources is not loaded (nor a missing one)."""
-    other = (tmp_path / "attn_lt.h", tmp_path / "fastpath.cpp")
-    for p, src in zip(other, fastpath.SOURCES):
-        p.write_bytes(src.read_bytes() + b"// changed\n")
-    monkeypatch.setattr(fastpath, "SOURCES", other)
+    for name in ("attn_lt.h", "fastpath.cpp"):
+        (tmp_path / name).write_bytes((native.SOURCE_DIR / name).read_bytes() + b"// changed\n")
+    monkeypatch.setattr(native, "SOURCE_DIR", tmp_path)
     ext, why = fastpath._load()
     assert ext is None and "stale" in why and "make native" in why
     monkeypatch.setattr(fastpath, "extension_path", lambda: tmp_path / "_fastpath-none.so")

@@ -449,6 +449,7 @@ def test_j_mla_decode_through_attention_and_a_growing_cache(sm90):
                                        (dict(splits=2, o_part=(1 << 20) + 4, lse_part=1 << 20), "aligned"),
                                        (dict(splits=5000, o_part=1 << 20, lse_part=1 << 20), "length")],
                          ids=["two-queries", "v-elsewhere", "v-strides", "no-partials", "partials-4B", "parts"])
+@pytest.mark.native
 def test_j_mla_decode_refuses_what_is_not_a_latent_cache(bad, check):
     a = _args(D=576, Dv=512, Hq=128, Hkv=1, Sq=1, Sk=1000, q_sb=128 * 576, q_sh=576, q_ss=576, k_sb=1000 * 576,
               k_sh=1000 * 576, k_ss=576, v_sb=1000 * 576, v_sh=1000 * 576, v_ss=576, o_sb=128 * 512, o_sh=512,
@@ -566,6 +567,7 @@ def test_k_decode_masks_rows_and_positions(sm90, Sq, Hkv):
                                  dict(mask=1 << 20, mask_dtype=4, m_sh=16 * 1000, m_sq=1000, m_sk=1),
                                  dict(Sq=17, mask=1 << 20, mask_dtype=4, m_sq=1024, m_sk=1)],
                          ids=["d256", "dv64", "sq65", "mask-per-head", "mask-17-rows"])
+@pytest.mark.native
 def test_k_decode_refuses_what_it_does_not_run(bad):
     a = _args(Sq=16, Sk=1000, variant=native.FLASH_SM90_VARIANTS["decode"])
     for name, value in bad.items():
@@ -631,6 +633,7 @@ def _args(**kw):
                                        (dict(mask=(1 << 20) + 8, mask_dtype=2, m_sq=128, m_sk=1), "mask"),
                                        (dict(mask=1 << 20, mask_dtype=2, m_sq=128, m_sk=1, variant=1), "variant")],
                          ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()) if isinstance(d, dict) else d)
+@pytest.mark.native
 def test_invalid_arguments_refused_before_any_gpu_work(bad, check):
     """Each failed precondition is a status that names the check (native/attn_lt.h, attn_lt_status)."""
     with pytest.raises(native.CudaError, match=f"precondition failed: .*{check}"):
@@ -647,6 +650,7 @@ def test_library_holds_sm90a_code_with_wgmma():
         assert "HGMMA" in sass.stdout and "UTMALDG" in sass.stdout and "USETMAXREG" in sass.stdout
 
 
+@pytest.mark.native
 def test_not_supported_without_an_sm90_gpu():
     if torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0):
         pytest.skip("this machine has an sm_90 GPU")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import attn_lt
-from attn_lt import native
+from attn_lt import config, native
 from attn_lt.testing import causal_mask, reference, rel_error, sdpa, tolerance
 
 pytestmark = pytest.mark.gpu
@@ -133,12 +133,9 @@ def test_key_mass_matches_the_reference(case, monkeypatch):
     assert ((mass.double() - ref).abs() <= 4e-3 * ref + 1e-6).all()
     # asking for the mass keeps whole rows: the output of the same call without it bit for bit when that call keeps
     # whole rows too, and to rounding when it tiles the keys (here the float mask's 9000 keys over 3000 rows)
-    monkeypatch.setenv("ATTN_LT_KEY_TILES", "0")
-    attn_lt.api.clear_plans()
-    o2 = attn_lt.attention(q, k, v, attn_mask=mask, causal=c["causal"], backend="lt", **ws)
+    with config.override(key_tiles=False):
+        o2 = attn_lt.attention(q, k, v, attn_mask=mask, causal=c["causal"], backend="lt", **ws)
     assert torch.equal(o, o2)
-    monkeypatch.delenv("ATTN_LT_KEY_TILES")
-    attn_lt.api.clear_plans()
     o3 = attn_lt.attention(q, k, v, attn_mask=mask, causal=c["causal"], backend="lt", **ws)
     assert rel_error(o3, o) < 8e-3
     if "ws" in c:  # rows of 4096 keys or more: the softmax added at least one chunk's mass itself

@@ -142,14 +142,15 @@ KEY_TILE_CASES = [
 
 @pytest.mark.parametrize("B,Hq,Hkv,Sq,Sk,D,causal,dtype,budget", KEY_TILE_CASES)
 @pytest.mark.parametrize("lanes", ["1", "2"])
-def test_key_tiles(monkeypatch, B, Hq, Hkv, Sq, Sk, D, causal, dtype, budget, lanes):
+def test_key_tiles(B, Hq, Hkv, Sq, Sk, D, causal, dtype, budget, lanes):
+    from attn_lt import config
     from attn_lt.plan import make_plan
 
-    monkeypatch.setenv("ATTN_LT_LANES", lanes)
-    q, k, v = rand_qkv(B, Hq, Hkv, Sq, Sk, D, dtype)
-    p = attn_lt.plan(q, k, v, causal=causal, backend="lt", workspace_bytes=budget)
-    assert p.chunks.key_tile and any(c.tile == "mid" for c in p.chunks.chunks), p.chunks.summary()
-    check(q, k, v, causal=causal, workspace_bytes=budget)
+    with config.override(lanes=int(lanes)):
+        q, k, v = rand_qkv(B, Hq, Hkv, Sq, Sk, D, dtype)
+        p = attn_lt.plan(q, k, v, causal=causal, backend="lt", workspace_bytes=budget)
+        assert p.chunks.key_tile and any(c.tile == "mid" for c in p.chunks.chunks), p.chunks.summary()
+        check(q, k, v, causal=causal, workspace_bytes=budget)
     assert make_plan(p.case, budget, key_tiles=False).key_tile == 0
 
 

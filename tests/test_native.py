@@ -1,4 +1,5 @@
-"""The native build (nvcc, sm_80 + sm_90) and its loader; needs nvcc and the built library, not a GPU."""
+"""The native build (nvcc, sm_80 + sm_90) and its loader; the tests marked native need the built library, not a
+GPU."""
 
 import ctypes
 import shutil
@@ -9,6 +10,7 @@ import pytest
 from attn_lt import native
 
 
+@pytest.mark.native
 def test_library_loads_with_matching_abi_and_sources():
     lib = native.load()
     assert lib.attn_lt_abi_version() == native.ABI_VERSION
@@ -28,11 +30,13 @@ def test_struct_matches_header():
     assert f"#define ATTN_LT_ABI_VERSION {native.ABI_VERSION}" in header
 
 
+@pytest.mark.native
 def test_invalid_arguments_refused_without_touching_the_gpu():
     with pytest.raises(native.CudaError, match="rows=0"):
         native.softmax(native.SoftmaxArgs(), 0)  # all-zero arguments: refused by the host-side checks
 
 
+@pytest.mark.native
 @pytest.mark.skipif(shutil.which("cuobjdump") is None, reason="cuobjdump not on PATH")
 def test_built_for_sm80_and_sm90():
     out = subprocess.run(["cuobjdump", "--list-elf", str(native.library_path())], capture_output=True,
@@ -40,6 +44,7 @@ def test_built_for_sm80_and_sm90():
     assert "sm_80" in out and "sm_90" in out
 
 
+@pytest.mark.native
 def test_missing_and_stale_library_say_how_to_build(tmp_path, monkeypatch):
     native.load.cache_clear()
     monkeypatch.setattr(native, "_LIB_PATH", tmp_path / "nope.so")
@@ -57,6 +62,7 @@ def test_missing_and_stale_library_say_how_to_build(tmp_path, monkeypatch):
     native.load.cache_clear()
 
 
+@pytest.mark.native
 def test_precondition_statuses_name_the_check():
     """Launchers return an attn_lt_status naming the failed precondition (no GPU needed to read the names)."""
     header = (native.SOURCE_DIR / "attn_lt.h").read_text()

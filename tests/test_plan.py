@@ -317,11 +317,12 @@ def test_shapes_count_what_the_chunks_list():
     assert plan.to_dict()["chunks"] == len(plan.chunks) == sum(counted.values())
 
 
-def test_key_tiles_setting(monkeypatch):
+def test_key_tiles_option():
     case = Case.contiguous(1, 2, 2, 128, 65536, 64)
     assert make_plan(case, 8 * MiB).key_tile
-    monkeypatch.setenv("ATTN_LT_KEY_TILES", "0")
-    assert make_plan(case, 8 * MiB).key_tile == 0
-    monkeypatch.setenv("ATTN_LT_KEY_TILES", "2")
-    with pytest.raises(ValueError, match="ATTN_LT_KEY_TILES=2 must be 0 or 1"):
-        make_plan(case, 8 * MiB)
+    with config.override(key_tiles=False):
+        assert make_plan(case, 8 * MiB).key_tile == 0
+    assert make_plan(case, 8 * MiB).key_tile
+    with pytest.raises(ValueError, match="key_tiles must be True or False"):
+        with config.override(key_tiles=2):
+            pass

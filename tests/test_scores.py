@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from attn_lt import native
+from attn_lt import config, native
 from attn_lt.testing import rel_error, scores_args
 
 
@@ -127,24 +127,22 @@ def test_native_reasons_take_the_long_paths_chunks_and_refuse_the_rest():
         assert any(words in r for r in native_reasons(key, 132)), (words, native_reasons(key, 132))
 
 
-def test_qk_kernel_setting(monkeypatch):
+def test_qk_option():
     from attn_lt import config
 
-    monkeypatch.delenv("ATTN_LT_QK", raising=False)
-    assert config.qk_kernel() == "cublaslt"
-    monkeypatch.setenv("ATTN_LT_QK", "native")
-    assert config.qk_kernel() == "native"
-    monkeypatch.setenv("ATTN_LT_QK", "cublaslt")
-    assert config.qk_kernel() == "cublaslt"
-    monkeypatch.setenv("ATTN_LT_QK", "fast")
-    with pytest.raises(ValueError, match="ATTN_LT_QK"):
-        config.qk_kernel()
+    assert config.current().qk == "cublaslt"
+    with config.override(qk="native"):
+        assert config.current().qk == "native"
+    assert config.current().qk == "cublaslt"
+    with pytest.raises(ValueError, match="qk must be one of"):
+        with config.override(qk="fast"):
+            pass
 
 
 @pytest.mark.gpu
 @pytest.mark.usefixtures("sm90")
 @pytest.mark.parametrize("D,causal,Hkv", [(128, False, 4), (64, True, 2), (128, True, 1)])
-def test_long_path_with_the_native_qk_matches_cublaslt(monkeypatch, D, causal, Hkv):
+def test_long_path_with_the_native_qk_matches_cublaslt(D, causal, Hkv):
     """The same long-path call with its Q@K^T by the native kernel and by cuBLASLt: the explanation names the
     kernel, and the outputs agree to FP32 rounding of the scores."""
     import attn_lt
@@ -153,13 +151,13 @@ def test_long_path_with_the_native_qk_matches_cublaslt(monkeypatch, D, causal, H
     q, k, v = random_qkv(1, 4, Hkv, 1000, 8000, D, torch.bfloat16)  # 63 key blocks: a grid of 126 keeps K
     outs = {}
     for choice in ("native", "cublaslt"):
-        monkeypatch.setenv("ATTN_LT_QK", choice)
-        p = attn_lt.plan(q, k, v, causal=causal, backend="lt")
-        out = torch.full_like(q, math.nan)
-        p.run(q, k, v, out=out)
-        torch.cuda.synchronize()
-        sources = [g["algorithm"] for g in p.explain().gemms if g["role"] == "qk"]
-        assert all(("scores_sm90" in s) == (choice == "native") for s in sources), sources
+        with config.override(qk=choice):
+            p = attn_lt.plan(q, k, v, causal=causal, backend="lt")
+            out = torch.full_like(q, math.nan)
+            p.run(q, k, v, out=out)
+            torch.cuda.synchronize()
+            sources = [g["algorithm"] for g in p.explain().gemms if g["role"] == "qk"]
+            assert all(("scores_sm90" in s) == (choice == "native") for s in sources), sources
         outs[choice] = out
     assert not torch.isnan(outs["native"]).any()
     assert rel_error(outs["native"], outs["cublaslt"]) < 1e-3

@@ -118,7 +118,7 @@ FLUSHES = ("read", "write")
 
 
 #: Untimed calls of a provider before each of its timed rounds (``Timer.settle``), ms: about what the GPU's clock
-#: controller takes to follow a change of load (tools/NOTES.md, twentieth and twenty-first passes).
+#: controller takes to follow a change of load (docs/performance-log.md).
 SETTLE_MS = 100.0
 
 

@@ -8,7 +8,7 @@ SDPA backend that runs the case, on one GPU in one run, with the ceilings measur
                              [--list]
 
 Sections (bf16; ``--quick`` keeps the rows marked *):
-  overlap      lt with ATTN_LT_LANES=1 and =2 (two plans in one process, timed in interleaved rounds): B1 H16
+  overlap      lt with lanes=1 and =2 (two plans in one process, timed in interleaved rounds): B1 H16
                S16k D128* and B1 H32 S16k D64*, both also causal, and D128 with a (1,1,S,S) additive mask. Median
                ms, TFLOP/s, % of the floor, and where the GPU time goes (torch.profiler, at the end of the run: Q@K^T
                and P@V GEMM kernels, softmax, in all and per chunk, the span of the call and how much of it two
@@ -74,6 +74,7 @@ import bench  # noqa: E402
 from bench import (FAST_CALL_MS, SETTLE_MS, SLOW_ROUND_MS, GpuMonitor, Timer, ceilings, first_line,  # noqa: E402
                    gpu_state, peak_mib, sdpa_reasons, source_hash, timed_rounds, warm_up)
 from bench_suite import clock_section, markdown_tables  # noqa: E402
+from attn_lt import config  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SECTIONS = ("overlap", "wide", "mla_prefill", "mla_decode", "mass")
@@ -428,7 +429,7 @@ def table(rows: list[dict]) -> list[tuple[str, list[str], list[list[str]]]]:
             lines.append([c, shape, chunks, _cell(a, "ms", "{:.2f}"), _cell(a), _cell(a, "floor_pct"),
                           _cell(b, "ms", "{:.2f}"), _cell(b), _cell(b, "floor_pct"),
                           _f((b or {}).get("gain"), "{:.2f}x"), _f(fl), _kernels(a), _kernels(b)])
-        out.append(("overlap: attn_lt lt, ATTN_LT_LANES=1 vs 2 (chunks x lanes; % of the floor from this run's "
+        out.append(("overlap: attn_lt lt, lanes=1 vs 2 (chunks x lanes; % of the floor from this run's "
                     "GEMM and copy rates)", header, lines))
     for section, title in (("wide", "wide heads: TFLOP/s"), ("mla_prefill", "MLA prefill: TFLOP/s")):
         cs = _cases(rows, section)
@@ -815,28 +816,9 @@ def profile_call(fn, chunks: int | None) -> dict:
 
 @contextlib.contextmanager
 def lanes_env(lanes: int | None):
-    """ATTN_LT_LANES set (None: unset) while a plan is made, attention()'s plans cleared before and after so that
-    the setting takes effect."""
-
-    import attn_lt.api
-
-    def clear():
-        attn_lt.api.clear_plans()
-
-    old = os.environ.get("ATTN_LT_LANES")
-    if lanes is None:
-        os.environ.pop("ATTN_LT_LANES", None)
-    else:
-        os.environ["ATTN_LT_LANES"] = str(lanes)
-    clear()
-    try:
+    """The long path's ``lanes`` option set (None: the default) while the block runs: plans made in it use it."""
+    with config.override(**({} if lanes is None else {"lanes": lanes})):
         yield
-    finally:
-        if old is None:
-            os.environ.pop("ATTN_LT_LANES", None)
-        else:
-            os.environ["ATTN_LT_LANES"] = old
-        clear()
 
 
 def plan_info(p) -> dict:
@@ -998,7 +980,7 @@ def metadata(argv) -> dict:
     """The suite's metadata (``bench.metadata``: the GPU, driver, the GPU's state, versions, the sources' hash),
     with this tool's command and the lanes' setting."""
     meta = bench.metadata(argv)
-    meta.update(lanes_env=os.environ.get("ATTN_LT_LANES", "(unset: 2)"),
+    meta.update(lanes_env=str(config.current().lanes),
                 command="python tools/bench_lt.py " + " ".join(shlex.quote(a) for a in argv))
     return meta
 

@@ -441,7 +441,7 @@ def resolve(gemm, policy: str, workspace_limit: int, operands=None, deadline: fl
         return
     from .. import config
 
-    entry = tune(gemm, workspace_limit, operands, config.tune_ms())
+    entry = tune(gemm, workspace_limit, operands, config.current().tune_ms)
     gemm.use(make_algo(gemm, entry.config), entry.workspace, f"tuned ({cls})", True)
     stats["tuned"] += 1
     _store(env, cls, entry)

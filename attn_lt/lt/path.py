@@ -1,7 +1,7 @@
 """The long path ``lt``: its declaration and its executor.
 
 Per chunk of a :class:`~attn_lt.plan.Plan`: Q@K^T into the FP32 score region (cuBLASLt, or the Hopper kernel of
-``lt/scores.py`` with ``ATTN_LT_QK=native``), the native softmax (P in place over the scores, LSE), P@V into the
+``lt/scores.py`` under the ``qk="native"`` option), the native softmax (P in place over the scores, LSE), P@V into the
 output (cuBLASLt), all on the caller's current stream; a key tile's P@V goes to an FP32 partial output instead,
 which the native merge joins by LSE (the last tile writes the output). A :class:`Program` prepares one plan once —
 every chunk's operand offsets, both GEMMs with their descriptors and algorithms, the softmax arguments — so that a
@@ -163,7 +163,7 @@ class Program:
         a.Sq, a.Sk, a.g, a.Hkv, a.Hq = case.Sq, case.Sk, case.group, case.Hkv, case.Hq
         a.causal = int(case.causal)
         a.out_dtype = native.DTYPE_CODES[case.dtype]
-        a.variant = native.SOFTMAX_VARIANTS[config.softmax_variant()]
+        a.variant = native.SOFTMAX_VARIANTS[config.current().softmax]
         if case.mask is not None:
             a.mask_dtype = native.DTYPE_CODES[case.mask.dtype]
             a.m_sb, a.m_sh, a.m_sq, a.m_sk = case.mask.strides
@@ -223,7 +223,7 @@ class Program:
             if self.pending or summed is not None or not self._lean:
                 deadline = 0.0
                 if self.pending:
-                    budget = config.tune_call_ms() if tune_budget_ms is None else tune_budget_ms
+                    budget = config.current().tune_call_ms if tune_budget_ms is None else tune_budget_ms
                     deadline = time.perf_counter() + budget / 1e3
                 self._run_general(bases, lse_ptr, mask_ptr, mass_ptr, workspace, streams, may_tune, deadline,
                                   summed, key_mass_window, lanes)

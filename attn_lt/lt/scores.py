@@ -1,12 +1,13 @@
-"""The long path's Q@K^T on Hopper by native/scores_sm90.cu instead of cuBLASLt, when ``ATTN_LT_QK=native``.
+"""The long path's Q@K^T on Hopper by native/scores_sm90.cu instead of cuBLASLt, under the settings' ``qk="native"``
+option (``attn_lt.config.override``).
 
 The scores GEMM (k = D, FP32 output) is bound by its 4-byte stores. The native kernel overlaps one tile's TMA stores
 with the next tile's loads and MMAs on a persistent grid whose CTAs each keep one K block. Measured
-(``tools/bench_scores.py``, bf16, 2048 rows x 16384 keys x 3 heads): at D128 it writes 3.40 TB/s on the H200
+(``tools/experiments/bench_scores.py``, bf16, 2048 rows x 16384 keys x 3 heads): at D128 it writes 3.40 TB/s on the H200
 against cuBLASLt's 3.22 (2.62 against 2.49 on the H100), at D64 the same as cuBLASLt, and the long path with one
 lane gains up to 1.5 points of its floor; with the default two lanes the long path loses 1-3 points, since the
-kernel's grid holds every SM while the other lane's softmax waits for them. So cuBLASLt stays the default;
-``tools/NOTES.md`` (nineteenth pass) has the figures.
+kernel's grid holds every SM while the other lane's softmax waits for them. So cuBLASLt stays the default
+(docs/performance-log.md has the figures).
 
 :func:`qk_gemm` gives a chunk its Q@K^T: a :class:`NativeScores` where :func:`runs_native`, else cuBLASLt's
 :class:`~attn_lt.lt.cublaslt.Gemm`.
@@ -28,7 +29,7 @@ log = logging.getLogger("attn_lt")
 HEAD_DIMS = (64, 128)
 
 #: Where the algorithm of a native Q@K^T comes from, as ``explain`` shows it.
-SOURCE = "native (scores_sm90: Hopper Q@K^T, ATTN_LT_QK=native)"
+SOURCE = "native (scores_sm90: Hopper Q@K^T, the qk='native' option)"
 
 #: Mirrors of attn_lt_scores_sm90's checks (native/scores_sm90.cu): lengths, tiles, strides (bytes, as TMA takes).
 MAX_LENGTH = 1 << 31
@@ -100,16 +101,16 @@ class NativeScores:
 
 
 def runs_native(device: int, key: GemmKey) -> bool:
-    """Whether :func:`qk_gemm` gives ``key`` the native kernel on ``device``: ``ATTN_LT_QK=native``, a Hopper GPU,
+    """Whether :func:`qk_gemm` gives ``key`` the native kernel on ``device``: the ``qk="native"`` option, a Hopper GPU,
     and nothing in :func:`native_reasons`."""
-    if config.qk_kernel() != "native" or key.role != "qk":
+    if config.current().qk != "native" or key.role != "qk":
         return False
     facts = device_facts(device)  # the library's sm_90a build holds this kernel beside the fused one
     if facts is None or not facts.hopper:
         return False
     why = native_reasons(key, facts.sms)
     if why:
-        log.debug("ATTN_LT_QK=native: cuBLASLt runs %s: %s", key, "; ".join(why))
+        log.debug("qk=native: cuBLASLt runs %s: %s", key, "; ".join(why))
     return not why
 
 

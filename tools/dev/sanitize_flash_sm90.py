@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""A few small shapes through the Hopper fused kernels (native/flash_sm90.cu), each run once, for
+compute-sanitizer (both pipeline variants; D 64/128/256, MLA prefill's q/k 192 with v 128, MLA decode's q/k 576
+with v = k[..., :512] in parts, the decode kernel's 64-row blocks in parts, with and without a mask; fp16/bf16; key
+and query tails; causal with Sq != Sk both ways; GQA; a (B, S, H, D) view; dense masks read by TMA: bool and
+additive, shared by the heads, per head, one row for every query, a padded view). Exits 1 when an output is wrong, 2 when the kernels cannot run here.
+
+    compute-sanitizer --tool memcheck  python3 tools/dev/sanitize_flash_sm90.py
+    compute-sanitizer --tool racecheck python3 tools/dev/sanitize_flash_sm90.py
+    compute-sanitizer --tool synccheck python3 tools/dev/sanitize_flash_sm90.py
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+from bench_flash_sm90 import sm90_call  # noqa: E402
+
+from attn_lt import native  # noqa: E402
+from attn_lt.testing import forced_flash_error, random_qkv, reference, rel_error  # noqa: E402
+
+# (B, Hq, Hkv, Sq, Sk, D, dtype, causal, layout, variant)
+CASES = [
+    (1, 1, 1, 128, 128, 64, torch.bfloat16, False, "bhsd", "plain"),
+    (1, 1, 1, 128, 128, 64, torch.bfloat16, False, "bhsd", "default"),
+    (1, 2, 1, 97, 333, 64, torch.float16, True, "bhsd", "default"),
+    (2, 2, 2, 200, 130, 128, torch.bfloat16, True, "bhsd", "default"),
+    (1, 4, 2, 300, 517, 128, torch.float16, False, "bshd", "plain"),
+    (1, 2, 2, 1, 700, 128, torch.bfloat16, False, "bhsd", "default"),
+    (1, 2, 1, 160, 150, 256, torch.bfloat16, True, "bhsd", "default"),
+    (1, 1, 1, 64, 200, 256, torch.float16, False, "bshd", "plain"),
+]
+# MLA prefill, q/k head dim 192 and v's 128: (B, Hq, Hkv, Sq, Sk, dtype, causal, variant)
+MLA = [
+    (1, 2, 1, 200, 333, torch.bfloat16, True, "default"),
+    (1, 2, 2, 130, 97, torch.float16, False, "plain"),
+    (2, 2, 2, 1, 300, torch.bfloat16, False, "default"),
+]
+# MLA decode, v = k[..., :512]: (B, Hq, Hkv, Sk, dtype, parts of the keys)
+MLA_DECODE = [
+    (2, 128, 1, 333, torch.bfloat16, 1),
+    (1, 96, 1, 1000, torch.float16, 3),  # a partial second block of heads
+    (2, 16, 2, 130, torch.bfloat16, 5),  # parts without a key
+    (2, 128, 1, 4000, torch.bfloat16, 2),  # two parts, as B 32 takes them
+    (2, 128, 1, 2000, torch.bfloat16, 12),  # more parts than the wide merge takes (native/common.cuh)
+]
+# the decode kernel (64-row blocks of positions x heads, keys in parts): (B, Hq, Hkv, Sq, Sk, dtype, causal, parts,
+# layout, mask kind: None, "bool" or "add", (B, 1, Sq, Sk)[, head dim: 128 unless given])
+DECODE = [
+    (2, 32, 8, 16, 1000, torch.bfloat16, True, 3, "bhsd", None),
+    (1, 48, 4, 5, 300, torch.float16, False, 1, "bshd", None),
+    (1, 8, 8, 1, 129, torch.bfloat16, True, 2, "bhsd", None),
+    (2, 32, 8, 16, 1000, torch.bfloat16, True, 3, "bhsd", "bool"),
+    (1, 48, 4, 5, 300, torch.float16, False, 2, "bhsd", "add"),
+    (2, 32, 8, 16, 700, torch.bfloat16, True, 2, "bhsd", "bool", 64),
+]
+# (B, Hq, Hkv, Sq, Sk, D, dtype, causal, mask kind, mask shape): the default pipeline, masks in rows padded to 16
+MASKED = [
+    (1, 2, 1, 200, 333, 64, torch.bfloat16, True, "bool", "B1SqSk"),
+    (2, 4, 2, 300, 260, 128, torch.bfloat16, False, "add", "11SqSk"),  # one group of heads side by side
+    (1, 12, 4, 260, 300, 128, torch.bfloat16, True, "bool", "B1SqSk"),  # groups of 8 heads, the last one of 4
+    (1, 2, 2, 150, 517, 128, torch.float16, True, "add", "BHSqSk"),
+    (2, 2, 1, 160, 150, 256, torch.bfloat16, False, "bool", "B11Sk"),  # one mask row
+    (1, 2, 1, 200, 270, 256, torch.bfloat16, True, "bool", "B1SqSk"),  # 64-byte swizzle, every row's phase
+    (1, 2, 2, 130, 200, 256, torch.float16, True, "add", "11SqSk"),
+]
+
+
+def padded_mask(kind, shape, dtype):
+    """A random mask of ``shape``, a view into rows of Sk rounded up to 16 elements (16-byte aligned rows)."""
+    *lead, Sk = shape
+    full = torch.rand(*lead, -(-Sk // 16) * 16, device="cuda")
+    m = full > 0.3 if kind == "bool" else (full * 4 - 2).to(dtype)
+    return m[..., :Sk]
+
+
+def main() -> int:
+    if not torch.cuda.is_available() or not native.flash_sm90_supported():
+        print("sanitize_flash_sm90: needs a compute capability 9.0 GPU and the sm_90a kernel", file=sys.stderr)
+        return 2
+    torch.manual_seed(0)
+    bad = 0
+    for B, Hq, Hkv, Sq, Sk, D, dt, causal, layout, variant in CASES:
+        q, k, v = random_qkv(B, Hq, Hkv, Sq, Sk, D, dt, layout)
+        out = torch.full((B, Hq, Sq, D), math.nan, dtype=dt, device="cuda")
+        lse = torch.full((B, Hq, Sq), math.nan, device="cuda")
+        run, out, lse = sm90_call(q, k, v, causal, variant=variant, out=out, lse=lse)
+        run()
+        torch.cuda.synchronize()
+        ref, _ = reference(q, k, v, causal=causal)
+        err = rel_error(out, ref)
+        ok = err < 2e-2 and not torch.isnan(lse).any()
+        bad += not ok
+        print(f"B={B} Hq={Hq} Hkv={Hkv} Sq={Sq} Sk={Sk} D={D} {str(dt)[6:]} causal={int(causal)} {layout} "
+              f"{variant}: rel error {err:.2e} {'ok' if ok else 'WRONG'}", flush=True)
+    for B, Hq, Hkv, Sq, Sk, dt, causal, variant in MLA:
+        q, k, _ = random_qkv(B, Hq, Hkv, Sq, Sk, 192, dt, "bhsd")
+        v = torch.randn(B, Hkv, Sk, 128, device="cuda").to(dt)
+        out = torch.full((B, Hq, Sq, 128), math.nan, dtype=dt, device="cuda")
+        lse = torch.full((B, Hq, Sq), math.nan, device="cuda")
+        run, out, lse = sm90_call(q, k, v, causal, variant=variant, out=out, lse=lse)
+        run()
+        torch.cuda.synchronize()
+        err = rel_error(out, reference(q, k, v, causal=causal)[0])
+        ok = err < 2e-2 and not torch.isnan(lse).any()
+        bad += not ok
+        print(f"B={B} Hq={Hq} Hkv={Hkv} Sq={Sq} Sk={Sk} D=192 Dv=128 {str(dt)[6:]} causal={int(causal)} {variant}: "
+              f"rel error {err:.2e} {'ok' if ok else 'WRONG'}", flush=True)
+    for B, Hq, Hkv, Sk, dt, parts in MLA_DECODE:
+        q, k, _ = random_qkv(B, Hq, Hkv, 1, Sk, 576, dt, "bhsd")
+        err, ok = forced_flash_error(q, k, k[..., :512], splits=parts, kernel="sm90")
+        bad += not ok
+        print(f"B={B} Hq={Hq} Hkv={Hkv} Sk={Sk} D=576 Dv=512 (v in k) {str(dt)[6:]} parts={parts}: "
+              f"rel error {err:.2e} {'ok' if ok else 'WRONG'}", flush=True)
+    for B, Hq, Hkv, Sq, Sk, dt, causal, parts, layout, kind, *dim in DECODE:
+        D = dim[0] if dim else 128
+        q, k, v = random_qkv(B, Hq, Hkv, Sq, Sk, D, dt, layout)
+        m = None if kind is None else padded_mask(kind, (B, 1, Sq, Sk), dt)
+        err, ok = forced_flash_error(q, k, v, m, causal, splits=parts, kernel="sm90_decode")
+        bad += not ok
+        print(f"B={B} Hq={Hq} Hkv={Hkv} Sq={Sq} Sk={Sk} D={D} {str(dt)[6:]} causal={int(causal)} {layout} decode "
+              f"parts={parts} mask={kind}: rel error {err:.2e} {'ok' if ok else 'WRONG'}", flush=True)
+    for B, Hq, Hkv, Sq, Sk, D, dt, causal, kind, shape in MASKED:
+        q, k, v = random_qkv(B, Hq, Hkv, Sq, Sk, D, dt, "bhsd")
+        dims = {"B1SqSk": (B, 1, Sq, Sk), "11SqSk": (1, 1, Sq, Sk), "BHSqSk": (B, Hq, Sq, Sk), "B11Sk": (B, 1, 1, Sk)}
+        m = padded_mask(kind, dims[shape], dt)
+        err, ok = forced_flash_error(q, k, v, m, causal, kernel="sm90")
+        bad += not ok
+        print(f"B={B} Hq={Hq} Hkv={Hkv} Sq={Sq} Sk={Sk} D={D} {str(dt)[6:]} causal={int(causal)} {kind} mask "
+              f"{shape}: rel error {err:.2e} {'ok' if ok else 'WRONG'}", flush=True)
+    total = len(CASES) + len(MLA) + len(MLA_DECODE) + len(DECODE) + len(MASKED)
+    print(f"{total - bad} passed, {bad} failed")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
