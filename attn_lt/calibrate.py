@@ -504,12 +504,28 @@ def write_shipped(directory, entry: dict, merge: bool = False) -> Path:
 
 @dataclass(frozen=True)
 class Gpu:
-    """The current device as the calibrations know it: name, compute capability and, when cuBLASLt is available,
-    the environment key of this user's calibration file."""
+    """The current device as the calibrations know it: name, compute capability, and the environment key of this
+    user's calibration file (GPU and cuBLASLt version), given or found for ``device`` when asked."""
 
     name: str
     cc: str
-    env_key: str | None
+    env_key: str | None = None
+    device: int | None = None
+
+    def user_key(self) -> str | None:
+        """The key of this user's calibration, None without cuBLASLt. Asked only where that file exists: finding
+        cuBLASLt's version imports nvmath, which a process whose calls all take the fused path never needs."""
+        return self.env_key if self.env_key is not None or self.device is None else _env_key(self.device)
+
+
+@functools.lru_cache(maxsize=16)
+def _env_key(device: int) -> str | None:
+    try:
+        from .cache import current_env
+
+        return current_env(device).key()
+    except Exception:  # no nvmath / cuBLASLt: no environment key (the shipped calibration still applies)
+        return None
 
 
 @functools.lru_cache(maxsize=16)
@@ -517,13 +533,7 @@ def _gpu(device: int) -> Gpu:
     import torch
 
     p = torch.cuda.get_device_properties(device)
-    try:
-        from .cache import current_env
-
-        env_key = current_env(device).key()
-    except Exception:  # no nvmath / cuBLASLt: no environment key (the shipped calibration still applies)
-        env_key = None
-    return Gpu(p.name, f"{p.major}.{p.minor}", env_key)
+    return Gpu(p.name, f"{p.major}.{p.minor}", device=device)
 
 
 def current_gpu() -> Gpu | None:
@@ -540,9 +550,10 @@ def current_gpu() -> Gpu | None:
 def _load(cache_dir: str, shipped_dir: str, gpu: Gpu) -> tuple[Calibration, ...]:
     cache_dir, shipped_dir = Path(cache_dir), Path(shipped_dir)
     found = []
-    if gpu.env_key is not None:
-        p = cache_dir / FILE
-        entry = read(p)["thresholds"].get(gpu.env_key)
+    p = cache_dir / FILE
+    env_key = gpu.user_key() if p.is_file() else None
+    if env_key is not None:
+        entry = read(p)["thresholds"].get(env_key)
         if entry is not None:
             found.append(_entry_calibration(entry, "this GPU", gpu.name, str(p)))
     p = shipped_dir / shipped_name(gpu.name, gpu.cc)
