@@ -1281,9 +1281,11 @@ class AlgoCache:
         that have it open notice and open the new one). A store that does not exist is left absent. Raises
         :class:`CacheStoreError` when the store cannot be written (nothing removed)."""
         with self._lock:
-            if not os.path.lexists(self.path) and self._mode in (None, "absent"):
-                self._overlay.clear()
-                return 0
+            if self._mode in (None, "absent") and not os.path.lexists(self.path):
+                self._conn()
+                if self._mode == "absent":  # nothing to remove, and no file to create
+                    self._overlay.clear()
+                    return 0
             try:
                 n = self._transact(lambda db: db.execute("DELETE FROM entries").rowcount, "removed")
             except CacheStoreError as e:
@@ -1389,6 +1391,8 @@ class AlgoCache:
         name = os.fspath(src)
         with open_regular(src, MAX_IMPORT_BYTES) as f:
             total = sum(1 for _ in read_document(f, name))
+            with self._lock:
+                self._transact(lambda db: None, "imported")  # a store that cannot be written says so, even for 0
             f.seek(0)
             n, batch = 0, []
 
