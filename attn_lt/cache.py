@@ -30,6 +30,7 @@ Rules:
 
 from __future__ import annotations
 
+import atexit
 import codecs
 import datetime
 import functools
@@ -42,8 +43,10 @@ import os
 import re
 import sqlite3
 import stat
+import sys
 import threading
 import time
+import weakref
 from dataclasses import dataclass, fields
 from pathlib import Path
 from urllib.parse import quote
@@ -60,6 +63,9 @@ MAX_ENTRY_CHARS = 1 << 16  # one entry's JSON text
 MAX_KEY_CHARS = 512
 MAX_RUNNERS_UP = 4
 BUSY_TIMEOUT_MS = 2000  # how long a write waits for another process's write
+IMPORT_BATCH = 1000  # entries an import writes a transaction: other processes' writes interleave between them
+IMPORT_WAIT_S = 60.0  # how long an import waits, at most, for its turn to write one batch
+EXIT_FLUSH_WAIT_S = 10.0  # how long, at exit, a process waits to write the entries a busy store made it keep
 
 
 class CacheError(ValueError):
@@ -391,7 +397,7 @@ class _Reader:
 
     def __init__(self, f, name: str, max_bytes: int):
         self.f, self.name, self.max_bytes = f, name, max_bytes
-        self.dec = codecs.getincrementaldecoder("utf-8")("strict")
+        self.dec = codecs.getincrementaldecoder("utf-8-sig")("strict")  # a leading byte-order mark is skipped
         self.buf, self.pos, self.eof, self.nbytes, self.consumed = "", 0, False, 0, 0
 
     def error(self, what: str) -> CacheError:
@@ -443,6 +449,11 @@ class _Reader:
                     raise self.error(f"not valid JSON ({e.msg})") from None
             except RecursionError:
                 raise self.error("JSON nested too deeply") from None
+            except ValueError as e:  # Python's limit on the digits of an int (sys.get_int_max_str_digits)
+                if "digits" in str(e):
+                    raise self.error("a number with too many digits (more than "
+                                     f"{getattr(sys, 'get_int_max_str_digits', lambda: 4300)()})") from None
+                raise self.error(f"not valid JSON ({e})") from None
             if len(self.buf) - self.pos > max_chars:
                 raise self.error(f"a value longer than {max_chars} characters")
             self.fill()
@@ -621,10 +632,15 @@ class AlgoCache:
         self._lock = threading.RLock()
         self._db: sqlite3.Connection | None = None
         self._pid = -1
-        self._mode: str | None = None  # "rw" | "ro" | "memory"; None: not opened yet
+        # "rw" | "ro" | "memory" (opened to write, see _open); "reader" | "absent" | "unread" (opened to read only,
+        # see _open_reader: a read never creates, converts, migrates or moves a file); None: not opened yet
+        self._mode: str | None = None
+        self._reader_state = "ok"  # the state a reader-mode store reports
+        self._legacy_entries: dict[tuple[str, str], Entry] = {}  # an old algos.json, read (not migrated) by readers
         self._ino = None
         self._overlay: dict[tuple[str, str], Entry] = {}  # entries this process could not write
         self._warned: set[str] = set()
+        self._retry_at = 0.0  # when put() next retries the entries a failed write kept in memory
 
     # -- opening ----------------------------------------------------------------------------------------------
     def _warn_once(self, what: str, msg: str) -> None:
@@ -656,6 +672,7 @@ class AlgoCache:
     def _open(self) -> None:
         """Open (or create) the database; on any problem, degrade (one warning) or set a damaged one aside."""
         self._close()
+        self._legacy_entries = {}
         self._pid = os.getpid()
         deadline = time.monotonic() + self.busy_timeout_ms / 1000
         try:
@@ -805,14 +822,135 @@ class AlgoCache:
                     self.path, reason, aside.name)
         return True
 
-    def _conn(self) -> sqlite3.Connection | None:
-        """The connection of this process (reopened after a fork), None in memory mode."""
-        if self._mode is None or self._pid != os.getpid():
-            if self._db is not None and self._pid != os.getpid():
-                _ABANDONED.append(self._db)
+    def _conn(self, write: bool = False) -> sqlite3.Connection | None:
+        """The connection of this process (reopened after a fork, or when the file was removed or replaced), None
+        when there is nothing to read. Reads open the store read-only (:meth:`_open_reader`); the first write opens
+        it to write (:meth:`_open`: creating it, or setting a damaged one aside)."""
+        if self._pid != os.getpid() or (self._mode in ("rw", "reader", "absent") and self._replaced()):
+            if self._db is not None:
+                _ABANDONED.append(self._db)  # never closed: its close could delete a newer store's WAL by name
                 self._db = None
+            self._mode = None
+        if write and self._mode in (None, "reader", "absent", "unread"):
             self._open()
+        elif self._mode is None:
+            self._open_reader()
         return self._db
+
+    def _replaced(self) -> bool:
+        """Whether the file is no longer the one this process opened (``cache clear`` on a full disk removes it)
+        or, for a store read as absent, whether it exists now."""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return self._mode != "absent"
+        return self._mode == "absent" or st.st_ino != self._ino
+
+    def _open_reader(self) -> None:
+        self._legacy_entries = {}
+        self._open_reader_db()
+        try:
+            if self._legacy() != self.path and os.path.lexists(self._legacy()):
+                self._read_legacy(lambda env, key, e: self._legacy_entries.setdefault((env, key), e))
+        except OSError:
+            pass
+
+    def _open_reader_db(self) -> None:
+        """Open the store to read only: an absent file reads as empty and is not created; a damaged, foreign or
+        newer store is reported (``state``, one warning) and left where it is; nothing is converted or migrated.
+        A writable store is opened read-write with ``query_only`` (so that SQLite removes its WAL files when the
+        last connection closes), any other read-only."""
+        self._close()
+        self._pid = os.getpid()
+        self._ino = None
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            problem = self._directory_problem()
+            if problem is None:
+                self._mode, self.problem, self._reader_state = "absent", None, "ok"
+            else:
+                self._unread("memory", problem)
+            return
+        except OSError as e:
+            self._unread("memory", _errname(e))
+            return
+        if not stat.S_ISREG(st.st_mode):
+            self._unread("memory", f"it is {_kind(st.st_mode)}, not a regular file")
+            return
+        self._ino = st.st_ino
+        writable = os.access(self.path.parent, os.W_OK) and os.access(self.path, os.W_OK)
+        deadline = time.monotonic() + self.busy_timeout_ms / 1000
+        while True:
+            try:
+                if writable:
+                    self._db = self._connect("file:" + quote(str(self.path.resolve())) + "?mode=rw")
+                    self._db.execute("PRAGMA query_only = ON")
+                else:
+                    self._db = self._open_read_only()
+                verdict = self._check_schema(create=False)
+                break
+            except sqlite3.Error as e:
+                self._close()
+                if _corrupt(e):
+                    self._unread("damaged", str(e))
+                    return
+                if ("locked" in str(e) or "busy" in str(e)) and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                    continue
+                self._unread("memory", f"it is locked by another process ({e} after {self.busy_timeout_ms} ms)"
+                             if "locked" in str(e) or "busy" in str(e) else str(e))
+                return
+            except Exception as e:  # never fatal
+                self._close()
+                self._unread("memory", f"{type(e).__name__}: {_errname(e)}")
+                return
+        if verdict == "it holds no attn_lt tables":  # an empty file: an empty store
+            self._close()
+            self._mode, self.problem, self._reader_state = "absent", None, "ok"
+        elif verdict == "foreign":
+            self._close()
+            self._unread("damaged", "it is an SQLite database of another schema or version")
+        elif verdict is not None:
+            self._close()
+            self._unread("memory", verdict)
+        else:
+            self._mode = "reader"
+            self._reader_state, self.problem = ("ok", None) if writable else (
+                "read-only", "its file or directory is not writable")
+
+    def _directory_problem(self) -> str | None:
+        """Why the store's directory could not be made or written, or None (it exists and is writable, or the
+        nearest existing directory above it is)."""
+        d = self.path.parent
+        while True:
+            try:
+                st = os.stat(d)
+            except FileNotFoundError:
+                if d.parent == d:
+                    return f"cannot create its directory {self.path.parent}"
+                d = d.parent
+                continue
+            except OSError as e:
+                return f"cannot create its directory {self.path.parent}: {_errname(e)}"
+            if not stat.S_ISDIR(st.st_mode):
+                return f"cannot create its directory {self.path.parent}: {d} is {_kind(st.st_mode)}"
+            if not os.access(d, os.W_OK | os.X_OK):
+                return f"its directory {d} is not writable"
+            return None
+
+    def _unread(self, state: str, reason: str) -> None:
+        """A store a reader cannot use: reported once, left as it is (a write opens it again, and may set it
+        aside)."""
+        self._close()
+        self._mode, self._reader_state, self.problem = "unread", state, reason
+        if state == "damaged":
+            self._warn_once("damaged", f"attn_lt: the algorithm cache {self.path} is damaged ({reason}); nothing "
+                                       "is read from it and it is left as it is (the next write to the cache "
+                                       "moves it aside)")
+        else:
+            self._warn_once("memory", f"attn_lt: the algorithm cache {self.path} is unusable ({reason}); tuned "
+                                      "algorithms are kept in memory for this process only")
 
     # -- the old JSON file ------------------------------------------------------------------------------------
     def _legacy(self) -> Path:
@@ -888,10 +1026,11 @@ class AlgoCache:
     # -- status -----------------------------------------------------------------------------------------------
     @property
     def state(self) -> str:
-        """``"ok"``, ``"read-only"`` or ``"memory"`` (see the class docstring); opens the store if needed."""
+        """``"ok"``, ``"read-only"``, ``"memory"`` or ``"damaged"`` (a reader found it damaged and left it as it
+        is; see the class docstring); opens the store to read if needed (which creates nothing)."""
         with self._lock:
             self._conn()
-            return {"rw": "ok", "ro": "read-only", "memory": "memory"}[self._mode]
+            return {"rw": "ok", "ro": "read-only", "memory": "memory"}.get(self._mode, self._reader_state)
 
     def _bad_row(self, env, key, err) -> None:
         self.skipped_rows += 1
@@ -901,10 +1040,13 @@ class AlgoCache:
 
     def _on_error(self, e: sqlite3.Error, what: str) -> bool:
         """Handle a database error of a read or write; True when the operation may be retried once."""
+        if _corrupt(e) and self._mode == "reader":
+            self._unread("damaged", str(e))
+            return False
         if _corrupt(e):
             if self._set_aside(str(e)):
                 self._mode = None
-                self._conn()
+                self._conn(write=True)
                 return self._mode == "rw"
             return False
         self._warn_once(what, f"attn_lt: the algorithm cache {self.path} could not be {what} ({e})")
@@ -935,8 +1077,8 @@ class AlgoCache:
             if (ek, ks) in self._overlay:
                 return self._overlay[(ek, ks)]
             rows = self._select(f"SELECT {_COLS} FROM entries WHERE env = ? AND gemm = ?", (ek, ks))
-        if not rows:
-            return None
+            if not rows:
+                return self._legacy_entries.get((ek, ks))
         try:
             return _entry(rows[0][2:])
         except CacheError as err:
@@ -953,15 +1095,23 @@ class AlgoCache:
                 self._bad_row(row[0], row[1], err)
 
     def _merged(self, rows, env: str | None = None, key: str | None = None):
-        """Stored rows (sorted by env, key) merged with this process's unwritten entries."""
-        extra = sorted((e, k, x) for (e, k), x in self._overlay.items()
-                       if (env is None or e == env) and (key is None or k == key))
-        if not extra:
+        """Stored rows (sorted by env, key) merged with this process's unwritten entries (which win) and, for a
+        reader, an old algos.json not migrated yet (which loses)."""
+        def pick(d):
+            return sorted((e, k, x) for (e, k), x in d.items()
+                          if (env is None or e == env) and (key is None or k == key))
+
+        extra, legacy = pick(self._overlay), pick(self._legacy_entries)
+        if not extra and not legacy:
             yield from self._valid(rows)
             return
-        mine = {(e, k) for e, k, _ in extra}
-        stored = (r for r in self._valid(rows) if (r[0], r[1]) not in mine)
-        yield from heapq.merge(stored, extra, key=lambda r: (r[0], r[1]))
+        streams = [((e, k, 0, x) for e, k, x in extra), ((e, k, 1, x) for e, k, x in self._valid(rows)),
+                   ((e, k, 2, x) for e, k, x in legacy)]
+        last = None
+        for e, k, _, x in heapq.merge(*streams, key=lambda r: (r[0], r[1], r[2])):
+            if (e, k) != last:
+                last = (e, k)
+                yield e, k, x
 
     def items(self, env: str | None = None) -> list[tuple[str, str, Entry]]:
         """(environment key, GEMM key string, Entry) for every valid entry (of ``env`` if given), sorted; rows
@@ -984,7 +1134,7 @@ class AlgoCache:
         """How many entries the store holds (rows, valid or not) plus this process's unwritten ones."""
         with self._lock:
             rows = self._select("SELECT COUNT(*) FROM entries")
-            return (rows[0][0] if rows else 0) + len(self._overlay)
+            return (rows[0][0] if rows else 0) + len(self._overlay) + len(self._legacy_entries)
 
     def unsaved(self) -> int:
         """How many entries this process holds that the store could not take (read-only, unusable, full)."""
@@ -1003,33 +1153,62 @@ class AlgoCache:
             self._mode = None
 
     # -- writing ----------------------------------------------------------------------------------------------
-    def _transact(self, fn, what: str):
+    def _transact(self, fn, what: str, wait_s: float = 0.0):
         """Run ``fn(db)`` in one write transaction; returns its result, or raises CacheStoreError saying why
-        nothing was written."""
-        for attempt in range(2):
-            db = self._conn()
+        nothing was written. A busy store is waited for ``busy_timeout_ms``, then (``wait_s``) retried until
+        ``wait_s`` seconds have passed."""
+        deadline = time.monotonic() + wait_s
+        attempt = 0
+        while True:
+            db = self._conn(write=True)
             if self._mode != "rw":
                 raise CacheStoreError(f"the algorithm cache {self.path} cannot be written ({self.problem}); "
                                       f"nothing was {what}")
             try:
                 db.execute("BEGIN IMMEDIATE")
+                if self._replaced():  # removed while this process waited for the lock: write the new file
+                    _rollback(db)
+                    self._conn(write=True)
+                    continue
                 result = fn(db)
                 db.execute("COMMIT")
                 return result
             except sqlite3.Error as e:
                 _rollback(db)
-                if _corrupt(e) and attempt == 0 and self._on_error(e, "written"):
+                attempt += 1
+                if _corrupt(e) and attempt == 1 and self._on_error(e, "written"):
                     continue
-                raise CacheStoreError(f"the algorithm cache {self.path} could not be written ({e}); nothing was "
-                                      f"{what}") from None
+                busy = "locked" in str(e) or "busy" in str(e)
+                if busy and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    continue
+                err = CacheStoreError(f"the algorithm cache {self.path} could not be written ({e}"
+                                      f"{f', busy for {wait_s:.0f} s' if busy and wait_s else ''}); nothing was "
+                                      f"{what}")
+                err.busy, err.full = busy, _full(e)
+                raise err from None
             except BaseException:
                 _rollback(db)
                 raise
-        raise CacheStoreError(f"the algorithm cache {self.path} could not be written; nothing was {what}")
+
+    def _pending_rows(self) -> list:
+        """Rows of the entries this process kept in memory because a write failed (busy, locked, full) while the
+        store itself is writable: they are written with the next write, and before exit."""
+        return [_row(e, k, x) for (e, k), x in self._overlay.items()]
+
+    def _write_with_pending(self, db, row=None, pending: bool = True) -> int:
+        rows = self._pending_rows() if pending else []
+        if rows:
+            db.executemany(_INSERT, rows)
+        if row is not None:
+            db.execute(_INSERT, row)
+        return len(rows)
 
     def put(self, env: Env, key, entry: Entry) -> bool:
         """Store ``entry`` for ``key`` in ``env``; True when it reached the database. Never raises: a store that
-        cannot be written keeps the entry in this process's memory (reported once)."""
+        cannot be written keeps the entry in this process's memory (reported once); when the store is writable
+        but was busy or full, the entries kept are written with the next write and, at the latest, when the
+        process exits."""
         try:
             ks, ek = key_string(key), env.key()
             Env.parse(ek)
@@ -1038,20 +1217,51 @@ class AlgoCache:
             self._warn_once("entry", f"attn_lt: not storing an invalid algorithm cache entry: {e}")
             return False
         with self._lock:
+            retry = bool(self._overlay) and time.monotonic() >= self._retry_at  # at most once a second
             try:
-                self._transact(lambda db: db.execute(_INSERT, row), "stored")
+                self._transact(lambda db: self._write_with_pending(db, row, retry), "stored")
             except CacheStoreError as e:
+                self._retry_at = time.monotonic() + 1.0
                 self._overlay[(ek, ks)] = entry
                 if self._mode == "rw":  # memory / read-only were reported when opened
-                    self._warn_once("write", f"attn_lt: {e}; keeping new entries in memory for this process")
+                    _PENDING.add(self)
+                    self._warn_once("write", f"attn_lt: {e}; keeping new entries in memory and writing them with "
+                                             "the next write or before this process exits")
                 return False
             except Exception as e:  # never fatal
                 self._overlay[(ek, ks)] = entry
                 self._warn_once("write", f"attn_lt: could not store an entry in {self.path} "
                                          f"({type(e).__name__}: {e}); keeping it in memory")
                 return False
-            self._overlay.pop((ek, ks), None)
+            if retry:
+                self._overlay.clear()  # this entry, and every one kept before: written with it
+            else:
+                self._overlay.pop((ek, ks), None)
             return True
+
+    def flush(self, wait_s: float = 0.0) -> int:
+        """Write the entries kept in memory after a failed write (waiting up to ``wait_s`` seconds for a busy
+        store); returns how many are still unsaved. Never raises."""
+        with self._lock:
+            if not self._overlay:
+                return 0
+            try:
+                self._transact(self._write_with_pending, "stored", wait_s=wait_s)
+            except Exception:
+                return len(self._overlay)
+            self._overlay.clear()
+            return 0
+
+    def _flush_at_exit(self) -> None:
+        n = len(self._overlay)
+        if n and self._mode == "rw":
+            left = self.flush(EXIT_FLUSH_WAIT_S)
+            if left:
+                log.warning("attn_lt: %d tuned %s could not be written to the algorithm cache %s before exit "
+                            "(it stayed busy or full); they are lost", left, "entry" if left == 1 else "entries",
+                            self.path)
+            else:
+                log.info("attn_lt: wrote %d entries kept in memory to %s before exit", n, self.path)
 
     def remove(self, keys) -> int:
         """Remove the entries ``keys`` ((environment key, GEMM key string) pairs); returns how many the store
@@ -1065,17 +1275,72 @@ class AlgoCache:
             return n
 
     def clear(self) -> int:
-        """Remove every entry, for good (other processes write per row and never bring them back); returns how
-        many the store held. Raises :class:`CacheStoreError` when the store cannot be written (nothing removed)."""
+        """Remove every entry, for good (other processes write per row and never bring them back), and give the
+        space back (VACUUM, then the WAL truncated); returns how many the store held. On a full disk, where
+        even a delete cannot be written, the file itself is removed under the store's write lock (processes
+        that have it open notice and open the new one). A store that does not exist is left absent. Raises
+        :class:`CacheStoreError` when the store cannot be written (nothing removed)."""
         with self._lock:
-            n = self._transact(lambda db: db.execute("DELETE FROM entries").rowcount, "removed")
+            if self._mode in (None, "absent") and not os.path.lexists(self.path):
+                self._conn()
+                if self._mode == "absent":  # nothing to remove, and no file to create
+                    self._overlay.clear()
+                    return 0
+            try:
+                n = self._transact(lambda db: db.execute("DELETE FROM entries").rowcount, "removed")
+            except CacheStoreError as e:
+                if not getattr(e, "full", False):
+                    raise
+                n = self._remove_file()
+            else:
+                self._compact()
             self._overlay.clear()
             return n
 
+    def _compact(self) -> None:
+        """Give the space of removed rows back to the file system (best effort: a busy store stays its size)."""
+        db = self._db
+        try:
+            db.execute("VACUUM")
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        except sqlite3.Error as e:
+            log.info("attn_lt: the algorithm cache %s was cleared but not compacted (%s)", self.path, e)
+
+    def _remove_file(self) -> int:
+        """Clear a store on a full disk: take its write lock (which writes nothing), count, remove the database
+        and its WAL files; returns how many entries it held. Raises CacheStoreError if it cannot."""
+        db = self._conn(write=True)
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            n = db.execute("SELECT COUNT(*) FROM entries").fetchone()[0]
+            os.unlink(self.path)
+        except (sqlite3.Error, OSError) as e:
+            _rollback(db)
+            raise CacheStoreError(f"the algorithm cache {self.path} could not be cleared on a full disk "
+                                  f"({_errname(e) if isinstance(e, OSError) else e}); nothing was removed") from None
+        for suffix in ("-wal", "-shm"):
+            try:
+                os.unlink(str(self.path) + suffix)
+            except OSError:
+                pass
+        _rollback(db)
+        _ABANDONED.append(db)  # never closed: its close would delete, by name, the WAL of the next store
+        self._db, self._mode = None, None
+        log.info("attn_lt: the disk is full: removed the algorithm cache %s (%d entries) instead of deleting its "
+                 "rows", self.path, n)
+        return n
+
     def export(self, dest) -> int:
         """Write every valid entry to ``dest`` (a path, or a text file object) as a JSON cache document, one entry
-        a line; returns how many. A path is written through a temporary file beside it and renamed, so it is
-        never left half-written; FIFOs and devices are refused."""
+        a line; returns how many. A path is written through a temporary file beside it (``FILE.partial-<pid>``)
+        and renamed, so it is never left half-written; those of processes that died (SIGKILL) are removed by the
+        next export to the same file. FIFOs and devices are refused. A store that exists but cannot be read
+        (damaged, a newer schema, a directory, ...) raises :class:`CacheStoreError`: nothing is exported (unless
+        this process holds entries in memory: those are)."""
+        with self._lock:
+            if self.state in ("memory", "damaged") and not self._overlay:
+                raise CacheStoreError(f"the algorithm cache {self.path} cannot be read ({self.problem}); nothing "
+                                      "was exported")
         if hasattr(dest, "write"):
             with self._lock:
                 try:
@@ -1089,6 +1354,7 @@ class AlgoCache:
             st = None
         if st is not None and not stat.S_ISREG(st.st_mode):
             raise CacheError(f"{p} is {_kind(st.st_mode)}; export writes regular files only")
+        remove_stale_partials(p)
         tmp = f"{p}.partial-{os.getpid()}"
         try:
             with self._lock, open(tmp, "w", encoding="utf-8") as f:
@@ -1113,24 +1379,121 @@ class AlgoCache:
         return self._merged(rows)
 
     def import_file(self, src) -> int:
-        """Merge the entries of the JSON cache document ``src`` (streamed, validated entry by entry, applied in
-        one transaction: nothing is written if any part is bad); returns how many entries were stored.
-        Raises :class:`CacheError` for a bad or refused file, :class:`CacheStoreError` when the store cannot be
-        written; either way nothing was imported."""
-        with open_regular(src, MAX_IMPORT_BYTES) as f:
-            def run(db):
-                n, batch = 0, []
-                for env, key, e in read_document(f, os.fspath(src)):
-                    batch.append(_row(env, key, e))
-                    if len(batch) >= 4096:
-                        db.executemany(_INSERT, batch)
-                        n += len(batch)
-                        batch.clear()
-                db.executemany(_INSERT, batch)
-                return n + len(batch)
+        """Merge the entries of the JSON cache document ``src``; returns how many entries were stored.
 
+        The file is read twice, streamed: first validated whole (nothing is written if any part is bad), then
+        written :data:`IMPORT_BATCH` entries a transaction, so that other processes' writes (tuning) interleave
+        with an import of any size and concurrent imports take turns; a batch waits up to :data:`IMPORT_WAIT_S`
+        for the store. Raises :class:`CacheError` for a bad or refused file (nothing imported),
+        :class:`CacheStoreError` when the store cannot be written: nothing imported, or (:class:`ImportIncomplete`,
+        its ``imported`` and ``total``) the first batches only; importing the file again completes it (entries
+        are replaced, never duplicated)."""
+        name = os.fspath(src)
+        with open_regular(src, MAX_IMPORT_BYTES) as f:
+            total = sum(1 for _ in read_document(f, name))
             with self._lock:
-                return self._transact(run, "imported")
+                self._transact(lambda db: None, "imported")  # a store that cannot be written says so, even for 0
+            f.seek(0)
+            n, batch = 0, []
+
+            def write(rows):
+                with self._lock:
+                    self._transact(lambda db: db.executemany(_INSERT, rows), "imported", wait_s=IMPORT_WAIT_S)
+
+            try:
+                for env, key, e in read_document(f, name):
+                    batch.append(_row(env, key, e))
+                    if len(batch) >= IMPORT_BATCH:
+                        write(batch)
+                        n += len(batch)
+                        batch = []
+                if batch:
+                    write(batch)
+                    n += len(batch)
+            except (CacheError, CacheStoreError) as e:
+                if n == 0:
+                    raise
+                what = "changed while it was imported" if isinstance(e, CacheError) else "could not be written"
+                msg = str(e).replace("; nothing was imported", "")
+                raise ImportIncomplete(f"{msg}; {n} of {total} entries were imported before the {what.split()[0]}"
+                                       f" {'file' if isinstance(e, CacheError) else 'store'} {what}", n, total) \
+                    from None
+            return n
+
+    # -- streaming -------------------------------------------------------------------------------------------
+    def iter_items(self, env: str | None = None):
+        """As :meth:`items`, streamed from the database (memory independent of the number of entries; the
+        store's lock is held until the iteration ends). Raises :class:`CacheStoreError` if a read fails."""
+        with self._lock:
+            db = self._conn()
+            try:
+                if db is None:
+                    rows = iter(())
+                elif env is None:
+                    rows = db.execute(f"SELECT {_COLS} FROM entries ORDER BY env, gemm")
+                else:
+                    rows = db.execute(f"SELECT {_COLS} FROM entries WHERE env = ? ORDER BY gemm", (env,))
+                yield from self._merged(rows, env)
+            except sqlite3.Error as e:
+                raise CacheStoreError(f"the algorithm cache {self.path} could not be read ({e})") from None
+
+
+class ImportIncomplete(CacheStoreError):
+    """An import that stopped after writing its first batches: ``imported`` of ``total`` entries are stored."""
+
+    def __init__(self, message: str, imported: int, total: int):
+        super().__init__(message)
+        self.imported, self.total = imported, total
+
+
+def _full(e: sqlite3.Error) -> bool:
+    code = getattr(e, "sqlite_errorcode", None)
+    return (code is not None and code & 0xFF == 13) or "disk is full" in str(e) or "disk I/O error" in str(e)
+
+
+def remove_stale_partials(path) -> int:
+    """Remove the ``PATH.partial-<pid>`` files that exports by processes no longer running left beside
+    ``path``; returns how many."""
+    p = Path(os.fspath(path))
+    n = 0
+    try:
+        candidates = list(p.parent.glob(glob_escape(p.name) + ".partial-*"))
+    except OSError:
+        return 0
+    for c in candidates:
+        pid = c.name.rpartition("-")[2]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # still running (or not ours to signal): its export may be under way
+        except ProcessLookupError:
+            pass
+        except (PermissionError, OverflowError, OSError):
+            continue
+        try:
+            os.unlink(c)
+            n += 1
+            log.info("attn_lt: removed %s, left by an export that did not finish", c)
+        except OSError:
+            pass
+    return n
+
+
+def glob_escape(name: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", name)
+
+
+_PENDING: "weakref.WeakSet[AlgoCache]" = weakref.WeakSet()  # caches holding entries a busy store made them keep
+
+
+@atexit.register
+def _flush_pending() -> None:
+    for c in list(_PENDING):
+        try:
+            c._flush_at_exit()
+        except Exception:  # never fail an exit
+            pass
 
 
 def _rollback(db) -> None:

@@ -4,7 +4,11 @@ Exit codes: 0 ok; 1 a check failed or the command could not do what it was asked
 cache show of a missing key, a store that cannot be written: the message says what did and did not happen); 2 bad
 arguments or input (a bad import file) or no GPU for a command that needs one; 3 an unexpected error (one line;
 ``--debug`` or ``ATTN_LT_DEBUG=1`` shows the traceback). Text that comes from files or the environment is escaped
-before it reaches the terminal (control characters shown as ``\\xNN``)."""
+before it reaches the terminal (control characters shown as ``\\xNN``). Output that cannot be written (``/dev/full``)
+exits 1 with one line; a reader that leaves (``| head``) ends the command quietly.
+
+Start-up: this module imports only the standard library; torch and the rest of attn_lt are imported by the
+commands that need them, so that ``--help`` and the cache commands start at once."""
 
 from __future__ import annotations
 
@@ -14,9 +18,15 @@ import logging
 import math
 import os
 import re
+import signal
 import sys
 
 from . import __version__
+
+#: Head dims ``calibrate --dims`` takes (attn_lt.calibrate.HEAD_DIMS; a test holds the two equal).
+HEAD_DIMS = (64, 128, 192, 256, 576)
+#: Chunks ``explain --chunks`` lists unless told how many (``--chunks N`` or ``--chunks all``).
+CHUNKS_SHOWN = 1000
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -67,6 +77,8 @@ def _tolerance(text: str) -> float:
 
 def _int_list(allowed=None):
     def parse(text: str) -> list[int]:
+        nonlocal allowed
+        allowed = allowed() if callable(allowed) else allowed
         parts = [x.strip() for x in text.split(",")]
         try:
             values = [int(x, 10) for x in parts]
@@ -141,18 +153,67 @@ def cmd_info(a) -> int:
     return EXIT_OK
 
 
+def _chunk_count(text: str):
+    if text.lower() == "all":
+        return None
+    try:
+        value = int(text, 10)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"takes a number of chunks >= 0 or 'all', got {safe(text)!r}")
+    return value
+
+
+def _write_json_streaming(doc: dict, marker: str, items, after=None) -> None:
+    """``json.dumps(doc, indent=2)`` with the list at the string ``marker`` written item by item from ``items``
+    (an iterable of JSON-ready values): memory bounded by one item whatever their number. ``after``: {marker:
+    function} for values after the list that are known once it is written (they must follow it in ``doc``)."""
+    out = sys.stdout
+    text = json.dumps(doc, indent=2)
+    at = text.index(json.dumps(marker))
+    head, tail = text[:at], text[at + len(json.dumps(marker)):]
+    line = head.rsplit("\n", 1)[-1]
+    indent = " " * (len(line) - len(line.lstrip()) + 2)
+    out.write(head + "[")
+    first = True
+    for item in items:
+        out.write(("\n" if first else ",\n") + indent + json.dumps(item))
+        first = False
+    for m, value in (after or {}).items():
+        tail = tail.replace(json.dumps(m), json.dumps(value()))
+    out.write(("]" if first else "\n" + indent[:-2] + "]") + tail + "\n")
+
+
 def cmd_explain(a) -> int:
+    import itertools
+
     from .api import explain_case
 
     case = _case(a)
     e = explain_case(case, a.backend, _budget(a), a.threshold)
+    listing = a.chunks is not False and e.plan is not None
+    total = e.plan.n_chunks if e.plan is not None else 0
+    shown = total if not listing or a.chunks is None else min(total, a.chunks)
+    chunks = itertools.islice(e.plan.iter_chunks(), shown) if listing else iter(())
     if a.json:
-        print(json.dumps(e.to_dict(chunks=a.chunks), indent=2))
-    else:
-        print("\n".join(safe(line) for line in str(e).splitlines()))
-        if a.chunks and e.plan is not None:
-            for c in e.plan.iter_chunks():
-                print(f"  {c}")
+        d = e.to_dict()
+        if listing:
+            from dataclasses import asdict
+
+            d["plan"]["n_chunks"] = total
+            d["plan"]["chunks_omitted"] = total - shown
+            d["plan"]["chunks"] = "\x00chunks\x00"
+            _write_json_streaming(d, "\x00chunks\x00", (asdict(c) for c in chunks))
+        else:
+            print(json.dumps(d, indent=2))
+        return EXIT_OK
+    print("\n".join(safe(line) for line in str(e).splitlines()))
+    for c in chunks:
+        print(f"  {c}")
+    if listing and shown < total:
+        print(f"  ... and {total - shown} more chunk{'' if total - shown == 1 else 's'} "
+              f"(--chunks N lists N, --chunks all every one)")
     return EXIT_OK
 
 
@@ -234,28 +295,53 @@ def _store_note(cache) -> str:
     return "" if cache.state == "ok" else f" ({cache.state}: {cache.problem})"
 
 
-def cmd_cache(a) -> int:
-    from .cache import CacheError, CacheStoreError, default_cache, parse_key
+def _cache_list(a, cache, name: str) -> int:
+    """``cache list``: rows streamed from the store (memory independent of their number)."""
+    from .cache import CacheStoreError
 
-    cache = default_cache()
-    name = f"attn-lt cache {a.cache_cmd}"
-    if a.cache_cmd == "list":
-        items = cache.items()
+    out = sys.stdout
+    try:
         if a.json:
-            print(json.dumps({"path": str(cache.path), "state": cache.state, "problem": cache.problem,
-                              "skipped_rows": cache.skipped_rows, "entries": _entries_json(items)}, indent=2))
+            doc = {"path": str(cache.path), "state": cache.state, "problem": cache.problem, "entries": "\x00e\x00",
+                   "skipped_rows": "\x00s\x00"}
+            rows = ({"env": env, "gemm": k, **e.to_dict()} for env, k, e in cache.iter_items())
+            _write_json_streaming(doc, "\x00e\x00", rows, after={"\x00s\x00": lambda: cache.skipped_rows})
             return EXIT_OK
-        skipped = f"; {_plural(cache.skipped_rows, 'row', 'rows')} skipped (they fail validation)" \
-            if cache.skipped_rows else ""
-        print(safe(f"{cache.path}: {_entries(len(items))}{skipped}{_store_note(cache)}"))
-        if items:
-            print(f"{'gemm':<64} {'algo':>5} {'splitk':>6} {'tuned ms':>10} {'heur ms':>10} {'gain':>6}  env")
-        for env, k, e in items:
+        n = cache.count()
+        print(safe(f"{cache.path}: {_entries(n)}{_store_note(cache)}"))
+        header = True
+        for env, k, e in cache.iter_items():
+            if header:
+                print(f"{'gemm':<64} {'algo':>5} {'splitk':>6} {'tuned ms':>10} {'heur ms':>10} {'gain':>6}  env")
+                header = False
             gain = f"{e.heuristic_ms / e.median_ms:.2f}x" if e.heuristic_ms and e.median_ms else "-"
             heur = f"{e.heuristic_ms:>10.4f}" if e.heuristic_ms is not None else f"{'-':>10}"
-            print(f"{safe(k):<64} {e.config.algo_id:>5} {e.config.splitk:>6} {e.median_ms:>10.4f} {heur} "
-                  f"{gain:>6}  {safe(env)}")
-        return EXIT_OK
+            out.write(f"{safe(k):<64} {e.config.algo_id:>5} {e.config.splitk:>6} {e.median_ms:>10.4f} {heur} "
+                      f"{gain:>6}  {safe(env)}\n")
+    except CacheStoreError as e:
+        print(f"{name}: {safe(e)}", file=sys.stderr)
+        return EXIT_FAIL
+    if cache.skipped_rows:
+        print(safe(f"{_plural(cache.skipped_rows, 'row', 'rows')} skipped (they fail validation)"))
+    return EXIT_OK
+
+
+def cmd_cache(a) -> int:
+    from .cache import default_cache
+
+    cache = default_cache()
+    try:
+        return _cmd_cache(a, cache)
+    finally:
+        cache.close()  # the store's WAL files go with the last connection
+
+
+def _cmd_cache(a, cache) -> int:
+    from .cache import CacheError, CacheStoreError, ImportIncomplete, parse_key
+
+    name = f"attn-lt cache {a.cache_cmd}"
+    if a.cache_cmd == "list":
+        return _cache_list(a, cache, name)
     if a.cache_cmd == "show":
         try:
             parse_key(a.key)
@@ -281,7 +367,11 @@ def cmd_cache(a) -> int:
         except CacheStoreError as e:
             print(f"{name}: {safe(e)}", file=sys.stderr)
             return EXIT_FAIL
-        print(safe(f"removed {_entries(n)} from {cache.path}"))
+        try:
+            size = f"; the file is now {os.path.getsize(cache.path)} bytes"
+        except OSError:
+            size = "; no file is left"
+        print(safe(f"removed {_entries(n)} from {cache.path}{size}"))
         return EXIT_OK
     if a.cache_cmd == "export":
         try:
@@ -289,6 +379,11 @@ def cmd_cache(a) -> int:
         except CacheError as e:
             print(f"{name}: {safe(e)}", file=sys.stderr)
             return EXIT_USAGE
+        except CacheStoreError as e:
+            print(safe(f"{name}: {e}"), file=sys.stderr)
+            return EXIT_FAIL
+        except (BrokenPipeError, _OutputError):
+            raise  # the reader left, or standard output cannot be written: main says so (or nothing)
         except OSError as e:
             print(safe(f"{name}: could not write {a.file}: {e.strerror or e}; nothing was exported"), file=sys.stderr)
             return EXIT_FAIL
@@ -298,6 +393,10 @@ def cmd_cache(a) -> int:
     if a.cache_cmd == "import":
         try:
             n = cache.import_file(a.file)
+        except ImportIncomplete as e:
+            print(safe(f"{name}: {e}; run the import again to finish (entries already imported are replaced, "
+                       "not duplicated)"), file=sys.stderr)
+            return EXIT_FAIL
         except CacheStoreError as e:
             print(f"{name}: {safe(e)}", file=sys.stderr)
             return EXIT_FAIL
@@ -496,8 +595,6 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import calibrate  # the package (and torch) are loaded already: attn_lt/__init__ imports the API
-
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                         help="show the traceback of an unexpected error (also ATTN_LT_DEBUG=1)")
@@ -510,7 +607,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_info)
     s = sub.add_parser("explain", help="which path a case takes, why, and its chunk plan", parents=[common])
     _add_shape_args(s)
-    s.add_argument("--chunks", action="store_true", help="list every chunk of the plan")
+    s.add_argument("--chunks", type=_chunk_count, nargs="?", const=CHUNKS_SHOWN, default=False, metavar="N",
+                   help=f"list the plan's chunks: the first N (default {CHUNKS_SHOWN}) or 'all' (streamed; a plan "
+                        "of 10M keys has millions)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_explain)
     s = sub.add_parser("demo", help="run one attention call, check it against PyTorch and time both",
@@ -519,7 +618,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_demo)
     s = sub.add_parser("calibrate", help="time wmma against lt on this GPU over query length, key length, head dim "
                        "and causal; store the rules auto follows", parents=[common])
-    s.add_argument("--dims", type=_int_list(calibrate.HEAD_DIMS), default=None,
+    s.add_argument("--dims", type=_int_list(HEAD_DIMS), default=None,
                    help="head dims to measure, comma-separated (64, 128, 192 (as MLA prefill: v's head dim 128), "
                         "256, 576 (as MLA decode: v k's first 512 columns); default: those the fused path runs); the "
                         "stored and shipped calibrations keep the other head dims' measurements")
@@ -572,6 +671,53 @@ class _TerminalLog(logging.Handler):
 _LOG_HANDLER = _TerminalLog(logging.WARNING)
 
 
+class _OutputError(Exception):
+    """Standard output could not be written (a full disk, /dev/full, an I/O error): not the command's fault."""
+
+    def __init__(self, err: OSError):
+        super().__init__(err.strerror or str(err))
+        self.err = err
+
+
+class _Stdout:
+    """Standard output for one command: a write that fails says so as :class:`_OutputError` (a closed pipe stays
+    BrokenPipeError), so that the command ends with one clear line instead of an unexpected error."""
+
+    def __init__(self, f):
+        self._f = f
+
+    def write(self, text):
+        try:
+            return self._f.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise _OutputError(e) from None
+
+    def flush(self):
+        try:
+            self._f.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise _OutputError(e) from None
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+
+def _silence_stdout() -> None:
+    """Point file descriptor 1 at /dev/null: the interpreter's last flush then has nowhere to fail."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def _terminate(signum, frame):
+    raise SystemExit(128 + signum)  # unwinds: an export's temporary file is removed on the way out
+
+
 def main(argv=None) -> int:
     """Run one command; never raises (the exit code and one line on stderr say what went wrong)."""
     import traceback
@@ -586,8 +732,22 @@ def main(argv=None) -> int:
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     debug = getattr(args, "debug", False) or os.environ.get("ATTN_LT_DEBUG", "").strip() not in ("", "0")
     name = "attn-lt " + args.command + (f" {args.cache_cmd}" if args.command == "cache" else "")
+    real_stdout = sys.stdout
+    sys.stdout = _Stdout(real_stdout)
+    old_term = None
     try:
-        return args.fn(args)
+        old_term = signal.signal(signal.SIGTERM, _terminate)
+    except (ValueError, OSError):  # not the main thread
+        pass
+    try:
+        code = args.fn(args)
+        sys.stdout.flush()
+        return code
+    except _OutputError as e:
+        print(f"{name}: could not write to standard output: {safe(e)}", file=sys.stderr)
+        if sys.stdout is not real_stdout and real_stdout is sys.__stdout__:
+            _silence_stdout()
+        return EXIT_FAIL
     except (ValueError, TypeError) as e:
         if debug:
             traceback.print_exc()
@@ -597,10 +757,8 @@ def main(argv=None) -> int:
         print(f"\n{name}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # e.g. `attn-lt cache list | head`: the reader left; say nothing more
-        try:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        except (OSError, ValueError):
-            pass
+        if real_stdout is sys.__stdout__:
+            _silence_stdout()
         return EXIT_FAIL
     except Exception as e:
         if debug:
@@ -608,3 +766,10 @@ def main(argv=None) -> int:
         print(f"{name}: unexpected error: {type(e).__name__}: {safe(e)}"
               f"{'' if debug else ' (run with --debug or ATTN_LT_DEBUG=1 for the traceback)'}", file=sys.stderr)
         return EXIT_INTERNAL
+    finally:
+        sys.stdout = real_stdout
+        if old_term is not None:
+            try:
+                signal.signal(signal.SIGTERM, old_term)
+            except (ValueError, OSError):
+                pass

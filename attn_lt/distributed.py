@@ -383,11 +383,32 @@ _FIELDS = ("error", "world", "B", "Hq", "Hkv", "Sq", "Sk", "D", "Dv", "dtype", "
            "mask_dtype", "mask_B", "mask_H", "mask_rows", "mask_cols", "scale_bits")
 
 
+_META_DTYPES = ("float16", "bfloat16", "float32", "float64", "bool")
+
+
+def _field_value(name: str, value: int):
+    """A field of :func:`_meta` as a person reads it: dtypes, layouts and communication schemes by name, causal
+    as a bool, the scale as the float it encodes."""
+    if name in ("dtype", "mask_dtype"):
+        if name == "mask_dtype" and value == -1:
+            return "no mask"
+        return f"torch.{_META_DTYPES[value]}" if 0 <= value < len(_META_DTYPES) else "another dtype"
+    if name == "layout":
+        return LAYOUTS[value] if 0 <= value < len(LAYOUTS) else value
+    if name == "comm":
+        return COMMS[value] if 0 <= value < len(COMMS) else value
+    if name == "causal":
+        return bool(value)
+    if name == "scale_bits":
+        return struct.unpack("<d", struct.pack("<q", value))[0]
+    return value
+
+
 def _meta(q, k, v, st: _Setup | None) -> list[int]:
     if st is None:
         return [1] + [-1] * (len(_FIELDS) - 1)
     m = st.mask
-    dt = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool)
+    dt = tuple(getattr(torch, n) for n in _META_DTYPES)
     code = (lambda d: dt.index(d) if d in dt else len(dt))
     mask = [-1, 0, 0, 0, 0] if m is None else [code(m.dtype), *m.shape]
     return [0, st.world, *q.shape[:2], k.shape[1], st.Sq, st.Sk, q.shape[3], v.shape[3], code(q.dtype),
@@ -411,9 +432,10 @@ def _agree(group, device, meta: list[int], err: BaseException | None) -> None:
                          "there); no rank started communicating")
     for i, name in enumerate(_FIELDS):
         if len({row[i] for row in rows}) > 1:
-            raise ValueError(f"context_parallel_attention: the ranks disagree on {name}: "
-                             f"{[row[i] for row in rows]} (ranks 0..{world - 1}); every rank must pass shards of "
-                             "one call (same shapes, dtype, options)")
+            shown = "scale" if name == "scale_bits" else name
+            values = ", ".join(f"rank {r}: {_field_value(name, row[i])}" for r, row in enumerate(rows))
+            raise ValueError(f"context_parallel_attention: the ranks disagree on {shown} ({values}); every rank "
+                             "must pass shards of one call (same shapes, dtype, options)")
 
 
 # ---- the call ----------------------------------------------------------------------------------------------------

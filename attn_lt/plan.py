@@ -236,15 +236,23 @@ class Plan:
 
     @functools.cached_property
     def _shapes(self) -> dict[tuple, tuple[Chunk, int]]:
+        """Counted in closed form over the row blocks: runs of identical blocks (the full blocks of a plan without
+        causal masking, the all-masked blocks of causal Sq > Sk) are multiplied, and the key-tiled causal blocks,
+        whose tile lengths repeat every key_tile / row_block blocks, are counted by period (their middle tiles
+        by an arithmetic series); only a bounded number of blocks is visited whatever the length."""
         out: dict[tuple, list] = {}
         groups_of: dict[int, dict[int, tuple[int, int]]] = {}  # ne -> {GEMM size: (its first e0, how many)}
-        for rb in self.row_blocks():
-            groups = groups_of.get(rb.ne)
-            if groups is None:
-                groups = groups_of[rb.ne] = {}
-                for e0, ne in self.entry_groups(rb.ne):
-                    first, n = groups.get(ne, (e0, 0))
-                    groups[ne] = (first, n + 1)
+
+        def groups(ne: int) -> dict[int, tuple[int, int]]:
+            got = groups_of.get(ne)
+            if got is None:
+                got = groups_of[ne] = {}
+                for e0, size in self.entry_groups(ne):
+                    first, n = got.get(size, (e0, 0))
+                    got[size] = (first, n + 1)
+            return got
+
+        def add(rb: RowBlock, times: int = 1) -> None:
             t, n = self.key_tile, self.tile_count(rb.kend)
             if n == 1:
                 roles = (("", 0, rb.kend, 1),)
@@ -253,13 +261,83 @@ class Plan:
             for role, k0, k1, n_tiles in roles:
                 if not n_tiles:
                     continue
-                for ne, (e0, n_groups) in groups.items():
+                for ne, (e0, n_groups) in groups(rb.ne).items():
                     key = (rb.s1 - rb.s0 if rb.gi is not None else None, ne, k1 - k0, role)
                     got = out.get(key)
                     if got is None:
-                        out[key] = [Chunk(e0, ne, rb.gi, rb.s0, rb.s1, k1, k0, role), n_tiles * n_groups]
+                        out[key] = [Chunk(e0, ne, rb.gi, rb.s0, rb.s1, k1, k0, role), n_tiles * n_groups * times]
                     else:
-                        got[1] += n_tiles * n_groups
+                        got[1] += n_tiles * n_groups * times
+
+        def more(rows: int, ne: int, role: str, keys: int, count: int) -> None:
+            for size, (_, n_groups) in groups(ne).items():
+                out[(rows, size, keys, role)][1] += count * n_groups
+
+        case, g = self.case, self.case.group
+        if self.fold_group:
+            for rb in self.row_blocks():
+                add(rb)
+            return {k: (c, n) for k, (c, n) in out.items()}
+        m, Sq, t = self.row_block, case.Sq, self.key_tile
+        nb, nb_full = -(-Sq // m), Sq // m
+
+        def block(j: int, gi: int = 0) -> RowBlock:
+            s0 = j * m
+            s1 = min(Sq, s0 + m)
+            kend = _kend_of(case, s1)
+            return RowBlock(gi, s0, s1, kend, self._entries_a_gemm(s1 - s0, kend))
+
+        def add_block(j: int, times: int = 1) -> None:
+            for gi in range(g):  # the group's heads: the same shapes, the first head's chunk as the example
+                add(block(j, gi), times)
+
+        period = t // m if t and t % m == 0 else 0  # key tiles are multiples of the row block (_key_tiling)
+
+        def periodic(j: int) -> bool:  # a full, key-tiled block whose keys are not cut at Sk
+            s1 = (j + 1) * m
+            return (period > 0 and j < nb_full and _kend_of(case, s1) > t
+                    and _round_up(s1 + case.Sk - Sq, KEY_BLOCK) < case.Sk)
+
+        j = 0
+        if not case.causal:  # every full block alike
+            if nb_full:
+                add_block(0)
+                if nb_full > 1:
+                    add_block(1, nb_full - 1)
+            if nb > nb_full:
+                add_block(nb - 1)
+            return {k: (c, n) for k, (c, n) in out.items()}
+        masked = min(nb_full, max(0, (Sq - case.Sk) // m))  # blocks whose every row is masked (kend 0)
+        if masked:
+            add_block(0)
+            if masked > 1:
+                add_block(1, masked - 1)
+            j = masked
+        while j < nb:
+            if not periodic(j):
+                add_block(j)
+                j += 1
+                continue
+            lo, hi = j, nb_full  # the run of periodic blocks: [j, end), found by bisection (kend grows with j)
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (mid, hi) if periodic(mid) else (lo, mid)
+            end = lo + 1
+            head = min(end, j + 2 * period)  # two periods one by one: every shape of the run seen in order
+            for jj in range(j, head):
+                add_block(jj)
+            for r in range(period):  # the rest by residue: the same last tile, one more middle tile a period
+                j0 = head + r
+                if j0 >= end:
+                    break
+                k = (end - 1 - j0) // period + 1
+                rb = block(j0)
+                n0 = self.tile_count(rb.kend)
+                rows = rb.s1 - rb.s0
+                more(rows, rb.ne, "first", t, k * g)
+                more(rows, rb.ne, "mid", t, (k * (n0 - 2) + k * (k - 1) // 2) * g)
+                more(rows, rb.ne, "last", rb.kend - (n0 - 1) * t, k * g)
+            j = end
         return {k: (c, n) for k, (c, n) in out.items()}
 
     @property

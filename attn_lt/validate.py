@@ -63,7 +63,8 @@ class Case:
         is k's first Dv columns (k's strides)."""
         Dv = D if Dv is None else Dv
         k_strides = (Hkv * Sk * D, Sk * D, D, 1)
-        return cls(B, Hq, Hkv, Sq, Sk, D, dtype, causal, D**-0.5 if scale is None else float(scale), mask,
+        check_lengths(B, Hq, Hkv, Sq, Sk, D, Dv, v_in_k)
+        return cls(B, Hq, Hkv, Sq, Sk, D, dtype, causal, D**-0.5 if scale is None else check_scale(scale), mask,
                    (Hq * Sq * D, Sq * D, D, 1), k_strides, k_strides if v_in_k else (Hkv * Sk * Dv, Sk * Dv, Dv, 1),
                    Dv=Dv, v_in_k=bool(v_in_k))
 
@@ -139,6 +140,7 @@ def check_tensors(q, k, v, attn_mask=None, causal=False, scale=None, require_cud
                              f"stride {t.stride(2)} < head dim {t.shape[3]}); pass a materialised tensor")
     causal = check_causal(causal)
     scale = D**-0.5 if scale is None else check_scale(scale)
+    check_lengths(B, Hq, Hkv, Sq, Sk, D, Dv, v_is_in_k(k, v) if k.device.type != "meta" else False)
     mask = None
     if attn_mask is not None:
         mask = check_mask(attn_mask, (B, Hq, Sq, Sk), q.dtype)
@@ -206,15 +208,51 @@ def check_causal(causal) -> bool:
     raise TypeError(f"causal must be a bool, got {type(causal).__name__}{hint}")
 
 
+#: The longest query or key length: the kernels take lengths as 32-bit ints (native/flash.cu, flash_sm90.cu).
+MAX_LENGTH = 2**31 - 1
+#: The most bytes any one of q, k, v or the output may take: 1 TiB, several times what any GPU holds.
+MAX_TENSOR_BYTES = 2**40
+
+
+def check_lengths(B: int, Hq: int, Hkv: int, Sq: int, Sk: int, D: int, Dv: int, v_in_k: bool = False,
+                  esize: int = 2) -> None:
+    """Refuse lengths no GPU could hold, before any planning: Sq and Sk at most :data:`MAX_LENGTH` (2**31 - 1, the
+    kernels index rows with 32-bit ints) and q, k, v and the output each at most :data:`MAX_TENSOR_BYTES` (2**40
+    bytes, 1 TiB)."""
+    for name, n in (("Sq", Sq), ("Sk", Sk)):
+        if n > MAX_LENGTH:
+            raise ValueError(f"{name} = {n} is longer than attn_lt supports: lengths are at most 2**31 - 1 = "
+                             f"{MAX_LENGTH} (its kernels index rows with 32-bit ints)")
+    sizes = (("q", B * Hq * Sq * D), ("k", B * Hkv * Sk * D), ("v", 0 if v_in_k else B * Hkv * Sk * Dv),
+             ("the output", B * Hq * Sq * Dv))
+    for name, n in sizes:
+        if n * esize > MAX_TENSOR_BYTES:
+            raise ValueError(f"{name} would take {n * esize} bytes (B {B}, Hq {Hq}, Hkv {Hkv}, Sq {Sq}, Sk {Sk}, D {D}, "
+                             f"Dv {Dv}): more than the {MAX_TENSOR_BYTES} bytes (2**40, 1 TiB) attn_lt accepts for "
+                             "one tensor, more than any GPU holds")
+
+
+_F32_MAX = 3.4028234663852886e38
+
+
 def check_scale(scale) -> float:
-    """``scale`` as a float: a real number (int, float, numpy scalar; not bool), finite and > 0."""
+    """``scale`` as a float: a real number (int, float, numpy scalar; not bool), finite and > 0 both as given and
+    as the kernels see it, in float32 (1e300 would be inf there, 1e-320 zero)."""
     import numbers
+    import struct
 
     if isinstance(scale, bool) or type(scale).__name__ == "bool_" or not isinstance(scale, numbers.Real):
         raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
     value = float(scale)
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"scale must be a finite number > 0 (or None for D ** -0.5), got {value!r}")
+    try:
+        as_f32 = struct.unpack("f", struct.pack("f", value))[0]
+    except OverflowError:
+        as_f32 = math.inf
+    if not math.isfinite(as_f32) or as_f32 > _F32_MAX or as_f32 <= 0:
+        raise ValueError(f"scale = {value!r} is {'inf' if as_f32 > 0 else '0'} in float32, the precision the "
+                         f"kernels use; it must be finite and > 0 there (about 1.4e-45 to 3.4e38)")
     return value
 
 

@@ -274,10 +274,11 @@ def test_old_algos_json_is_migrated_once_and_renamed(tmp_path, caplog):
     (tmp_path / "algos.json").write_text(json.dumps(legacy_doc(3, bad=2), indent=1))
     with caplog.at_level(logging.INFO, logger="attn_lt"):
         c = store(tmp_path)
-        assert c.count() == 3
+        assert c.count() == 3  # read as it is: a read never moves a file
+        assert (tmp_path / "algos.json").exists() and not (tmp_path / "algos.sqlite").exists()
+        c.put(ENV, KEY, entry())  # the first write migrates it
     assert not (tmp_path / "algos.json").exists() and (tmp_path / "algos.json.migrated").exists()
     assert any("migrated 3 entries" in r.getMessage() and "skipped 2" in r.getMessage() for r in caplog.records)
-    c.put(ENV, KEY, entry())
     assert store(tmp_path).count() == 4  # not migrated again
 
 
@@ -286,6 +287,8 @@ def test_truncated_old_json_keeps_what_was_read_and_is_set_aside(tmp_path):
     (tmp_path / "algos.json").write_text(text[: int(len(text) * 0.7)])
     c = store(tmp_path)
     assert 1 <= c.count() < 5
+    c.put(ENV, KEY, entry())
+    assert 2 <= c.count() < 6
     assert not (tmp_path / "algos.json").exists() and list(tmp_path.glob("algos.json.bad-*"))
 
 

@@ -28,6 +28,7 @@ def test_info(capsys, tmp_path, monkeypatch):
     info = json.loads(out)
     assert code == 0 and info["workspace_budget_mib"] == 1024 and str(info["threshold"]).startswith("4096")
     assert info["cache"] == f"{tmp_path / 'algos.sqlite'} (0 entries)" and info["cache_state"] == "ok"
+    assert os.listdir(tmp_path) == []  # read-only: the store is not created
     from conftest import native_unavailable_reason
 
     assert info["native_library"].startswith("ok" if native_unavailable_reason() is None else "unavailable")
@@ -180,7 +181,7 @@ def test_cache_export_import_clear(capsys, fixture_cache):
     code, out, _ = run(capsys, "cache", "export", str(dest))
     assert code == 0 and out.strip() == f"exported 2 entries to {dest}"
     code, out, _ = run(capsys, "cache", "clear")
-    assert code == 0 and out.strip() == f"removed 2 entries from {fixture_cache / 'algos.sqlite'}"
+    assert code == 0 and out.startswith(f"removed 2 entries from {fixture_cache / 'algos.sqlite'}; the file is now")
     assert "0 entries" in run(capsys, "cache", "list")[1]
     code, out, _ = run(capsys, "cache", "import", str(dest))
     assert code == 0 and "imported 2 entries" in out
@@ -231,7 +232,9 @@ def test_unusable_store_no_traceback_and_commands_say_what_did_not_happen(capsys
     assert results["cache list"][0] == 0 and "memory" in results["cache list"][1]
     assert results["cache clear"][0] == 1 and "nothing was removed" in results["cache clear"][2]
     assert results["cache import"][0] == 1 and "nothing was imported" in results["cache import"][2]
-    assert results["cache export"][0] == 0 and "memory" in results["cache export"][1]
+    # an export that wrote nothing because the store cannot be read fails (a backup script must not take it for one)
+    assert results["cache export"][0] == 1 and "nothing was exported" in results["cache export"][2]
+    assert not (tmp_path / "o.json").exists()
     assert results["cache show"][0] == 1
 
 
@@ -285,8 +288,12 @@ def test_calibrate_without_gpu_exits_2(capsys):
 def test_the_real_entry_point_never_prints_a_traceback(tmp_path):
     (tmp_path / "algos.sqlite").write_bytes(b"\x00" * 4096)
     env = dict(os.environ, ATTN_LT_CACHE_DIR=str(tmp_path))
-    for argv in (["cache", "list"], ["cache"], ["explain", "--sq", "0"], ["cache", "import", "/dev/zero"]):
+    for argv in (["cache", "list"], ["cache"], ["explain", "--sq", "0"], ["cache", "import", "/dev/zero"], ["info"]):
         r = subprocess.run([sys.executable, "-m", "attn_lt", *argv], capture_output=True, text=True, env=env,
                            timeout=120)
         assert r.returncode in (0, 1, 2) and "Traceback" not in r.stderr, (argv, r.stderr)
-    assert list(tmp_path.glob("algos.sqlite.bad-*"))  # the damaged store was set aside, and said so
+    assert sorted(os.listdir(tmp_path)) == ["algos.sqlite"]  # read-only commands moved nothing
+    r = subprocess.run([sys.executable, "-m", "attn_lt", "cache", "clear"], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert r.returncode == 0 and "moved it to algos.sqlite.bad-" in r.stderr, r.stderr  # a writing command says so
+    assert list(tmp_path.glob("algos.sqlite.bad-*"))
