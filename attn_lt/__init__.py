@@ -9,8 +9,8 @@ __all__ = ["attention", "plan", "AttentionPlan", "explain", "__version__"]
 
 _API_NAMES = frozenset(("attention", "plan", "AttentionPlan", "explain"))
 _SUBMODULES = frozenset(("api", "backends", "cache", "calibrate", "cli", "config", "device", "distributed",
-                         "fastpath", "integrations", "lt", "maintenance", "merge", "native", "plan", "select",
-                         "testing", "validate", "wmma"))
+                         "fastpath", "integrations", "lt", "maintenance", "merge", "native", "chunks", "select",
+                         "testing", "validate", "fused"))
 
 
 def __getattr__(name: str):

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import torch
 
 from . import config, fastpath
-from .plan import Plan, make_plan, out_strides
+from .chunks import ChunkPlan, plan_chunks, out_strides
 from .select import Decision, route_of, select
 from .validate import Case, address_alignment, check_options, check_out, check_tensors, mask_alignment, out_shape
-from .wmma import FusedLaunch, device_facts, fused_launch, keys_of_most, most_splits
+from .fused import FusedLaunch, device_facts, fused_launch, keys_of_most, most_splits
 
 log = logging.getLogger("attn_lt")
 
@@ -124,7 +124,7 @@ class Explanation:
 
     case: Case
     decision: Decision
-    plan: Plan | None
+    plan: ChunkPlan | None
     gemms: tuple[dict, ...] = ()
     fused: FusedLaunch | None = None
 
@@ -156,7 +156,7 @@ class AttentionPlan:
     signature) and launches: no planning, no tuning once tuned, no allocation beyond the output, the LSE and the
     workspace (which the caller may pass). Make one with :func:`plan`."""
 
-    def __init__(self, case: Case, decision: Decision, chunks: Plan | None, signature: tuple | None,
+    def __init__(self, case: Case, decision: Decision, chunks: ChunkPlan | None, signature: tuple | None,
                  policy: str, out_align: int = 256, key_mass: bool = False, key_mass_window: int | None = None,
                  fused: FusedLaunch | None = None, out_layout: str = "bhsd"):
         self.case, self.chunks, self.policy, self.fused = case, chunks, policy, fused
@@ -188,7 +188,7 @@ class AttentionPlan:
 
     @property
     def program(self):
-        """The prepared launcher (``lt.path.Program`` or ``wmma.Program``), or None before the first run."""
+        """The prepared launcher (``lt.path.Program`` or ``fused.Program``), or None before the first run."""
         return self._program
 
     @property
@@ -205,9 +205,9 @@ class AttentionPlan:
                 p = self._program
                 if p is None:
                     if self.backend == "wmma":
-                        from .wmma import Program as WmmaProgram
+                        from .fused import Program as FusedProgram
 
-                        p = WmmaProgram(self.case, out_strides(self.case, self.out_layout), self.fused)
+                        p = FusedProgram(self.case, out_strides(self.case, self.out_layout), self.fused)
                     else:
                         from .lt.path import Program as LtProgram
 
@@ -514,7 +514,7 @@ def _plan_case(case: Case, backend: str, workspace_bytes, threshold, algo_policy
     policy = config.algo_policy(algo_policy)
     chunks = None
     if decision.backend == "lt":
-        chunks = make_plan(case, workspace_bytes, key_tiles=config.current().key_tiles and not return_key_mass)
+        chunks = plan_chunks(case, workspace_bytes, key_tiles=config.current().key_tiles and not return_key_mass)
     fused = None
     if decision.backend == "wmma":
         device = None if signature is None else _device_of(signature[0][_DEVICE]).index
@@ -527,7 +527,7 @@ def plan(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | None =
          workspace_bytes: int | None = None, threshold: int | None = None, algo_policy: str | None = None,
          return_key_mass: bool = False, key_mass_window: int | None = None, out=None,
          out_layout: str = "bhsd") -> AttentionPlan:
-    """Plan attention for tensors like these (validated once; no GPU work): returns an :class:`AttentionPlan`
+    """ChunkPlan attention for tensors like these (validated once; no GPU work): returns an :class:`AttentionPlan`
     whose ``run`` takes tensors of the same shapes, strides, dtypes and device. Arguments as in
     :func:`attention`; pass ``out`` if ``run`` will write into a preallocated output (its alignment counts)."""
     case = check_tensors(q, k, v, attn_mask, causal, scale)

@@ -1,4 +1,4 @@
-"""What a path can run, declared (xformers style). Each path declares itself beside its launcher (``attn_lt/wmma.py``,
+"""What a path can run, declared (xformers style). Each path declares itself beside its launcher (``attn_lt/fused.py``,
 ``attn_lt/lt/path.py``); the selector (``attn_lt/select.py``) asks every declaration why it would refuse a case."""
 
 from __future__ import annotations

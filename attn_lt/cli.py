@@ -468,7 +468,7 @@ def cmd_calibrate(a) -> int:
     from . import plan
     from .cache import current_env
     from .testing import time_ms
-    from .wmma import WMMA
+    from .fused import WMMA
 
     start = time.perf_counter()
     prop = torch.cuda.get_device_properties(torch.cuda.current_device())

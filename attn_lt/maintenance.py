@@ -35,7 +35,7 @@ def environment() -> dict:
             p = torch.cuda.get_device_properties(0)
             info["gpu"] = f"{p.name} (sm_{p.major}{p.minor}, {p.multi_processor_count} SMs, " \
                           f"{p.total_memory / 2**30:.0f} GiB)"
-            from .wmma import hopper_kernel
+            from .fused import hopper_kernel
 
             info["fused_kernel"] = ("sm_90a (wgmma + TMA) for prefill; mma.sync (split keys) for decode and masks"
                                     if hopper_kernel() else "mma.sync (split keys for decode)")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from . import calibrate, config
 from .lt.path import LT
 from .validate import Case
-from .wmma import WMMA
+from .fused import WMMA
 
 BACKENDS = ("lt", "wmma")
 DECLARATIONS = {"lt": LT, "wmma": WMMA}

@@ -217,9 +217,9 @@ def forced_flash(q, k, v, attn_mask=None, causal=False, splits: int = 1, kernel:
     ("sm90_decode", ``splits`` parts) — for tests, benchmarks and sanitizer runs: returns ``(run, out, lse)``;
     ``run()`` launches without allocating.
     out, lse and the workspace are poisoned with NaN first, so that whatever the kernel leaves unwritten shows."""
-    from .plan import out_strides
+    from .chunks import out_strides
     from .validate import check_tensors
-    from .wmma import MLA_DECODE, Program, fused_launch
+    from .fused import MLA_DECODE, Program, fused_launch
 
     case = check_tensors(q, k, v, attn_mask, causal)
     split = kernel in ("flash", "sm90_decode") or (case.D, case.Dv) == MLA_DECODE

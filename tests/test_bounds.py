@@ -74,13 +74,13 @@ def test_plans_are_counted_in_closed_form():
 
     from attn_lt.validate import Case
 
-    plan = importlib.import_module("attn_lt.plan")
+    plan = importlib.import_module("attn_lt.chunks")
     t0 = time.perf_counter()
-    p = plan.make_plan(Case.contiguous(1, 1, 1, 2**31 - 1, 2**31 - 1, 128, "bf16", True))
+    p = plan.plan_chunks(Case.contiguous(1, 1, 1, 2**31 - 1, 2**31 - 1, 128, "bf16", True))
     assert p.n_chunks > 10**10 and time.perf_counter() - t0 < 2
     for causal in (True, False):  # the counts agree with the chunks listed one by one
         for budget in (16 << 20, 256 << 20):
-            p = plan.make_plan(Case.contiguous(2, 4, 2, 70000, 90000, 128, "bf16", causal), budget)
+            p = plan.plan_chunks(Case.contiguous(2, 4, 2, 70000, 90000, 128, "bf16", causal), budget)
             listed = {}
             for c in p.iter_chunks():
                 k = (c.s1 - c.s0, c.ne, c.keys, c.tile)

@@ -133,7 +133,7 @@ def test_default_grid():
 
 
 def test_head_dim_192_is_measured_as_mla_prefill_where_the_fused_path_runs_it():
-    from attn_lt.wmma import WMMA
+    from attn_lt.fused import WMMA
 
     g = calibrate.grid((192,))
     assert {(c["D"], c["Dv"]) for c in g} == {(192, 128)} and calibrate.HEAD_DIMS == (64, 128, 192, 256, 576)
@@ -146,7 +146,7 @@ def test_head_dim_192_is_measured_as_mla_prefill_where_the_fused_path_runs_it():
 
 
 def test_head_dim_576_is_measured_as_mla_decode_with_v_in_k():
-    from attn_lt.wmma import WMMA
+    from attn_lt.fused import WMMA
 
     g = calibrate.grid((576,))
     assert all(c["v_in_k"] and (c["D"], c["Dv"]) == (576, 512) for c in g)

@@ -5,7 +5,7 @@ import pytest
 
 from attn_lt.lt.algos import GemmClass, bucket
 from attn_lt.lt.path import plan_gemm_keys
-from attn_lt.plan import make_plan
+from attn_lt.chunks import plan_chunks
 from attn_lt.validate import Case
 
 
@@ -15,7 +15,7 @@ def test_bucket_is_the_octave():
 
 
 def classes(case):
-    keys = plan_gemm_keys(case, make_plan(case))
+    keys = plan_gemm_keys(case, plan_chunks(case))
     return {GemmClass.of(k) for pair in keys for k in pair}
 
 
@@ -37,12 +37,12 @@ def test_leading_dimensions_and_strides_do_not_count():
 @pytest.mark.parametrize("S,most", [(32768, 24), (131072, 40)])
 def test_causal_prefill_meets_few_classes(S, most):
     case = Case.contiguous(1, 32, 32, S, S, 128, causal=True)
-    keys = plan_gemm_keys(case, make_plan(case))
+    keys = plan_gemm_keys(case, plan_chunks(case))
     assert len(classes(case)) <= most < len({k for pair in keys for k in pair})
 
 
 def test_class_keys_are_data():
-    c = GemmClass.of(plan_gemm_keys(Case.contiguous(1, 4, 4, 64, 1000, 64), make_plan(
+    c = GemmClass.of(plan_gemm_keys(Case.contiguous(1, 4, 4, 64, 1000, 64), plan_chunks(
         Case.contiguous(1, 4, 4, 64, 1000, 64)))[0][0])
     d = c.to_dict()
     assert d["rule"] == "pow2-div8" and d["k"] == 64 and d["div8"] == "mnk" and "lda" not in d

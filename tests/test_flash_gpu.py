@@ -7,9 +7,9 @@ import torch
 from conftest import DT, check, rand_qkv
 
 import attn_lt
-from attn_lt import wmma
+from attn_lt import fused
 from attn_lt.testing import forced_flash, reference, rel_error, sdpa, tolerance
-from attn_lt.wmma import hopper_kernel
+from attn_lt.fused import hopper_kernel
 
 pytestmark = pytest.mark.gpu
 
@@ -144,7 +144,7 @@ def test_decode_through_attention(Sq, Hkv, Sk):
     check(q, k, v, causal=Sq > 1, backend="wmma")
     e = attn_lt.explain(q, k, v, causal=Sq > 1, backend="wmma")
     rows = Sq * 32 // Hkv  # 32 to 64 rows a kv head: the Hopper decode kernel there
-    hopper = hopper_kernel() and wmma.SM90_DECODE_MIN_ROWS <= rows <= wmma.DECODE_ROWS
+    hopper = hopper_kernel() and fused.SM90_DECODE_MIN_ROWS <= rows <= fused.DECODE_ROWS
     kernel, name = ("sm90_decode", "flash_sm90.cu's decode kernel") if hopper else ("flash", "flash.cu")
     assert e.fused is not None and e.fused.kernel == kernel and name in str(e), str(e)
 

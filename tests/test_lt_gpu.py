@@ -144,21 +144,21 @@ KEY_TILE_CASES = [
 @pytest.mark.parametrize("lanes", ["1", "2"])
 def test_key_tiles(B, Hq, Hkv, Sq, Sk, D, causal, dtype, budget, lanes):
     from attn_lt import config
-    from attn_lt.plan import make_plan
+    from attn_lt.chunks import plan_chunks
 
     with config.override(lanes=int(lanes)):
         q, k, v = rand_qkv(B, Hq, Hkv, Sq, Sk, D, dtype)
         p = attn_lt.plan(q, k, v, causal=causal, backend="lt", workspace_bytes=budget)
         assert p.chunks.key_tile and any(c.tile == "mid" for c in p.chunks.chunks), p.chunks.summary()
         check(q, k, v, causal=causal, workspace_bytes=budget)
-    assert make_plan(p.case, budget, key_tiles=False).key_tile == 0
+    assert plan_chunks(p.case, budget, key_tiles=False).key_tile == 0
 
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_rows_longer_than_one_softmax_cta_are_tiled(causal):
     """The default budget fits whole rows here, but rows this long would run on clusters of softmax CTAs: the
     planner tiles the keys at most ONE_CTA_KEYS long (GQA, Sq != Sk)."""
-    from attn_lt.plan import ONE_CTA_KEYS
+    from attn_lt.chunks import ONE_CTA_KEYS
 
     q, k, v = rand_qkv(1, 4, 2, 600, ONE_CTA_KEYS + 1841, 64, "bf16")
     p = attn_lt.plan(q, k, v, causal=causal, backend="lt")
@@ -171,7 +171,7 @@ def test_rows_longer_than_one_softmax_cta_are_tiled(causal):
 def test_masked_rows_past_the_softmax_full_rate_are_tiled(kind, Sk):
     """A dense mask shares the softmax CTA's ring, so fewer keys fit: at the default budget a masked call past what
     two CTAs an SM hold is tiled at most that long (a row masked out in its first tile only, and one everywhere)."""
-    from attn_lt.plan import tile_keys
+    from attn_lt.chunks import tile_keys
 
     B, Hq, Sq = 1, 2, 520
     m = make_mask("1,1,Sq,Sk", kind, B, Hq, Sq, Sk)

@@ -93,11 +93,11 @@ def test_a_plan_whose_launch_stays_runs_every_step_itself(monkeypatch):
 def test_a_derived_plan_words_the_reason_a_fresh_plan_would_give(monkeypatch):
     """with_keys (CPU, real plans): the family's route is looked up once and reused while Sq < Sk stays; the
     derived plan's decision reads as a fresh plan's; a length the route sends to lt derives nothing."""
-    from attn_lt import wmma
+    from attn_lt import fused
     from attn_lt.select import select
     from attn_lt.validate import Case
 
-    monkeypatch.setattr(api, "device_facts", lambda device=None: wmma.ASSUMED_DEVICE)
+    monkeypatch.setattr(api, "device_facts", lambda device=None: fused.ASSUMED_DEVICE)
     monkeypatch.setenv("ATTN_LT_THRESHOLD", "4096")
     looked_up = []
     real_route_of = api.route_of
@@ -114,7 +114,7 @@ def test_a_derived_plan_words_the_reason_a_fresh_plan_would_give(monkeypatch):
     def full_plan(backend):
         c = case(1000)
         return api.AttentionPlan(c, select(c, backend), None, sig, "tune",
-                                 fused=wmma.fused_launch(c, wmma.ASSUMED_DEVICE))
+                                 fused=fused.fused_launch(c, fused.ASSUMED_DEVICE))
 
     base = p = full_plan("auto")
     assert base.backend == "wmma"
@@ -124,9 +124,9 @@ def test_a_derived_plan_words_the_reason_a_fresh_plan_would_give(monkeypatch):
         last, p = p, p.with_keys(s, "auto", None)
         assert p.derived and p.case.Sk == n and p.decision.reasons == select(case(n)).reasons
         assert p.decision.rejected == select(case(n)).rejected
-        assert p.fused == wmma.fused_launch(case(n), wmma.ASSUMED_DEVICE)
+        assert p.fused == fused.fused_launch(case(n), fused.ASSUMED_DEVICE)
         # the launch is looked up again only where the key length changes the most splits it allows
-        same = wmma.most_splits(n) == wmma.most_splits(last.case.Sk)
+        same = fused.most_splits(n) == fused.most_splits(last.case.Sk)
         assert (p.fused is last.fused) == same
         assert p.signature is s and base.case.Sk == 1000 and base.signature is sig  # the base plan unchanged
     assert len(looked_up) == 1
@@ -139,16 +139,16 @@ def test_a_derived_plan_words_the_reason_a_fresh_plan_would_give(monkeypatch):
 
 
 def test_a_latent_cache_plan_derives_only_while_v_stays_ks_first_columns(monkeypatch):
-    from attn_lt import wmma
+    from attn_lt import fused
     from attn_lt.select import select
     from attn_lt.validate import Case
 
-    monkeypatch.setattr(api, "device_facts", lambda device=None: wmma.ASSUMED_DEVICE)
+    monkeypatch.setattr(api, "device_facts", lambda device=None: fused.ASSUMED_DEVICE)
     q = torch.empty(4, 128, 1, 576, dtype=torch.bfloat16)
     cache = torch.empty(4, 1, 2000, 576, dtype=torch.bfloat16)
     sig = api.call_signature(q, cache[:, :, :1000], cache[:, :, :1000, :512], None, 256)
     c = Case.contiguous(4, 128, 1, 1, 1000, 576, Dv=512, v_in_k=True)
-    base = api.AttentionPlan(c, select(c, "wmma"), None, sig, "tune", fused=wmma.fused_launch(c, wmma.ASSUMED_DEVICE))
+    base = api.AttentionPlan(c, select(c, "wmma"), None, sig, "tune", fused=fused.fused_launch(c, fused.ASSUMED_DEVICE))
     k = cache[:, :, :1001]
     assert base.with_keys(api.call_signature(q, k, k[..., :512], None, 256), "wmma", None).case.v_in_k
     buf = torch.empty(4 * 2000 * 1024, dtype=torch.bfloat16)  # v at k's address (the family) with other strides
@@ -188,11 +188,11 @@ def test_runs_keys_of_holds_while_the_launch_and_the_route_stay(monkeypatch):
     """runs_keys_of (CPU, a real fused plan): a longer or shorter cache of the same split count and route runs on
     the plan as it is, strides reallocated or not; another split count, a length the route sends to lt, strides the
     kernel cannot read, or a masked plan do not."""
-    from attn_lt import wmma
+    from attn_lt import fused
     from attn_lt.select import select
     from attn_lt.validate import Case, MaskInfo
 
-    monkeypatch.setattr(api, "device_facts", lambda device=None: wmma.ASSUMED_DEVICE)
+    monkeypatch.setattr(api, "device_facts", lambda device=None: fused.ASSUMED_DEVICE)
     monkeypatch.setenv("ATTN_LT_THRESHOLD", "4096")
     kc = torch.empty(2, 8, 6000, 128, dtype=torch.bfloat16)
 
@@ -204,8 +204,8 @@ def test_runs_keys_of_holds_while_the_launch_and_the_route_stay(monkeypatch):
     c = Case.contiguous(2, 32, 8, 1, 1000, 128)
     c = Case(**{**c.__dict__, "k_strides": kc.stride(), "v_strides": kc.stride()})
     base = api.AttentionPlan(c, select(c), None, sig(kc[:, :, :1000]), "tune",
-                             fused=wmma.fused_launch(c, wmma.ASSUMED_DEVICE))
-    same = [n for n in (990, 1001, 1020) if wmma.most_splits(n) == wmma.most_splits(1000)]
+                             fused=fused.fused_launch(c, fused.ASSUMED_DEVICE))
+    same = [n for n in (990, 1001, 1020) if fused.most_splits(n) == fused.most_splits(1000)]
     assert same
     for n in same:
         assert base.runs_keys_of(sig(kc[:, :, :n]), "auto", None)
@@ -213,17 +213,17 @@ def test_runs_keys_of_holds_while_the_launch_and_the_route_stay(monkeypatch):
     assert not base.runs_keys_of(sig(kc[:, :, :2000]), "auto", None)  # another split count
     assert not base.runs_keys_of(sig(kc[:, :, :1001, ::2]), "auto", None)  # elements 2 apart: not readable
     forced = api.AttentionPlan(c, select(c, "wmma"), None, sig(kc[:, :, :1000]), "tune",
-                               fused=wmma.fused_launch(c, wmma.ASSUMED_DEVICE))
-    lo, hi = wmma.keys_of_most(wmma.most_splits(1000))
+                               fused=fused.fused_launch(c, fused.ASSUMED_DEVICE))
+    lo, hi = fused.keys_of_most(fused.most_splits(1000))
     assert forced.runs_keys_of(sig(kc[:, :, :hi]), "wmma", None)  # forced: the split count alone bounds it
     assert not forced.runs_keys_of(sig(kc[:, :, :hi + 1]), "wmma", None)
     masked = Case(**{**c.__dict__, "mask": MaskInfo("bool", "bool", (2, 1, 1, 1000), (0, 0, 0, 1))})
     mplan = api.AttentionPlan(masked, select(masked), None, sig(kc[:, :, :1000]), "tune",
-                              fused=wmma.fused_launch(masked, wmma.ASSUMED_DEVICE))
+                              fused=fused.fused_launch(masked, fused.ASSUMED_DEVICE))
     assert not mplan.runs_keys_of(sig(kc[:, :, :1001]), "auto", None)
     monkeypatch.setenv("ATTN_LT_THRESHOLD", "1001")  # the route of the family sends 1001 keys to lt
     fresh = api.AttentionPlan(c, select(c), None, sig(kc[:, :, :1000]), "tune",
-                              fused=wmma.fused_launch(c, wmma.ASSUMED_DEVICE))
+                              fused=fused.fused_launch(c, fused.ASSUMED_DEVICE))
     assert not fresh.runs_keys_of(sig(kc[:, :, :1001]), "auto", None)
     assert fresh.runs_keys_of(sig(kc[:, :, :1000]), "auto", None) and fresh.runs_keys_of(sig(kc[:, :, :lo]), "auto",
                                                                                           None)

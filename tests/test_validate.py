@@ -198,7 +198,7 @@ def test_workspace_bytes_checked_on_the_short_path_too():
 
 def test_output_layouts_shapes_and_strides():
     """out_layout "bshd": the output (B, Sq, Hq, Dv), whose strides over (B, Hq, Sq, Dv) the kernels are given."""
-    from attn_lt.plan import out_strides
+    from attn_lt.chunks import out_strides
     from attn_lt.validate import check_out, out_shape
 
     case = Case.contiguous(2, 8, 2, 5, 40, 64, Dv=32)

@@ -1,6 +1,6 @@
 """The long path ``lt``: its declaration and its executor.
 
-Per chunk of a :class:`~attn_lt.plan.Plan`: Q@K^T into the FP32 score region (cuBLASLt, or the Hopper kernel of
+Per chunk of a :class:`~attn_lt.chunks.ChunkPlan`: Q@K^T into the FP32 score region (cuBLASLt, or the Hopper kernel of
 ``lt/scores.py`` under the ``qk="native"`` option), the native softmax (P in place over the scores, LSE), P@V into the
 output (cuBLASLt), all on the caller's current stream; a key tile's P@V goes to an FP32 partial output instead,
 which the native merge joins by LSE (the last tile writes the output). A :class:`Program` prepares one plan once —
@@ -18,7 +18,7 @@ import torch
 
 from .. import config, native
 from ..backends import Backend
-from ..plan import Chunk, ChunkLayout, Plan, chunk_layout, tile_regions
+from ..chunks import Chunk, ChunkLayout, ChunkPlan, chunk_layout, tile_regions
 from ..validate import Case, address_alignment
 from . import algos, cublaslt, scores
 from .cublaslt import GemmKey
@@ -47,7 +47,7 @@ def gemm_keys(case: Case, lay: ChunkLayout, ptrs: tuple[int, int, int, int, int]
     return qk, pv
 
 
-def chunk_gemms(case: Case, plan: Plan, c: Chunk, bases: tuple[int, int, int, int, int]):
+def chunk_gemms(case: Case, plan: ChunkPlan, c: Chunk, bases: tuple[int, int, int, int, int]):
     """(layout, operand addresses of q, k, v, o and the scores, (qk, pv) keys) of chunk ``c``, given the base
     addresses of q, k, v, out and the score region (a key tile's partial output lies in the lane's tile
     accumulators, which start 256-byte aligned after the scores)."""
@@ -71,8 +71,8 @@ def model_bases(case: Case, out_align: int = 256) -> tuple[int, int, int, int, i
     return at(case.ptr_align), at(case.ptr_align), at(case.ptr_align), at(out_align), at(256)
 
 
-def plan_gemm_keys(case: Case, plan: Plan, out_align: int = 256) -> list[tuple[GemmKey, GemmKey]]:
-    """The (qk, pv) keys of one computed chunk of each shape of ``plan`` (:meth:`Plan.shapes`), in plan order."""
+def plan_gemm_keys(case: Case, plan: ChunkPlan, out_align: int = 256) -> list[tuple[GemmKey, GemmKey]]:
+    """The (qk, pv) keys of one computed chunk of each shape of ``plan`` (:meth:`ChunkPlan.shapes`), in plan order."""
     bases = model_bases(case, out_align)
     return [chunk_gemms(case, plan, c, bases)[2] for c, _ in plan.shapes().values() if c.kend]
 
@@ -86,7 +86,7 @@ PREPARED_MAX_CHUNKS = 4096
 class _Step:
     """One computed chunk: byte offsets of its operands from the bases, its GEMMs and softmax arguments; for a key
     tile, byte offsets from the lane's tile accumulators of its LSE and P@V output and of the four accumulators
-    (:func:`~attn_lt.plan.tile_regions`), and its merge's arguments (None for a first tile)."""
+    (:func:`~attn_lt.chunks.tile_regions`), and its merge's arguments (None for a first tile)."""
 
     __slots__ = ("chunk", "q", "k", "v", "o", "qk", "pv", "args", "lane", "tile_lse", "tile_out", "regions", "merge",
                  "adds_mass")
@@ -109,7 +109,7 @@ class Program:
     resolved (cache, or tuned on the call's own operands within ``ATTN_LT_TUNE_CALL_MS``) the first time it runs.
     One program serves one call at a time (a lock guards its argument structs)."""
 
-    def __init__(self, case: Case, plan: Plan, device: int, policy: str, out_align: int = 256):
+    def __init__(self, case: Case, plan: ChunkPlan, device: int, policy: str, out_align: int = 256):
         self.case, self.plan, self.device, self.policy = case, plan, device, policy
         self._lock = threading.Lock()
         self._alpha = np.array([case.scale], dtype=np.float32)
@@ -208,7 +208,7 @@ class Program:
         bases = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())
         lse_ptr, mask_ptr = lse.data_ptr(), (0 if mask is None else mask.data_ptr())
         if key_mass is not None and plan.key_tile:
-            raise ValueError("the attention mass per key needs a plan without key tiles (make_plan(key_tiles=False))")
+            raise ValueError("the attention mass per key needs a plan without key tiles (plan_chunks(key_tiles=False))")
         with self._lock:
             for c in self.empty_chunks:
                 _zero_masked_chunk(self.case, c, out, lse)

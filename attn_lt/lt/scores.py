@@ -19,7 +19,7 @@ import ctypes
 import logging
 
 from .. import config, native
-from ..wmma import device_facts
+from ..fused import device_facts
 from . import cublaslt
 from .cublaslt import GemmKey
 

@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from attn_lt.testing import forced_flash  # noqa: E402
 from attn_lt.validate import check_tensors  # noqa: E402
-from attn_lt.wmma import fused_launch  # noqa: E402
+from attn_lt.fused import fused_launch  # noqa: E402
 
 CASES = "8,32,8,1,32768;8,32,32,1,32768;8,32,8,16,32768;1,32,8,1,32768"
 

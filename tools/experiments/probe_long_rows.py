@@ -1,8 +1,8 @@
 """Probe: how long the long path's key tiles should be. Each shape runs under several tile caps, interleaved over
 two rounds at the default 1 GiB budget: ``whole`` (no row is tiled unless the budget forces it), ``rule`` (the
-shipped rule: :func:`attn_lt.plan.long_rows` and :func:`attn_lt.plan.tile_keys`), or a number N (calls of at
+shipped rule: :func:`attn_lt.chunks.long_rows` and :func:`attn_lt.chunks.tile_keys`), or a number N (calls of at
 least ``TILE_MIN_ROWS`` rows tile keys past N into balanced tiles of at most N, masked calls too). How
-``ONE_CTA_KEYS`` and the per-mask lengths in attn_lt/plan.py were put to use. A variant ``rbN`` instead keeps the
+``ONE_CTA_KEYS`` and the per-mask lengths in attn_lt/chunks.py were put to use. A variant ``rbN`` instead keeps the
 shipped tile rule and plans whole-row chunks of at most N query rows (``ROW_BLOCK``, ``CAUSAL_ROW_BLOCK``).
 
     python3 tools/experiments/probe_long_rows.py [--caps whole,rule,16384,8192] [--shapes 16:16384:16384:128,16:32768:32768:128:c]
@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import attn_lt  # noqa: E402
 from attn_lt.testing import events_ms  # noqa: E402
 
-planner = importlib.import_module("attn_lt.plan")  # attn_lt.plan is also the name of the public function
+planner = importlib.import_module("attn_lt.chunks")  # the planner of the long path's chunks
 
 SHAPES = ("16:32768:32768:128,16:32768:32768:128:c,16:65536:65536:128,16:65536:65536:128:c,32:131072:131072:128:c,"
           "4:65536:65536:512,16:1024:65536:128")

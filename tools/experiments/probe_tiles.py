@@ -1,5 +1,5 @@
 """Probe: the long path's key tiles at other row-block and tile sizes than the planner's (its constants replaced
-for the probe), on one causal shape. How ``TILE_ROWS`` and ``KEY_TILE_MAX`` in attn_lt/plan.py were chosen.
+for the probe), on one causal shape. How ``TILE_ROWS`` and ``KEY_TILE_MAX`` in attn_lt/chunks.py were chosen.
 
     python3 tools/experiments/probe_tiles.py [--heads 4] [--seq 524288]
 """
@@ -18,7 +18,7 @@ import attn_lt  # noqa: E402
 from attn_lt import config  # noqa: E402
 from attn_lt.testing import events_ms  # noqa: E402
 
-planner = importlib.import_module("attn_lt.plan")  # attn_lt.plan is also the name of the public function
+planner = importlib.import_module("attn_lt.chunks")  # the planner of the long path's chunks
 
 #: (rows a row block, longest tile (0: as long as the budget allows), lanes)
 VARIANTS = [(1024, 0, 2), (2048, 0, 2), (4096, 0, 2), (2048, 32768, 2), (1024, 0, 1)]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from attn_lt import config
-from attn_lt.plan import (KEY_BLOCK, ONE_CTA_KEYS, chunk_layout, make_plan, one_cta_keys, out_strides, score_ld,
+from attn_lt.chunks import (KEY_BLOCK, ONE_CTA_KEYS, chunk_layout, plan_chunks, one_cta_keys, out_strides, score_ld,
                           tile_keys)
 from attn_lt.testing import random_qkv, reference
 from attn_lt.validate import Case, check_tensors
@@ -44,7 +44,7 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=str)
 @pytest.mark.parametrize("budget_mib", [64, 1024])
 def test_every_row_once_and_within_budget(case, budget_mib):
-    plan = make_plan(case, budget_mib * MiB)
+    plan = plan_chunks(case, budget_mib * MiB)
     assert plan.workspace_bytes <= budget_mib * MiB
     assert (covered_rows(case, plan) == 1).all()
     next_key = 0  # a row block's key tiles follow each other from key 0
@@ -65,27 +65,27 @@ def test_every_row_once_and_within_budget(case, budget_mib):
 
 def test_causal_skips_about_half():
     case = Case.contiguous(1, 32, 32, 32768, 32768, 128, causal=True)
-    plan = make_plan(case, 1024 * MiB)
+    plan = plan_chunks(case, 1024 * MiB)
     done = sum(c.ne * plan.rows(c) * c.keys for c in plan.chunks)
     assert done / (32 * 32768**2) < 0.54  # the ideal is 0.5 + 1/(2 S)
 
 
 def test_budget_bounds_memory_whatever_the_length():
     for S in (16384, 65536, 262144):
-        plan = make_plan(Case.contiguous(1, 8, 8, S, S, 128), 256 * MiB)
+        plan = plan_chunks(Case.contiguous(1, 8, 8, S, S, 128), 256 * MiB)
         assert plan.workspace_bytes <= 256 * MiB
 
 
 def test_budget_from_environment_and_too_small(monkeypatch):
     case = Case.contiguous(1, 2, 2, 128, 65536, 64)
     monkeypatch.setenv("ATTN_LT_WORKSPACE_MB", "3")
-    assert make_plan(case).budget == 3 * MiB
+    assert plan_chunks(case).budget == 3 * MiB
     with pytest.raises(ValueError, match="too small.*Sk65536"):
-        make_plan(case, 200 * 1024, key_tiles=False)  # one row of scores does not fit
-    tiled = make_plan(case, 200 * 1024)  # key tiles do
+        plan_chunks(case, 200 * 1024, key_tiles=False)  # one row of scores does not fit
+    tiled = plan_chunks(case, 200 * 1024)  # key tiles do
     assert tiled.key_tile and tiled.workspace_bytes <= 200 * 1024
     with pytest.raises(ValueError, match="too small.*Sk65536"):
-        make_plan(case, 4 * 1024)  # not even a tile
+        plan_chunks(case, 4 * 1024)  # not even a tile
     monkeypatch.setenv("ATTN_LT_WORKSPACE_MB", "0")
     with pytest.raises(ValueError, match="ATTN_LT_WORKSPACE_MB"):
         config.workspace_bytes()
@@ -95,11 +95,11 @@ def test_budget_from_environment_and_too_small(monkeypatch):
 
 def test_gqa_folds_only_when_layout_allows():
     dec = Case.contiguous(8, 32, 8, 1, 65536, 128)
-    assert make_plan(dec).fold_group
+    assert plan_chunks(dec).fold_group
     q = torch.empty(2, 64, 32, 128, dtype=torch.bfloat16).transpose(1, 2)  # BSHD view, Sq = 64
     k = torch.empty(2, 8192, 8, 128, dtype=torch.bfloat16).transpose(1, 2)
     c = check_tensors(q, k, k, require_cuda=False)
-    plan = make_plan(c)
+    plan = plan_chunks(c)
     assert not plan.fold_group and not plan.combine_batch
     assert {ch.gi for ch in plan.chunks} == set(range(4))
 
@@ -197,7 +197,7 @@ def test_emulated_plan_matches_reference(B, Hq, Hkv, Sq, Sk, D, causal, mask, la
     elif mask == "float":
         m = torch.randn(1, Hq, 1, Sk)
     case = check_tensors(q, k, v, m, causal, require_cuda=False)
-    plan = make_plan(case, budget)
+    plan = plan_chunks(case, budget)
     assert len(plan.chunks) > 1
     out, lse = emulate(case, plan, q, k, v, m)
     ref, ref_lse = reference(q, k, v, m, causal, dtype=torch.float64)
@@ -215,7 +215,7 @@ def test_long_keys_are_tiled_and_the_grid_stays_bounded(S, causal):
 
     case = Case.contiguous(1, 32, 32, S, S, 128, causal=causal)
     t0 = time.perf_counter()
-    plan = make_plan(case, 1024 * MiB)
+    plan = plan_chunks(case, 1024 * MiB)
     summary = plan.summary()
     elapsed = time.perf_counter() - t0
     assert plan.key_tile and plan.row_block >= 1024 and "tiles of" in summary
@@ -245,13 +245,13 @@ def test_rows_longer_than_the_softmax_full_rate_are_tiled(Sq, Sk, causal, masked
     case = Case.contiguous(1, 16, Hkv, Sq, Sk, 128, causal=causal, mask=mask)
     most = tile_keys(case)
     assert most == (11264 if masked else ONE_CTA_KEYS)
-    plan = make_plan(case, 1024 * MiB)
+    plan = plan_chunks(case, 1024 * MiB)
     assert bool(plan.key_tile) == tiled, plan.summary()
     if tiled:
         assert plan.key_tile <= most and plan.row_block >= 512
         assert all(c.keys <= most for c, _ in plan.shapes().values())
         assert "full rate" in plan.summary()
-    assert make_plan(case, 1024 * MiB, key_tiles=False).key_tile == 0
+    assert plan_chunks(case, 1024 * MiB, key_tiles=False).key_tile == 0
 
 
 @pytest.mark.parametrize("dtype,keys,two_cta_keys", [("bool", 22528, 11264), ("bf16", 18688, 9472),
@@ -261,7 +261,7 @@ def test_one_cta_keys_fit_the_ring_beside_the_mask(dtype, keys, two_cta_keys):
     keys) its bytes fit kPipeSmem; a mask strided over keys is read from global memory, not through the ring.
     tile_keys is the longest masked row whose two slots, each CTA's 1 KB reserve and its static shared memory (under
     1 KB) fit two CTAs in a Hopper SM's 228 KB."""
-    from attn_lt.plan import PIPE_RING_BYTES
+    from attn_lt.chunks import PIPE_RING_BYTES
     from attn_lt.validate import MaskInfo
 
     def slot(c, esize):  # pipe_layout's slot_bytes, one CTA a row
@@ -285,11 +285,11 @@ def test_key_tiles_are_balanced(Sk):
     (28161 keys: two tiles of 14336 and 13825, not 26624 and 1537). Causal row blocks end at different keys, so
     their tiles keep the longest length (the rule measured on causal calls)."""
     longest = ONE_CTA_KEYS // 2048 * 2048
-    plan = make_plan(Case.contiguous(1, 8, 8, 2048, Sk, 128), 1024 * MiB)
+    plan = plan_chunks(Case.contiguous(1, 8, 8, 2048, Sk, 128), 1024 * MiB)
     n = -(-Sk // plan.key_tile)
     assert n == -(-Sk // longest), plan.summary()
     assert Sk - (n - 1) * plan.key_tile > plan.key_tile - 2048 * n, plan.summary()
-    assert make_plan(Case.contiguous(1, 8, 8, 2048, Sk, 128, causal=True), 1024 * MiB).key_tile == longest
+    assert plan_chunks(Case.contiguous(1, 8, 8, 2048, Sk, 128, causal=True), 1024 * MiB).key_tile == longest
 
 
 def test_one_cta_keys_is_what_the_softmax_ring_holds():
@@ -297,7 +297,7 @@ def test_one_cta_keys_is_what_the_softmax_ring_holds():
     import pathlib
     import re
 
-    from attn_lt.plan import PIPE_RING_BYTES
+    from attn_lt.chunks import PIPE_RING_BYTES
 
     src = (pathlib.Path(__file__).resolve().parents[1] / "native" / "softmax.cu").read_text()
     kb = int(re.search(r"constexpr int64_t kPipeSmem = (\d+) \* 1024;", src).group(1))
@@ -307,7 +307,7 @@ def test_one_cta_keys_is_what_the_softmax_ring_holds():
 
 def test_shapes_count_what_the_chunks_list():
     case = Case.contiguous(2, 8, 2, 3000, 9000, 64, causal=True)
-    plan = make_plan(case, 6 * MiB)
+    plan = plan_chunks(case, 6 * MiB)
     assert plan.key_tile
     counted = {}
     for c in plan.iter_chunks():
@@ -319,10 +319,10 @@ def test_shapes_count_what_the_chunks_list():
 
 def test_key_tiles_option():
     case = Case.contiguous(1, 2, 2, 128, 65536, 64)
-    assert make_plan(case, 8 * MiB).key_tile
+    assert plan_chunks(case, 8 * MiB).key_tile
     with config.override(key_tiles=False):
-        assert make_plan(case, 8 * MiB).key_tile == 0
-    assert make_plan(case, 8 * MiB).key_tile
+        assert plan_chunks(case, 8 * MiB).key_tile == 0
+    assert plan_chunks(case, 8 * MiB).key_tile
     with pytest.raises(ValueError, match="key_tiles must be True or False"):
         with config.override(key_tiles=2):
             pass

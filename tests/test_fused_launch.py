@@ -2,9 +2,9 @@
 
 import pytest
 
-from attn_lt import wmma
+from attn_lt import fused
 from attn_lt.validate import Case, MaskInfo
-from attn_lt.wmma import ASSUMED_DEVICE, DeviceFacts, fused_launch, hopper_mask_refusal, most_splits, split_count
+from attn_lt.fused import ASSUMED_DEVICE, DeviceFacts, fused_launch, hopper_mask_refusal, most_splits, split_count
 
 H100 = ASSUMED_DEVICE
 A100 = DeviceFacts(108, False, 166912)
@@ -44,36 +44,36 @@ def test_prefill_takes_the_hopper_kernel_unless_its_mask_or_gpu_rules_it_out():
 
 def test_mla_prefill_head_dims_take_the_hopper_kernel_only(monkeypatch):
     """q/k head dim 192 with v's 128: the Hopper kernel's row blocks, no mask; the declaration says why not."""
-    from attn_lt import wmma
+    from attn_lt import fused
 
     c = Case.contiguous(1, 128, 128, 8192, 8192, 192, causal=True, Dv=128)
-    assert fused_launch(c, H100).kernel == "sm90" and wmma.WMMA.not_supported_reasons(c) == []
+    assert fused_launch(c, H100).kernel == "sm90" and fused.WMMA.not_supported_reasons(c) == []
     m = MaskInfo("bool", "bool", (1, 1, 8192, 8192), (0, 0, 8192, 1))
     masked = Case.contiguous(1, 128, 128, 8192, 8192, 192, mask=m, Dv=128)
-    assert "no masked build" in wmma.WMMA.not_supported_reasons(masked)[0]
+    assert "no masked build" in fused.WMMA.not_supported_reasons(masked)[0]
     decode = Case.contiguous(4, 128, 128, 16, 8192, 192, Dv=128)  # 16 rows a kv head
-    assert "more than 64 rows a kv head (16 here)" in wmma.WMMA.not_supported_reasons(decode)[0]
-    assert wmma.WMMA.not_supported_reasons(Case.contiguous(1, 128, 2, 8, 8192, 192, Dv=128)) == []  # 512 rows
-    monkeypatch.setattr(wmma, "device_facts", lambda device=None: A100)
-    assert "(sm_90a), not on this GPU" in wmma.WMMA.not_supported_reasons(c)[0]
+    assert "more than 64 rows a kv head (16 here)" in fused.WMMA.not_supported_reasons(decode)[0]
+    assert fused.WMMA.not_supported_reasons(Case.contiguous(1, 128, 2, 8, 8192, 192, Dv=128)) == []  # 512 rows
+    monkeypatch.setattr(fused, "device_facts", lambda device=None: A100)
+    assert "(sm_90a), not on this GPU" in fused.WMMA.not_supported_reasons(c)[0]
 
 
 def test_mla_decode_takes_the_hopper_kernel_with_its_keys_in_parts():
     """q/k 576, v = k[..., :512], one query a head: 64-head blocks, the keys split to fill the SMs (one CTA an SM),
     the partials within their budget; any other layout of those head dims stays with the long path."""
-    from attn_lt import wmma
+    from attn_lt import fused
 
     c = Case.contiguous(32, 128, 1, 1, 32768, 576, Dv=512, v_in_k=True)
     f = fused_launch(c, H100)
     assert (f.kernel, f.block_rows, f.splits) == ("sm90", 64, 2) and "MLA decode" in f.why
-    assert f.workspace_bytes == 2 * 32 * 128 * 513 * 4 and wmma.WMMA.not_supported_reasons(c) == []
+    assert f.workspace_bytes == 2 * 32 * 128 * 513 * 4 and fused.WMMA.not_supported_reasons(c) == []
     one = fused_launch(Case.contiguous(1, 16, 1, 1, 65536, 576, Dv=512, v_in_k=True), H100)
-    assert one.splits > 32 and one.splits * 16 * 513 * 4 <= wmma.MAX_SPLIT_BYTES  # one block: many parts
+    assert one.splits > 32 and one.splits * 16 * 513 * 4 <= fused.MAX_SPLIT_BYTES  # one block: many parts
     assert fused_launch(Case.contiguous(1, 16, 1, 1, 64, 576, Dv=512, v_in_k=True), H100).splits == 1  # one tile
     apart = Case.contiguous(32, 128, 1, 1, 32768, 576, Dv=512)  # v a tensor of its own
-    assert "first 512 columns of k's memory" in wmma.WMMA.not_supported_reasons(apart)[0]
+    assert "first 512 columns of k's memory" in fused.WMMA.not_supported_reasons(apart)[0]
     two = Case.contiguous(32, 128, 1, 2, 32768, 576, Dv=512, v_in_k=True)
-    assert "one query a head (Sq = 2 here)" in wmma.WMMA.not_supported_reasons(two)[0]
+    assert "one query a head (Sq = 2 here)" in fused.WMMA.not_supported_reasons(two)[0]
 
 
 @pytest.mark.parametrize("mask,refusal", [
@@ -170,8 +170,8 @@ def test_one_program_serves_one_call_at_a_time():
     import threading
     import time
 
-    from attn_lt.plan import out_strides
-    from attn_lt.wmma import Program
+    from attn_lt.chunks import out_strides
+    from attn_lt.fused import Program
 
     case = Case.contiguous(8, 32, 8, 1, 32768, 128)
     launch = fused_launch(case, H100)
@@ -230,13 +230,13 @@ def test_split_count_counts_the_critical_path_in_key_tiles():
 
 def test_keys_of_most_inverts_most_splits():
     """keys_of_most(m) is exactly the key lengths whose most_splits is m (a decode plan's range of key lengths)."""
-    for m in range(wmma.MAX_SPLITS + 1):
-        lo, hi = wmma.keys_of_most(m)
-        assert wmma.most_splits(lo) == m and (lo == 1 or wmma.most_splits(lo - 1) != m)
+    for m in range(fused.MAX_SPLITS + 1):
+        lo, hi = fused.keys_of_most(m)
+        assert fused.most_splits(lo) == m and (lo == 1 or fused.most_splits(lo - 1) != m)
         if hi is None:
-            assert m == wmma.MAX_SPLITS and wmma.most_splits(10**8) == m
+            assert m == fused.MAX_SPLITS and fused.most_splits(10**8) == m
         else:
-            assert wmma.most_splits(hi) == m and wmma.most_splits(hi + 1) != m
+            assert fused.most_splits(hi) == m and fused.most_splits(hi + 1) != m
 
 
 @pytest.mark.parametrize("Hq,Hkv,Sq,blocks", [(32, 8, 16, 8 * 8), (32, 8, 8, 8 * 8), (64, 4, 4, 8 * 4),
@@ -280,7 +280,7 @@ def test_the_decode_kernel_forced_checks_what_it_runs():
 
 
 def test_decode_mask_refusal_names_what_the_decode_kernel_cannot_stage():
-    from attn_lt.wmma import decode_mask_refusal
+    from attn_lt.fused import decode_mask_refusal
 
     def case(Hq, Sq, shape, strides, dtype="bool"):
         return Case.contiguous(2, Hq, 1, Sq, 1024, 128, mask=MaskInfo("bool" if dtype == "bool" else "float",

@@ -121,7 +121,7 @@ class RowBlock:
 
 
 @dataclass(frozen=True)
-class Plan:
+class ChunkPlan:
     """How one :class:`Case` runs on the long path (see the module docstring)."""
 
     case: Case = field(repr=False)
@@ -385,7 +385,7 @@ def _tile_acc_bytes(rows: int, Dv: int) -> int:
     return 2 * rows * (Dv + 1) * 4
 
 
-def tile_regions(plan: Plan, c: Chunk) -> tuple[tuple[int, int, int, int], int]:
+def tile_regions(plan: ChunkPlan, c: Chunk) -> tuple[tuple[int, int, int, int], int]:
     """Byte offsets, from the start of a lane's tile accumulators, of key-tiled chunk ``c``'s running output,
     running LSE, partial output and partial LSE (FP32 [ne][rows][Dv] or [ne][rows], 256-byte aligned), and the
     bytes they take."""
@@ -418,11 +418,11 @@ def _foldable(case: Case) -> bool:
     return case.group > 1 and (case.Sq == 1 or qs[1] == case.Sq * qs[2])
 
 
-#: A plan with at least this many computed chunks runs on two lanes (see :func:`make_plan`).
+#: A plan with at least this many computed chunks runs on two lanes (see :func:`plan_chunks`).
 LANE_MIN_CHUNKS = 4
 
 
-def make_plan(case: Case, budget: int | None = None, lanes: int | None = None, key_tiles: bool | None = None) -> Plan:
+def plan_chunks(case: Case, budget: int | None = None, lanes: int | None = None, key_tiles: bool | None = None) -> ChunkPlan:
     """Chunk ``case`` so that its FP32 score blocks plus the cuBLASLt workspace fit ``budget`` bytes (default
     ``ATTN_LT_WORKSPACE_MB``). ``key_tiles``: allow key tiles (default: the settings' ``key_tiles`` option; see
     the module docstring; a call that returns the attention mass per key needs each chunk's P normalised over all
@@ -431,12 +431,12 @@ def make_plan(case: Case, budget: int | None = None, lanes: int | None = None, k
     Lanes: a case of several chunks runs them on two lanes (the settings' ``lanes`` option, default 2), each with
     its own score region and cuBLASLt workspace in half the budget, on two CUDA streams, so that one chunk's
     memory-bound softmax runs beside the next chunk's GEMMs instead of after them."""
-    return _make_plan(case, config.workspace_bytes(budget), config.current().lanes if lanes is None else lanes,
+    return _plan_chunks(case, config.workspace_bytes(budget), config.current().lanes if lanes is None else lanes,
                       config.current().key_tiles if key_tiles is None else key_tiles)
 
 
 @functools.lru_cache(maxsize=256)
-def _make_plan(case: Case, budget: int, lanes: int, key_tiles: bool) -> Plan:
+def _plan_chunks(case: Case, budget: int, lanes: int, key_tiles: bool) -> ChunkPlan:
     gemm_ws = min(config.GEMM_WORKSPACE_MAX, (budget // 8) // 256 * 256)
     plan = _grid(case, budget, gemm_ws, budget - gemm_ws, 1, key_tiles)
     lane_scores = (budget - 2 * gemm_ws) // 2 // 256 * 256
@@ -497,7 +497,7 @@ def _whole_rows(case: Case, scores: int) -> int:
     return whole - whole % 64 if whole >= 64 else whole
 
 
-def _grid(case: Case, budget: int, gemm_ws: int, scores: int, lanes: int, key_tiles: bool) -> Plan:
+def _grid(case: Case, budget: int, gemm_ws: int, scores: int, lanes: int, key_tiles: bool) -> ChunkPlan:
     """The plan whose chunks' FP32 scores (and key tiles' accumulators) take at most ``scores`` bytes a lane."""
     one_row = score_ld(case.Sk) * 4
     g = case.group
@@ -521,7 +521,7 @@ def _grid(case: Case, budget: int, gemm_ws: int, scores: int, lanes: int, key_ti
                     if key_tiles else f"one row of FP32 scores needs {one_row} bytes")
             raise ValueError(f"workspace budget of {budget} bytes is too small for {case}: {need}, plus the cuBLASLt "
                              "workspace; raise ATTN_LT_WORKSPACE_MB or workspace_bytes")
-    plan = Plan(case, budget, gemm_ws, 0, fold, combine, m, tile, 0, lanes, scores)
+    plan = ChunkPlan(case, budget, gemm_ws, 0, fold, combine, m, tile, 0, lanes, scores)
     used = acc = 0
     for c, _ in plan.shapes().values():
         if c.kend:
@@ -530,7 +530,7 @@ def _grid(case: Case, budget: int, gemm_ws: int, scores: int, lanes: int, key_ti
             acc = max(acc, tile_regions(plan, c)[1])
     used = _round_up(used, 256) if lanes > 1 or acc else used  # the next lane, or the accumulators, 256-aligned
     assert used + acc <= scores, (used, acc, scores)
-    return Plan(case, budget, gemm_ws, used, fold, combine, m, tile, acc, lanes, scores)
+    return ChunkPlan(case, budget, gemm_ws, used, fold, combine, m, tile, acc, lanes, scores)
 
 
 def _key_tiling(case: Case, scores: int, m: int) -> tuple[int, int]:
@@ -597,7 +597,7 @@ def out_strides(case: Case, layout: str = "bhsd") -> tuple[int, int, int, int]:
     return (case.Hq * case.Sq * case.Dv, case.Sq * case.Dv, case.Dv, 1)
 
 
-def chunk_layout(case: Case, plan: Plan, c: Chunk) -> ChunkLayout:
+def chunk_layout(case: Case, plan: ChunkPlan, c: Chunk) -> ChunkLayout:
     """Offsets and strides of every operand of chunk ``c`` (requires c.kend > 0)."""
     g, D, Dv, Hkv = case.group, case.D, case.Dv, case.Hkv
     b, h = divmod(c.e0, Hkv)
