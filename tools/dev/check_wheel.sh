@@ -19,7 +19,7 @@ for so in "$WORK"/site/attn_lt/_native/*.so; do
   echo "== $(basename "$so"): $(readelf -d "$so" | grep -cE 'RPATH|RUNPATH') rpath entries," \
        "$(strings "$so" | grep -cE "$PWD|/tmp/|pip-build-env") strings naming build paths"
 done
-mkdir -p "$WORK/run" && cp -r tests tools "$WORK/run/"
+mkdir -p "$WORK/run" && cp -r tests tools pyproject.toml "$WORK/run/"  # pyproject.toml: the test markers
 export PYTHONPATH="$WORK/site${PYTHONPATH:+:$PYTHONPATH}"
 cd "$WORK/run" || exit 1
 python3 -c "import attn_lt, sys; assert attn_lt.__file__.startswith('$WORK/site'), attn_lt.__file__; print('== attn_lt from', attn_lt.__file__)"
