@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import attn_lt
+import attn_lt.api  # noqa: F401  (registers torch.ops.attn_lt.attention)
 from attn_lt.validate import Case, check_tensors
 
 
@@ -134,6 +135,19 @@ def test_custom_op_fake_gives_shapes_and_errors_on_meta_tensors():
     with pytest.raises(ValueError, match="multiple of kv heads"):
         torch.ops.attn_lt.attention(q, k[:, :1].expand(2, 3, 97, 64), k[:, :1].expand(2, 3, 97, 64), None, False,
                                     None, "auto", None, None, None)
+
+
+def test_custom_op_fake_reads_no_data_pointer():
+    """torch.compile traces with fake tensors, which have no data pointer: the fake implementation (validation
+    included) must not ask for one."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q = torch.empty(2, 8, 33, 64, dtype=torch.bfloat16)
+        kv = torch.empty(2, 2, 97, 2, 64, dtype=torch.bfloat16)
+        out, lse = torch.ops.attn_lt.attention(q, kv[..., 0, :], kv[..., 1, :], None, True, None, "auto", None,
+                                               None, None)
+    assert out.shape == (2, 8, 33, 64) and lse.shape == (2, 8, 33)
 
 
 # ---- scale, causal and the path-independent options -------------------------------------------------------------
