@@ -138,16 +138,16 @@ def test_custom_op_fake_gives_shapes_and_errors_on_meta_tensors():
 
 
 def test_custom_op_fake_reads_no_data_pointer():
-    """torch.compile traces with fake tensors, which have no data pointer: the fake implementation (validation
-    included) must not ask for one."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    """torch.compile traces with fake and functional tensors, which have no data pointer: the fake implementation
+    (validation included) must not ask for one, MLA's v-in-k layout included."""
+    from torch.fx.experimental.proxy_tensor import make_fx
 
-    with FakeTensorMode():
-        q = torch.empty(2, 8, 33, 64, dtype=torch.bfloat16)
-        kv = torch.empty(2, 2, 97, 2, 64, dtype=torch.bfloat16)
-        out, lse = torch.ops.attn_lt.attention(q, kv[..., 0, :], kv[..., 1, :], None, True, None, "auto", None,
-                                               None, None)
-    assert out.shape == (2, 8, 33, 64) and lse.shape == (2, 8, 33)
+    def call(q, k):
+        return torch.ops.attn_lt.attention(q, k, k[..., :48], None, True, None, "auto", None, None, None)
+
+    q, k = torch.randn(2, 8, 33, 64, dtype=torch.bfloat16), torch.randn(2, 2, 97, 64, dtype=torch.bfloat16)
+    graph = make_fx(torch.func.functionalize(call), tracing_mode="fake")(q, k)
+    assert "attn_lt.attention" in graph.code
 
 
 # ---- scale, causal and the path-independent options -------------------------------------------------------------
