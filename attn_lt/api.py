@@ -527,7 +527,7 @@ def plan(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | None =
          workspace_bytes: int | None = None, threshold: int | None = None, algo_policy: str | None = None,
          return_key_mass: bool = False, key_mass_window: int | None = None, out=None,
          out_layout: str = "bhsd") -> AttentionPlan:
-    """ChunkPlan attention for tensors like these (validated once; no GPU work): returns an :class:`AttentionPlan`
+    """Plan attention for tensors like these (validated once; no GPU work): returns an :class:`AttentionPlan`
     whose ``run`` takes tensors of the same shapes, strides, dtypes and device. Arguments as in
     :func:`attention`; pass ``out`` if ``run`` will write into a preallocated output (its alignment counts)."""
     case = check_tensors(q, k, v, attn_mask, causal, scale)

@@ -422,7 +422,8 @@ def _foldable(case: Case) -> bool:
 LANE_MIN_CHUNKS = 4
 
 
-def plan_chunks(case: Case, budget: int | None = None, lanes: int | None = None, key_tiles: bool | None = None) -> ChunkPlan:
+def plan_chunks(case: Case, budget: int | None = None, lanes: int | None = None,
+                key_tiles: bool | None = None) -> ChunkPlan:
     """Chunk ``case`` so that its FP32 score blocks plus the cuBLASLt workspace fit ``budget`` bytes (default
     ``ATTN_LT_WORKSPACE_MB``). ``key_tiles``: allow key tiles (default: the settings' ``key_tiles`` option; see
     the module docstring; a call that returns the attention mass per key needs each chunk's P normalised over all

@@ -63,10 +63,10 @@ def _load():
 
 
 def setup(current_device, raw_stream, capturing) -> None:
-    """Load the extension and enable it. ``current_device()``,
-    ``raw_stream(device)`` and ``capturing()`` are the calls attention()'s Python path asks (the current CUDA
-    device, its current stream as an int, whether that stream captures a graph). The extension compares each call's
-    settings with those a launch was remembered under (:func:`attn_lt.config.snapshot_source`)."""
+    """Load the extension and enable it. ``current_device()``, ``raw_stream(device)`` and ``capturing()`` are the
+    calls attention()'s Python path asks (the current CUDA device, its current stream as an int, whether that stream
+    captures a graph). The extension compares each call's settings with those a launch was remembered under
+    (:func:`attn_lt.config.snapshot_source`)."""
     global _ext, _why
     _ext, _why = _load()
     if _ext is not None:
@@ -95,10 +95,10 @@ def generation() -> int:
 def remember(q, k, v, options: tuple, settings: tuple, keys: tuple[int, float], gen: int, out_shape: tuple,
              args: bytes, launcher: int, lse_part_offset: int, stream: int, workspace: int, lse: int) -> None:
     """Run later calls of q, k, v's family with ``options`` (causal, scale, backend, workspace_bytes, threshold,
-    algo_policy, key_mass_window, out_layout) under ``settings`` (a 1-tuple of the Settings object), whose key length lies in
-    ``keys`` (lo, hi), through this launch: the argument struct's bytes, the launcher's address, the LSE partials'
-    offset in the workspace, the stream and the scratch addresses (workspace, LSE) that serve it, read in
-    generation ``gen``. Takes nothing where the fast path would not take the call (tensor subclasses, options other
+    algo_policy, key_mass_window, out_layout) under ``settings`` (a 1-tuple of the Settings object), whose key
+    length lies in ``keys`` (lo, hi), through this launch: the argument struct's bytes, the launcher's address,
+    the LSE partials' offset in the workspace, the stream and the scratch addresses (workspace, LSE) that serve it,
+    read in generation ``gen``. Takes nothing where the fast path would not take the call (tensor subclasses, options other
     than None, bool, int, float, str), or after a clear since ``gen``."""
     if call is not None:
         _ext.remember(q, k, v, options, settings, keys[0], float(keys[1]), gen, out_shape, args, launcher,

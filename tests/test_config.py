@@ -49,6 +49,7 @@ def test_reload_drops_attention_plans(monkeypatch):
 
     dropped = []
     monkeypatch.setattr(api, "_plans", type("P", (dict,), {"clear": lambda self: dropped.append(1)})())
+    config.current()  # the settings plans are made under
     config.reload()
     assert dropped
 

@@ -1,7 +1,7 @@
 """The long path ``lt``: its declaration and its executor.
 
-Per chunk of a :class:`~attn_lt.chunks.ChunkPlan`: Q@K^T into the FP32 score region (cuBLASLt, or the Hopper kernel of
-``lt/scores.py`` under the ``qk="native"`` option), the native softmax (P in place over the scores, LSE), P@V into the
+Per chunk of a :class:`~attn_lt.chunks.ChunkPlan`: Q@K^T into the FP32 score region (cuBLASLt, or the Hopper
+kernel of ``lt/scores.py`` under the ``qk="native"`` option), the native softmax (P in place over the scores, LSE), P@V into the
 output (cuBLASLt), all on the caller's current stream; a key tile's P@V goes to an FP32 partial output instead,
 which the native merge joins by LSE (the last tile writes the output). A :class:`Program` prepares one plan once —
 every chunk's operand offsets, both GEMMs with their descriptors and algorithms, the softmax arguments — so that a
@@ -72,7 +72,8 @@ def model_bases(case: Case, out_align: int = 256) -> tuple[int, int, int, int, i
 
 
 def plan_gemm_keys(case: Case, plan: ChunkPlan, out_align: int = 256) -> list[tuple[GemmKey, GemmKey]]:
-    """The (qk, pv) keys of one computed chunk of each shape of ``plan`` (:meth:`ChunkPlan.shapes`), in plan order."""
+    """The (qk, pv) keys of one computed chunk of each shape of ``plan`` (:meth:`ChunkPlan.shapes`), in plan
+    order."""
     bases = model_bases(case, out_align)
     return [chunk_gemms(case, plan, c, bases)[2] for c, _ in plan.shapes().values() if c.kend]
 
