@@ -201,6 +201,8 @@ def build(out_dir: Path, jobs: int | None = None, force: bool = False) -> list[s
     jobs = jobs or min(4, os.cpu_count() or 1)
     BUILD.mkdir(parents=True, exist_ok=True)
     out_dir.mkdir(parents=True, exist_ok=True)
+    record = out_dir / native.BUILD_RECORD
+    said = set(record.read_text().splitlines()) if record.is_file() else set()  # a skip is said once, not per run
     with open(BUILD / "build.log", "a") as log:
         log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} -> {out_dir}\n")
         lines = []
@@ -212,9 +214,9 @@ def build(out_dir: Path, jobs: int | None = None, force: bool = False) -> list[s
                 tail = (BUILD / "build.log").read_text(errors="replace").splitlines()[-40:]
                 raise RuntimeError(f"{e}\n" + "\n".join(tail)) from None
             lines.append(line)
-            if news:
+            if news and line not in said:
                 say(line)
-    (out_dir / native.BUILD_RECORD).write_text("\n".join(lines) + "\n")
+    record.write_text("\n".join(lines) + "\n")
     return lines
 
 
