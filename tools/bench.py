@@ -45,7 +45,7 @@ CHECK_TOL = 2e-2
 #: A case whose first timed round (every provider once) takes longer than this gets three rounds, not --rounds.
 SLOW_ROUND_MS = 1000.0
 #: Calls shorter than this (ms) may take more rounds (:func:`timed_rounds`' ``fast_rounds``): a median of few short
-#: rounds moves with the machine's brief disturbances (H100, decode mass: +3.1 and +6.0 % in two runs of one loan).
+#: rounds moves with the machine's brief disturbances (H100, decode mass: +3.1 and +6.0 % in two runs on one machine).
 FAST_CALL_MS = 1.0
 #: Free GPU memory the unfused chains may plan to use.
 MEMORY_FRACTION = 0.9

@@ -155,7 +155,7 @@ def host_costs():
             fns[f"plan_run_{backend}_us"] = lambda p=p: p.run(q, k, v)
         fns["attention_auto_python_us"] = lambda: python_path(attn_lt.attention, q, k, v)
         fns["sdpa_default_us"] = lambda: sdpa_call(q, k, v)
-        row.update(host_us_each(fns))  # side by side: the lent hosts' speed drifts within a run
+        row.update(host_us_each(fns))  # side by side: a host's speed drifts within a run
         # a decode step: each call one key longer than the last (views of one cache), its plan derived
         kc, vc = (torch.randn(8, 8, Sk + 520, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         attn_lt.attention(q, kc[:, :, :Sk], vc[:, :, :Sk])
