@@ -237,9 +237,10 @@ class ChunkPlan:
     @functools.cached_property
     def _shapes(self) -> dict[tuple, tuple[Chunk, int]]:
         """Counted in closed form over the row blocks: runs of identical blocks (the full blocks of a plan without
-        causal masking, the all-masked blocks of causal Sq > Sk) are multiplied, and the key-tiled causal blocks,
-        whose tile lengths repeat every key_tile / row_block blocks, are counted by period (their middle tiles
-        by an arithmetic series); only a bounded number of blocks is visited whatever the length."""
+        causal masking, the all-masked blocks of causal Sq > Sk, causal blocks of whole rows that end at the same
+        key) are multiplied, and the key-tiled causal blocks, whose tile lengths repeat every key_tile / row_block
+        blocks, are counted by period (their middle tiles by an arithmetic series): the blocks visited are at most
+        a few per shape returned, whatever the length."""
         out: dict[tuple, list] = {}
         groups_of: dict[int, dict[int, tuple[int, int]]] = {}  # ne -> {GEMM size: (its first e0, how many)}
 
@@ -315,8 +316,15 @@ class ChunkPlan:
             j = masked
         while j < nb:
             if not periodic(j):
-                add_block(j)
-                j += 1
+                # the run of full blocks that end at j's key (whole rows: one shape), counted once: block i ends at
+                # kend = round_up((i + 1) m + Sk - Sq, KEY_BLOCK), the same for every (i + 1) m <= kend - (Sk - Sq)
+                end = j + 1
+                if j < nb_full:
+                    kend = _kend_of(case, (j + 1) * m)
+                    last = nb_full if kend >= case.Sk else (kend - (case.Sk - Sq)) // m
+                    end = max(end, min(nb_full, last))
+                add_block(j, end - j)
+                j = end
                 continue
             lo, hi = j, nb_full  # the run of periodic blocks: [j, end), found by bisection (kend grows with j)
             while hi - lo > 1:
