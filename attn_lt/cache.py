@@ -46,7 +46,6 @@ import stat
 import sys
 import threading
 import time
-import weakref
 from dataclasses import dataclass, fields
 from pathlib import Path
 from urllib.parse import quote
@@ -865,12 +864,8 @@ class AlgoCache:
         self._ino = None
         try:
             st = os.stat(self.path)
-        except FileNotFoundError:
-            problem = self._directory_problem()
-            if problem is None:
-                self._mode, self.problem, self._reader_state = "absent", None, "ok"
-            else:
-                self._unread("memory", problem)
+        except FileNotFoundError:  # nothing to read, whatever the directory (only writers need to make it)
+            self._mode, self.problem, self._reader_state = "absent", None, "ok"
             return
         except OSError as e:
             self._unread("memory", _errname(e))
@@ -1148,7 +1143,10 @@ class AlgoCache:
             self._mode = None
 
     def close(self) -> None:
+        """Close the store, first writing what a busy store made this process keep (a warning names what is
+        lost)."""
         with self._lock:
+            self._flush_at_exit()
             self._close()
             self._mode = None
 
@@ -1254,7 +1252,7 @@ class AlgoCache:
 
     def _flush_at_exit(self) -> None:
         n = len(self._overlay)
-        if n and self._mode == "rw":
+        if n and self._mode not in ("memory", "ro"):  # kept because the store was busy or full, not unusable
             left = self.flush(EXIT_FLUSH_WAIT_S)
             if left:
                 log.warning("attn_lt: %d tuned %s could not be written to the algorithm cache %s before exit "
@@ -1283,7 +1281,7 @@ class AlgoCache:
         with self._lock:
             if self._mode in (None, "absent") and not os.path.lexists(self.path):
                 self._conn()
-                if self._mode == "absent":  # nothing to remove, and no file to create
+                if self._mode == "absent" and not self._legacy_entries:  # nothing to remove, no file to create
                     self._overlay.clear()
                     return 0
             try:
@@ -1413,10 +1411,10 @@ class AlgoCache:
             except (CacheError, CacheStoreError) as e:
                 if n == 0:
                     raise
-                what = "changed while it was imported" if isinstance(e, CacheError) else "could not be written"
+                what = ("the file changed while it was imported" if isinstance(e, CacheError)
+                        else "the store could not be written")
                 msg = str(e).replace("; nothing was imported", "")
-                raise ImportIncomplete(f"{msg}; {n} of {total} entries were imported before the {what.split()[0]}"
-                                       f" {'file' if isinstance(e, CacheError) else 'store'} {what}", n, total) \
+                raise ImportIncomplete(f"{msg}; {n} of {total} entries were imported before {what}", n, total) \
                     from None
             return n
 
@@ -1484,7 +1482,7 @@ def glob_escape(name: str) -> str:
     return re.sub(r"([*?\[])", r"[\1]", name)
 
 
-_PENDING: "weakref.WeakSet[AlgoCache]" = weakref.WeakSet()  # caches holding entries a busy store made them keep
+_PENDING: "set[AlgoCache]" = set()  # caches holding entries a busy store made them keep (kept alive until written)
 
 
 @atexit.register

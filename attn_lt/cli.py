@@ -23,8 +23,6 @@ import sys
 
 from . import __version__
 
-#: Head dims ``calibrate --dims`` takes (attn_lt.calibrate.HEAD_DIMS; a test holds the two equal).
-HEAD_DIMS = (64, 128, 192, 256, 576)
 #: Chunks ``explain --chunks`` lists unless told how many (``--chunks N`` or ``--chunks all``).
 CHUNKS_SHOWN = 1000
 
@@ -75,17 +73,23 @@ def _tolerance(text: str) -> float:
     return value
 
 
+def _calibration_dims() -> tuple[int, ...]:
+    from .calibrate import HEAD_DIMS  # imports torch: only once `calibrate --dims` is parsed
+
+    return HEAD_DIMS
+
+
 def _int_list(allowed=None):
+    """A parser of comma-separated positive ints, each one of ``allowed()`` where given."""
     def parse(text: str) -> list[int]:
-        nonlocal allowed
-        allowed = allowed() if callable(allowed) else allowed
+        choices = allowed() if allowed else None
         parts = [x.strip() for x in text.split(",")]
         try:
             values = [int(x, 10) for x in parts]
         except ValueError:
             values = []
-        if not values or any(v < 1 for v in values) or (allowed and any(v not in allowed for v in values)):
-            what = " and/or ".join(map(str, allowed)) if allowed else "positive integers"
+        if not values or any(v < 1 for v in values) or (choices and any(v not in choices for v in values)):
+            what = " and/or ".join(map(str, choices)) if choices else "positive integers"
             raise argparse.ArgumentTypeError(f"takes {what}, comma-separated; got {safe(text)!r}")
         return values
 
@@ -618,7 +622,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_demo)
     s = sub.add_parser("calibrate", help="time wmma against lt on this GPU over query length, key length, head dim "
                        "and causal; store the rules auto follows", parents=[common])
-    s.add_argument("--dims", type=_int_list(HEAD_DIMS), default=None,
+    s.add_argument("--dims", type=_int_list(_calibration_dims), default=None,
                    help="head dims to measure, comma-separated (64, 128, 192 (as MLA prefill: v's head dim 128), "
                         "256, 576 (as MLA decode: v k's first 512 columns); default: those the fused path runs); the "
                         "stored and shipped calibrations keep the other head dims' measurements")

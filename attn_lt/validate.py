@@ -7,6 +7,8 @@ that the selector and the planner consume.
 from __future__ import annotations
 
 import math
+import numbers
+import struct
 from dataclasses import dataclass
 
 import torch
@@ -232,15 +234,9 @@ def check_lengths(B: int, Hq: int, Hkv: int, Sq: int, Sk: int, D: int, Dv: int, 
                              "one tensor, more than any GPU holds")
 
 
-_F32_MAX = 3.4028234663852886e38
-
-
 def check_scale(scale) -> float:
     """``scale`` as a float: a real number (int, float, numpy scalar; not bool), finite and > 0 both as given and
     as the kernels see it, in float32 (1e300 would be inf there, 1e-320 zero)."""
-    import numbers
-    import struct
-
     if isinstance(scale, bool) or type(scale).__name__ == "bool_" or not isinstance(scale, numbers.Real):
         raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
     value = float(scale)
@@ -250,7 +246,7 @@ def check_scale(scale) -> float:
         as_f32 = struct.unpack("f", struct.pack("f", value))[0]
     except OverflowError:
         as_f32 = math.inf
-    if not math.isfinite(as_f32) or as_f32 > _F32_MAX or as_f32 <= 0:
+    if not math.isfinite(as_f32) or as_f32 <= 0:
         raise ValueError(f"scale = {value!r} is {'inf' if as_f32 > 0 else '0'} in float32, the precision the "
                          f"kernels use; it must be finite and > 0 there (about 1.4e-45 to 3.4e38)")
     return value

@@ -190,9 +190,23 @@ def test_import_stopped_midway_says_how_far_it_got(tmp_path, monkeypatch):
         return real(fn, what, wait_s)
 
     monkeypatch.setattr(c, "_transact", flaky)
-    with pytest.raises(cache_mod.ImportIncomplete, match="1000 of 2500 entries were imported") as e:
+    with pytest.raises(cache_mod.ImportIncomplete, match="1000 of 2500 entries were imported before the store "
+                                                         "could not be written") as e:
         c.import_file(src)
     assert e.value.imported == 1000 and AlgoCache(tmp_path / "algos.sqlite").count() == 1000
+
+
+def test_an_entry_a_busy_store_kept_is_written_on_close(tmp_path):
+    path = tmp_path / "algos.sqlite"
+    fill(path, 3)
+    c = AlgoCache(path, busy_timeout_ms=100)
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("BEGIN IMMEDIATE")
+    assert c.put(ENV, key(9, 2), entry(2)) is False and c.unsaved() == 1
+    db.execute("ROLLBACK")
+    db.close()
+    c.close()
+    assert AlgoCache(path).get(ENV, key(9, 2)) == entry(2)
 
 
 # ---- 3. space and exit codes -----------------------------------------------------------------------------------
@@ -205,6 +219,26 @@ def test_clear_gives_the_space_back(capsys, tmp_path, monkeypatch):
     code, out, _ = run(capsys, "cache", "clear")
     assert code == 0 and "removed 30000 entries" in out
     assert os.path.getsize(path) < 64 << 10 < before and integrity(path) == ("ok", 0)
+
+
+def test_clear_removes_an_old_json_store_too(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTN_LT_CACHE_DIR", str(tmp_path))
+    with open(tmp_path / cache_mod.LEGACY_FILE, "w") as f:
+        cache_mod.write_document(f, ((ENV.key(), cache_mod.key_string(key(4, i)), entry(i)) for i in range(3)))
+    assert AlgoCache(tmp_path / "algos.sqlite").count() == 3
+    code, out, _ = run(capsys, "cache", "clear")
+    assert code == 0 and AlgoCache(tmp_path / "algos.sqlite").count() == 0
+
+
+def test_readers_of_an_absent_store_in_a_directory_they_cannot_write(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTN_LT_CACHE_DIR", str(tmp_path / "cache"))
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if mode & os.W_OK else real_access(p, mode, **kw))
+    code, out, err = run(capsys, "cache", "list")
+    assert code == 0 and "0 entries" in out and "memory" not in err
+    code, out, err = run(capsys, "cache", "export", str(tmp_path / "out.json"))
+    assert code == 0 and "exported 0 entries" in out + err
+    assert not (tmp_path / "cache").exists()
 
 
 def test_clear_on_a_full_disk_removes_the_file(tmp_path, monkeypatch):
