@@ -3,51 +3,49 @@
 carries them is tagged for this Python and platform; without nvcc (or with ATTN_LT_SKIP_NATIVE=1) the build says
 so and makes a pure-Python wheel."""
 
-import os
-import sys
+import importlib.util
+import shutil
 from pathlib import Path
 
 from setuptools import Distribution, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT / "native"))
-import build as native_build  # noqa: E402  (native/build.py)
+_spec = importlib.util.spec_from_file_location("attn_lt_native_build", ROOT / "native" / "build.py")
+native_build = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(native_build)
 
-
-def _native_wanted() -> bool:
-    if os.environ.get(native_build.SKIP_ENV, "").strip() not in ("", "0"):
-        native_build.say(f"native parts not built ({native_build.SKIP_ENV} is set): a pure-Python package")
-        return False
-    if native_build.find_nvcc() is None:
-        native_build.say("native parts not built: nvcc not found (CUDA 12 or 13 toolkit; set NVCC or put it on "
-                         "PATH); a pure-Python package that imports and explains, GPU calls need the library")
-        return False
-    return True
-
-
-NATIVE = _native_wanted()
+SKIPPED = native_build.skip_reason()
+if SKIPPED:
+    native_build.say(f"native parts not built: {SKIPPED}; a pure-Python package that imports and explains, GPU "
+                     "calls need the library")
 
 
 class NativeDistribution(Distribution):
     def has_ext_modules(self):  # the wheel carries compiled code: platform-tagged, not py3-none-any
-        return NATIVE
+        return SKIPPED is None
 
 
 class BuildNative(build_ext):
-    """Builds the native parts into the package (in place for editable installs) through native/build.py."""
+    """Builds the native parts into the package through native/build.py: in place for editable installs, else
+    into the build folder, which then holds what this build made and nothing older."""
 
     def run(self):
-        if not NATIVE:
+        if SKIPPED:
             return
-        out = (ROOT if self.inplace or getattr(self, "editable_mode", False) else Path(self.build_lib))
+        if self.inplace or getattr(self, "editable_mode", False):
+            out = ROOT / "attn_lt" / "_native"
+        else:
+            out = Path(self.build_lib) / "attn_lt" / "_native"
+            shutil.rmtree(out, ignore_errors=True)
         try:
-            native_build.build(out / "attn_lt" / "_native")
+            native_build.build(out)
         except RuntimeError as e:
             raise SystemExit(f"attn_lt build: error: {e}") from None
+        self._outputs = [str(p) for p in out.iterdir()]
 
     def get_outputs(self):
-        return []
+        return getattr(self, "_outputs", [])
 
 
 setup(distclass=NativeDistribution, cmdclass={"build_ext": BuildNative})

@@ -21,8 +21,10 @@ variable                       default      meaning
 ``ATTN_LT_CACHE_DIR``          (user cache) directory of the algorithm cache ``algos.sqlite`` and measured
                                             calibrations (default ``$XDG_CACHE_HOME/attn_lt`` or
                                             ``~/.cache/attn_lt``)
-``ATTN_LT_LIB``                (package)    path of ``libattn_lt.so`` to load instead of the packaged build
+``ATTN_LT_LIB``                (package)    path of ``libattn_lt.so`` to load instead of the packaged build (read
+                                            when the library is first loaded)
 ``ATTN_LT_DEBUG``              0            1: the ``attn-lt`` command shows the traceback of an unexpected error
+                                            (read by the command itself, even where the others are bad)
 =============================  ===========  =====================================================================
 
 Options for tests and benchmarks, not settings (no environment variable; :func:`override` sets them): ``lanes``
@@ -48,10 +50,6 @@ GEMM_WORKSPACE_MAX = 32 << 20
 SOFTMAX_VARIANTS = ("auto", "row", "two_pass", "pipe", "pipe_regs")  # codes 0.. of attn_lt_softmax_variant
 QK_KERNELS = ("cublaslt", "native")
 ALGO_POLICIES = ("tune", "cache", "heuristic")
-#: The variables :func:`reload` reads (the public settings).
-ENV_VARS = ("ATTN_LT_WORKSPACE_MB", "ATTN_LT_THRESHOLD", "ATTN_LT_ALGO_POLICY", "ATTN_LT_TUNE_MS",
-            "ATTN_LT_TUNE_CALL_MS", "ATTN_LT_CACHE_DIR", "ATTN_LT_LIB", "ATTN_LT_DEBUG")
-
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Settings:
@@ -65,7 +63,6 @@ class Settings:
     tune_call_ms: int = 10000
     cache_dir: Path = Path("~/.cache/attn_lt")
     lib: str | None = None
-    debug: bool = False
     # options for tests and benchmarks (never from the environment)
     lanes: int = 2
     key_tiles: bool = True
@@ -117,8 +114,7 @@ def from_environment(environ=None) -> Settings:
         tune_ms=_env_int(environ, "ATTN_LT_TUNE_MS", 200, 1, 3_600_000),
         tune_call_ms=_env_int(environ, "ATTN_LT_TUNE_CALL_MS", 10000, 0, 86_400_000),
         cache_dir=cache,
-        lib=environ.get("ATTN_LT_LIB", "").strip() or None,
-        debug=environ.get("ATTN_LT_DEBUG", "").strip() not in ("", "0"))
+        lib=environ.get("ATTN_LT_LIB", "").strip() or None)
 
 
 _lock = threading.Lock()
@@ -161,15 +157,39 @@ def reload() -> None:
 
 @contextlib.contextmanager
 def override(**changes):
-    """Settings or test options changed for the ``with`` block (tests and benchmarks), e.g.
-    ``with config.override(lanes=1, softmax="row"): ...``; the old settings come back after it."""
+    """Settings or test options changed for the ``with`` block (tests and benchmarks; one thread at a time), e.g.
+    ``with config.override(lanes=1, softmax="row"): ...``; the old settings come back after it. New settings drop
+    the plans ``attention()`` keeps. ``lanes`` and ``key_tiles`` are fixed when a plan is made, ``softmax`` and
+    ``qk`` when it first runs."""
     old = current()
     new = dataclasses.replace(old, **changes)
     _install(new)
     try:
         yield new
     finally:
-        _install(old)
+        if _state["settings"] is new:  # not if another override or a reload came in meanwhile
+            _install(old)
+
+
+_budgets: list[int] = []
+
+
+@contextlib.contextmanager
+def tuning_budget(ms: int):
+    """The long path's tuning budget of each call inside the ``with`` block, ms (benchmarks: a first call that tunes
+    every GEMM class of a case, timed calls that tune nothing). Unlike :func:`override` it keeps every plan."""
+    if isinstance(ms, bool) or not isinstance(ms, int) or ms < 0:
+        raise ValueError(f"the tuning budget must be an int >= 0 (ms), got {ms!r}")
+    _budgets.append(ms)
+    try:
+        yield
+    finally:
+        _budgets.pop()
+
+
+def tune_call_ms() -> int:
+    """The tuning budget of one attention call, ms: :func:`tuning_budget`'s, else ``ATTN_LT_TUNE_CALL_MS``."""
+    return _budgets[-1] if _budgets else current().tune_call_ms
 
 
 def snapshot_source() -> tuple[dict, tuple[str]]:

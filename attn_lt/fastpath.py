@@ -48,14 +48,14 @@ def extension_path() -> Path:
 def _load():
     path = extension_path()
     if not path.is_file():
-        return None, (f"not built for this torch and Python ({path.name}); reinstalling attn_lt (or `make native` "
-                      f"in a checkout) builds it")
+        return None, (f"not built for this torch and Python ({path.name}); reinstalling attn_lt with this torch "
+                      f"(or `make native` in a checkout) builds it")
     try:
         spec = importlib.util.spec_from_file_location("attn_lt._fastpath", path)  # a .so: an extension's loader
         ext = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(ext)
     except (ImportError, OSError) as e:
-        return None, f"cannot load {path.name}: {e}; `make native` rebuilds it"
+        return None, f"cannot load {path.name}: {e}; reinstalling attn_lt (or `make native` in a checkout) rebuilds it"
     expected = native.fastpath_source_hash()
     if expected is not None and ext.SOURCE_HASH != expected:
         return None, f"{path.name} is stale (built from sources {ext.SOURCE_HASH}, now {expected}): `make native`"

@@ -26,7 +26,7 @@ def environment() -> dict:
     try:
         import torch
 
-        from . import fastpath
+        from . import api, fastpath  # noqa: F401  (api loads the fast path, as a first call would)
 
         info["fast_path"] = fastpath.status()
         info["torch"] = torch.__version__

@@ -185,7 +185,7 @@ def status() -> str:
         lib = load()
     except NativeLibraryError as e:
         return f"unavailable: {e}"
-    return f"ok ({library_path()}, ABI {ABI_VERSION}, sources {lib.attn_lt_source_hash().decode()})"
+    return f"ok ({lib._name}, ABI {ABI_VERSION}, sources {lib.attn_lt_source_hash().decode()})"
 
 
 def _raise(name: str, err: int, describe: str) -> None:

@@ -31,7 +31,6 @@ import re
 import shutil
 import subprocess
 import sys
-import sysconfig
 import time
 from pathlib import Path
 
@@ -52,6 +51,20 @@ SKIP_ENV = "ATTN_LT_SKIP_NATIVE"
 
 def say(msg: str) -> None:
     print(f"attn_lt build: {msg}", flush=True)
+
+
+def skipped() -> bool:
+    """Whether ``ATTN_LT_SKIP_NATIVE`` asks for a pure-Python package."""
+    return os.environ.get(SKIP_ENV, "").strip() not in ("", "0")
+
+
+def skip_reason() -> str | None:
+    """Why the CUDA library is not built here (``ATTN_LT_SKIP_NATIVE`` set, or no nvcc), else None."""
+    if skipped():
+        return f"{SKIP_ENV} is set"
+    if find_nvcc() is None:
+        return "nvcc not found (CUDA 12 or 13 toolkit; set NVCC or put it on PATH)"
+    return None
 
 
 def find_nvcc() -> str | None:
@@ -108,12 +121,10 @@ def build_library(out_dir: Path, jobs: int, force: bool, log) -> tuple[str, bool
     if not force and in_place != dest and _stamp_holds(in_place, want):
         _install(in_place, dest, want)
         return f"{LIBRARY}: built from sources {want} (the in-place build)", True
-    if os.environ.get(SKIP_ENV, "").strip() not in ("", "0"):
-        return f"{LIBRARY}: not built ({SKIP_ENV} is set)", True
+    why = skip_reason()
+    if why is not None:
+        return f"{LIBRARY}: not built, {why}; attn_lt imports and explains, GPU calls need the library", True
     nvcc = find_nvcc()
-    if nvcc is None:
-        return (f"{LIBRARY}: not built, nvcc not found (CUDA 12 or 13 toolkit; set NVCC or put it on PATH); "
-                "attn_lt imports and explains, GPU calls need the library"), True
     version = nvcc_version(nvcc)
     say(f"compiling {LIBRARY} with nvcc {version} for sm_80, sm_90, sm_90a (a few minutes the first time; "
         f"log: {BUILD.relative_to(ROOT) / 'build.log'})")
@@ -163,8 +174,8 @@ def torch_build_info() -> dict | None:
 def build_fastpath(out_dir: Path, force: bool, log) -> tuple[str, bool]:
     """``out_dir/_fastpath-<python>-torch<version>.so``: returns its state in one line and whether this call
     changed or skipped it; raises RuntimeError if the compiler fails."""
-    if os.environ.get(SKIP_ENV, "").strip() not in ("", "0"):
-        return f"fast path: not built ({SKIP_ENV} is set)", True
+    if skipped():
+        return f"fast path: not built, {SKIP_ENV} is set", True
     info = torch_build_info()
     if info is None:
         return ("fast path: not built, torch is not importable by this Python (attn_lt runs without it, a few µs "
@@ -173,6 +184,10 @@ def build_fastpath(out_dir: Path, force: bool, log) -> tuple[str, bool]:
     want = native.fastpath_source_hash(SRC)
     if not force and _stamp_holds(dest, want):
         return f"fast path: {dest.name} built from sources {want}", False
+    in_place = ROOT / "attn_lt" / "_native" / dest.name
+    if not force and in_place != dest and _stamp_holds(in_place, want):
+        _install(in_place, dest, want)
+        return f"fast path: {dest.name} built from sources {want} (the in-place build)", True
     cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
     python_h = Path(info["python_include"]) / "Python.h"
     missing = [what for what, ok in (("a C++ compiler", cxx), (str(python_h), python_h.is_file())) if not ok]
@@ -183,8 +198,9 @@ def build_fastpath(out_dir: Path, force: bool, log) -> tuple[str, bool]:
     obj_dir.mkdir(parents=True, exist_ok=True)
     built = obj_dir / dest.name
     site = Path(info["lib"]).parent.parent  # no build-machine paths in the binary (assertion messages)
+    py_include = Path(info["python_include"]).parent
     cmd = [cxx, "-O2", "-std=c++20", "-fPIC", "-shared", "-Wall", "-Wno-c++20-extensions",
-           f"-ffile-prefix-map={site}/=", f"-ffile-prefix-map={ROOT}/=",
+           f"-ffile-prefix-map={site}/=", f"-ffile-prefix-map={ROOT}/=", f"-ffile-prefix-map={py_include}/=",
            f"-D_GLIBCXX_USE_CXX11_ABI={info['cxx11_abi']}", f'-DATTN_LT_FASTPATH_HASH="{want}"', f"-I{SRC}",
            f"-I{info['python_include']}", *(f"-I{p}" for p in info["include"]), str(SRC / "fastpath.cpp"),
            f"-L{info['lib']}", "-ltorch_python", "-ltorch", "-ltorch_cpu", "-lc10", "-o", str(built)]

@@ -1,6 +1,6 @@
 // attn_lt._fastpath: the cached fused call of attn_lt.attention() in C++ (a CPython extension over PyTorch's C++
-// tensors, built by `make native` against the installed torch with native/build_fastpath.py; attn_lt/fastpath.py
-// loads it).
+// tensors, built against the installed torch by native/build.py, which `pip install .` and `make native` run;
+// attn_lt/fastpath.py loads it).
 //
 // A decode loop calls attention() with tensors of one family (shapes, strides, dtypes, device, alignment: all but
 // the key length and the K/V strides) and the same options, and the family's last fused plan runs every call whose

@@ -569,7 +569,7 @@ cudaError_t launch(const attn_lt_flash_args& a, cudaStream_t stream) {
     return merge<D, T>(a, stream);
 }
 
-// The tiling (attn_lt/wmma.py's fused_launch mirrors it): at most 16 rows a kv head (decode), 16-row blocks whose
+// The tiling (attn_lt/fused.py's fused_launch mirrors it): at most 16 rows a kv head (decode), 16-row blocks whose
 // warps split the keys; else one m16 tile a warp (64 rows a CTA, 2 CTAs an SM) for row counts up to 64, dense
 // masks, and D = 256 (whose shared memory allows no more); else two (128 rows), each K/V fragment feeding two MMAs.
 // Masked blocks reserve mask stages where they stage the mask (mask_stage_rows).

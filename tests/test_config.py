@@ -22,12 +22,12 @@ def test_a_bad_variable_is_named(name, value, message):
 
 def test_defaults_and_values():
     s = config.from_environment({"HOME": "/h"})
-    assert (s.workspace_mb, s.threshold, s.algo_policy, s.tune_ms, s.tune_call_ms, s.lib, s.debug) == \
-        (1024, None, "tune", 200, 10000, None, False)
+    assert (s.workspace_mb, s.threshold, s.algo_policy, s.tune_ms, s.tune_call_ms, s.lib) == \
+        (1024, None, "tune", 200, 10000, None)
     assert str(s.cache_dir).endswith(os.path.join(".cache", "attn_lt"))
-    s = config.from_environment({"ATTN_LT_WORKSPACE_MB": " 64 ", "ATTN_LT_THRESHOLD": "2048", "ATTN_LT_DEBUG": "1",
+    s = config.from_environment({"ATTN_LT_WORKSPACE_MB": " 64 ", "ATTN_LT_THRESHOLD": "2048",
                                  "ATTN_LT_CACHE_DIR": "/x/y", "XDG_CACHE_HOME": "/ignored"})
-    assert (s.workspace_mb, s.threshold, s.debug, str(s.cache_dir)) == (64, 2048, True, "/x/y")
+    assert (s.workspace_mb, s.threshold, str(s.cache_dir)) == (64, 2048, "/x/y")
     assert str(config.from_environment({"XDG_CACHE_HOME": "/xdg"}).cache_dir) == "/xdg/attn_lt"
 
 
@@ -65,6 +65,35 @@ def test_override_sets_test_options_and_restores():
             with config.override(**bad):
                 pass
     assert config.current() is before
+
+
+def test_overrides_left_out_of_order_keep_the_later_one():
+    before = config.current()
+    a, b = config.override(lanes=1), config.override(softmax="row")
+    a.__enter__()
+    inner = b.__enter__()
+    a.__exit__(None, None, None)  # another thread's block ends first: it does not undo the later one
+    assert config.current() is inner
+    b.__exit__(None, None, None)
+    assert config.current().lanes == 1  # what b found on entry
+    config.reload()
+    assert config.current().lanes == before.lanes
+
+
+def test_a_tuning_budget_keeps_the_plans(monkeypatch):
+    from attn_lt import api
+
+    dropped = []
+    monkeypatch.setattr(api, "_plans", type("P", (dict,), {"clear": lambda self: dropped.append(1)})())
+    assert config.tune_call_ms() == 10000
+    with config.tuning_budget(60000):
+        assert config.tune_call_ms() == 60000
+        with config.tuning_budget(0):
+            assert config.tune_call_ms() == 0
+    assert config.tune_call_ms() == 10000 and not dropped
+    with pytest.raises(ValueError, match="tuning budget"):
+        with config.tuning_budget(-1):
+            pass
 
 
 def test_settings_compare_by_identity():

@@ -253,25 +253,13 @@ def sdpa_reasons(caught, exc) -> str:
     return "; ".join(said[:3]) or first_line(exc)
 
 
-@contextlib.contextmanager
-def _env(name, value):
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old
-
-
 def first_call(p, c, tensors, ref):
     """A provider's first call on a case (warm-up, peak memory, for lt and auto the tuning of every GEMM shape of
     the case, and the check against the reference): (fn, route, peak MiB, error) when it ran right, else its final
     row."""
     import torch
 
+    from attn_lt import config
     from attn_lt.testing import rel_error
 
     q, k, v, mask = tensors
@@ -283,7 +271,7 @@ def first_call(p, c, tensors, ref):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
-                with _env("ATTN_LT_TUNE_CALL_MS", "60000"):
+                with config.tuning_budget(60000):
                     out, peak = peak_mib(fn)
             except torch.cuda.OutOfMemoryError:
                 raise

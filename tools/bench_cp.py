@@ -38,7 +38,6 @@ arguments.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import math
@@ -146,19 +145,10 @@ def setup(a):
     return dist.get_rank(), dist.get_world_size(), device
 
 
-@contextlib.contextmanager
 def tune_budget(ms: float):
-    """attn_lt's per-call tuning budget (``ATTN_LT_TUNE_CALL_MS``, an attn_lt setting) for the calls inside: the
-    warm-up tunes every GEMM class of the case (as tools/bench.py does), timed calls tune nothing."""
-    old = os.environ.get("ATTN_LT_TUNE_CALL_MS")
-    os.environ["ATTN_LT_TUNE_CALL_MS"] = str(int(ms))
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("ATTN_LT_TUNE_CALL_MS", None)
-        else:
-            os.environ["ATTN_LT_TUNE_CALL_MS"] = old
+    """attn_lt's per-call tuning budget for the calls inside: the warm-up tunes every GEMM class of the case (as
+    tools/bench.py does), timed calls tune nothing."""
+    return attn_lt.config.tuning_budget(int(ms))
 
 
 def sync(device):

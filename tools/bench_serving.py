@@ -204,6 +204,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     import torch
 
+    import attn_lt
+
     if not torch.cuda.is_available():
         print("bench_serving: needs a CUDA GPU (none visible)", file=sys.stderr)
         return 2
@@ -211,6 +213,7 @@ def main(argv=None) -> int:
         a.steps, a.prefill_calls = 200, 4
     os.environ["ATTN_LT_CACHE_DIR"] = tempfile.mkdtemp(prefix="attn_lt_serving_")  # a fresh cache: cold start
     os.environ.pop("ATTN_LT_ALGO_POLICY", None)
+    attn_lt.config.reload()
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     loops = () if a.host_only else ("attn_lt", "attn_lt_preplanned", "sdpa_default")

@@ -224,7 +224,7 @@ class Program:
             if self.pending or summed is not None or not self._lean:
                 deadline = 0.0
                 if self.pending:
-                    budget = config.current().tune_call_ms if tune_budget_ms is None else tune_budget_ms
+                    budget = config.tune_call_ms() if tune_budget_ms is None else tune_budget_ms
                     deadline = time.perf_counter() + budget / 1e3
                 self._run_general(bases, lse_ptr, mask_ptr, mass_ptr, workspace, streams, may_tune, deadline,
                                   summed, key_mass_window, lanes)
