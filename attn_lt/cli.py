@@ -229,8 +229,8 @@ def cmd_demo(a) -> int:
         from .api import explain_case
 
         print("No CUDA GPU is visible, so attn_lt cannot run here: its kernels need an NVIDIA GPU (sm_80 or newer)")
-        print("with nvmath-python and the native library (built by `pip install .` where nvcc is found). This is what it "
-              "would run:\n")
+        print("with nvmath-python and the native library (built by `pip install .` where nvcc is found). This is "
+              "what it would run:\n")
         print("\n".join(safe(line) for line in str(explain_case(case, a.backend, _budget(a), a.threshold))
                                               .splitlines()))
         return EXIT_OK

@@ -98,8 +98,8 @@ def remember(q, k, v, options: tuple, settings: tuple, keys: tuple[int, float], 
     algo_policy, key_mass_window, out_layout) under ``settings`` (a 1-tuple of the Settings object), whose key
     length lies in ``keys`` (lo, hi), through this launch: the argument struct's bytes, the launcher's address,
     the LSE partials' offset in the workspace, the stream and the scratch addresses (workspace, LSE) that serve it,
-    read in generation ``gen``. Takes nothing where the fast path would not take the call (tensor subclasses, options other
-    than None, bool, int, float, str), or after a clear since ``gen``."""
+    read in generation ``gen``. Takes nothing where the fast path would not take the call (tensor subclasses,
+    options other than None, bool, int, float, str), or after a clear since ``gen``."""
     if call is not None:
         _ext.remember(q, k, v, options, settings, keys[0], float(keys[1]), gen, out_shape, args, launcher,
                       lse_part_offset, stream, workspace, lse)

@@ -230,8 +230,8 @@ def check_lengths(B: int, Hq: int, Hkv: int, Sq: int, Sk: int, D: int, Dv: int, 
     for name, n in sizes:
         if n * esize > MAX_TENSOR_BYTES:
             raise ValueError(f"{name} would take {n * esize} bytes (B {B}, Hq {Hq}, Hkv {Hkv}, Sq {Sq}, Sk {Sk}, "
-                             f"D {D}, Dv {Dv}): more than the {MAX_TENSOR_BYTES} bytes (2**40, 1 TiB) attn_lt accepts for "
-                             "one tensor, more than any GPU holds")
+                             f"D {D}, Dv {Dv}): more than the {MAX_TENSOR_BYTES} bytes (2**40, 1 TiB) attn_lt "
+                             "accepts for one tensor, more than any GPU holds")
 
 
 def check_scale(scale) -> float:

@@ -2,7 +2,7 @@
 """attn_lt inside Hugging Face transformers: greedy generate() with attn_implementation="attn_lt", then the same
 with "sdpa", and what each produced.
 
-    python examples/transformers_generate.py                                  # a small random Llama built here (no download)
+    python examples/transformers_generate.py                          # a small random Llama built here (no download)
     python examples/transformers_generate.py --model PATH_OR_NAME [--prompt TEXT] [--new 32]   # any causal LM you have
 
 Needs a CUDA GPU and transformers (pip install 'attn-lt[transformers]'). Exit codes: 0 ok, 2 no GPU or no

@@ -1,9 +1,9 @@
 """The long path ``lt``: its declaration and its executor.
 
 Per chunk of a :class:`~attn_lt.chunks.ChunkPlan`: Q@K^T into the FP32 score region (cuBLASLt, or the Hopper
-kernel of ``lt/scores.py`` under the ``qk="native"`` option), the native softmax (P in place over the scores, LSE), P@V into the
-output (cuBLASLt), all on the caller's current stream; a key tile's P@V goes to an FP32 partial output instead,
-which the native merge joins by LSE (the last tile writes the output). A :class:`Program` prepares one plan once —
+kernel of ``lt/scores.py`` under the ``qk="native"`` option), the native softmax (P in place over the scores,
+LSE), P@V into the output (cuBLASLt), all on the caller's current stream; a key tile's P@V goes to an FP32 partial
+output instead, which the native merge joins by LSE (the last tile writes the output). A :class:`Program` prepares one plan once —
 every chunk's operand offsets, both GEMMs with their descriptors and algorithms, the softmax arguments — so that a
 call only adds base addresses and launches.
 """
