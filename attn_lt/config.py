@@ -61,7 +61,7 @@ class Settings:
     algo_policy: str = "tune"
     tune_ms: int = 200
     tune_call_ms: int = 10000
-    cache_dir: Path = Path("~/.cache/attn_lt")
+    cache_dir: Path = dataclasses.field(default_factory=lambda: Path(os.path.expanduser("~")) / ".cache" / "attn_lt")
     lib: str | None = None
     # options for tests and benchmarks (never from the environment)
     lanes: int = 2

@@ -101,6 +101,20 @@ def _install(built: Path, dest: Path, want: str) -> None:
     Path(str(dest) + ".hash").write_text(want + "\n")
 
 
+def _kept(dest: Path, want: str, force: bool) -> str | None:
+    """Whether ``dest`` need not be built: "" when it holds sources ``want`` already, " (the in-place build)" when
+    the in-place build does and was copied there, None when it must be built."""
+    if force:
+        return None
+    if _stamp_holds(dest, want):
+        return ""
+    in_place = ROOT / "attn_lt" / "_native" / dest.name
+    if in_place != dest and _stamp_holds(in_place, want):
+        _install(in_place, dest, want)
+        return " (the in-place build)"
+    return None
+
+
 def _run_logged(cmd: list[str], log) -> int:
     log.write("$ " + " ".join(cmd) + "\n")
     log.flush()
@@ -115,12 +129,9 @@ def build_library(out_dir: Path, jobs: int, force: bool, log) -> tuple[str, bool
     skipped it (worth saying); raises RuntimeError if nvcc fails."""
     want = native.source_hash(SRC)
     dest = out_dir / LIBRARY
-    if not force and _stamp_holds(dest, want):
-        return f"{LIBRARY}: built from sources {want}", False
-    in_place = ROOT / "attn_lt" / "_native" / LIBRARY
-    if not force and in_place != dest and _stamp_holds(in_place, want):
-        _install(in_place, dest, want)
-        return f"{LIBRARY}: built from sources {want} (the in-place build)", True
+    kept = _kept(dest, want, force)
+    if kept is not None:
+        return f"{LIBRARY}: built from sources {want}{kept}", bool(kept)
     why = skip_reason()
     if why is not None:
         return f"{LIBRARY}: not built, {why}; attn_lt imports and explains, GPU calls need the library", True
@@ -182,12 +193,9 @@ def build_fastpath(out_dir: Path, force: bool, log) -> tuple[str, bool]:
                 "more a call)"), True
     dest = out_dir / native.fastpath_filename(info["cache_tag"], info["version"])
     want = native.fastpath_source_hash(SRC)
-    if not force and _stamp_holds(dest, want):
-        return f"fast path: {dest.name} built from sources {want}", False
-    in_place = ROOT / "attn_lt" / "_native" / dest.name
-    if not force and in_place != dest and _stamp_holds(in_place, want):
-        _install(in_place, dest, want)
-        return f"fast path: {dest.name} built from sources {want} (the in-place build)", True
+    kept = _kept(dest, want, force)
+    if kept is not None:
+        return f"fast path: {dest.name} built from sources {want}{kept}", bool(kept)
     cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
     python_h = Path(info["python_include"]) / "Python.h"
     missing = [what for what, ok in (("a C++ compiler", cxx), (str(python_h), python_h.is_file())) if not ok]

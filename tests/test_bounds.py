@@ -155,22 +155,16 @@ def test_tuners_writing_during_imports_lose_nothing(tmp_path):
 def test_an_entry_a_busy_store_kept_is_written_before_exit(tmp_path):
     path = tmp_path / "algos.sqlite"
     fill(path, 3)
-    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
-        import sqlite3, sys
-        db = sqlite3.connect({str(path)!r}, isolation_level=None)
-        db.execute("BEGIN IMMEDIATE")
-        print("locked", flush=True); sys.stdin.readline(); db.execute("ROLLBACK")
-    """)], stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True)
-    assert holder.stdout.readline().strip() == "locked"
+    holder = sqlite3.connect(path, isolation_level=None)  # this process holds the write lock
+    holder.execute("BEGIN IMMEDIATE")
     p = worker("""
         c = cache.AlgoCache(sys.argv[1], busy_timeout_ms=200)
         print(c.put(ENV, key(9, 1), entry(1)), c.unsaved(), flush=True)
         sys.stdin.readline()
     """, path, stdin=subprocess.PIPE)
     assert p.stdout.readline().split() == ["False", "1"]
-    holder.stdin.write("\n")
-    holder.stdin.flush()
-    holder.wait(timeout=30)
+    holder.execute("ROLLBACK")
+    holder.close()
     p.communicate("\n", timeout=60)
     assert AlgoCache(path).get(ENV, key(9, 1)) == entry(1)  # written at exit
 
