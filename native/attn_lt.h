@@ -8,7 +8,7 @@
 #define ATTN_LT_H
 #include <stdint.h>
 
-#define ATTN_LT_ABI_VERSION 13
+#define ATTN_LT_ABI_VERSION 14
 
 #ifdef __cplusplus
 extern "C" {
@@ -28,7 +28,8 @@ enum attn_lt_status {
     ATTN_LT_ERR_VARIANT = 10009,    /* a forced kernel variant that cannot run these arguments */
     ATTN_LT_ERR_SCALE = 10010,      /* scale not positive */
     ATTN_LT_ERR_TENSOR_MAP = 10011, /* the driver refused a TMA tensor map for this layout */
-    ATTN_LT_ERR_LATENT = 10012      /* MLA decode (head dims 576/512): not one query a head, or v not k's memory */
+    ATTN_LT_ERR_LATENT = 10012,     /* MLA decode (head dims 576/512): not one query a head, or v not k's memory */
+    ATTN_LT_ERR_BATCH = 10013       /* a serving batch's metadata pointers, capacities or block size */
 };
 
 enum attn_lt_dtype { ATTN_LT_NONE = 0, ATTN_LT_F16 = 1, ATTN_LT_BF16 = 2, ATTN_LT_F32 = 3, ATTN_LT_BOOL = 4 };
@@ -132,6 +133,58 @@ enum attn_lt_flash_sm90_variant {
                                        keys in `splits` parts (o_part, lse_part); D = Dv = 64 or 128, Sq <= 64,
                                        a mask its heads share (see attn_lt_flash_sm90_fwd) */
 };
+
+/* Serving batches: B requests whose lengths (and KV pages) the kernels read from device memory, so that one launch
+ * configuration, planned for a capacity, serves any lengths within it (and one captured CUDA graph every step).
+ *
+ * f carries the tensors and the call's shape: q (total_q rows, Hq, D) with row stride q_ss and head stride q_sh,
+ * o (total_q, Hq, Dv) likewise (o_ss, o_sh), lse FP32 (Hq, total_q) contiguous or null; q_sb and o_sb unused.
+ * f.B is the number of requests, f.Sq the most query rows a request may have (capacity), f.Sk the most keys.
+ * Keys, varlen (cu_k set): k (total_k rows, Hkv, D) with k_ss, k_sh (v likewise); request b owns rows
+ * [cu_k[b], cu_k[b+1]). Keys, paged (block_table set): k_cache (num_blocks, block_size, Hkv, D): block n's row r
+ * at n * k_sb + r * k_ss (v likewise); request b's key j lies in block block_table[b * bt_stride + j / block_size].
+ * Queries: request b owns q rows [cu_q[b], cu_q[b+1]), or row b alone when cu_q is null. Causal is bottom-right
+ * within each request. D = Dv = 64, 128 or 256; fp16/bf16; no dense mask.
+ *
+ * Device metadata is never trusted (attn_lt_batch_error bits are OR-ed into *error, which must be a device int32):
+ * a request whose query range is not inside [0, total_q] or longer than f.Sq writes nothing; a request whose key
+ * range is not inside the keys (varlen: [0, total_k]; paged: its table row) or longer than f.Sk has no keys (its
+ * rows get zeros and LSE -inf); a key in a block whose id is outside [0, num_blocks) is neither read nor attended.
+ * Query rows no request owns are left as they were.
+ *
+ * Requests whose rows a kv head (query rows x Hq / Hkv) are at most 16 run on decode blocks whose keys are cut in
+ * parts of split_keys keys (a multiple of 64; 0: one part), the parts' partials o_part [parts][B][Hkv][16][Dv] FP32
+ * and lse_part [parts][B][Hkv][16] joined by LSE (parts = ceil(f.Sk / split_keys)); the other requests on row
+ * blocks (64 or 128 rows), whole, by native/flash.cu's kernel or, with f.variant ATTN_LT_BATCH_SM90 (Hopper,
+ * varlen keys), by native/flash_sm90.cu's. */
+enum attn_lt_batch_error {
+    ATTN_LT_BATCH_BAD_Q = 1,          /* cu_seqlens_q decreasing, negative or past total_q */
+    ATTN_LT_BATCH_Q_CAPACITY = 2,     /* a request's query rows more than max_seqlen_q */
+    ATTN_LT_BATCH_BAD_K = 4,          /* cu_seqlens_k decreasing, negative or past total_k; or seqlens_k negative */
+    ATTN_LT_BATCH_K_CAPACITY = 8,     /* a request's keys more than max_seqlen_k, or past its block table row */
+    ATTN_LT_BATCH_BAD_BLOCK = 16      /* a block id outside [0, num_blocks) */
+};
+enum attn_lt_batch_variant { ATTN_LT_BATCH_SM80 = 0, ATTN_LT_BATCH_SM90 = 1 };
+
+typedef struct attn_lt_batch_args {
+    attn_lt_flash_args f;
+    const int32_t* cu_q;        /* (B + 1,), or null: one query row a request */
+    const int32_t* cu_k;        /* varlen: (B + 1,) */
+    const int32_t* seqlens_k;   /* paged: (B,) */
+    const int32_t* block_table; /* paged: (B, max_blocks), row stride bt_stride */
+    int32_t* error;
+    int64_t total_q, total_k;   /* rows of q and o; of k and v (varlen) */
+    int64_t bt_stride, max_blocks, num_blocks, block_size; /* block_size a power of two */
+    int32_t split_keys;
+    int32_t pad_;
+} attn_lt_batch_args;
+
+/* native/flash.cu: every request of the batch (the decode blocks, their merge, and the row blocks, the latter by
+ * attn_lt_flash_sm90_batch with f.variant ATTN_LT_BATCH_SM90). */
+int attn_lt_batch_fwd(const attn_lt_batch_args* args, void* stream);
+/* native/flash_sm90.cu: the row blocks of a varlen batch (requests of more than 16 rows a kv head) on the Hopper
+ * prefill kernel; grid (ceil(f.Sq / 128), Hq, B). cudaErrorNotSupported off sm_90. */
+int attn_lt_flash_sm90_batch(const attn_lt_batch_args* args, void* stream);
 
 int attn_lt_abi_version(void);
 int attn_lt_flash_fwd(const attn_lt_flash_args* args, void* stream);

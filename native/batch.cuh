@@ -1,0 +1,50 @@
+// Serving batches (attn_lt_batch_args): the one reading of a request's device metadata every batch kernel uses, and
+// the key-row addressing of a varlen or paged cache. Included inside a kernel file's anonymous namespace, after
+// attn_lt.h and common.cuh.
+#ifndef ATTN_LT_BATCH_CUH
+#define ATTN_LT_BATCH_CUH
+
+// Rows a kv head up to which a request runs on decode blocks (16 rows: query rows x Hq / Hkv).
+constexpr int kBatchSmallRows = 16;
+
+// A request as the kernels run it: query rows [q0, q0 + nq) of the packed q and o (nq 0: nothing to write), and
+// its visible keys (nk; varlen: rows [k0, k0 + nk) of k and v).
+struct BatchRequest {
+    int q0, nq, k0, nk;
+};
+
+// Request b, its metadata checked (attn_lt_batch_args says what each failure means). `report`: OR the failures
+// into a.error (one thread of one CTA a request does, so that a bad request costs one atomic, not thousands).
+__device__ __forceinline__ BatchRequest batch_request(const attn_lt_batch_args& a, int b, bool report) {
+    BatchRequest r{b, 1, 0, 0};
+    int err = 0;
+    if (a.cu_q != nullptr) {
+        const int q0 = __ldg(a.cu_q + b), q1 = __ldg(a.cu_q + b + 1);
+        if (q0 < 0 || q1 < q0 || q1 > a.total_q) err |= ATTN_LT_BATCH_BAD_Q;
+        else if (q1 - q0 > a.f.Sq) err |= ATTN_LT_BATCH_Q_CAPACITY;
+        r.q0 = q0;
+        r.nq = err ? 0 : q1 - q0;
+    }
+    if (a.cu_k != nullptr) {
+        const int k0 = __ldg(a.cu_k + b), k1 = __ldg(a.cu_k + b + 1);
+        if (k0 < 0 || k1 < k0 || k1 > a.total_k) err |= ATTN_LT_BATCH_BAD_K;
+        else if (k1 - k0 > a.f.Sk) err |= ATTN_LT_BATCH_K_CAPACITY;
+        else r.k0 = k0, r.nk = k1 - k0;
+    } else {
+        const int n = __ldg(a.seqlens_k + b);
+        if (n < 0) err |= ATTN_LT_BATCH_BAD_K;
+        else if (n > a.f.Sk || n > a.max_blocks * a.block_size) err |= ATTN_LT_BATCH_K_CAPACITY;
+        else r.nk = n;
+    }
+    if (report && err) atomicOr(a.error, err);
+    return r;
+}
+
+// The block of a paged cache that holds key j of request b, or -1 when the table's id is outside [0, num_blocks)
+// (log2_bs: log2 of the block size; key j is row j % block_size of that block).
+__device__ __forceinline__ int64_t paged_block(const attn_lt_batch_args& a, int b, int j, int log2_bs) {
+    const int id = __ldg(a.block_table + b * a.bt_stride + (j >> log2_bs));
+    return id >= 0 && id < a.num_blocks ? int64_t(id) : int64_t(-1);
+}
+
+#endif
