@@ -147,27 +147,59 @@ inline cudaError_t opt_in_smem(const void* kernel, size_t bytes) {
     return err;
 }
 
-// ---- the LSE merge of split partials (native/flash.cu's key splits, native/flash_sm90.cu's MLA decode) ----------
-// Partials: o_part [splits][B * Hq * Sq rows][D] FP32, normalised; lse_part [splits][rows], natural log.
+// ---- the LSE merge of split partials (native/flash.cu's key splits, native/flash_sm90.cu's MLA decode, the decode
+// blocks of a serving batch) ------------------------------------------------------------------------------------
+// Partials: o_part [splits][rows][D] FP32, normalised; lse_part [splits][rows], natural log. Dense calls: rows are
+// (b, h, position) of (B, Hq, Sq). Serving batches: rows are (b, kv head, decode-block row) of (B, Hkv, 16), and a
+// request's part count follows from its keys.
+#include "batch.cuh"
 
-// Where merged row `row` (of B * Hq * Sq) of the output starts, and its LSE from the largest part LSE `mx` and the
-// parts' summed weights `wsum` (both merge kernels).
+// Where a merged row goes: the output row, its LSE (or null), and how many parts it has (0: zeros and LSE -inf);
+// out null: no row to write.
 template <typename T>
-__device__ __forceinline__ T* merged_row(const attn_lt_flash_args& a, int64_t row) {
+struct MergeTarget {
+    T* out;
+    float* lse;
+    int parts;
+};
+
+__host__ __device__ __forceinline__ const attn_lt_flash_args& flash_of(const attn_lt_flash_args& a) { return a; }
+__host__ __device__ __forceinline__ const attn_lt_flash_args& flash_of(const attn_lt_batch_args& a) { return a.f; }
+
+__host__ __device__ __forceinline__ int64_t merge_rows(const attn_lt_flash_args& a) { return a.B * a.Hq * a.Sq; }
+__host__ __device__ __forceinline__ int64_t merge_rows(const attn_lt_batch_args& a) {
+    return a.f.B * a.f.Hkv * kBatchSmallRows;
+}
+
+template <typename T>
+__device__ __forceinline__ MergeTarget<T> merge_target(const attn_lt_flash_args& a, int64_t row) {
     const int64_t pos = row % a.Sq, bh = row / a.Sq, h = bh % a.Hq, b = bh / a.Hq;
-    return static_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh + pos * a.o_ss;
+    return {static_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh + pos * a.o_ss, a.lse ? a.lse + row : nullptr, a.splits};
+}
+// A batch row: decode-block row rr of kv head hk of request b (query row rr / g of head hk * g + rr % g), written
+// only for requests the decode blocks ran (at most 16 rows a kv head), with ceil(keys / split_keys) parts.
+template <typename T>
+__device__ __forceinline__ MergeTarget<T> merge_target(const attn_lt_batch_args& a, int64_t row) {
+    const int g = static_cast<int>(a.f.Hq / a.f.Hkv);
+    const int rr = static_cast<int>(row % kBatchSmallRows);
+    const int64_t bk = row / kBatchSmallRows, hk = bk % a.f.Hkv, b = bk / a.f.Hkv;
+    const BatchRequest r = batch_request(a, static_cast<int>(b), false);
+    if (r.nq * g > kBatchSmallRows || rr >= r.nq * g) return {nullptr, nullptr, 0};
+    const int64_t head = hk * g + rr % g, q = r.q0 + rr / g;
+    return {static_cast<T*>(a.f.o) + q * a.f.o_ss + head * a.f.o_sh,
+            a.f.lse ? a.f.lse + head * a.total_q + q : nullptr, (r.nk + a.split_keys - 1) / a.split_keys};
 }
 __device__ __forceinline__ float merged_lse(float mx, float wsum) {
     return wsum > 0.f ? mx + logf(wsum) : -INFINITY;
 }
 
-// Join `splits` partials by their LSE: one CTA a row (b, h, position), its four warps taking every fourth split,
-// D / 32 columns a lane. A partial with LSE -inf (no visible key in its range) weighs nothing; a row with no visible
-// key at all gives 0 and LSE -inf. Latency, not bytes, bounds it (a decode step at batch 1 has a few dozen rows and
-// up to 128 splits): the LSEs are read one split a thread and reduced across the CTA, and each warp loads kBatch of
-// its splits' partial rows before adding any, so that a row's loads are in flight together, not one after another.
-template <int D, typename T>
-__global__ void __launch_bounds__(128) merge_partials(const attn_lt_flash_args a) {
+// Join a row's partials by their LSE: one CTA a row, its four warps taking every fourth split, D / 32 columns a
+// lane. A partial with LSE -inf (no visible key in its range) weighs nothing; a row with no visible key at all gives
+// 0 and LSE -inf. Latency, not bytes, bounds it (a decode step at batch 1 has a few dozen rows and up to 128
+// splits): the LSEs are read one split a thread and reduced across the CTA, and each warp loads kBatch of its
+// splits' partial rows before adding any, so that a row's loads are in flight together, not one after another.
+template <int D, typename T, typename A>
+__global__ void __launch_bounds__(128) merge_partials(const A args) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;\n" ::: "memory");  // launched early (see merge): wait for the partials
 #endif
@@ -175,10 +207,13 @@ __global__ void __launch_bounds__(128) merge_partials(const attn_lt_flash_args a
     constexpr int kBatch = kPer <= 4 ? 8 : kPer <= 8 ? 4 : 2;  // about 16 float2 loads a lane in flight
     __shared__ float s_part[kWarps];
     __shared__ float s_acc[kWarps - 1][D];
-    const int64_t rows = a.B * a.Hq * a.Sq;
+    const attn_lt_flash_args& a = flash_of(args);
+    const int64_t rows = merge_rows(args);
     const int64_t row = blockIdx.x;
+    const MergeTarget<T> target = merge_target<T>(args, row);
+    if (target.out == nullptr) return;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int n = a.splits;
+    const int n = target.parts;
     float mx = -INFINITY;
     for (int i = threadIdx.x; i < n; i += 32 * kWarps) mx = fmaxf(mx, a.lse_part[i * rows + row]);
 #pragma unroll
@@ -235,10 +270,10 @@ __global__ void __launch_bounds__(128) merge_partials(const attn_lt_flash_args a
         for (int c = 0; c < kPer; ++c) acc[c] += s_acc[w][lane * kPer + c];
     wsum += s_part[1] + s_part[2] + s_part[3];
     const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
-    T* out = merged_row<T>(a, row) + lane * kPer;
+    T* out = target.out + lane * kPer;
 #pragma unroll
     for (int c = 0; c < kPer; c += 2) *reinterpret_cast<unsigned*>(out + c) = pack2<T>(acc[c] * inv, acc[c + 1] * inv);
-    if (lane == 0 && a.lse != nullptr) a.lse[row] = merged_lse(mx, wsum);
+    if (lane == 0 && target.lse != nullptr) *target.lse = merged_lse(mx, wsum);
 }
 
 // Wide rows from few splits (MLA decode: 512 columns, 2-8 parts over 4096 rows at B 32): merge_partials above
@@ -282,19 +317,20 @@ __global__ void __launch_bounds__(D / 4) merge_partials_wide(const attn_lt_flash
         }
     }
     const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
-    T* out = merged_row<T>(a, row) + 4 * threadIdx.x;
+    T* out = merge_target<T>(a, row).out + 4 * threadIdx.x;
     *reinterpret_cast<uint2*>(out) = make_uint2(pack2<T>(acc.x * inv, acc.y * inv), pack2<T>(acc.z * inv, acc.w * inv));
     if (threadIdx.x == 0 && a.lse != nullptr) a.lse[row] = merged_lse(mx, wsum);
 }
 
 // Join the splits. From sm_90 as a programmatic dependent launch: its launch overlaps the split kernel's last
 // blocks (a decode step is a few tens of microseconds, of which a dependent launch's latency is several).
-template <int D, typename T>
-cudaError_t merge(const attn_lt_flash_args& a, cudaStream_t stream) {
+template <int D, typename T, typename A>
+cudaError_t merge(const A& args, cudaStream_t stream) {
     const DeviceInfo* dev = nullptr;
     const cudaError_t err = current_device_info(&dev);
     if (err != cudaSuccess) return err;
-    const int64_t out_rows = a.B * a.Hq * a.Sq;
+    const attn_lt_flash_args& a = flash_of(args);
+    const int64_t out_rows = merge_rows(args);
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
@@ -305,14 +341,14 @@ cudaError_t merge(const attn_lt_flash_args& a, cudaStream_t stream) {
     cfg.stream = stream;
     cfg.attrs = attr;
     cfg.numAttrs = dev->major >= 9 ? 1 : 0;
-    if constexpr (D >= 512) {  // 16-byte partial rows (o_part 16-byte aligned) and 8-byte output quads
+    if constexpr (D >= 512 && std::is_same<A, attn_lt_flash_args>::value) {  // 16-byte partial rows (o_part 16-byte aligned) and 8-byte output quads
         if (a.splits <= kWideMergeMaxSplits && reinterpret_cast<uintptr_t>(a.o_part) % 16 == 0 &&
             reinterpret_cast<uintptr_t>(a.o) % 8 == 0 && (a.o_sb | a.o_sh | a.o_ss) % 4 == 0) {
             cfg.blockDim = dim3(D / 4);
             return cudaLaunchKernelEx(&cfg, merge_partials_wide<D, T>, a);
         }
     }
-    return cudaLaunchKernelEx(&cfg, merge_partials<D, T>, a);
+    return cudaLaunchKernelEx(&cfg, merge_partials<D, T, A>, args);
 }
 
 #endif

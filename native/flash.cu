@@ -93,6 +93,51 @@ __device__ __forceinline__ void load_key_tile(T* dst, const T* src, int64_t stri
     for (int i = 0; i < kPasses; ++i, p += step) cp_async16(dst + swz<D>(r0 + i * kRowStep, c), p);
 }
 
+// What the kernel reads of a serving batch's arguments (placeholders for a dense call, where BT code is dead).
+__device__ __forceinline__ int split_tiles(const attn_lt_flash_args&) { return 1; }
+__device__ __forceinline__ int split_tiles(const attn_lt_batch_args& a) { return a.split_keys / kBlockN; }
+__device__ __forceinline__ int64_t batch_total_q(const attn_lt_flash_args&) { return 0; }
+__device__ __forceinline__ int64_t batch_total_q(const attn_lt_batch_args& a) { return a.total_q; }
+__device__ __forceinline__ BatchRequest request_of(const attn_lt_flash_args& a, int, bool) {
+    return {0, static_cast<int>(a.Sq), 0, static_cast<int>(a.Sk)};
+}
+__device__ __forceinline__ BatchRequest request_of(const attn_lt_batch_args& a, int b, bool report) {
+    return batch_request(a, b, report);
+}
+// Whether key `key` (< the request's keys) of request b lies in a block whose id is out of range.
+__device__ __forceinline__ bool key_block_bad(const attn_lt_flash_args&, int, int, int) { return false; }
+__device__ __forceinline__ bool key_block_bad(const attn_lt_batch_args& a, int b, int key, int log2_bs) {
+    return paged_block(a, b, key, log2_bs) < 0;
+}
+
+// A key tile of a paged cache (serving batches): K and V rows [n0, n0 + valid) of request b, row j read from the
+// block the table gives for it; rows past `valid`, and rows whose block id is out of range (not read; `bad` set so
+// that the softmax hides them), are zero-filled. Every block id of the tile is loaded before any copy is issued.
+template <int D, typename T>
+__device__ __forceinline__ void load_paged_tile(T* dK, T* dV, const T* k, const T* v, const attn_lt_batch_args& a,
+                                                int b, int n0, int valid, int log2_bs, int* bad) {
+    constexpr int kChunks = D / 8, kRowStep = kThreads / kChunks, kPasses = kBlockN / kRowStep;
+    const int r0 = threadIdx.x / kChunks, c = (threadIdx.x % kChunks) * 8;
+    const int mask = (1 << log2_bs) - 1;
+    int64_t blk[kPasses];
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i) {
+        const int r = r0 + i * kRowStep;
+        blk[i] = r < valid ? paged_block(a, b, n0 + r, log2_bs) : -2;
+        if (blk[i] == -1) {
+            *bad = 1;
+            atomicOr(a.error, ATTN_LT_BATCH_BAD_BLOCK);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i) {
+        const int r = r0 + i * kRowStep, j = (n0 + r) & mask;
+        const bool ok = blk[i] >= 0;
+        cp_async16(dK + swz<D>(r, c), k + (ok ? blk[i] * a.f.k_sb + j * a.f.k_ss : 0) + c, ok ? 16 : 0);
+        cp_async16(dV + swz<D>(r, c), v + (ok ? blk[i] * a.f.v_sb + j * a.f.v_ss : 0) + c, ok ? 16 : 0);
+    }
+}
+
 // One element of the user mask in the exp2 domain: 0 or -inf for a bool mask (true = attend), else the additive
 // value times log2(e).
 __device__ __forceinline__ float mask_value(const void* mask, int dtype, int64_t idx) {
@@ -181,8 +226,15 @@ constexpr int stages() { return MT == 1 && D <= 128 && (W || !SM) ? 3 : 2; }
 // 16-key slices, each warp with its own online softmax; the warps' (max, sum, O) are joined through shared memory at
 // the end. Without W a warp owns MT m16 row tiles and every key of a tile.
 // SM: shared memory holds mask stages (the launcher reserves them where mask_stage_rows says so).
-template <int D, typename T, int MT, bool W, bool SM>
-__global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_fwd(const attn_lt_flash_args a) {
+// BT: a serving batch (attn_lt_batch_args): the block's request and its lengths come from device memory; W blocks
+// run the requests of at most kBatchSmallRows rows a kv head (their keys in parts of split_keys), the others the rest.
+template <bool BT>
+using KernelArgs = std::conditional_t<BT, attn_lt_batch_args, attn_lt_flash_args>;
+
+template <int D, typename T, int MT, bool W, bool SM, bool BT = false>
+__global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_fwd(const KernelArgs<BT> args) {
+    static_assert(!BT || !SM, "serving batches take no dense mask");
+    const attn_lt_flash_args& a = flash_of(args);
     static_assert(!W || MT == 1, "the warp-split mode has one m16 tile");
     static_assert(!SM || MT == 1, "masks run with one m16 tile a warp");
     constexpr int kBlockM = W ? 16 : kWarps * 16 * MT;
@@ -196,14 +248,21 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
     const int m_block = gridDim.x - 1 - blockIdx.x;  // heaviest (causal) blocks first
     const int64_t bk = blockIdx.y, b = bk / a.Hkv, hk = bk % a.Hkv;
     const int g = static_cast<int>(a.Hq / a.Hkv);
-    const int Sq = static_cast<int>(a.Sq), Sk = static_cast<int>(a.Sk);
+    // The request of a serving batch (its lengths from device memory), or the dense call's shape.
+    const BatchRequest req = request_of(args, static_cast<int>(b), blockIdx.x == 0 && hk == 0 && blockIdx.z == 0 &&
+                                                                       threadIdx.x == 0);
+    if (BT && (req.nq * g <= kBatchSmallRows) != W) return;  // the other kernel's request
+    const int Sq = req.nq, Sk = req.nk;
+    const int64_t q_row0 = req.q0;  // serving batches: the request's first packed query row
+    // (paged caches: rows addressed by load_paged_tile)
+    const T* k = static_cast<const T*>(a.k) + (BT ? req.k0 * a.k_ss : b * a.k_sb) + hk * a.k_sh;
+    const T* v = static_cast<const T*>(a.v) + (BT ? req.k0 * a.v_ss : b * a.v_sb) + hk * a.v_sh;
     const int rows_all = g * Sq;  // below 2^31 (checked on the host)
     const int m0 = m_block * kBlockM;
+    if (BT && m0 >= rows_all) return;  // past the request's rows (a request without rows writes nothing)
     const int m_valid = min(kBlockM, rows_all - m0);
     const int shift = Sk - Sq;  // causal: key j visible to query position i iff j <= i + shift
-    const T* k = static_cast<const T*>(a.k) + b * a.k_sb + hk * a.k_sh;
-    const T* v = static_cast<const T*>(a.v) + b * a.v_sb + hk * a.v_sh;
-    const T* qb = static_cast<const T*>(a.q) + b * a.q_sb + hk * g * a.q_sh;
+    const T* qb = static_cast<const T*>(a.q) + (BT ? q_row0 * a.q_ss : b * a.q_sb) + hk * g * a.q_sh;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     // The merge of the splits (a dependent grid, see merge) launches once every CTA of this grid got here or
     // exited; it waits in griddepcontrol.wait until this grid has finished and its writes are visible.
@@ -216,9 +275,22 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
         const int last = (m0 + m_valid - 1) / g + shift;
         n_tiles = last < 0 ? 0 : min(n_tiles, last / kBlockN + 1);
     }
-    const int per_split = (n_tiles + gridDim.z - 1) / gridDim.z;
+    // Serving batches split by a fixed part size (the part count follows the request's keys, the grid the capacity).
+    const int per_split = BT && gridDim.z > 1 ? split_tiles(args) : (n_tiles + gridDim.z - 1) / gridDim.z;
     const int t_begin = min(n_tiles, static_cast<int>(blockIdx.z) * per_split);
     const int t_end = min(n_tiles, t_begin + per_split);
+    if (BT && gridDim.z > 1 && t_begin >= n_tiles) return;  // a part past the request's keys (the merge reads none)
+    // Paged caches: log2 of the block size; a block id out of range seen by any thread (the softmax then hides the
+    // keys of such blocks).
+    int log2_bs = 0;
+    if constexpr (BT) {
+        if (args.block_table != nullptr) log2_bs = __ffsll(args.block_size) - 1;
+    }
+    __shared__ int s_bad;
+    if constexpr (BT) {
+        if (threadIdx.x == 0) s_bad = 0;
+        __syncthreads();
+    }
 
     // Rows of this thread: for m tile t, tile row (warp * MT + t) * 16 + lane / 4 and that + 8; their query
     // position, and (masks run with MT = 1 only) the mask's offset of that (b, h, position).
@@ -275,7 +347,11 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
     auto load_stage = [&](int slot, int tile) {
         if (tile < t_end) {
             const int n0 = tile * kBlockN, valid = min(kBlockN, Sk - n0);
-            if (valid == kBlockN && (D <= 128 || W)) {  // (D 256 row blocks: the unrolled copy spills there)
+            if (BT && log2_bs > 0) {
+                if constexpr (BT)
+                    load_paged_tile<D>(sK + slot * kBlockN * D, sV + slot * kBlockN * D, k, v, args,
+                                       static_cast<int>(b), n0, valid, log2_bs, &s_bad);
+            } else if (valid == kBlockN && (D <= 128 || W)) {  // (D 256 row blocks: the unrolled copy spills there)
                 load_key_tile<D>(sK + slot * kBlockN * D, k + int64_t(n0) * a.k_ss, a.k_ss);
                 load_key_tile<D>(sV + slot * kBlockN * D, v + int64_t(n0) * a.v_ss, a.v_ss);
             } else {
@@ -383,7 +459,8 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
             }
         }
         // Scale to the exp2 domain, add the user mask, mask the key tail and the causal triangle, online softmax.
-        const bool need_mask = n0 + kBlockN > Sk || (a.causal && n0 + kBlockN - 1 > m0 / g + shift);
+        const bool bad_blocks = BT && log2_bs > 0 && s_bad;  // (paged: some block id out of range)
+        const bool need_mask = n0 + kBlockN > Sk || (a.causal && n0 + kBlockN - 1 > m0 / g + shift) || bad_blocks;
         unsigned pf[MT][kNW / 16][4];
 #pragma unroll
         for (int t = 0; t < MT; ++t) {
@@ -394,7 +471,9 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
                 for (int e = 0; e < 4; ++e) {
                     float x = s[t][j][e] * sl2;
                     const int key = n0 + wkey + j * 8 + (lane % 4) * 2 + (e & 1);
-                    if (need_mask && (key >= Sk || (a.causal && key > pos[t][e >> 1] + shift))) x = -INFINITY;
+                    if (need_mask && (key >= Sk || (a.causal && key > pos[t][e >> 1] + shift) ||
+                                      (bad_blocks && key_block_bad(args, static_cast<int>(b), key, log2_bs))))
+                        x = -INFINITY;
                     else if (has_mask) x += mk[t][j][e];
                     s[t][j][e] = x;
                 }
@@ -454,7 +533,7 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
         }
     }
     const bool split = gridDim.z > 1;
-    const int64_t rows_out = a.B * a.Hq * a.Sq;
+    const int64_t rows_out = merge_rows(args);
     if constexpr (W) {
         // Join the four warps' online softmaxes of the same 16 rows: every warp puts its row max, row sum and
         // unnormalised O in shared memory (over the K/V ring, now idle); then thread t finishes row t / 8, columns
@@ -496,9 +575,12 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
         const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
         const float lse = lsum > 0.f ? (mx + log2f(lsum)) * kLn2 : -INFINITY;
         const int64_t head = hk * g + rr % g, p = rr / g;
-        const int64_t orow = (b * a.Hq + head) * a.Sq + p;
+        // the partials' row, and the LSE's: (b, h, position) of (B, Hq, Sq), or for a serving batch
+        // (b, kv head, block row) of (B, Hkv, 16) and (h, packed row) of (Hq, total_q)
+        const int64_t orow = BT ? bk * kBatchSmallRows + rr : (b * a.Hq + head) * a.Sq + p;
+        const int64_t lrow = BT ? head * batch_total_q(args) + q_row0 + p : orow;
         float* op = split ? a.o_part + (blockIdx.z * rows_out + orow) * D + c0 : nullptr;
-        T* out = static_cast<T*>(a.o) + b * a.o_sb + head * a.o_sh + p * a.o_ss + c0;
+        T* out = static_cast<T*>(a.o) + (BT ? (q_row0 + p) * a.o_ss : b * a.o_sb + p * a.o_ss) + head * a.o_sh + c0;
 #pragma unroll
         for (int c = 0; c < kCols; c += 2) {
             float x0 = 0.f, x1 = 0.f;
@@ -513,7 +595,7 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
         }
         if (threadIdx.x % 8 == 0) {
             if (split) a.lse_part[blockIdx.z * rows_out + orow] = lse;
-            else if (a.lse != nullptr) a.lse[orow] = lse;
+            else if (a.lse != nullptr) a.lse[lrow] = lse;
         }
         return;
     }
@@ -533,7 +615,8 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
             const float inv = l[t][r] > 0.f ? 1.f / l[t][r] : 0.f;
             const float lse = l[t][r] > 0.f ? (m[t][r] + log2f(l[t][r])) * kLn2 : -INFINITY;
             const int64_t head = hk * g + rr % g;
-            const int64_t row = (b * a.Hq + head) * a.Sq + pos[t][r];  // (b, h, position) in (B, Hq, Sq)
+            // (b, h, position) in (B, Hq, Sq); a serving batch's LSE: (h, packed row) in (Hq, total_q)
+            const int64_t row = BT ? head * batch_total_q(args) + q_row0 + pos[t][r] : (b * a.Hq + head) * a.Sq + pos[t][r];
             if (split) {
                 float* op = a.o_part + (blockIdx.z * rows_out + row) * D + col;
 #pragma unroll
@@ -541,7 +624,8 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
                     *reinterpret_cast<float2*>(op + d * 8) = make_float2(o[t][d][2 * r] * inv, o[t][d][2 * r + 1] * inv);
                 if (lane % 4 == 0) a.lse_part[blockIdx.z * rows_out + row] = lse;
             } else {
-                T* out = static_cast<T*>(a.o) + b * a.o_sb + head * a.o_sh + int64_t(pos[t][r]) * a.o_ss;
+                T* out = static_cast<T*>(a.o) + (BT ? q_row0 * a.o_ss : b * a.o_sb) + head * a.o_sh +
+                         int64_t(pos[t][r]) * a.o_ss;
 #pragma unroll
                 for (int d = 0; d < D / 8; ++d)
                     *reinterpret_cast<unsigned*>(out + d * 8 + col) = pack2<T>(o[t][d][2 * r] * inv, o[t][d][2 * r + 1] * inv);
@@ -599,7 +683,88 @@ cudaError_t launch_type(const attn_lt_flash_args& a, cudaStream_t stream) {
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// ---- serving batches ---------------------------------------------------------------------------------------------
+
+template <int D, typename T, int MT, bool W>
+cudaError_t launch_batch_blocks(const attn_lt_batch_args& a, dim3 grid, cudaStream_t stream) {
+    constexpr int kBlockM = W ? 16 : kWarps * 16 * MT;
+    constexpr int kStages = stages<D, MT, W, false>();
+    const size_t smem = size_t(kBlockM + 2 * kStages * kBlockN) * D * sizeof(T);
+    const auto kernel = flash_fwd<D, T, MT, W, false, true>;
+    const cudaError_t err = opt_in_smem(reinterpret_cast<const void*>(kernel), smem);
+    if (err != cudaSuccess) return err;
+    kernel<<<grid, kThreads, smem, stream>>>(a);
+    return cudaGetLastError();
+}
+
+// The row blocks (requests of more than 16 rows a kv head; the tiling of launch_dim), then the decode blocks and
+// their merge. Each grid is sized for the capacity; blocks of requests that do not need them return at once.
+template <int D, typename T>
+int launch_batch(const attn_lt_batch_args& a, cudaStream_t stream) {
+    const int64_t g = a.f.Hq / a.f.Hkv, rows = g * a.f.Sq;
+    const unsigned bk = static_cast<unsigned>(a.f.B * a.f.Hkv);
+    if (rows > kBatchSmallRows) {
+        if (a.f.variant == ATTN_LT_BATCH_SM90) {
+            const int err = attn_lt_flash_sm90_batch(&a, stream);
+            if (err != 0) return err;
+        } else {
+            cudaError_t err;
+            if constexpr (D == 256) {
+                err = launch_batch_blocks<D, T, 1, false>(a, dim3(unsigned((rows + 63) / 64), bk), stream);
+            } else {
+                err = rows <= 64 ? launch_batch_blocks<D, T, 1, false>(a, dim3(unsigned((rows + 63) / 64), bk), stream)
+                                 : launch_batch_blocks<D, T, 2, false>(a, dim3(unsigned((rows + 127) / 128), bk), stream);
+            }
+            if (err != cudaSuccess) return err;
+        }
+    }
+    if (g > kBatchSmallRows) return 0;
+    const int64_t parts = a.split_keys > 0 ? (a.f.Sk + a.split_keys - 1) / a.split_keys : 1;
+    cudaError_t err = launch_batch_blocks<D, T, 1, true>(a, dim3(1, bk, unsigned(parts)), stream);
+    if (err == cudaSuccess && parts > 1) err = merge<D, T>(a, stream);
+    return static_cast<int>(err);
+}
+
 }  // namespace
+
+extern "C" int attn_lt_batch_fwd(const attn_lt_batch_args* a, void* stream) {
+    if (a == nullptr || a->error == nullptr) return ATTN_LT_ERR_ARGS;
+    const attn_lt_flash_args& f = a->f;
+    if (f.B <= 0 || f.Hq <= 0 || f.Hkv <= 0 || f.Sq <= 0 || f.Sk <= 0 || a->total_q <= 0 || a->total_k < 0 ||
+        f.q == nullptr || f.k == nullptr || f.v == nullptr || f.o == nullptr)
+        return ATTN_LT_ERR_ARGS;
+    if (f.Hq % f.Hkv || f.B * f.Hkv > 65535 || f.Hq > 65535) return ATTN_LT_ERR_HEADS;
+    if ((f.D != 64 && f.D != 128 && f.D != 256) || (f.Dv != 0 && f.Dv != f.D)) return ATTN_LT_ERR_HEAD_DIM;
+    if (f.Sq >= (1LL << 30) || f.Sk >= (1LL << 30) || f.Sq * (f.Hq / f.Hkv) >= (1LL << 30) ||
+        a->total_q >= (1LL << 31) || a->total_k >= (1LL << 31))
+        return ATTN_LT_ERR_LENGTH;
+    if (!(f.scale > 0.f)) return ATTN_LT_ERR_SCALE;
+    if (f.mask_dtype != ATTN_LT_NONE || f.mask != nullptr) return ATTN_LT_ERR_MASK;
+    if (!aligned16(f.q) || !aligned16(f.k) || !aligned16(f.v) || !aligned16(f.o)) return ATTN_LT_ERR_ALIGNMENT;
+    if ((f.q_ss | f.q_sh | f.k_ss | f.k_sh | f.v_ss | f.v_sh | f.k_sb | f.v_sb) % 8 != 0 || (f.o_ss | f.o_sh) % 2 != 0)
+        return ATTN_LT_ERR_STRIDES;
+    const bool paged = a->block_table != nullptr;
+    if (paged == (a->cu_k != nullptr) || (paged && a->seqlens_k == nullptr)) return ATTN_LT_ERR_BATCH;
+    if (paged && (a->block_size < 8 || a->block_size > (1 << 20) || (a->block_size & (a->block_size - 1)) ||
+                  a->num_blocks <= 0 || a->num_blocks >= (1LL << 31) || a->max_blocks <= 0 ||
+                  a->bt_stride < a->max_blocks || f.B * a->bt_stride >= (1LL << 31)))
+        return ATTN_LT_ERR_BATCH;
+    if (a->split_keys < 0 || a->split_keys % kBlockN) return ATTN_LT_ERR_BATCH;
+    const int64_t parts = a->split_keys > 0 ? (f.Sk + a->split_keys - 1) / a->split_keys : 1;
+    if (parts > 65535) return ATTN_LT_ERR_BATCH;
+    if (parts > 1 && (f.o_part == nullptr || f.lse_part == nullptr)) return ATTN_LT_ERR_ARGS;
+    if (parts > 1 && (reinterpret_cast<uintptr_t>(f.o_part) % 8 || reinterpret_cast<uintptr_t>(f.lse_part) % 4))
+        return ATTN_LT_ERR_ALIGNMENT;
+    if (f.variant != ATTN_LT_BATCH_SM80 && (f.variant != ATTN_LT_BATCH_SM90 || paged)) return ATTN_LT_ERR_VARIANT;
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    if (f.dtype != ATTN_LT_BF16 && f.dtype != ATTN_LT_F16) return ATTN_LT_ERR_DTYPE;
+    const bool bf = f.dtype == ATTN_LT_BF16;
+    switch (f.D) {
+        case 64: return bf ? launch_batch<64, __nv_bfloat16>(*a, s) : launch_batch<64, __half>(*a, s);
+        case 128: return bf ? launch_batch<128, __nv_bfloat16>(*a, s) : launch_batch<128, __half>(*a, s);
+        default: return bf ? launch_batch<256, __nv_bfloat16>(*a, s) : launch_batch<256, __half>(*a, s);
+    }
+}
 
 extern "C" int attn_lt_flash_fwd(const attn_lt_flash_args* a, void* stream) {
     if (a == nullptr || a->B <= 0 || a->Hq <= 0 || a->Hkv <= 0 || a->Sq <= 0 || a->Sk <= 0 || a->o == nullptr)

@@ -957,6 +957,8 @@ const char* attn_lt_error_string(int err) {
         case ATTN_LT_ERR_LATENT:
             return "precondition failed: MLA decode (head dims 576/512) takes one query a head, and v the first 512 "
                    "columns of k (the same memory and strides)";
+        case ATTN_LT_ERR_BATCH:
+            return "precondition failed: a serving batch's metadata pointers, capacities, block size or split size";
         default: return cudaGetErrorString(static_cast<cudaError_t>(err));
     }
 }
