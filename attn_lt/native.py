@@ -18,7 +18,7 @@ from . import config
 
 log = logging.getLogger("attn_lt")
 
-ABI_VERSION = 13
+ABI_VERSION = 14
 _PKG = Path(__file__).resolve().parent
 _LIB_PATH = _PKG / "_native" / "libattn_lt.so"
 SOURCE_DIR = _PKG.parent / "native"
@@ -72,6 +72,25 @@ class FlashArgs(ctypes.Structure):
                                       "m_sq", "m_sk")] + [
         ("scale", ctypes.c_float)] + [
         (n, ctypes.c_int32) for n in ("causal", "dtype", "variant", "mask_dtype", "splits", "Dv")]
+
+
+class BatchArgs(ctypes.Structure):
+    """Mirror of ``attn_lt_batch_args`` in native/attn_lt.h."""
+
+    _fields_ = [("f", FlashArgs)] + [
+        (n, ctypes.c_void_p) for n in ("cu_q", "cu_k", "seqlens_k", "block_table", "error")] + [
+        (n, ctypes.c_int64) for n in ("total_q", "total_k", "bt_stride", "max_blocks", "num_blocks", "block_size")] + [
+        ("split_keys", ctypes.c_int32), ("pad_", ctypes.c_int32)]
+
+
+#: ``attn_lt_batch_error`` bits of native/attn_lt.h and what each means.
+BATCH_ERRORS = {1: "cu_seqlens_q decreasing, negative or past the packed queries",
+                2: "a request with more query rows than max_seqlen_q",
+                4: "cu_seqlens_k decreasing, negative or past the packed keys, or a negative seqlens_k",
+                8: "a request with more keys than max_seqlen_k or than its block table row holds",
+                16: "a block id outside [0, num_blocks)"}
+#: ``attn_lt_batch_variant``: which kernel runs a batch's row blocks.
+BATCH_VARIANTS = {"flash": 0, "sm90": 1}
 
 
 class ScoresArgs(ctypes.Structure):
@@ -231,6 +250,15 @@ def flash(args: FlashArgs, stream: int) -> None:
     _launch("attn_lt_flash_fwd", args, stream,
             lambda a: f"B={a.B} Hq={a.Hq} Hkv={a.Hkv} Sq={a.Sq} Sk={a.Sk} D={a.D} Dv={a.Dv or a.D} splits={a.splits} "
                       f"mask_dtype={a.mask_dtype}")
+
+
+def batch(args: BatchArgs, stream: int) -> None:
+    """Launch a serving batch (native/flash.cu's attn_lt_batch_fwd: varlen or paged keys, lengths read from device
+    memory); raises :class:`CudaError` on failure."""
+    _launch("attn_lt_batch_fwd", args, stream,
+            lambda a: f"requests={a.f.B} Hq={a.f.Hq} Hkv={a.f.Hkv} max_q={a.f.Sq} max_k={a.f.Sk} D={a.f.D} "
+                      f"total_q={a.total_q} total_k={a.total_k} block_size={a.block_size} "
+                      f"split_keys={a.split_keys} variant={a.f.variant}")
 
 
 #: ``FlashArgs.variant`` values of :func:`flash_sm90` (``attn_lt_flash_sm90_variant`` in native/attn_lt.h).

@@ -1,0 +1,443 @@
+"""Serving batches: packed (varlen) sequences and a paged KV cache, with lengths as device data.
+
+FlashAttention's conventions, so that engines written for it plug in::
+
+    out = varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=..., max_seqlen_k=...)
+    out = paged_attention(q, k_cache, v_cache, block_table, seqlens_k)
+
+The kernels read the lengths and block tables from device memory: one launch, planned for a capacity (the number
+of requests and ``max_seqlen_q`` / ``max_seqlen_k``), serves any lengths within it, so a CUDA graph captured once
+replays correctly while requests grow, join and leave. A request of at most 16 rows a kv head (decode, speculative
+decoding) runs on decode blocks whose keys are cut into parts of a fixed size (:func:`plan_batch`), merged by LSE;
+longer requests (prefill chunks) on row blocks. Device metadata is never trusted: kernels stay inside the tensors,
+record what was wrong in a device flag, and ``check=True`` (or :func:`check_batch_errors`) raises with it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from . import native
+from .fused import ASSUMED_DEVICE, DeviceFacts, device_facts
+from .validate import check_causal, check_scale
+
+log = logging.getLogger("attn_lt")
+
+#: Head dims the batch kernels run (q·k = v).
+BATCH_HEAD_DIMS = (64, 128, 256)
+#: Rows a kv head (query rows × Hq / Hkv) up to which a request runs on decode blocks (native/batch.cuh's
+#: kBatchSmallRows).
+SMALL_ROWS = 16
+#: Keys a tile of native/flash.cu; a part of a split request has at least SPLIT_MIN_KEYS of them.
+KEY_TILE, SPLIT_MIN_KEYS = 64, 256
+#: The decode blocks' parts are sized so that a batch at capacity gives about this many CTAs a CTA slot (two CTAs
+#: an SM): enough short CTAs that requests of different lengths even out over the SMs.
+SPLIT_WAVES = 8
+MAX_PARTS = 1024
+#: Most bytes the decode blocks' FP32 partials may take.
+MAX_PARTIAL_BYTES = 256 << 20
+#: Block sizes a paged cache may have: powers of two in this range.
+MIN_BLOCK_SIZE, MAX_BLOCK_SIZE = 8, 1 << 20
+_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """How a serving batch runs, fixed by its capacity: the decode blocks' part size (``split_keys``, 0: whole),
+    the row blocks' kernel (None when no request can have more than :data:`SMALL_ROWS` rows a kv head), and the
+    workspace the partials take."""
+
+    kind: str  # "varlen" | "paged"
+    requests: int
+    Hq: int
+    Hkv: int
+    D: int
+    max_seqlen_q: int
+    max_seqlen_k: int
+    block_size: int  # 0 for varlen
+    split_keys: int
+    parts: int
+    row_kernel: str | None  # "sm90" | "flash" | None
+    decode_blocks: bool
+    workspace_bytes: int
+    facts: DeviceFacts
+    assumed_device: bool
+
+    @property
+    def group(self) -> int:
+        return self.Hq // self.Hkv
+
+    def __str__(self) -> str:
+        g = self.group
+        cache = f"paged cache, blocks of {self.block_size} keys" if self.kind == "paged" else "packed keys"
+        lines = [f"{self.kind} batch: up to {self.requests} requests of up to {self.max_seqlen_q} query rows and "
+                 f"{self.max_seqlen_k} keys, Hq {self.Hq} / Hkv {self.Hkv}, D {self.D}, {cache}; lengths and "
+                 "block tables read on the device (one launch serves every step within this capacity)"]
+        slots = 2 * self.facts.sms
+        if self.decode_blocks:
+            ctas = self.requests * self.Hkv * self.parts
+            split = (f"keys in parts of {self.split_keys} ({self.parts} at capacity, {ctas} CTAs for {slots} slots "
+                     f"when every request is full; a request uses ceil(keys / {self.split_keys}) of them), "
+                     f"partials merged by LSE ({self.workspace_bytes / 2**20:.1f} MiB)"
+                     if self.parts > 1 else "keys whole (enough CTAs without a split)")
+            lines.append(f"requests of at most {SMALL_ROWS} rows a kv head (query rows x {g}): decode blocks of "
+                         f"native/flash.cu (mma.sync, 16 rows, the four warps splitting each key tile), {split}")
+        else:
+            lines.append(f"no decode blocks: {g} query heads a kv head exceed {SMALL_ROWS} rows")
+        if self.row_kernel is None:
+            lines.append(f"no row blocks: no request can have more than {SMALL_ROWS} rows a kv head")
+        else:
+            name = ("native/flash_sm90.cu (wgmma, TMA; packed keys on Hopper)" if self.row_kernel == "sm90"
+                    else "native/flash.cu (mma.sync)")
+            why = "" if self.row_kernel == "sm90" else (
+                " (paged keys: per-row addresses)" if self.kind == "paged" and self.facts.hopper else
+                "" if self.facts.hopper else " (no Hopper kernel here)")
+            lines.append(f"longer requests (prefill chunks): row blocks of {name}{why}, keys whole")
+        if self.assumed_device:
+            lines.append(f"(no GPU here: planned for a {self.facts.sms}-SM Hopper GPU)")
+        return "\n".join(lines)
+
+
+def plan_batch(requests: int, Hq: int, Hkv: int, D: int, *, max_seqlen_q: int, max_seqlen_k: int,
+               block_size: int = 0, facts: DeviceFacts | None = None) -> BatchPlan:
+    """The launch plan of a batch of this capacity (no GPU work; without a GPU, for :data:`ASSUMED_DEVICE`).
+    ``block_size`` > 0: a paged cache."""
+    assumed = False
+    if facts is None:
+        facts = device_facts()
+        if facts is None:
+            facts, assumed = ASSUMED_DEVICE, True
+    return _plan(requests, Hq, Hkv, D, max_seqlen_q, max_seqlen_k, block_size, facts, assumed)
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan(requests, Hq, Hkv, D, max_q, max_k, block_size, facts, assumed) -> BatchPlan:
+    g = Hq // Hkv
+    decode = g <= SMALL_ROWS
+    rows = g * max_q > SMALL_ROWS
+    row_kernel = None
+    if rows:
+        row_kernel = "sm90" if facts.hopper and not block_size else "flash"
+    split_keys, parts, workspace = 0, 1, 0
+    if decode:
+        # parts of a fixed size, so that every request's CTAs take about the same time whatever its length
+        target = SPLIT_WAVES * 2 * facts.sms
+        size = -(-max_k * requests * Hkv // target)
+        size = max(SPLIT_MIN_KEYS, -(-size // KEY_TILE) * KEY_TILE)
+        part_bytes = requests * Hkv * SMALL_ROWS * (D + 1) * 4
+        while -(-max_k // size) > 1 and (-(-max_k // size) > MAX_PARTS
+                                         or -(-max_k // size) * part_bytes > MAX_PARTIAL_BYTES):
+            size *= 2
+        parts = -(-max_k // size)
+        if parts > 1:
+            split_keys, workspace = size, parts * part_bytes
+    return BatchPlan("paged" if block_size else "varlen", requests, Hq, Hkv, D, max_q, max_k, block_size,
+                     split_keys, parts, row_kernel, decode, workspace, facts, assumed)
+
+
+def explain_batch(requests: int, heads_q: int, heads_kv: int, head_dim: int, *, max_seqlen_q: int,
+                  max_seqlen_k: int, block_size: int = 0) -> str:
+    """How a varlen (``block_size`` 0) or paged batch of this capacity runs on the current GPU (or, without one, an
+    H100): the kernels, the split of the keys and why. No GPU work."""
+    _check_capacity(requests, heads_q, heads_kv, head_dim, max_seqlen_q, max_seqlen_k, block_size)
+    return str(plan_batch(requests, heads_q, heads_kv, head_dim, max_seqlen_q=max_seqlen_q,
+                          max_seqlen_k=max_seqlen_k, block_size=block_size))
+
+
+# ---- validation (no GPU work) -----------------------------------------------------------------------------------
+
+def _shape(t) -> str:
+    return "(" + ", ".join(str(s) for s in t.shape) + ")"
+
+
+def _positive_int(name: str, x) -> int:
+    if isinstance(x, bool) or not isinstance(x, int):
+        raise TypeError(f"{name} must be an int (a capacity on the host, not a tensor), got {type(x).__name__}")
+    if x < 1:
+        raise ValueError(f"{name} must be >= 1, got {x}")
+    return x
+
+
+def _check_capacity(requests, Hq, Hkv, D, max_q, max_k, block_size) -> None:
+    for name, x in (("requests", requests), ("heads_q", Hq), ("heads_kv", Hkv), ("max_seqlen_q", max_q),
+                    ("max_seqlen_k", max_k)):
+        _positive_int(name, x)
+    if Hq % Hkv:
+        raise ValueError(f"heads_q {Hq} is not a multiple of heads_kv {Hkv}")
+    if D not in BATCH_HEAD_DIMS:
+        raise ValueError(f"head dim {D} not in {BATCH_HEAD_DIMS} (the batch kernels' head dims)")
+    if max_q >= 2**30 or max_k >= 2**30:
+        raise ValueError(f"max_seqlen_q {max_q} and max_seqlen_k {max_k} must be below 2**30")
+    if requests * Hkv > 65535:
+        raise ValueError(f"{requests} requests x {Hkv} kv heads exceed the grid's 65535")
+    if block_size and (block_size & (block_size - 1) or not MIN_BLOCK_SIZE <= block_size <= MAX_BLOCK_SIZE):
+        raise ValueError(f"block_size {block_size} must be a power of two from {MIN_BLOCK_SIZE} to {MAX_BLOCK_SIZE}")
+
+
+def _check_data(q, k, v, names: tuple[str, str, str], kv_dims: int) -> tuple[str, int, int, int]:
+    """Types, dtypes and dims of q, k, v; returns (dtype, Hq, Hkv, D)."""
+    for name, t in zip(names, (q, k, v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in _DTYPES:
+            raise TypeError(f"{name} has dtype {t.dtype}; the batch kernels take torch.float16 and torch.bfloat16")
+    if not q.dtype == k.dtype == v.dtype:
+        raise TypeError(f"{', '.join(names)} must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    shapes = f"{names[0]} {_shape(q)}, {names[1]} {_shape(k)}, {names[2]} {_shape(v)}"
+    if q.dim() != 3 or k.dim() != kv_dims or v.dim() != kv_dims:
+        layout = "(total_k, Hkv, D)" if kv_dims == 3 else "(num_blocks, block_size, Hkv, D)"
+        raise ValueError(f"{names[0]} must be 3-D (rows, Hq, D) and {names[1]}, {names[2]} {kv_dims}-D {layout}; "
+                         f"got {shapes}")
+    Hq, D = q.shape[1], q.shape[2]
+    Hkv = k.shape[-2]
+    if k.shape[:-1] != v.shape[:-1]:
+        raise ValueError(f"{names[1]} and {names[2]} must agree in every dim but the last; got {shapes}")
+    if k.shape[-1] != D or v.shape[-1] != D:
+        raise ValueError(f"head dims must agree (q·k = v = D; the batch kernels take D in {BATCH_HEAD_DIMS}); "
+                         f"got {shapes}")
+    if D not in BATCH_HEAD_DIMS:
+        raise ValueError(f"head dim {D} not in {BATCH_HEAD_DIMS} (the batch kernels' head dims); got {shapes}")
+    if Hkv < 1 or Hq < 1 or Hq % Hkv:
+        raise ValueError(f"Hq ({Hq}) must be a positive multiple of Hkv ({Hkv}); got {shapes}")
+    return _DTYPES[q.dtype], Hq, Hkv, D
+
+
+def _check_index(name: str, t, shape_hint: str, dims: int, length: int | None = None) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor (int32, on the device), got {type(t).__name__}")
+    if t.dtype != torch.int32:
+        raise TypeError(f"{name} must be torch.int32, got {t.dtype}")
+    if t.dim() != dims or (length is not None and t.shape[0] != length):
+        raise ValueError(f"{name} must be {shape_hint}; got {_shape(t)}")
+
+
+def _check_devices(named: dict) -> torch.device:
+    dev = next(iter(named.values())).device
+    if dev.type != "cuda":
+        raise ValueError(f"the batch calls run on a CUDA device; {next(iter(named))} is on {dev}")
+    for name, t in named.items():
+        if t is not None and t.device != dev:
+            raise ValueError(f"{name} is on {t.device}, not on {dev} with the others")
+    return dev
+
+
+def _rows_ok(t, dims_major: int) -> bool:
+    """The layout the kernels read: last dim contiguous, the other strides multiples of 8 elements, 16-byte
+    aligned."""
+    return (t.stride(-1) == 1 and all(s % 8 == 0 for s in t.stride()[:dims_major])
+            and t.data_ptr() % 16 == 0)
+
+
+def _readable(name: str, t, copy: bool):
+    dims = t.dim() - 1
+    if _rows_ok(t, dims):
+        return t
+    if not copy:
+        raise ValueError(f"{name} {_shape(t)} with strides {t.stride()} is not a layout the kernels read (last dim "
+                         "contiguous, other strides multiples of 8 elements, 16-byte aligned); a cache is never copied")
+    log.debug("%s %s with strides %s copied to a contiguous tensor", name, _shape(t), t.stride())
+    return t.contiguous()
+
+
+def _check_out(out, shape: tuple, dtype, device):
+    if out is None:
+        return None
+    if not isinstance(out, torch.Tensor) or out.dtype != dtype:
+        raise TypeError(f"out must be a torch.Tensor of {dtype}, got {getattr(out, 'dtype', type(out).__name__)}")
+    if tuple(out.shape) != shape or out.device != device:
+        raise ValueError(f"out must be {shape} on {device}; got {_shape(out)} on {out.device}")
+    if not _rows_ok(out, 2) or out.stride(1) % 2:
+        raise ValueError(f"out {_shape(out)} with strides {out.stride()} is not a layout the kernels write")
+    return out
+
+
+# ---- the device error flag --------------------------------------------------------------------------------------
+
+_error_flags: dict[int, torch.Tensor] = {}
+
+
+def _error_flag(device: torch.device, capturing: bool) -> torch.Tensor:
+    flag = _error_flags.get(device.index)
+    if flag is None:
+        if capturing:
+            raise RuntimeError("the batch calls keep an error flag on each GPU, made on the first call outside CUDA "
+                               "graph capture: make one eager call (as engines do to warm up) before capturing")
+        flag = _error_flags[device.index] = torch.zeros(1, dtype=torch.int32, device=device)
+    return flag
+
+
+def describe_errors(bits: int) -> list[str]:
+    """What each bit of a batch error flag means (native/attn_lt.h's attn_lt_batch_error)."""
+    return [text for bit, text in native.BATCH_ERRORS.items() if bits & bit]
+
+
+def check_batch_errors(device=None) -> None:
+    """Raise ``ValueError`` if a batch call on ``device`` (default: the current one) met bad metadata since the last
+    check (one synchronisation), and clear the record. The kernels never read outside their tensors whatever the
+    metadata says: a request with bad lengths gets no keys (zeros, LSE -inf) or writes nothing, and keys in a block
+    whose id is out of range are not attended."""
+    index = torch.device("cuda", torch.cuda.current_device() if device is None else torch.device(device).index)
+    flag = _error_flags.get(index.index)
+    if flag is None:
+        return
+    bits = int(flag.item())
+    if bits:
+        flag.zero_()
+        raise ValueError("bad serving-batch metadata: " + "; ".join(describe_errors(bits)))
+
+
+# ---- the calls --------------------------------------------------------------------------------------------------
+
+def _launch(plan: BatchPlan, q, k, v, out, lse, cu_q, cu_k, seqlens_k, block_table, dtype: str, scale: float,
+            causal: bool, device: torch.device, check: bool, kv_strides: tuple):
+    from .api import _capturing, _raw_stream  # the stream and capture queries every call of the library uses
+
+    capturing = _capturing()
+    if check and capturing:
+        raise ValueError("check=True synchronises to read the error flag, which CUDA graph capture forbids: check "
+                         "after replays with attn_lt.check_batch_errors()")
+    flag = _error_flag(device, capturing)
+    if check:
+        flag.zero_()
+    workspace = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=device) if plan.workspace_bytes else None
+    a = native.BatchArgs()
+    f = a.f
+    f.q, f.k, f.v, f.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
+    f.lse = lse.data_ptr() if lse is not None else None
+    f.B, f.Hq, f.Hkv, f.Sq, f.Sk, f.D, f.Dv = (plan.requests, plan.Hq, plan.Hkv, plan.max_seqlen_q,
+                                               plan.max_seqlen_k, plan.D, plan.D)
+    f.q_ss, f.q_sh = q.stride(0), q.stride(1)
+    f.o_ss, f.o_sh = out.stride(0), out.stride(1)
+    (f.k_sb, f.k_ss, f.k_sh), (f.v_sb, f.v_ss, f.v_sh) = kv_strides
+    f.scale, f.causal, f.dtype = scale, int(causal), native.DTYPE_CODES[dtype]
+    f.variant = native.BATCH_VARIANTS[plan.row_kernel or "flash"]
+    if workspace is not None:
+        part = plan.parts * plan.requests * plan.Hkv * SMALL_ROWS
+        f.o_part, f.lse_part = workspace.data_ptr(), workspace.data_ptr() + part * plan.D * 4
+    a.cu_q = cu_q.data_ptr() if cu_q is not None else None
+    a.cu_k = cu_k.data_ptr() if cu_k is not None else None
+    a.seqlens_k = seqlens_k.data_ptr() if seqlens_k is not None else None
+    a.block_table = block_table.data_ptr() if block_table is not None else None
+    a.error = flag.data_ptr()
+    a.total_q, a.total_k = q.shape[0], k.shape[0] if cu_k is not None else 0
+    if block_table is not None:
+        a.bt_stride, a.max_blocks = block_table.stride(0), block_table.shape[1]
+        a.num_blocks, a.block_size = k.shape[0], k.shape[1]
+    a.split_keys = plan.split_keys
+    native.batch(a, _raw_stream(device.index))
+    if check:
+        check_batch_errors(device)
+
+
+def _finish(out, lse, return_lse: bool):
+    return (out, lse) if return_lse else out
+
+
+def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, max_seqlen_k: int,
+                     causal: bool = False, scale: float | None = None, return_lse: bool = False, out=None,
+                     check: bool = False):
+    """Attention over packed sequences (FlashAttention's ``flash_attn_varlen_func`` conventions).
+
+    q: (total_q, Hq, D); k: (total_k, Hkv, D); v: (total_k, Hkv, D); fp16 or bf16, D 64, 128 or 256, Hq a
+    multiple of Hkv (GQA read in place). ``cu_seqlens_q`` / ``cu_seqlens_k``: int32 (B + 1,) on q's device,
+    request b owning rows [cu[b], cu[b + 1]). ``max_seqlen_q`` / ``max_seqlen_k``: host ints, the capacity the
+    launch is planned for (any lengths up to them run without re-planning; a CUDA graph captured with them replays
+    for any such lengths). ``causal``: bottom-right within each request. ``out``: (total_q, Hq, D) to write into.
+
+    Returns out (total_q, Hq, D) in q's dtype; with ``return_lse``, ``(out, lse)``, lse FP32 (Hq, total_q). A
+    request with no keys gives zeros and LSE -inf; rows no request owns are left as they were. ``check=True``
+    synchronises and raises ``ValueError`` if the lengths were bad (see :func:`check_batch_errors`).
+    """
+    dtype, Hq, Hkv, D = _check_data(q, k, v, ("q", "k", "v"), 3)
+    causal = check_causal(causal)
+    scale = D ** -0.5 if scale is None else check_scale(scale)
+    max_q, max_k = _positive_int("max_seqlen_q", max_seqlen_q), _positive_int("max_seqlen_k", max_seqlen_k)
+    _check_index("cu_seqlens_q", cu_seqlens_q, "(B + 1,) with B >= 1", 1)
+    B = cu_seqlens_q.shape[0] - 1
+    if B < 1:
+        raise ValueError(f"cu_seqlens_q must hold B + 1 >= 2 offsets; got {_shape(cu_seqlens_q)}")
+    _check_index("cu_seqlens_k", cu_seqlens_k, f"({B + 1},) like cu_seqlens_q", 1, B + 1)
+    _check_capacity(B, Hq, Hkv, D, max_q, max_k, 0)
+    if q.shape[0] < 1:
+        raise ValueError(f"q {_shape(q)} has no rows")
+    device = _check_devices({"q": q, "k": k, "v": v, "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k,
+                             "out": out})
+    out = _check_out(out, (q.shape[0], Hq, D), q.dtype, device)
+    q, k, v = _readable("q", q, True), _readable("k", k, True), _readable("v", v, True)
+    out = torch.empty((q.shape[0], Hq, D), dtype=q.dtype, device=device) if out is None else out
+    lse = torch.empty((Hq, q.shape[0]), dtype=torch.float32, device=device) if return_lse else None
+    if k.shape[0] == 0:  # no keys at all: every request's rows are zeros (only the lengths are not checked)
+        out.zero_()
+        if lse is not None:
+            lse.fill_(-float("inf"))
+        return _finish(out, lse, return_lse)
+    plan = plan_batch(B, Hq, Hkv, D, max_seqlen_q=max_q, max_seqlen_k=max_k, facts=device_facts(device.index))
+    strides = ((0, k.stride(0), k.stride(1)), (0, v.stride(0), v.stride(1)))
+    _launch(plan, q, k, v, out, lse, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), None, None, dtype,
+            scale, causal, device, check, strides)
+    return _finish(out, lse, return_lse)
+
+
+def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q=None, max_seqlen_q: int | None = None,
+                    max_seqlen_k: int | None = None, causal: bool = True, scale: float | None = None,
+                    return_lse: bool = False, out=None, check: bool = False):
+    """Attention against a paged KV cache (FlashAttention's ``flash_attn_with_kvcache`` / vLLM's layout).
+
+    k_cache, v_cache: (num_blocks, block_size, Hkv, D), block_size a power of two from 8 (vLLM's 16 ... 256 and
+    beyond); ``block_table``: int32 (B, max_blocks), request b's key j in block ``block_table[b, j // block_size]``;
+    ``seqlens_k``: int32 (B,) keys a request. q: (B, Hq, D), one query row a request (decode), or packed
+    (total_q, Hq, D) with ``cu_seqlens_q`` int32 (B + 1,) and ``max_seqlen_q`` (chunked prefill, speculative
+    decoding, prefill chunks and decode rows mixed in one call). ``max_seqlen_k``: the key capacity the launch is
+    planned for (default: max_blocks × block_size). ``causal``: bottom-right within each request (a request's
+    query rows are its last keys' positions).
+
+    Returns out shaped like q; with ``return_lse``, ``(out, lse)``, lse FP32 (Hq, rows). A request with no keys gives
+    zeros and LSE -inf; a block id outside the cache is neither read nor attended and recorded (``check=True``, or
+    :func:`check_batch_errors`).
+    """
+    dtype, Hq, Hkv, D = _check_data(q, k_cache, v_cache, ("q", "k_cache", "v_cache"), 4)
+    causal = check_causal(causal)
+    scale = D ** -0.5 if scale is None else check_scale(scale)
+    _check_index("block_table", block_table, "(B, max_blocks_per_seq)", 2)
+    B, max_blocks = block_table.shape
+    block_size = k_cache.shape[1]
+    if B < 1 or max_blocks < 1:
+        raise ValueError(f"block_table must be (B, max_blocks) with both >= 1; got {_shape(block_table)}")
+    _check_index("seqlens_k", seqlens_k, f"({B},), one length a row of block_table {_shape(block_table)}", 1, B)
+    if cu_seqlens_q is None:
+        if max_seqlen_q not in (None, 1):
+            raise ValueError(f"max_seqlen_q={max_seqlen_q} needs cu_seqlens_q (without it q holds one row a request)")
+        if q.shape[0] != B:
+            raise ValueError(f"q {_shape(q)} must hold one row a request ({B} rows of block_table "
+                             f"{_shape(block_table)}) without cu_seqlens_q")
+        max_q = 1
+    else:
+        _check_index("cu_seqlens_q", cu_seqlens_q, f"({B + 1},), one offset more than block_table's {B} rows", 1,
+                     B + 1)
+        if max_seqlen_q is None:
+            raise ValueError("max_seqlen_q (a host int, the query rows' capacity) is needed with cu_seqlens_q")
+        max_q = _positive_int("max_seqlen_q", max_seqlen_q)
+    max_k = max_blocks * block_size if max_seqlen_k is None else _positive_int("max_seqlen_k", max_seqlen_k)
+    _check_capacity(B, Hq, Hkv, D, max_q, max_k, block_size)
+    if q.shape[0] < 1 or k_cache.shape[0] < 1:
+        raise ValueError(f"q {_shape(q)} and k_cache {_shape(k_cache)} must not be empty")
+    device = _check_devices({"q": q, "k_cache": k_cache, "v_cache": v_cache, "block_table": block_table,
+                             "seqlens_k": seqlens_k, "cu_seqlens_q": cu_seqlens_q, "out": out})
+    out = _check_out(out, (q.shape[0], Hq, D), q.dtype, device)
+    q = _readable("q", q, True)
+    k_cache, v_cache = _readable("k_cache", k_cache, False), _readable("v_cache", v_cache, False)
+    if block_table.stride(1) != 1:
+        block_table = block_table.contiguous()
+    out = torch.empty((q.shape[0], Hq, D), dtype=q.dtype, device=device) if out is None else out
+    lse = torch.empty((Hq, q.shape[0]), dtype=torch.float32, device=device) if return_lse else None
+    plan = plan_batch(B, Hq, Hkv, D, max_seqlen_q=max_q, max_seqlen_k=max_k, block_size=block_size,
+                      facts=device_facts(device.index))
+    strides = ((k_cache.stride(0), k_cache.stride(1), k_cache.stride(2)),
+               (v_cache.stride(0), v_cache.stride(1), v_cache.stride(2)))
+    _launch(plan, q, k_cache, v_cache, out, lse, None if cu_seqlens_q is None else cu_seqlens_q.contiguous(), None,
+            seqlens_k.contiguous(), block_table, dtype, scale, causal, device, check, strides)
+    return _finish(out, lse, return_lse)
