@@ -25,6 +25,13 @@
 // The tensor maps view q/k/v as 5-D (64, S, D/64, H, B) with byte strides (row, 128, head, batch), so that one TMA
 // box (64, rows, D/64, 1, 1) lands as the slab layout above; rows past S are zero-filled by TMA.
 //
+// Serving batches (attn_lt_flash_sm90_batch: varlen keys, the kernel's kVarlen mode, D = DV 64, 128 or 256, no
+// mask, the default pipeline): the grid's block z is a request, whose lengths and first rows each CTA reads once
+// (batch_request, native/batch.cuh); q/k/v are packed (total rows, H, D), their maps (64, total rows, D/64, H, 1)
+// with the request's first row added to the row coordinate. Keys of a tile past the request's last key (another
+// request's) are masked like the key tail of a dense call, query rows past its last row are computed and not
+// written.
+//
 // Dense masks (bool, true = attend, or additive in q's dtype), read by TMA with the K tile of the same stage and
 // completing on its barrier: the mask is a 4-D map (Sk, Sq, Hq, B) over its broadcast strides, a broadcast
 // dimension having size 1 (coordinate 0); a box is (128 bytes of keys, 128 rows) — (64 bytes, 128 rows) for a bool
@@ -43,7 +50,7 @@
 // batch/head/row strides positive multiples of 8 elements (16 bytes) below 2^39 for q, k, v (any stride of a
 // dimension of size 1); o row stride a multiple of 8 elements; Sq, Sk < 2^30; B, Hq <= 65535; a mask bool or of
 // q's dtype, 16-byte aligned, its keys contiguous, its other strides 0 or multiples of 16 bytes; the plain variant
-// and DV != D without a mask.
+// and DV != D without a mask. Serving batches: see attn_lt_flash_sm90_batch.
 #include "attn_lt.h"
 
 #include <cuda.h>  // CUtensorMap and its enums only: the driver function is fetched at run time (no -lcuda)
@@ -63,6 +70,7 @@ namespace {
 constexpr int kBlockM = 128;  // query rows a CTA: 2 consumer warpgroups x 64
 constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
 #include "common.cuh"
+#include "batch.cuh"
 #include "sm90.cuh"
 
 template <int D>
@@ -142,6 +150,14 @@ struct Params : BaseParams {
     int head_group;    // 0: grid (query blocks, Hq, B); else grid (Hq * query blocks, 1, B), head_group heads side
                        // by side over the query blocks, group after group (a mask shared by the heads)
 };
+
+// The prefill kernel's varlen mode (a serving batch, attn_lt_flash_sm90_batch): Params with Sq, Sk the capacities
+// (the kernel takes each request's lengths from batch_request) and the batch's arguments.
+struct BatchParams : Params {
+    attn_lt_batch_args batch;
+};
+template <bool kVarlen>
+using FwdParams = std::conditional_t<kVarlen, BatchParams, Params>;
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
@@ -232,17 +248,24 @@ __host__ __device__ constexpr uint32_t swizzled(int row, int chunk) {
 // Grid: (ceil(Sq / 128), Hq, B), or (Hq * ceil(Sq / 128), 1, B) with head_group; block: 384 threads; dynamic shared
 // memory Layout<D, DV, MK>::kSmem. tmm, the mask's map, is read only when MK != kNoMask. D: q's and k's head dim, DV:
 // v's and o's.
-template <int D, int DV, typename T, bool kOverlap, int MK>
+// kVarlen (no mask, head_group 0): block z is request b of a serving batch, Sq and Sk its lengths (batch_request;
+// p.Sq the capacity that sized the grid), its query rows [q0, q0 + Sq) of the packed q and o and its key rows
+// [k0, k0 + Sk) of the packed k and v, whose maps have batch extent 1 (coordinates offset by q0 and k0); lse is
+// (Hq, total_q). A block past the request's rows, or of a request of at most kBatchSmallRows rows a kv head (those
+// run on native/flash.cu's decode blocks), returns before any barrier. Rows of the tiles past the request's ends
+// (other requests' rows) are masked (keys) or not written (queries).
+template <int D, int DV, typename T, bool kOverlap, int MK, bool kVarlen = false>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_sm90_fwd(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmk,
                    const __grid_constant__ CUtensorMap tmv, const __grid_constant__ CUtensorMap tmm,
-                   const Params p) {
+                   const FwdParams<kVarlen> p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using L = Layout<D, DV, MK>;
     constexpr bool kMasked = MK != kNoMask;
     using M = std::conditional_t<MK == kBoolMask, bool, T>;  // the mask's element type
     constexpr int BN = L::kBlockN, kStages = L::kStages;
     constexpr bool kPingPong = kOverlap && DV <= 128;  // as FA3: the D = 256 tiles leave no room to take turns
+    static_assert(!kVarlen || (MK == kNoMask && D == DV), "the varlen mode is built without masks, DV = D only");
     extern __shared__ unsigned char smem_raw[];
     const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
     const uint32_t sQ = base, sK = base + L::kK, sV = base + L::kV, sM = base + L::kM, bars = base + L::kBars;
@@ -260,12 +283,24 @@ __global__ void __launch_bounds__(kThreads, 1)
         qb = x / hg;
         h = g * p.head_group + x % hg;
     }
-    const int m_block = p.m_blocks - 1 - qb;  // heaviest causal blocks first
+    // Query rows and keys (varlen: request blockIdx.z's), and where they start in q/o and k/v (varlen: packed rows)
+    int Sq = p.Sq, Sk = p.Sk, m_blocks = p.m_blocks, q0 = 0, k0 = 0;
+    if constexpr (kVarlen) {
+        const BatchRequest r =
+            batch_request(p.batch, blockIdx.z, blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0);
+        Sq = r.nq;
+        Sk = r.nk;
+        q0 = r.q0;
+        k0 = r.k0;
+        m_blocks = (Sq + kBlockM - 1) / kBlockM;
+        if (qb >= m_blocks || int64_t(Sq) * p.group <= kBatchSmallRows) return;  // the whole CTA, before any barrier
+    }
+    const int m_block = m_blocks - 1 - qb;  // heaviest causal blocks first
     const int b = blockIdx.z, hk = h / p.group;
     const int m0 = m_block * kBlockM;  // lengths are below 2^30 (checked on the host)
-    const int m_valid = min(kBlockM, p.Sq - m0);
-    const int shift = p.Sk - p.Sq;  // causal: key j visible to query i iff j <= i + shift
-    int n_tiles = (p.Sk + BN - 1) / BN;
+    const int m_valid = min(kBlockM, Sq - m0);
+    const int shift = Sk - Sq;  // causal: key j visible to query i iff j <= i + shift
+    int n_tiles = (Sk + BN - 1) / BN;
     if (p.causal) {
         const int last = m0 + m_valid - 1 + shift;  // the last key the block's last valid row sees
         n_tiles = last < 0 ? 0 : min(n_tiles, last / BN + 1);
@@ -295,15 +330,16 @@ __global__ void __launch_bounds__(kThreads, 1)
             // the mask box's row, head and batch coordinates (0 along a broadcast dimension)
             const int mr = p.m_rows == 1 ? 0 : m0, mh = p.m_h ? h : 0, mb = p.m_b ? b : 0;
             const uint32_t k_bytes = L::kKBytes + (kMasked ? L::kMaskBoxes * p.m_rows * L::kMaskPitch : 0);
+            const int bz = kVarlen ? 0 : b;  // varlen: one batch entry of packed rows
             mbar_expect_tx(full_q, L::kQBytes);
-            tma_load_5d(sQ, &tmq, full_q, 0, m0, 0, h, b);
+            tma_load_5d(sQ, &tmq, full_q, 0, q0 + m0, 0, h, bz);
             int s = 0;
             uint32_t ph = 0;
             for (int i = 0; i < n_tiles; ++i) {
                 const int n0 = (n_tiles - 1 - i) * BN;  // key tiles from the last one down
                 mbar_wait(empty_k(s), ph ^ 1);          // the consumers released this stage's previous use
                 mbar_expect_tx(full_k(s), k_bytes);
-                tma_load_5d(sK + s * L::kKBytes, &tmk, full_k(s), 0, n0, 0, hk, b);
+                tma_load_5d(sK + s * L::kKBytes, &tmk, full_k(s), 0, k0 + n0, 0, hk, bz);
                 if constexpr (kMasked)
 #pragma unroll
                     for (int x = 0; x < int(L::kMaskBoxes); ++x)
@@ -311,7 +347,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                     mr, mh, mb);
                 mbar_wait(empty_v(s), ph ^ 1);
                 mbar_expect_tx(full_v(s), L::kVBytes);
-                tma_load_5d(sV + s * L::kVBytes, &tmv, full_v(s), 0, n0, 0, hk, b);
+                tma_load_5d(sV + s * L::kVBytes, &tmv, full_v(s), 0, k0 + n0, 0, hk, bz);
                 ring_next<kStages>(s, ph);
             }
         }
@@ -366,7 +402,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         auto release = [&](uint32_t bar) {
             if (lane == 0) mbar_arrive(bar);
         };
-        auto needs_mask = [&](int n0) { return n0 + BN > p.Sk || (p.causal && n0 + BN - 1 > m0 + shift); };
+        auto needs_mask = [&](int n0) { return n0 + BN > Sk || (p.causal && n0 + BN - 1 > m0 + shift); };
         // Add the user mask of stage st (masked kernels: every tile, scores then in the exp2 domain), mask the key
         // tail and the causal diagonal when `edge`, update the running max and sum, leave P = exp2(S * sc - max)
         // in sacc; corr: the factors that rescale what O holds.
@@ -386,8 +422,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                 }
             }
             if (edge) {  // keys below lim_r are visible to row r (the key tail, then the causal diagonal)
-                const int lim0 = p.causal ? min(p.Sk, row0 + shift + 1) : p.Sk;
-                const int lim1 = p.causal ? min(p.Sk, row1 + shift + 1) : p.Sk;
+                const int lim0 = p.causal ? min(Sk, row0 + shift + 1) : Sk;
+                const int lim1 = p.causal ? min(Sk, row1 + shift + 1) : Sk;
                 hide_keys(sacc, n0 + 2 * (lane % 4), lim0, lim1);
             }
             online_softmax(sacc, m_r, l_r, sc, corr);
@@ -508,21 +544,23 @@ __global__ void __launch_bounds__(kThreads, 1)
             st_shared_u32(addr + 8 * 128, pack2<T>(o[4 * j + 2] * inv1, o[4 * j + 3] * inv1));
         }
         bar_sync(3 + c, 128);  // the warpgroup's O tile is in shared memory
-        T* out = static_cast<T*>(p.o) + b * p.o_sb + h * p.o_sh;
+        T* out = static_cast<T*>(p.o) + (kVarlen ? int64_t(q0) * p.o_ss : b * p.o_sb) + h * p.o_sh;
         constexpr int kChunks = DV / 8;  // 16-byte chunks a row
 #pragma unroll 4
         for (int idx = tid; idx < 64 * kChunks; idx += 128) {
             const int r = idx / kChunks, ch = idx % kChunks;
             const int row = m0 + 64 * c + r;
-            if (row < p.Sq) {
+            if (row < Sq) {
                 const uint4 v = ld_shared_v4(o_wg + (ch / 8) * L::kQSlab + swizzled(r, ch % 8));
                 *reinterpret_cast<uint4*>(out + int64_t(row) * p.o_ss + ch * 8) = v;
             }
         }
         if (p.lse != nullptr && lane % 4 == 0) {
-            float* lse = p.lse + (int64_t(b) * p.Hq + h) * p.Sq;
-            if (row0 < p.Sq) lse[row0] = l_r[0] > 0.f ? (m_r[0] * sc + log2f(l_r[0])) * kLn2 : -INFINITY;
-            if (row1 < p.Sq) lse[row1] = l_r[1] > 0.f ? (m_r[1] * sc + log2f(l_r[1])) * kLn2 : -INFINITY;
+            float* lse = p.lse;
+            if constexpr (kVarlen) lse += int64_t(h) * p.batch.total_q + q0;  // (Hq, total_q)
+            else lse += (int64_t(b) * p.Hq + h) * p.Sq;
+            if (row0 < Sq) lse[row0] = l_r[0] > 0.f ? (m_r[0] * sc + log2f(l_r[0])) * kLn2 : -INFINITY;
+            if (row1 < Sq) lse[row1] = l_r[1] > 0.f ? (m_r[1] * sc + log2f(l_r[1])) * kLn2 : -INFINITY;
         }
     }
 #else
@@ -1204,6 +1242,39 @@ cudaError_t launch_variant(const attn_lt_flash_args& a, int mk, cudaStream_t str
     return launch<D, DV, T, true, kNoMask>(a, stream);
 }
 
+// The varlen mode of the prefill kernel (the default pipeline, no mask, DV = D): the packed q (total_q rows), k and
+// v (total_k rows) seen as one batch entry, grid (query blocks of the capacity f.Sq, Hq, B); preconditions checked
+// by attn_lt_flash_sm90_batch.
+template <int D, typename T>
+cudaError_t launch_batch(const attn_lt_batch_args& ba, cudaStream_t stream) {
+    using L = Layout<D, D, kNoMask>;
+    constexpr CUtensorMapDataType dt = tma_dtype<T>();
+    const attn_lt_flash_args& a = ba.f;
+    BatchParams p{};
+    static_cast<BaseParams&>(p) = base_params(a);
+    p.batch = ba;
+    const int64_t m_blocks = (a.Sq + kBlockM - 1) / kBlockM;
+    p.m_blocks = static_cast<int>(m_blocks);
+    alignas(64) CUtensorMap mq, mk, mv;
+    if (!make_map(&mq, dt, a.q, 1, a.Hq, ba.total_q, D, 0, a.q_sh, a.q_ss, kBlockM) ||
+        !make_map(&mk, dt, a.k, 1, a.Hkv, ba.total_k, D, 0, a.k_sh, a.k_ss, L::kBlockN) ||
+        !make_map(&mv, dt, a.v, 1, a.Hkv, ba.total_k, D, 0, a.v_sh, a.v_ss, L::kBlockN))
+        return static_cast<cudaError_t>(ATTN_LT_ERR_TENSOR_MAP);
+    const auto kernel = flash_sm90_fwd<D, D, T, true, kNoMask, true>;
+    const cudaError_t err = opt_in_smem(reinterpret_cast<const void*>(kernel), L::kSmem);
+    if (err != cudaSuccess) return err;
+    const dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(a.Hq), static_cast<unsigned>(a.B));
+    kernel<<<grid, kThreads, L::kSmem, stream>>>(mq, mk, mv, mk, p);  // the mask's map is not read
+    return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_batch_dim(const attn_lt_batch_args& ba, cudaStream_t stream) {
+    if (ba.f.D == 64) return launch_batch<64, T>(ba, stream);
+    if (ba.f.D == 128) return launch_batch<128, T>(ba, stream);
+    return launch_batch<256, T>(ba, stream);
+}
+
 template <typename T>
 cudaError_t launch_dim(const attn_lt_flash_args& a, int mk, cudaStream_t stream) {
     if (a.variant == ATTN_LT_FLASH_SM90_DECODE)
@@ -1276,4 +1347,43 @@ extern "C" int attn_lt_flash_sm90_fwd(const attn_lt_flash_args* a, void* stream)
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     return static_cast<int>(a->dtype == ATTN_LT_BF16 ? launch_dim<__nv_bfloat16>(*a, mk, s)
                                                      : launch_dim<__half>(*a, mk, s));
+}
+
+// The row blocks of a varlen batch (attn_lt.h: attn_lt_batch_args). Preconditions, beyond the device metadata the
+// kernel checks itself: varlen keys (cu_k set, no block table) and an error word, int32 metadata 4-byte aligned;
+// cu_q null only with total_q >= B (request b's row b); B, Hq, Hkv, the capacities f.Sq, f.Sk, total_q and
+// total_k positive, B and Hq <= 65535, Hq a multiple of Hkv, the capacities below 2^30 and the totals below 2^31;
+// D = Dv 64, 128 or 256; no mask; fp16/bf16; scale positive; q, k, v, o 16-byte aligned, their head and row strides
+// positive multiples of 8 elements below 2^39 (any for a dimension of size 1). f.variant, f.splits and the batch
+// strides are not read.
+extern "C" int attn_lt_flash_sm90_batch(const attn_lt_batch_args* args, void* stream) {
+    if (args == nullptr) return ATTN_LT_ERR_ARGS;
+    const attn_lt_flash_args& a = args->f;
+    if (a.B <= 0 || a.Hq <= 0 || a.Hkv <= 0 || a.Sq <= 0 || a.Sk <= 0 || args->total_q <= 0 || args->total_k <= 0 ||
+        a.q == nullptr || a.k == nullptr || a.v == nullptr || a.o == nullptr)
+        return ATTN_LT_ERR_ARGS;
+    if (args->cu_k == nullptr || args->block_table != nullptr || args->error == nullptr ||
+        (args->cu_q == nullptr && args->total_q < a.B))
+        return ATTN_LT_ERR_BATCH;
+    if (reinterpret_cast<uintptr_t>(args->cu_k) % 4 || reinterpret_cast<uintptr_t>(args->cu_q) % 4 ||
+        reinterpret_cast<uintptr_t>(args->error) % 4)
+        return ATTN_LT_ERR_ALIGNMENT;
+    if (a.Hq % a.Hkv || a.B > 65535 || a.Hq > 65535) return ATTN_LT_ERR_HEADS;
+    if ((a.D != 64 && a.D != 128 && a.D != 256) || (a.Dv != 0 && a.Dv != a.D)) return ATTN_LT_ERR_HEAD_DIM;
+    if (a.Sq >= (1LL << 30) || a.Sk >= (1LL << 30) || args->total_q >= (1LL << 31) || args->total_k >= (1LL << 31))
+        return ATTN_LT_ERR_LENGTH;
+    if (!(a.scale > 0.f)) return ATTN_LT_ERR_SCALE;
+    if (!aligned16(a.q) || !aligned16(a.k) || !aligned16(a.v) || !aligned16(a.o)) return ATTN_LT_ERR_ALIGNMENT;
+    if (a.dtype != ATTN_LT_F16 && a.dtype != ATTN_LT_BF16) return ATTN_LT_ERR_DTYPE;
+    if (a.mask_dtype != ATTN_LT_NONE) return ATTN_LT_ERR_MASK;
+    const int64_t tq = args->total_q, tk = args->total_k;
+    if (!stride_ok(a.Hq, a.q_sh) || !stride_ok(tq, a.q_ss) || !stride_ok(a.Hkv, a.k_sh) || !stride_ok(tk, a.k_ss) ||
+        !stride_ok(a.Hkv, a.v_sh) || !stride_ok(tk, a.v_ss) || !stride_ok(a.Hq, a.o_sh) || !stride_ok(tq, a.o_ss))
+        return ATTN_LT_ERR_STRIDES;
+    cudaError_t err = check_device();
+    if (err != cudaSuccess) return static_cast<int>(err);
+    if (encode_tiled() == nullptr) return static_cast<int>(cudaErrorNotSupported);
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    return static_cast<int>(a.dtype == ATTN_LT_BF16 ? launch_batch_dim<__nv_bfloat16>(*args, s)
+                                                    : launch_batch_dim<__half>(*args, s));
 }
