@@ -5,10 +5,12 @@ costs no ``import torch``.
 """
 
 __version__ = "0.1.0"
-__all__ = ["attention", "plan", "AttentionPlan", "explain", "__version__"]
+__all__ = ["attention", "plan", "AttentionPlan", "explain", "varlen_attention", "paged_attention", "explain_batch",
+           "check_batch_errors", "__version__"]
 
 _API_NAMES = frozenset(("attention", "plan", "AttentionPlan", "explain"))
-_SUBMODULES = frozenset(("api", "backends", "cache", "calibrate", "cli", "config", "device", "distributed",
+_BATCH_NAMES = frozenset(("varlen_attention", "paged_attention", "explain_batch", "check_batch_errors"))
+_SUBMODULES = frozenset(("api", "backends", "batch", "cache", "calibrate", "cli", "config", "device", "distributed",
                          "fastpath", "integrations", "lt", "maintenance", "merge", "native", "chunks", "select",
                          "testing", "validate", "fused"))
 
@@ -20,10 +22,14 @@ def __getattr__(name: str):
         api = importlib.import_module(".api", __name__)
         globals().update({n: getattr(api, n) for n in _API_NAMES})
         return globals()[name]
+    if name in _BATCH_NAMES:
+        batch = importlib.import_module(".batch", __name__)
+        globals().update({n: getattr(batch, n) for n in _BATCH_NAMES})
+        return globals()[name]
     if name in _SUBMODULES:
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'attn_lt' has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted(set(globals()) | _API_NAMES)
+    return sorted(set(globals()) | _API_NAMES | _BATCH_NAMES)

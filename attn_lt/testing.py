@@ -211,6 +211,68 @@ def attention_reference(q, k, v, *, attn_mask=None, causal=False, scale=None, re
     return (out, lse) if return_lse else out
 
 
+def varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, scale=None, dtype=torch.float64):
+    """(out, lse) of ``attn_lt.varlen_attention`` computed request by request in ``dtype`` with
+    :func:`reference`: out (total_q, Hq, Dv) and lse (Hq, total_q), both in ``dtype``; a request without keys gives
+    0 and -inf; rows no request owns are NaN. The offsets are read on the host (any device)."""
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    out = torch.full((q.shape[0], q.shape[1], v.shape[-1]), math.nan, dtype=dtype, device=q.device)
+    lse = torch.full((q.shape[1], q.shape[0]), math.nan, dtype=dtype, device=q.device)
+    for b in range(len(cq) - 1):
+        q0, q1, k0, k1 = cq[b], cq[b + 1], ck[b], ck[b + 1]
+        if q1 == q0:
+            continue
+        if k1 == k0:
+            out[q0:q1], lse[:, q0:q1] = 0, -math.inf
+            continue
+        o, l = reference(q[q0:q1].transpose(0, 1)[None], k[k0:k1].transpose(0, 1)[None],
+                         v[k0:k1].transpose(0, 1)[None], causal=causal, scale=scale, dtype=dtype)
+        out[q0:q1], lse[:, q0:q1] = o[0].transpose(0, 1), l[0]
+    return out, lse
+
+
+def paged_gather(k_cache, v_cache, block_table, seqlens_k) -> tuple:
+    """The keys of a paged cache packed request by request (host reads of the table and lengths): k, v
+    (total_k, Hkv, D) and cu_seqlens_k int32 (B + 1,) on the cache's device."""
+    bs = k_cache.shape[1]
+    ks, vs, cu = [], [], [0]
+    for row, n in zip(block_table.tolist(), seqlens_k.tolist()):
+        blocks = torch.tensor(row[:-(-n // bs)], dtype=torch.long, device=k_cache.device)
+        ks.append(k_cache[blocks].flatten(0, 1)[:n])
+        vs.append(v_cache[blocks].flatten(0, 1)[:n])
+        cu.append(cu[-1] + n)
+    return torch.cat(ks), torch.cat(vs), torch.tensor(cu, dtype=torch.int32, device=k_cache.device)
+
+
+def paged_reference(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q=None, causal=True, scale=None,
+                    dtype=torch.float64):
+    """(out, lse) of ``attn_lt.paged_attention`` in ``dtype``: the cache gathered per request
+    (:func:`paged_gather`), then :func:`varlen_reference`. q (B, Hq, D) without ``cu_seqlens_q``."""
+    k, v, cu_k = paged_gather(k_cache, v_cache, block_table, seqlens_k)
+    if cu_seqlens_q is None:
+        cu_seqlens_q = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
+    return varlen_reference(q, k, v, cu_seqlens_q, cu_k, causal=causal, scale=scale, dtype=dtype)
+
+
+def random_pages(seqlens: list[int], block_size: int, Hkv: int, D: int, dtype: torch.dtype, device="cuda",
+                 spare_blocks: int = 3, generator: torch.Generator | None = None) -> tuple:
+    """A random paged cache holding requests of ``seqlens`` keys: k_cache, v_cache (num_blocks, block_size, Hkv,
+    D) with ``spare_blocks`` unused blocks, block_table int32 (B, max_blocks) whose ids are a random permutation
+    (unused entries point at random valid blocks), seqlens_k int32 (B,)."""
+    need = [-(-n // block_size) for n in seqlens]
+    max_blocks = max(1, max(need))
+    num = sum(need) + spare_blocks
+    perm = torch.randperm(num, generator=generator).tolist()
+    table = torch.randint(0, num, (len(seqlens), max_blocks), generator=generator, dtype=torch.int32)
+    at = 0
+    for b, n in enumerate(need):
+        table[b, :n] = torch.tensor(perm[at:at + n], dtype=torch.int32)
+        at += n
+    k_cache = torch.randn(num, block_size, Hkv, D, dtype=dtype, device=device)
+    v_cache = torch.randn(num, block_size, Hkv, D, dtype=dtype, device=device)
+    return k_cache, v_cache, table.to(device), torch.tensor(seqlens, dtype=torch.int32, device=device)
+
+
 def forced_flash(q, k, v, attn_mask=None, causal=False, splits: int = 1, kernel: str = "flash"):
     """The fused ``kernel`` forced — native/flash.cu ("flash", its keys split ``splits`` ways) or
     native/flash_sm90.cu ("sm90"; ``splits`` parts of the keys for MLA decode, else one) or its decode kernel

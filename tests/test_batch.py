@@ -1,0 +1,157 @@
+"""Serving batches without a GPU: validation (errors before any GPU work, naming the shapes), the capacity plan and
+``explain_batch``, and the request-by-request references the GPU tests compare against."""
+
+import math
+
+import pytest
+import torch
+
+import attn_lt
+from attn_lt import batch
+from attn_lt.fused import DeviceFacts
+from attn_lt.testing import paged_gather, paged_reference, random_pages, reference, varlen_reference
+
+H100 = DeviceFacts(132, True, 232448)
+A100 = DeviceFacts(108, False, 166912)
+
+
+def cu(lengths):
+    return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
+
+
+def qkv(total_q=10, total_k=20, Hq=8, Hkv=2, D=64, dtype=torch.bfloat16):
+    return (torch.randn(total_q, Hq, D, dtype=dtype), torch.randn(total_k, Hkv, D, dtype=dtype),
+            torch.randn(total_k, Hkv, D, dtype=dtype))
+
+
+def test_public_names():
+    for name in ("varlen_attention", "paged_attention", "explain_batch", "check_batch_errors"):
+        assert name in attn_lt.__all__ and callable(getattr(attn_lt, name))
+
+
+@pytest.mark.parametrize("change,error,match", [
+    (dict(q=[1, 2]), TypeError, "q must be a torch.Tensor"),
+    (dict(q=torch.randn(10, 8, 64)), TypeError, "float32"),
+    (dict(k=torch.randn(20, 2, 64, dtype=torch.float16)), TypeError, "share one dtype"),
+    (dict(q=torch.randn(1, 10, 8, 64, dtype=torch.bfloat16)), ValueError, r"q \(1, 10, 8, 64\)"),
+    (dict(v=torch.randn(20, 2, 128, dtype=torch.bfloat16)), ValueError, r"v \(20, 2, 128\)"),
+    (dict(q=torch.randn(10, 8, 96, dtype=torch.bfloat16), k=torch.randn(20, 2, 96, dtype=torch.bfloat16),
+          v=torch.randn(20, 2, 96, dtype=torch.bfloat16)), ValueError, "head dim 96"),
+    (dict(k=torch.randn(20, 3, 64, dtype=torch.bfloat16), v=torch.randn(20, 3, 64, dtype=torch.bfloat16)),
+     ValueError, "multiple of Hkv"),
+    (dict(cu_q=torch.tensor([0, 5, 10])), TypeError, "cu_seqlens_q must be torch.int32"),
+    (dict(cu_k=torch.tensor([0, 20], dtype=torch.int32)), ValueError, r"cu_seqlens_k must be \(3,\)"),
+    (dict(cu_q=torch.tensor([0], dtype=torch.int32)), ValueError, "B \\+ 1 >= 2"),
+    (dict(max_seqlen_q=torch.tensor(5)), TypeError, "max_seqlen_q must be an int"),
+    (dict(max_seqlen_k=0), ValueError, "max_seqlen_k must be >= 1"),
+    (dict(scale=-1.0), ValueError, "scale"),
+    (dict(causal=1), TypeError, "causal must be a bool"),
+    (dict(), ValueError, "CUDA device"),  # valid shapes on the CPU: refused at the device check, last
+])
+def test_varlen_validation(change, error, match):
+    q, k, v = qkv()
+    args = dict(q=q, k=k, v=v, cu_q=cu([5, 5]), cu_k=cu([12, 8]), max_seqlen_q=5, max_seqlen_k=12)
+    args.update(change)
+    kw = {n: args.pop(n) for n in ("scale", "causal") if n in args}
+    with pytest.raises(error, match=match):
+        attn_lt.varlen_attention(args["q"], args["k"], args["v"], args["cu_q"], args["cu_k"],
+                                 max_seqlen_q=args["max_seqlen_q"], max_seqlen_k=args["max_seqlen_k"], **kw)
+
+
+@pytest.mark.parametrize("change,error,match", [
+    (dict(k_cache=torch.randn(10, 16, 2, 64, dtype=torch.bfloat16)[:, :, :, :32]), ValueError, "head dims"),
+    (dict(k_cache=torch.randn(10, 12, 2, 64, dtype=torch.bfloat16),
+          v_cache=torch.randn(10, 12, 2, 64, dtype=torch.bfloat16)), ValueError, "block_size 12"),
+    (dict(block_table=torch.zeros(3, 4, dtype=torch.int64)), TypeError, "block_table must be torch.int32"),
+    (dict(seqlens_k=torch.zeros(2, dtype=torch.int32)), ValueError, r"seqlens_k must be \(3,\)"),
+    (dict(q=torch.randn(5, 8, 64, dtype=torch.bfloat16)), ValueError, "one row a request"),
+    (dict(cu_q=cu([2, 2, 1])), ValueError, "max_seqlen_q"),
+    (dict(max_seqlen_q=4), ValueError, "needs cu_seqlens_q"),
+    (dict(), ValueError, "CUDA device"),
+])
+def test_paged_validation(change, error, match):
+    args = dict(q=torch.randn(3, 8, 64, dtype=torch.bfloat16), k_cache=torch.randn(10, 16, 2, 64, dtype=torch.bfloat16),
+                v_cache=torch.randn(10, 16, 2, 64, dtype=torch.bfloat16),
+                block_table=torch.zeros(3, 4, dtype=torch.int32), seqlens_k=torch.ones(3, dtype=torch.int32))
+    args.update(change)
+    kw = {}
+    if "cu_q" in args:
+        kw["cu_seqlens_q"] = args.pop("cu_q")
+        args["q"] = torch.randn(5, 8, 64, dtype=torch.bfloat16)
+    if "max_seqlen_q" in args:
+        kw["max_seqlen_q"] = args.pop("max_seqlen_q")
+    with pytest.raises(error, match=match):
+        attn_lt.paged_attention(args["q"], args["k_cache"], args["v_cache"], args["block_table"], args["seqlens_k"],
+                                **kw)
+
+
+def test_plan_decode_parts_follow_the_capacity():
+    p = batch.plan_batch(64, 32, 8, 128, max_seqlen_q=1, max_seqlen_k=8192, block_size=16, facts=H100)
+    assert p.decode_blocks and p.row_kernel is None
+    assert p.split_keys % batch.KEY_TILE == 0 and p.split_keys >= batch.SPLIT_MIN_KEYS
+    assert p.parts == -(-8192 // p.split_keys) > 1
+    # at capacity the parts give about SPLIT_WAVES CTAs a slot
+    ctas = 64 * 8 * p.parts
+    assert ctas >= batch.SPLIT_WAVES * 2 * 132 * 0.5
+    assert p.workspace_bytes == p.parts * 64 * 8 * batch.SMALL_ROWS * 129 * 4
+    one = batch.plan_batch(1, 32, 8, 128, max_seqlen_q=1, max_seqlen_k=200, facts=H100)
+    assert one.parts == 1 and one.split_keys == 0 and one.workspace_bytes == 0
+
+
+def test_plan_row_kernel():
+    prefill = dict(max_seqlen_q=4096, max_seqlen_k=4096)
+    assert batch.plan_batch(16, 32, 8, 128, facts=H100, **prefill).row_kernel == "sm90"
+    assert batch.plan_batch(16, 32, 8, 128, facts=A100, **prefill).row_kernel == "flash"
+    assert batch.plan_batch(16, 32, 8, 128, facts=H100, block_size=64, **prefill).row_kernel == "flash"
+    # more than 16 query heads a kv head: no decode blocks, every request on row blocks
+    mqa = batch.plan_batch(8, 32, 1, 128, max_seqlen_q=1, max_seqlen_k=4096, facts=H100)
+    assert not mqa.decode_blocks and mqa.row_kernel == "sm90"
+
+
+def test_plan_partials_bounded():
+    p = batch.plan_batch(4096, 64, 16, 256, max_seqlen_q=1, max_seqlen_k=2**20, facts=H100)
+    assert p.workspace_bytes <= batch.MAX_PARTIAL_BYTES and p.parts <= batch.MAX_PARTS
+
+
+def test_explain_batch_says_what_runs():
+    text = attn_lt.explain_batch(64, 32, 8, 128, max_seqlen_q=1, max_seqlen_k=8192, block_size=16)
+    assert "paged batch" in text and "decode blocks" in text and "parts of" in text
+    text = attn_lt.explain_batch(16, 32, 8, 128, max_seqlen_q=4096, max_seqlen_k=16384)
+    assert "row blocks" in text and "varlen batch" in text
+    with pytest.raises(ValueError, match="block_size 24"):
+        attn_lt.explain_batch(4, 8, 8, 64, max_seqlen_q=1, max_seqlen_k=100, block_size=24)
+    with pytest.raises(ValueError, match="head dim 80"):
+        attn_lt.explain_batch(4, 8, 8, 80, max_seqlen_q=1, max_seqlen_k=100)
+
+
+def test_describe_errors():
+    assert len(batch.describe_errors(31)) == 5
+    assert batch.describe_errors(16) == ["a block id outside [0, num_blocks)"]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_reference_matches_dense_reference(causal):
+    q_lens, k_lens = [3, 0, 7, 2], [5, 4, 7, 0]
+    q, k, v = qkv(sum(q_lens), sum(k_lens), 4, 2, 64, torch.float32)
+    out, lse = varlen_reference(q, k, v, cu(q_lens), cu(k_lens), causal=causal)
+    cq, ck = cu(q_lens).tolist(), cu(k_lens).tolist()
+    o, l = reference(q[0:3].transpose(0, 1)[None], k[0:5].transpose(0, 1)[None], v[0:5].transpose(0, 1)[None],
+                     causal=causal, dtype=torch.float64)
+    assert torch.allclose(out[0:3], o[0].transpose(0, 1)) and torch.allclose(lse[:, 0:3], l[0])
+    assert torch.all(out[cq[3]:cq[4]] == 0) and torch.isneginf(lse[:, cq[3]:cq[4]]).all()
+    assert not torch.isnan(out).any() and ck[-1] == 16
+
+
+def test_paged_gather_and_reference():
+    gen = torch.Generator().manual_seed(0)
+    k_cache, v_cache, table, seqlens = random_pages([0, 1, 17, 40], 16, 2, 64, torch.float32, device="cpu",
+                                                    generator=gen)
+    assert sorted(table[:, :3].flatten().tolist())[-1] < k_cache.shape[0]
+    k, v, cu_k = paged_gather(k_cache, v_cache, table, seqlens)
+    assert cu_k.tolist() == [0, 0, 1, 18, 58]
+    b3 = table[3].tolist()
+    assert torch.equal(k[18:34], k_cache[b3[0]]) and torch.equal(v[50:58], v_cache[b3[2], :8])
+    q = torch.randn(4, 4, 64)
+    out, lse = paged_reference(q, k_cache, v_cache, table, seqlens)
+    assert torch.all(out[0] == 0) and torch.isneginf(lse[:, 0]).all()
+    assert math.isfinite(lse[:, 1:].sum().item())

@@ -1,0 +1,211 @@
+"""Serving batches on the GPU: varlen_attention and paged_attention against an FP64 reference built request by
+request (PyTorch SDPA per request at the input precision gives the error bound), outputs poisoned first; bad
+metadata recorded and never read out of bounds; one CUDA graph replayed with new lengths and block tables."""
+
+import math
+import random
+
+import pytest
+import torch
+
+import attn_lt
+from attn_lt import batch
+from attn_lt.fused import DeviceFacts
+from attn_lt.testing import (paged_gather, paged_reference, random_pages, rel_error, sdpa, tolerance,
+                             varlen_reference)
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = [torch.bfloat16, torch.float16]
+
+
+def cu(lengths, device="cuda"):
+    return torch.tensor([0] + list(torch.tensor(lengths).cumsum(0).tolist()), dtype=torch.int32, device=device)
+
+
+def torch_varlen(q, k, v, cu_q, cu_k, causal):
+    """PyTorch SDPA request by request at the input precision (the error scale the bound is built from)."""
+    out = torch.zeros(q.shape[0], q.shape[1], v.shape[-1], dtype=q.dtype, device=q.device)
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    for b in range(len(cq) - 1):
+        if cq[b + 1] > cq[b] and ck[b + 1] > ck[b]:
+            o = sdpa(q[cq[b]:cq[b + 1]].transpose(0, 1)[None], k[ck[b]:ck[b + 1]].transpose(0, 1)[None],
+                     v[ck[b]:ck[b + 1]].transpose(0, 1)[None], causal=causal)
+            out[cq[b]:cq[b + 1]] = o[0].transpose(0, 1)
+    return out
+
+
+def check_against(out, lse, ref, ref_lse, torch_out):
+    owned = ~torch.isnan(ref[:, 0, 0])
+    assert not torch.isnan(out[owned]).any() and not torch.isnan(lse[:, owned]).any()
+    err, torch_err = rel_error(out[owned], ref[owned]), rel_error(torch_out[owned], ref[owned])
+    assert err <= tolerance(torch_err), f"error {err:.3e}, PyTorch {torch_err:.3e}"
+    r, l = ref_lse[:, owned], lse[:, owned]
+    assert torch.equal(torch.isneginf(l), torch.isneginf(r))
+    fin = torch.isfinite(r)
+    if fin.any():
+        assert (l[fin].double() - r[fin]).abs().max().item() <= 1e-3 * (1 + r[fin].abs().max().item())
+
+
+def run_varlen(q_lens, k_lens, Hq, Hkv, D, dtype, causal, facts=None, monkeypatch=None):
+    if facts is not None:
+        monkeypatch.setattr(batch, "device_facts", lambda *a: facts)
+    q = torch.randn(sum(q_lens), Hq, D, dtype=dtype, device="cuda")
+    k = torch.randn(max(1, sum(k_lens)), Hkv, D, dtype=dtype, device="cuda")
+    v = torch.randn_like(k)
+    cu_q, cu_k = cu(q_lens), cu(k_lens)
+    out = torch.full_like(q, math.nan)
+    out, lse = attn_lt.varlen_attention(q, k, v, cu_q, cu_k, max_seqlen_q=max(q_lens), max_seqlen_k=max(1, *k_lens),
+                                        causal=causal, return_lse=True, out=out, check=True)
+    ref, ref_lse = varlen_reference(q, k, v, cu_q, cu_k, causal=causal)
+    check_against(out, lse, ref, ref_lse, torch_varlen(q, k, v, cu_q, cu_k, causal))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("Hq,Hkv", [(8, 8), (8, 2), (16, 2)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_prefill(dtype, D, Hq, Hkv, causal):
+    # documents of odd lengths (0 and 1 included), chunked prefill (Sq < Sk) and Sq > Sk
+    q_lens = [97, 0, 1, 300, 64, 129, 5, 40]
+    k_lens = [97, 5, 1, 300, 1000, 129, 0, 17]
+    run_varlen(q_lens, k_lens, Hq, Hkv, D, dtype, causal)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hopper", [True, False])
+def test_varlen_row_kernels(dtype, hopper, monkeypatch):
+    """The row blocks on each kernel (the Hopper kernel where it runs, native/flash.cu forced by planning for a GPU
+    without it), long documents."""
+    from attn_lt.fused import device_facts
+    facts = device_facts()
+    if hopper and not facts.hopper:
+        pytest.skip("no Hopper kernel on this GPU")
+    facts = DeviceFacts(facts.sms, hopper, facts.smem_optin)
+    run_varlen([4095, 1, 4097, 700], [4095, 3000, 4097, 9000], 16, 4, 128, dtype, True, facts, monkeypatch)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("Hq,Hkv", [(8, 8), (32, 8), (16, 2)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_decode_rows(dtype, Hq, Hkv, causal):
+    """Decode and speculative rows (at most 16 rows a kv head) with long and empty keys: the split decode blocks."""
+    q_lens = [1, 1, 2, 1, 1, 1]
+    k_lens = [4097, 0, 33000, 1, 63, 65]
+    run_varlen(q_lens, k_lens, Hq, Hkv, 128, dtype, causal)
+
+
+def run_paged(seqlens, q_lens, block_size, Hq, Hkv, D, dtype, causal=True, decode=False):
+    k_cache, v_cache, table, seqlens_k = random_pages(seqlens, block_size, Hkv, D, dtype)
+    cu_q = None if decode else cu(q_lens)
+    q = torch.randn(len(seqlens) if decode else sum(q_lens), Hq, D, dtype=dtype, device="cuda")
+    out = torch.full_like(q, math.nan)
+    out, lse = attn_lt.paged_attention(q, k_cache, v_cache, table, seqlens_k, cu_seqlens_q=cu_q,
+                                       max_seqlen_q=None if decode else max(q_lens), causal=causal,
+                                       return_lse=True, out=out, check=True)
+    ref, ref_lse = paged_reference(q, k_cache, v_cache, table, seqlens_k, cu_seqlens_q=cu_q, causal=causal)
+    k, v, cu_k = paged_gather(k_cache, v_cache, table, seqlens_k)
+    cq = torch.arange(q.shape[0] + 1, dtype=torch.int32, device="cuda") if decode else cu_q
+    check_against(out, lse, ref, ref_lse, torch_varlen(q, k, v, cq, cu_k, causal))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block_size", [16, 64, 256])
+@pytest.mark.parametrize("Hq,Hkv,D", [(32, 8, 128), (8, 8, 64), (16, 2, 256)])
+def test_paged_decode(dtype, block_size, Hq, Hkv, D):
+    bs = block_size
+    seqlens = [0, 1, bs - 1, bs, bs + 1, 5000, 3 * bs + 7, 777]
+    run_paged(seqlens, None, bs, Hq, Hkv, D, dtype, decode=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block_size", [16, 64])
+def test_paged_mixed_batch(dtype, block_size):
+    """Prefill chunks against cached prefixes, speculative rows and decode rows in one call."""
+    seqlens = [2048 + 3000, 1, 500, 129, 4000, 0, 65]
+    q_lens = [2048, 1, 4, 129, 1, 0, 3]
+    run_paged(seqlens, q_lens, block_size, 32, 8, 128, dtype)
+
+
+def test_paged_bad_metadata_is_reported_not_read():
+    dtype = torch.bfloat16
+    k_cache, v_cache, table, seqlens_k = random_pages([300, 200, 100], 16, 8, 128, dtype)
+    q = torch.randn(3, 32, 128, dtype=dtype, device="cuda")
+    good = attn_lt.paged_attention(q, k_cache, v_cache, table, seqlens_k, check=True)
+    bad_table = table.clone()
+    bad_table[0, 3] = k_cache.shape[0] + 1000  # past the cache
+    with pytest.raises(ValueError, match="block id"):
+        attn_lt.paged_attention(q, k_cache, v_cache, bad_table, seqlens_k, check=True)
+    out = attn_lt.paged_attention(q, k_cache, v_cache, bad_table, seqlens_k)
+    with pytest.raises(ValueError, match="block id"):
+        attn_lt.check_batch_errors()
+    assert torch.isfinite(out).all()
+    assert torch.equal(out[1:], good[1:])  # the other requests are untouched
+    too_long = seqlens_k.clone()
+    too_long[2] = table.shape[1] * 16 + 1  # past the table row
+    with pytest.raises(ValueError, match="block table"):
+        attn_lt.paged_attention(q, k_cache, v_cache, table, too_long, check=True)
+    neg = seqlens_k.clone()
+    neg[1] = -5
+    out, lse = attn_lt.paged_attention(q, k_cache, v_cache, table, neg, return_lse=True)
+    with pytest.raises(ValueError, match="negative"):
+        attn_lt.check_batch_errors()
+    assert torch.all(out[1] == 0) and torch.isneginf(lse[:, 1]).all()
+
+
+def test_varlen_bad_offsets_are_reported():
+    q = torch.randn(10, 8, 64, dtype=torch.float16, device="cuda")
+    k = torch.randn(20, 8, 64, dtype=torch.float16, device="cuda")
+    cu_q = torch.tensor([0, 5, 10], dtype=torch.int32, device="cuda")
+    for cu_k, what in (([0, 15, 30], "past the packed keys"), ([0, 15, 10], "decreasing")):
+        with pytest.raises(ValueError, match=what.split()[0]):
+            attn_lt.varlen_attention(q, k, k, cu_q, torch.tensor(cu_k, dtype=torch.int32, device="cuda"),
+                                     max_seqlen_q=5, max_seqlen_k=20, check=True)
+    with pytest.raises(ValueError, match="max_seqlen_q"):
+        attn_lt.varlen_attention(q, k, k, cu_q, torch.tensor([0, 10, 20], dtype=torch.int32, device="cuda"),
+                                 max_seqlen_q=4, max_seqlen_k=20, check=True)
+
+
+def test_graph_replay_with_changing_lengths_and_tables():
+    """One capture for a capacity, 200 replays: lengths grow, requests join and leave, block tables change."""
+    rng = random.Random(0)
+    dtype, B, Hq, Hkv, D, bs, max_blocks = torch.bfloat16, 24, 32, 8, 128, 16, 128
+    num_blocks = B * max_blocks
+    k_cache = torch.randn(num_blocks, bs, Hkv, D, dtype=dtype, device="cuda")
+    v_cache = torch.randn_like(k_cache)
+    table = torch.zeros(B, max_blocks, dtype=torch.int32, device="cuda")
+    seqlens = torch.zeros(B, dtype=torch.int32, device="cuda")
+    q = torch.randn(B, Hq, D, dtype=dtype, device="cuda")
+    out = torch.empty_like(q)
+
+    def call():
+        attn_lt.paged_attention(q, k_cache, v_cache, table, seqlens, out=out)
+
+    lengths = [rng.randrange(0, 300) for _ in range(B)]
+    perm = torch.randperm(num_blocks).to(torch.int32).view(B, max_blocks)
+    table.copy_(perm)
+    seqlens.copy_(torch.tensor(lengths, dtype=torch.int32))
+    call()  # warm up outside capture (the error flag, the kernels' attributes)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    for step in range(200):
+        for b in range(B):
+            r = rng.random()
+            if r < 0.05:
+                lengths[b] = 0  # leaves
+            elif r < 0.1:
+                lengths[b] = rng.randrange(1, 1500)  # a new request joins
+            else:
+                lengths[b] = min(max_blocks * bs, lengths[b] + 1)
+        if step % 10 == 0:
+            table.copy_(torch.randperm(num_blocks).to(torch.int32).view(B, max_blocks))
+        seqlens.copy_(torch.tensor(lengths, dtype=torch.int32))
+        q.copy_(torch.randn_like(q))
+        out.fill_(math.nan)
+        graph.replay()
+        replayed = out.clone()
+        eager = attn_lt.paged_attention(q, k_cache, v_cache, table, seqlens)
+        assert torch.equal(replayed, eager), f"step {step}"
+    attn_lt.check_batch_errors()

@@ -1,0 +1,221 @@
+#!/usr/bin/env python3
+"""Serving batches (varlen and paged) side by side with what a server has without them, on one GPU, in one run:
+
+1. **ragged decode**: B requests of one query row, Hq 32 / Hkv 8, D 128, bf16, lengths uniform in a range: attn_lt
+   varlen, paged (block sizes 16 and 64, permuted tables); against the padded cache with a (B, 1, 1, Sk) key-padding
+   mask through SDPA's cuDNN backend and attn_lt's dense call; the roofline of the bytes the requests own (their
+   K and V) at the copy rate measured in the same run.
+2. **packed prefill**: 16 documents of 256-16k tokens, causal, GQA 32/8, D 128: TFLOP/s of varlen_attention,
+   against the fused dense kernel on one sequence of the FLOP-weighted length, SDPA called per document, and
+   torch.nn.attention.varlen where the installed torch has it.
+3. **mixed batch**: 4 prefill chunks of 2048 tokens against prefixes of 8k-32k plus 60 decode rows of 1k-32k from a
+   paged cache (block size 16), one call, against the prefill-only and decode-only calls.
+4. **graph replay**: the ragged decode call captured once and replayed with new lengths.
+
+    python tools/bench_batch.py [--out DIR] [--quick]
+
+Prints a short table last; writes DIR/batch.json. Medians of CUDA-event timings (triton's do_bench).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+import attn_lt  # noqa: E402
+from attn_lt.testing import random_pages, time_ms  # noqa: E402
+
+DT = torch.bfloat16
+HQ, HKV, D = 32, 8, 128
+
+
+def copy_rate_tbs() -> float:
+    """Device copy rate (bytes read + written per second) of a 2 GiB buffer."""
+    src = torch.empty(2**30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src))
+    return 2 * src.numel() / ms / 1e9
+
+
+def cu(lengths):
+    return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+
+
+def ragged_decode(lengths: list[int], rate: float) -> dict:
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    B, total, smax = len(lengths), sum(lengths), max(lengths)
+    owned = total * HKV * D * 2 * 2  # K and V bytes the requests own
+    q = torch.randn(B, HQ, D, dtype=DT, device="cuda")
+    k = torch.randn(total, HKV, D, dtype=DT, device="cuda")
+    v = torch.randn_like(k)
+    cu_q = torch.arange(B + 1, dtype=torch.int32, device="cuda")
+    cu_k = cu(lengths)
+    res = {"B": B, "lengths": [min(lengths), smax], "owned_GB": owned / 1e9, "roofline_ms": owned / rate / 1e9 * 1e3}
+    res["varlen_ms"] = time_ms(lambda: attn_lt.varlen_attention(q, k, v, cu_q, cu_k, max_seqlen_q=1,
+                                                                max_seqlen_k=smax))
+    for bs in (16, 64):
+        kc, vc, table, seqlens = random_pages(lengths, bs, HKV, D, DT)
+        res[f"paged{bs}_ms"] = time_ms(lambda: attn_lt.paged_attention(q, kc, vc, table, seqlens))
+        del kc, vc
+    # the padded cache and its key-padding mask (what a server without varlen calls)
+    kp = torch.zeros(B, HKV, smax, D, dtype=DT, device="cuda")
+    vp = torch.zeros_like(kp)
+    mask = torch.zeros(B, 1, 1, smax, dtype=torch.bool, device="cuda")
+    for b, n in enumerate(lengths):
+        kp[b, :, :n] = k[cu_k[b]:cu_k[b] + n].transpose(0, 1)
+        vp[b, :, :n] = v[cu_k[b]:cu_k[b] + n].transpose(0, 1)
+        mask[b, :, :, :n] = True
+    qd = q[:, :, None]
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        try:
+            res["padded_cudnn_ms"] = time_ms(lambda: F.scaled_dot_product_attention(qd, kp, vp, attn_mask=mask,
+                                                                                    enable_gqa=True))
+        except RuntimeError as e:
+            res["padded_cudnn_ms"], res["cudnn_error"] = None, str(e)[:200]
+    res["padded_attn_lt_ms"] = time_ms(lambda: attn_lt.attention(qd, kp, vp, attn_mask=mask))
+    for name in ("varlen", "paged16", "paged64"):
+        res[f"{name}_roofline"] = res["roofline_ms"] / res[f"{name}_ms"]
+    if res.get("padded_cudnn_ms"):
+        res["varlen_vs_cudnn"] = res["padded_cudnn_ms"] / res["varlen_ms"]
+    return res
+
+
+def flops(lens_q, lens_k, causal=True) -> float:
+    total = 0.0
+    for lq, lk in zip(lens_q, lens_k):
+        pairs = sum(min(lk, lk - lq + i + 1) for i in range(lq)) if causal else lq * lk
+        total += 4 * D * HQ * pairs
+    return total
+
+
+def packed_prefill(rng: random.Random) -> dict:
+    import torch.nn.functional as F
+
+    lens = [256, 16384] + [rng.randrange(256, 16385) for _ in range(14)]
+    total = sum(lens)
+    q = torch.randn(total, HQ, D, dtype=DT, device="cuda")
+    k = torch.randn(total, HKV, D, dtype=DT, device="cuda")
+    v = torch.randn_like(k)
+    c = cu(lens)
+    fl = flops(lens, lens)
+    res = {"docs": len(lens), "tokens": total}
+    ms = time_ms(lambda: attn_lt.varlen_attention(q, k, v, c, c, max_seqlen_q=max(lens), max_seqlen_k=max(lens),
+                                                  causal=True))
+    res["varlen_ms"], res["varlen_tflops"] = ms, fl / ms / 1e9
+    # one dense sequence of the FLOP-weighted length
+    S = int(round((sum(n * n for n in lens) / len(lens)) ** 0.5 / 128) * 128)
+    qd = torch.randn(1, HQ, S, D, dtype=DT, device="cuda")
+    kd = torch.randn(1, HKV, S, D, dtype=DT, device="cuda")
+    vd = torch.randn_like(kd)
+    ms = time_ms(lambda: attn_lt.attention(qd, kd, vd, causal=True))
+    res["dense_S"], res["dense_tflops"] = S, flops([S], [S]) / ms / 1e9
+    res["varlen_vs_dense"] = res["varlen_tflops"] / res["dense_tflops"]
+    views = [(q[c[i]:c[i + 1]].transpose(0, 1)[None], k[c[i]:c[i + 1]].transpose(0, 1)[None],
+              v[c[i]:c[i + 1]].transpose(0, 1)[None]) for i in range(len(lens))]
+
+    def per_doc():
+        for a, b, cc in views:
+            F.scaled_dot_product_attention(a, b, cc, is_causal=True, enable_gqa=True)
+
+    ms = time_ms(per_doc)
+    res["sdpa_per_doc_ms"], res["sdpa_per_doc_tflops"] = ms, fl / ms / 1e9
+    try:
+        from torch.nn.attention import varlen as tv
+
+        fn = getattr(tv, "varlen_attn", None)
+        if fn is not None:
+            kk = k.repeat_interleave(HQ // HKV, dim=1)
+            vv = v.repeat_interleave(HQ // HKV, dim=1)
+            ms = time_ms(lambda: fn(q, kk, vv, c, c, max(lens), max(lens), is_causal=True))
+            res["torch_varlen_ms"], res["torch_varlen_tflops"] = ms, fl / ms / 1e9
+    except Exception as e:  # not in this torch, or refused: say why
+        res["torch_varlen"] = f"unavailable: {type(e).__name__}: {str(e)[:120]}"
+    return res
+
+
+def mixed_batch(rng: random.Random) -> dict:
+    chunk = 2048
+    pre_k = [rng.randrange(8192, 32769) + chunk for _ in range(4)]
+    dec_k = [rng.randrange(1024, 32769) for _ in range(60)]
+    seqlens = pre_k + dec_k
+    q_lens = [chunk] * 4 + [1] * 60
+    kc, vc, table, sk = random_pages(seqlens, 16, HKV, D, DT)
+    q = torch.randn(sum(q_lens), HQ, D, dtype=DT, device="cuda")
+    cq = cu(q_lens)
+    res = {}
+    res["mixed_ms"] = time_ms(lambda: attn_lt.paged_attention(q, kc, vc, table, sk, cu_seqlens_q=cq,
+                                                              max_seqlen_q=chunk))
+    qp, cqp = q[:4 * chunk], cu(q_lens[:4])
+    res["prefill_ms"] = time_ms(lambda: attn_lt.paged_attention(qp, kc, vc, table[:4], sk[:4], cu_seqlens_q=cqp,
+                                                                max_seqlen_q=chunk))
+    qdec = q[4 * chunk:]
+    res["decode_ms"] = time_ms(lambda: attn_lt.paged_attention(qdec, kc, vc, table[4:], sk[4:]))
+    res["mixed_vs_sum"] = res["mixed_ms"] / (res["prefill_ms"] + res["decode_ms"])
+    return res
+
+
+def graph_replay(lengths: list[int]) -> dict:
+    B, cap = len(lengths), max(lengths)
+    kc, vc, table, sk = random_pages([cap] * B, 16, HKV, D, DT)
+    sk.copy_(torch.tensor(lengths, dtype=torch.int32))
+    q = torch.randn(B, HQ, D, dtype=DT, device="cuda")
+    out = torch.empty_like(q)
+    call = lambda: attn_lt.paged_attention(q, kc, vc, table, sk, out=out)  # noqa: E731
+    eager = time_ms(call)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        call()
+    return {"eager_ms": eager, "replay_ms": time_ms(g.replay)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="bench-results")
+    ap.add_argument("--quick", action="store_true", help="ragged decode and mixed batch only")
+    a = ap.parse_args()
+    rng = random.Random(0)
+    res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
+    rate = res["copy_TBs"] = copy_rate_tbs()
+    res["decode64"] = ragged_decode([rng.randrange(256, 8193) for _ in range(64)], rate * 1e12)
+    res["decode16"] = ragged_decode([65536] + [rng.randrange(4096, 65537) for _ in range(15)], rate * 1e12)
+    res["mixed"] = mixed_batch(rng)
+    if not a.quick:
+        res["prefill"] = packed_prefill(rng)
+        res["graph"] = graph_replay([rng.randrange(256, 8193) for _ in range(64)])
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "batch.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    print(f"{res['gpu']}: copy rate {rate:.2f} TB/s")
+    for name in ("decode64", "decode16"):
+        r = res[name]
+        cud = r.get("padded_cudnn_ms")
+        print(f"ragged decode B{r['B']} lengths {r['lengths']}: roofline {r['roofline_ms']:.3f} ms | varlen "
+              f"{r['varlen_ms']:.3f} ({r['varlen_roofline']:.0%}) | paged16 {r['paged16_ms']:.3f} "
+              f"({r['paged16_roofline']:.0%}) | paged64 {r['paged64_ms']:.3f} ({r['paged64_roofline']:.0%}) | "
+              f"padded cuDNN {cud if cud is None else round(cud, 3)} | padded attn_lt {r['padded_attn_lt_ms']:.3f} | "
+              f"varlen/cuDNN {r.get('varlen_vs_cudnn', float('nan')):.2f}x")
+    m = res["mixed"]
+    print(f"mixed batch: {m['mixed_ms']:.3f} ms vs prefill {m['prefill_ms']:.3f} + decode {m['decode_ms']:.3f} "
+          f"({m['mixed_vs_sum']:.2f}x the sum)")
+    if "prefill" in res:
+        p = res["prefill"]
+        tv = p.get("torch_varlen_tflops")
+        print(f"packed prefill ({p['docs']} docs, {p['tokens']} tokens): varlen {p['varlen_tflops']:.0f} TFLOP/s | "
+              f"dense S{p['dense_S']} {p['dense_tflops']:.0f} ({p['varlen_vs_dense']:.2f}x) | SDPA per doc "
+              f"{p['sdpa_per_doc_tflops']:.0f} | torch varlen {tv if tv is None else round(tv)}")
+        g = res["graph"]
+        print(f"graph: eager {g['eager_ms']:.3f} ms, replay {g['replay_ms']:.3f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
