@@ -42,9 +42,9 @@ __device__ __forceinline__ BatchRequest batch_request(const attn_lt_batch_args& 
 
 // The block of a paged cache that holds key j of request b, or -1 when the table's id is outside [0, num_blocks)
 // (log2_bs: log2 of the block size; key j is row j % block_size of that block).
-__device__ __forceinline__ int64_t paged_block(const attn_lt_batch_args& a, int b, int j, int log2_bs) {
+__device__ __forceinline__ int paged_block(const attn_lt_batch_args& a, int b, int j, int log2_bs) {
     const int id = __ldg(a.block_table + b * a.bt_stride + (j >> log2_bs));
-    return id >= 0 && id < a.num_blocks ? int64_t(id) : int64_t(-1);
+    return id >= 0 && id < a.num_blocks ? id : -1;
 }
 
 #endif

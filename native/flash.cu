@@ -110,31 +110,52 @@ __device__ __forceinline__ bool key_block_bad(const attn_lt_batch_args& a, int b
     return paged_block(a, b, key, log2_bs) < 0;
 }
 
-// A key tile of a paged cache (serving batches): K and V rows [n0, n0 + valid) of request b, row j read from the
-// block the table gives for it; rows past `valid`, and rows whose block id is out of range (not read; `bad` set so
-// that the softmax hides them), are zero-filled. Every block id of the tile is loaded before any copy is issued.
-template <int D, typename T>
-__device__ __forceinline__ void load_paged_tile(T* dK, T* dV, const T* k, const T* v, const attn_lt_batch_args& a,
-                                                int b, int n0, int valid, int log2_bs, int* bad) {
-    constexpr int kChunks = D / 8, kRowStep = kThreads / kChunks, kPasses = kBlockN / kRowStep;
-    const int r0 = threadIdx.x / kChunks, c = (threadIdx.x % kChunks) * 8;
-    const int mask = (1 << log2_bs) - 1;
-    int64_t blk[kPasses];
-#pragma unroll
-    for (int i = 0; i < kPasses; ++i) {
-        const int r = r0 + i * kRowStep;
-        blk[i] = r < valid ? paged_block(a, b, n0 + r, log2_bs) : -2;
-        if (blk[i] == -1) {
-            *bad = 1;
-            atomicOr(a.error, ATTN_LT_BATCH_BAD_BLOCK);
-        }
+// Paged caches (serving batches). A thread copies rows r0, r0 + kRowStep, ... of one column of each key tile; their
+// block ids are fetched a tile ahead (paged_ids, into registers) so that the table's latency hides under the
+// current tile's work, and paged_copy issues the tile's K and V rows from them.
+template <int D>
+struct PagedRows {
+    static constexpr int kChunks = D / 8, kRowStep = kThreads / kChunks, kPasses = kBlockN / kRowStep;
+    int blk[kPasses];  // block ids of this thread's rows of the next tile; -1: out of range, -2: no row
+};
+
+// Block ids of this thread's rows [n0, n0 + valid) of request b (valid >= 1): lane L of each warp reads the table
+// entry of the tile's L-th block (a tile spans at most 64 / 8 blocks) and the rows take theirs by shuffle, one
+// table load a lane. An id out of range is recorded (a.error and *bad: the softmax then hides the keys of such
+// blocks) and its rows are not read.
+template <int D>
+__device__ __forceinline__ void paged_ids(PagedRows<D>& p, const attn_lt_batch_args& a, int b, int n0, int valid,
+                                          int log2_bs, int* bad) {
+    using P = PagedRows<D>;
+    const int r0 = threadIdx.x / P::kChunks, lane = threadIdx.x % 32;
+    const int first = n0 >> log2_bs, blocks = ((n0 + valid - 1) >> log2_bs) - first + 1;
+    const int id = lane < blocks ? paged_block(a, b, (first + lane) << log2_bs, log2_bs) : -2;
+    if (id == -1) {
+        *bad = 1;
+        atomicOr(a.error, ATTN_LT_BATCH_BAD_BLOCK);
     }
 #pragma unroll
-    for (int i = 0; i < kPasses; ++i) {
-        const int r = r0 + i * kRowStep, j = (n0 + r) & mask;
-        const bool ok = blk[i] >= 0;
-        cp_async16(dK + swz<D>(r, c), k + (ok ? blk[i] * a.f.k_sb + j * a.f.k_ss : 0) + c, ok ? 16 : 0);
-        cp_async16(dV + swz<D>(r, c), v + (ok ? blk[i] * a.f.v_sb + j * a.f.v_ss : 0) + c, ok ? 16 : 0);
+    for (int i = 0; i < P::kPasses; ++i) {
+        const int r = r0 + i * P::kRowStep;
+        const int from = __shfl_sync(0xffffffffu, id, min(((n0 + r) >> log2_bs) - first, 31));
+        p.blk[i] = r < valid ? from : -2;  // (ids below 2^31: checked on the host)
+    }
+}
+
+// The K and V rows of a key tile starting at key n0 from the block ids paged_ids fetched; rows without a block
+// (past the keys, or out of range) are zero-filled.
+template <int D, typename T>
+__device__ __forceinline__ void paged_copy(T* dK, T* dV, const T* k, const T* v, const PagedRows<D>& p,
+                                           const attn_lt_flash_args& a, int n0, int log2_bs) {
+    using P = PagedRows<D>;
+    const int r0 = threadIdx.x / P::kChunks, c = (threadIdx.x % P::kChunks) * 8;
+    const int mask = (1 << log2_bs) - 1;
+#pragma unroll
+    for (int i = 0; i < P::kPasses; ++i) {
+        const int r = r0 + i * P::kRowStep, j = (n0 + r) & mask;
+        const bool ok = p.blk[i] >= 0;
+        cp_async16(dK + swz<D>(r, c), k + (ok ? int64_t(p.blk[i]) * a.k_sb + j * a.k_ss : 0) + c, ok ? 16 : 0);
+        cp_async16(dV + swz<D>(r, c), v + (ok ? int64_t(p.blk[i]) * a.v_sb + j * a.v_ss : 0) + c, ok ? 16 : 0);
     }
 }
 
@@ -277,7 +298,10 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
     }
     // Serving batches split by a fixed part size (the part count follows the request's keys, the grid the capacity).
     const int per_split = BT && gridDim.z > 1 ? split_tiles(args) : (n_tiles + gridDim.z - 1) / gridDim.z;
-    const int t_begin = min(n_tiles, static_cast<int>(blockIdx.z) * per_split);
+    // A serving batch's parts run last part first: the parts only long requests have are scheduled before the
+    // parts every request has, so that the grid ends on many CTAs of similar length, not on a long request's tail.
+    const int part = BT && gridDim.z > 1 ? static_cast<int>(gridDim.z - 1 - blockIdx.z) : static_cast<int>(blockIdx.z);
+    const int t_begin = min(n_tiles, part * per_split);
     const int t_end = min(n_tiles, t_begin + per_split);
     if (BT && gridDim.z > 1 && t_begin >= n_tiles) return;  // a part past the request's keys (the merge reads none)
     // Paged caches: log2 of the block size; a block id out of range seen by any thread (the softmax then hides the
@@ -287,9 +311,13 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
         if (args.block_table != nullptr) log2_bs = __ffsll(args.block_size) - 1;
     }
     __shared__ int s_bad;
+    PagedRows<D> pages;  // (paged caches) the block ids of the next tile to load
     if constexpr (BT) {
         if (threadIdx.x == 0) s_bad = 0;
         __syncthreads();
+        if (log2_bs > 0 && t_begin < t_end)
+            paged_ids(pages, args, static_cast<int>(b), t_begin * kBlockN, min(kBlockN, Sk - t_begin * kBlockN),
+                      log2_bs, &s_bad);
     }
 
     // Rows of this thread: for m tile t, tile row (warp * MT + t) * 16 + lane / 4 and that + 8; their query
@@ -348,9 +376,12 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
         if (tile < t_end) {
             const int n0 = tile * kBlockN, valid = min(kBlockN, Sk - n0);
             if (BT && log2_bs > 0) {
-                if constexpr (BT)
-                    load_paged_tile<D>(sK + slot * kBlockN * D, sV + slot * kBlockN * D, k, v, args,
-                                       static_cast<int>(b), n0, valid, log2_bs, &s_bad);
+                if constexpr (BT) {
+                    paged_copy<D>(sK + slot * kBlockN * D, sV + slot * kBlockN * D, k, v, pages, a, n0, log2_bs);
+                    const int n1 = n0 + kBlockN;
+                    if (tile + 1 < t_end)
+                        paged_ids(pages, args, static_cast<int>(b), n1, min(kBlockN, Sk - n1), log2_bs, &s_bad);
+                }
             } else if (valid == kBlockN && (D <= 128 || W)) {  // (D 256 row blocks: the unrolled copy spills there)
                 load_key_tile<D>(sK + slot * kBlockN * D, k + int64_t(n0) * a.k_ss, a.k_ss);
                 load_key_tile<D>(sV + slot * kBlockN * D, v + int64_t(n0) * a.v_ss, a.v_ss);
@@ -579,7 +610,7 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
         // (b, kv head, block row) of (B, Hkv, 16) and (h, packed row) of (Hq, total_q)
         const int64_t orow = BT ? bk * kBatchSmallRows + rr : (b * a.Hq + head) * a.Sq + p;
         const int64_t lrow = BT ? head * batch_total_q(args) + q_row0 + p : orow;
-        float* op = split ? a.o_part + (blockIdx.z * rows_out + orow) * D + c0 : nullptr;
+        float* op = split ? a.o_part + (part * rows_out + orow) * D + c0 : nullptr;
         T* out = static_cast<T*>(a.o) + (BT ? (q_row0 + p) * a.o_ss : b * a.o_sb + p * a.o_ss) + head * a.o_sh + c0;
 #pragma unroll
         for (int c = 0; c < kCols; c += 2) {
@@ -594,7 +625,7 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
             else *reinterpret_cast<unsigned*>(out + c) = pack2<T>(x0 * inv, x1 * inv);
         }
         if (threadIdx.x % 8 == 0) {
-            if (split) a.lse_part[blockIdx.z * rows_out + orow] = lse;
+            if (split) a.lse_part[part * rows_out + orow] = lse;
             else if (a.lse != nullptr) a.lse[lrow] = lse;
         }
         return;
@@ -618,11 +649,11 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
             // (b, h, position) in (B, Hq, Sq); a serving batch's LSE: (h, packed row) in (Hq, total_q)
             const int64_t row = BT ? head * batch_total_q(args) + q_row0 + pos[t][r] : (b * a.Hq + head) * a.Sq + pos[t][r];
             if (split) {
-                float* op = a.o_part + (blockIdx.z * rows_out + row) * D + col;
+                float* op = a.o_part + (part * rows_out + row) * D + col;
 #pragma unroll
                 for (int d = 0; d < D / 8; ++d)
                     *reinterpret_cast<float2*>(op + d * 8) = make_float2(o[t][d][2 * r] * inv, o[t][d][2 * r + 1] * inv);
-                if (lane % 4 == 0) a.lse_part[blockIdx.z * rows_out + row] = lse;
+                if (lane % 4 == 0) a.lse_part[part * rows_out + row] = lse;
             } else {
                 T* out = static_cast<T*>(a.o) + (BT ? q_row0 * a.o_ss : b * a.o_sb) + head * a.o_sh +
                          int64_t(pos[t][r]) * a.o_ss;

@@ -48,6 +48,32 @@ def cu(lengths):
     return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
 
 
+def torch_varlen():
+    """(torch.nn.attention.varlen.varlen_attn, keywords for a causal call, whether it takes GQA and block tables),
+    or None where the installed torch has none."""
+    import inspect
+
+    try:
+        from torch.nn.attention import varlen
+    except ImportError:
+        return None
+    fn = getattr(varlen, "varlen_attn", None)
+    if fn is None:
+        return None
+    params = inspect.signature(fn).parameters
+    causal = {"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)} if "window_size" in params \
+        else None
+    return fn, causal, "enable_gqa" in params, "block_table" in params
+
+
+def peer(res: dict, name: str, fn) -> None:
+    """res[name + "_ms"] = the median of fn, or res[name] = why it did not run."""
+    try:
+        res[name + "_ms"] = time_ms(fn)
+    except Exception as e:  # a peer that refuses the case: say why, keep going
+        res[name] = f"unavailable: {type(e).__name__}: {str(e)[:160]}"
+
+
 def ragged_decode(lengths: list[int], rate: float) -> dict:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -59,13 +85,19 @@ def ragged_decode(lengths: list[int], rate: float) -> dict:
     v = torch.randn_like(k)
     cu_q = torch.arange(B + 1, dtype=torch.int32, device="cuda")
     cu_k = cu(lengths)
-    res = {"B": B, "lengths": [min(lengths), smax], "owned_GB": owned / 1e9, "roofline_ms": owned / rate / 1e9 * 1e3}
+    res = {"B": B, "lengths": [min(lengths), smax], "owned_GB": owned / 1e9, "roofline_ms": owned / rate * 1e3}
     res["varlen_ms"] = time_ms(lambda: attn_lt.varlen_attention(q, k, v, cu_q, cu_k, max_seqlen_q=1,
                                                                 max_seqlen_k=smax))
+    tv = torch_varlen()
+    if tv is not None and tv[2]:  # torch's FlashAttention varlen, GQA in place
+        peer(res, "torch_varlen", lambda: tv[0](q, k, v, cu_q, cu_k, 1, smax, enable_gqa=True))
     for bs in (16, 64):
-        kc, vc, table, seqlens = random_pages(lengths, bs, HKV, D, DT)
-        res[f"paged{bs}_ms"] = time_ms(lambda: attn_lt.paged_attention(q, kc, vc, table, seqlens))
-        del kc, vc
+        pages = random_pages(lengths, bs, HKV, D, DT)
+        res[f"paged{bs}_ms"] = time_ms(lambda: attn_lt.paged_attention(q, *pages))
+        if tv is not None and tv[2] and tv[3]:
+            kc, vc, table, seqlens = pages
+            peer(res, f"torch_paged{bs}", lambda: tv[0](q, kc, vc, cu_q, None, 1, smax, enable_gqa=True,
+                                                         seqused_k=seqlens, block_table=table))
     # the padded cache and its key-padding mask (what a server without varlen calls)
     kp = torch.zeros(B, HKV, smax, D, dtype=DT, device="cuda")
     vp = torch.zeros_like(kp)
@@ -128,17 +160,16 @@ def packed_prefill(rng: random.Random) -> dict:
 
     ms = time_ms(per_doc)
     res["sdpa_per_doc_ms"], res["sdpa_per_doc_tflops"] = ms, fl / ms / 1e9
-    try:
-        from torch.nn.attention import varlen as tv
-
-        fn = getattr(tv, "varlen_attn", None)
-        if fn is not None:
-            kk = k.repeat_interleave(HQ // HKV, dim=1)
-            vv = v.repeat_interleave(HQ // HKV, dim=1)
-            ms = time_ms(lambda: fn(q, kk, vv, c, c, max(lens), max(lens), is_causal=True))
-            res["torch_varlen_ms"], res["torch_varlen_tflops"] = ms, fl / ms / 1e9
-    except Exception as e:  # not in this torch, or refused: say why
-        res["torch_varlen"] = f"unavailable: {type(e).__name__}: {str(e)[:120]}"
+    tv = torch_varlen()
+    if tv is None or tv[1] is None:
+        res["torch_varlen"] = "unavailable: no causal torch.nn.attention.varlen in this torch"
+    else:
+        fn, causal, gqa, _ = tv
+        kk, vv = (k, v) if gqa else (k.repeat_interleave(HQ // HKV, dim=1), v.repeat_interleave(HQ // HKV, dim=1))
+        extra = {"enable_gqa": True} if gqa else {}
+        peer(res, "torch_varlen", lambda: fn(q, kk, vv, c, c, max(lens), max(lens), **causal, **extra))
+        if "torch_varlen_ms" in res:
+            res["torch_varlen_tflops"] = fl / res["torch_varlen_ms"] / 1e9
     return res
 
 
@@ -202,7 +233,8 @@ def main() -> int:
               f"{r['varlen_ms']:.3f} ({r['varlen_roofline']:.0%}) | paged16 {r['paged16_ms']:.3f} "
               f"({r['paged16_roofline']:.0%}) | paged64 {r['paged64_ms']:.3f} ({r['paged64_roofline']:.0%}) | "
               f"padded cuDNN {cud if cud is None else round(cud, 3)} | padded attn_lt {r['padded_attn_lt_ms']:.3f} | "
-              f"varlen/cuDNN {r.get('varlen_vs_cudnn', float('nan')):.2f}x")
+              f"varlen/cuDNN {r.get('varlen_vs_cudnn', float('nan')):.2f}x | torch varlen "
+              f"{r.get('torch_varlen_ms')} paged16 {r.get('torch_paged16_ms')}")
     m = res["mixed"]
     print(f"mixed batch: {m['mixed_ms']:.3f} ms vs prefill {m['prefill_ms']:.3f} + decode {m['decode_ms']:.3f} "
           f"({m['mixed_vs_sum']:.2f}x the sum)")

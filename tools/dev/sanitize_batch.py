@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""A few small serving batches (varlen and paged, the decode blocks split and merged, the row blocks on each kernel,
+a block id past the cache and lengths past the table) run once each, for compute-sanitizer. Exits 1 when an output
+is wrong or a bad block id is not reported, 2 without a GPU.
+
+    compute-sanitizer --tool memcheck  python3 tools/dev/sanitize_batch.py
+    compute-sanitizer --tool racecheck python3 tools/dev/sanitize_batch.py
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+import attn_lt
+from attn_lt.testing import paged_reference, random_pages, rel_error, varlen_reference
+
+
+def cu(lengths):
+    return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("no GPU")
+        return 2
+    bad = 0
+    dt = torch.bfloat16
+    for D, Hq, Hkv in ((64, 4, 1), (128, 8, 2), (256, 4, 4)):
+        q_lens, k_lens = [1, 40, 0, 2, 130], [700, 40, 9, 0, 300]
+        q = torch.randn(sum(q_lens), Hq, D, dtype=dt, device="cuda")
+        k = torch.randn(sum(k_lens), Hkv, D, dtype=dt, device="cuda")
+        v = torch.randn_like(k)
+        o = attn_lt.varlen_attention(q, k, v, cu(q_lens), cu(k_lens), max_seqlen_q=130, max_seqlen_k=700,
+                                     causal=True)
+        ref, _ = varlen_reference(q, k, v, cu(q_lens), cu(k_lens), causal=True)
+        owned = ~torch.isnan(ref[:, 0, 0])
+        err = rel_error(o[owned], ref[owned])
+        print(f"varlen D{D} Hq{Hq}/Hkv{Hkv}: error {err:.2e}")
+        bad += err > 2e-2
+        kc, vc, table, sk = random_pages([300, 1, 17, 0], 16, Hkv, D, dt)
+        qp = torch.randn(4, Hq, D, dtype=dt, device="cuda")
+        o = attn_lt.paged_attention(qp, kc, vc, table, sk)
+        ref, _ = paged_reference(qp, kc, vc, table, sk)
+        err = rel_error(o, ref)
+        print(f"paged D{D}: error {err:.2e}")
+        bad += err > 2e-2
+        table[0, 5] = kc.shape[0] + 7  # past the cache: not read, reported
+        sk[2] = table.shape[1] * 16 + 3  # past the table
+        attn_lt.paged_attention(qp, kc, vc, table, sk)
+        try:
+            attn_lt.check_batch_errors()
+            print("bad metadata not reported")
+            bad += 1
+        except ValueError as e:
+            print(f"reported: {e}")
+    torch.cuda.synchronize()
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
