@@ -71,6 +71,13 @@ class BatchPlan:
     def group(self) -> int:
         return self.Hq // self.Hkv
 
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "requests": self.requests, "heads_q": self.Hq, "heads_kv": self.Hkv,
+                "head_dim": self.D, "max_seqlen_q": self.max_seqlen_q, "max_seqlen_k": self.max_seqlen_k,
+                "block_size": self.block_size, "decode_blocks": self.decode_blocks, "split_keys": self.split_keys,
+                "parts": self.parts, "row_kernel": self.row_kernel, "workspace_bytes": self.workspace_bytes,
+                "sms": self.facts.sms, "assumed_device": self.assumed_device}
+
     def __str__(self) -> str:
         g = self.group
         cache = f"paged cache, blocks of {self.block_size} keys" if self.kind == "paged" else "packed keys"

@@ -297,3 +297,14 @@ def test_the_real_entry_point_never_prints_a_traceback(tmp_path):
                        timeout=120)
     assert r.returncode == 0 and "moved it to algos.sqlite.bad-" in r.stderr, r.stderr  # a writing command says so
     assert list(tmp_path.glob("algos.sqlite.bad-*"))
+
+
+def test_explain_batch(capsys):
+    rc, out, _ = run(capsys, "explain-batch", "--requests", "64", "--max-seqlen-k", "8192", "--block-size", "16")
+    assert rc == 0 and "paged batch" in out and "decode blocks" in out
+    rc, out, _ = run(capsys, "explain-batch", "--requests", "16", "--max-seqlen-q", "4096", "--max-seqlen-k", "16384",
+                     "--json")
+    d = json.loads(out)
+    assert rc == 0 and d["kind"] == "varlen" and d["row_kernel"] in ("sm90", "flash")
+    rc, _, err = run(capsys, "explain-batch", "--requests", "4", "--max-seqlen-k", "100", "--head-dim", "80")
+    assert rc == 2 and "head dim 80" in err
