@@ -30,7 +30,10 @@
 // (batch_request, native/batch.cuh); q/k/v are packed (total rows, H, D), their maps (64, total rows, D/64, H, 1)
 // with the request's first row added to the row coordinate. Keys of a tile past the request's last key (another
 // request's) are masked like the key tail of a dense call, query rows past its last row are computed and not
-// written.
+// written. With a block table (the kPaged mode) the keys are a paged cache: the K/V maps view a cache as
+// (64, block_size, D/64, Hkv, num_blocks), the producer's warp looks each tile's blocks up (one tile ahead) and its
+// lane 0 copies a tile as one box (block_size >= the tile) or one box a (block, 64-column slab); a block id out of
+// range is replaced by block 0 and its keys hidden (paged_producer).
 //
 // Dense masks (bool, true = attend, or additive in q's dtype), read by TMA with the K tile of the same stage and
 // completing on its barrier: the mask is a 4-D map (Sk, Sq, Hq, B) over its broadcast strides, a broadcast
@@ -237,6 +240,116 @@ __device__ __forceinline__ void to_a_fragments(const float (&sacc)[N], uint32_t 
     }
 }
 
+// ---- the paged mode (attn_lt_flash_sm90_batch with a block table) ------------------------------------------------
+
+__device__ __forceinline__ uint32_t ld_shared_u32(uint32_t addr) {
+    uint32_t v;
+    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+    return v;
+}
+
+// log2 of a paged cache's block size (a power of two, checked on the host).
+__device__ __forceinline__ int paged_log2_bs(const attn_lt_batch_args& a) {
+    return __ffsll(static_cast<long long>(a.block_size)) - 1;
+}
+
+// Scores of the keys on the tile's bad pages to -inf: bit j of `bad` is the tile's keys [j bs, (j + 1) bs) (bs >= the
+// tile: bit 0, the whole tile); c0 = 2 (lane % 4), the tile column of this thread's first element.
+template <int N>
+__device__ __forceinline__ void hide_pages(float (&sacc)[N], int c0, uint32_t bad, int log2_bs) {
+#pragma unroll
+    for (int j = 0; j < N / 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+            if ((bad >> ((c0 + 8 * j + e) >> log2_bs)) & 1u) {
+                sacc[4 * j + e] = -INFINITY;
+                sacc[4 * j + 2 + e] = -INFINITY;
+            }
+}
+
+// The paged mode's producer, run by warp 0 of the producer warpgroup (n_tiles > 0): lane 0 streams Q once (rows
+// q_row.., head h) and every K and V tile of request blockIdx.z's kv head hk through the ring, as the other modes'
+// producer does; the lanes look the tile's blocks up, lane j the block of the tile's page j, one tile ahead of the
+// copies. The K and V maps (make_paged_map) view a cache as 5-D (64, bs, D / 64, Hkv, num_blocks):
+//   * bs >= BN: a tile lies in one block (tiles are BN-aligned): one box of (64, BN, D / 64) at row n0 % bs of it;
+//   * bs < BN: a tile spans BN / bs blocks (pages): one box of (64, bs, 1) a (page, 64-column slab), landing at the
+//     slab's offset + page * bs * 128 bytes. A slab's rows are 128 bytes in 8-row atoms of 1024 bytes whose 128-byte
+//     swizzle TMA takes from the address bits 7-9 (the row % 8); bs >= 8 keeps every box 1024-byte aligned, so that
+//     tile row page * bs + r lands swizzled as row r % 8 = (page * bs + r) % 8, the slab layout of one whole box.
+// Either way a stage receives BN * D * 2 bytes of K and of V: its expect-tx counts are the other modes'.
+// A page with no key of the request (past its last key) and a page whose block id is out of range read block 0's
+// rows instead (nothing is left out, so the expect-tx counts hold); the first are hidden with the key tail, the
+// second through the stage's bad word (bit j: page j), written before the stage's K arrival and read by the
+// consumers before they release the stage, and reported (ATTN_LT_BATCH_BAD_BLOCK).
+template <int D, int BN, int kStages>
+__device__ __forceinline__ void paged_producer(const CUtensorMap* tmq, const CUtensorMap* tmk, const CUtensorMap* tmv,
+                                               const attn_lt_batch_args& a, uint32_t sQ, uint32_t sK, uint32_t sV,
+                                               uint32_t bars, int q_row, int h, int hk, int Sk, int n_tiles) {
+    using L = Layout<D, D, kNoMask>;
+    const int lane = threadIdx.x, b = blockIdx.z;
+    const int log2_bs = paged_log2_bs(a), bs = 1 << log2_bs;
+    const int pages = bs < BN ? BN >> log2_bs : 1;  // pages a tile spans
+    const uint32_t full_q = bars;
+    auto full_k = [&](int s) { return bars + 8u * (1 + s); };
+    auto full_v = [&](int s) { return bars + 8u * (1 + kStages + s); };
+    auto empty_k = [&](int s) { return bars + 8u * (1 + 2 * kStages + s); };
+    auto empty_v = [&](int s) { return bars + 8u * (1 + 3 * kStages + s); };
+    // lane j's block of tile t (visited from the last one down): the table's id (as paged_block reads it; checked
+    // against [0, num_blocks) only where it is used, so that the load stays in flight), 0 for a page past the keys
+    auto lookup = [&](int t) {
+        int id = 0;
+        if (t < n_tiles && lane < pages) {
+            const int key = (n_tiles - 1 - t) * BN + (lane << log2_bs);
+            if (key < Sk) id = __ldg(a.block_table + b * a.bt_stride + (key >> log2_bs));
+        }
+        return id;
+    };
+    // one K or V tile: the pages' boxes (blk: lane j's block, r0: the tile's row in its block when bs >= BN)
+    auto copy_tile = [&](const CUtensorMap* map, uint32_t dst, uint32_t bar, int blk, int r0) {
+        for (int j = 0; j < pages; ++j) {
+            const int id = __shfl_sync(0xffffffffu, blk, j);
+            if (lane == 0) {
+                if (pages == 1) {
+                    tma_load_5d(dst, map, bar, 0, r0, 0, hk, id);
+                } else {
+#pragma unroll
+                    for (int x = 0; x < D / 64; ++x)
+                        tma_load_5d(dst + x * L::kKVSlab + ((j * 128) << log2_bs), map, bar, 0, 0, x, hk, id);
+                }
+            }
+        }
+    };
+    if (lane == 0) {
+        prefetch_map(tmq);
+        prefetch_map(tmk);
+        prefetch_map(tmv);
+        mbar_expect_tx(full_q, L::kQBytes);
+        tma_load_5d(sQ, tmq, full_q, 0, q_row, 0, h, 0);
+    }
+    int next = lookup(0);
+    int s = 0;
+    uint32_t ph = 0;
+    for (int i = 0; i < n_tiles; ++i) {
+        const int r0 = ((n_tiles - 1 - i) * BN) & (bs - 1);
+        const int id = next;
+        next = lookup(i + 1);  // in flight during this tile's waits and copies
+        mbar_wait(empty_k(s), ph ^ 1);
+        const bool out = id < 0 || id >= a.num_blocks;  // paged_block's -1
+        const uint32_t bad = __ballot_sync(0xffffffffu, out);
+        const int blk = out ? 0 : id;
+        if (lane == 0) {
+            if (bad) atomicOr(a.error, ATTN_LT_BATCH_BAD_BLOCK);
+            st_shared_u32(bars + 8u * L::kBarCount + 4u * s, bad);  // before the arrival that releases it
+            mbar_expect_tx(full_k(s), L::kKBytes);
+        }
+        copy_tile(tmk, sK + s * L::kKBytes, full_k(s), blk, r0);
+        mbar_wait(empty_v(s), ph ^ 1);
+        if (lane == 0) mbar_expect_tx(full_v(s), L::kVBytes);
+        copy_tile(tmv, sV + s * L::kVBytes, full_v(s), blk, r0);
+        ring_next<kStages>(s, ph);
+    }
+}
+
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 // Byte offset of 16-byte chunk `chunk` of row `row` in a 64-column slab in the 128-byte swizzle (the layout TMA
@@ -254,7 +367,9 @@ __host__ __device__ constexpr uint32_t swizzled(int row, int chunk) {
 // (Hq, total_q). A block past the request's rows, or of a request of at most kBatchSmallRows rows a kv head (those
 // run on native/flash.cu's decode blocks), returns before any barrier. Rows of the tiles past the request's ends
 // (other requests' rows) are masked (keys) or not written (queries).
-template <int D, int DV, typename T, bool kOverlap, int MK, bool kVarlen = false>
+// kPaged (with kVarlen): the keys are request b's in a paged cache (paged_producer), k0 = 0; the launch adds
+// kPagedSmem bytes of shared memory (a word a stage past the barriers: the stage's bad pages).
+template <int D, int DV, typename T, bool kOverlap, int MK, bool kVarlen = false, bool kPaged = false>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_sm90_fwd(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmk,
                    const __grid_constant__ CUtensorMap tmv, const __grid_constant__ CUtensorMap tmm,
@@ -266,6 +381,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     constexpr int BN = L::kBlockN, kStages = L::kStages;
     constexpr bool kPingPong = kOverlap && DV <= 128;  // as FA3: the D = 256 tiles leave no room to take turns
     static_assert(!kVarlen || (MK == kNoMask && D == DV), "the varlen mode is built without masks, DV = D only");
+    static_assert(!kPaged || (kVarlen && kOverlap), "the paged mode is the varlen mode's, default pipeline only");
     extern __shared__ unsigned char smem_raw[];
     const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
     const uint32_t sQ = base, sK = base + L::kK, sV = base + L::kV, sM = base + L::kM, bars = base + L::kBars;
@@ -320,9 +436,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     const int wg = threadIdx.x / 128;
     if (wg == 0) {
-        // ---- producer: one thread issues every TMA copy ----------------------------------------------------------
+        // ---- producer: one thread issues every TMA copy (paged: warp 0 looks the blocks up, its lane 0 copies) ---
         setmaxnreg_dec<kProducerRegs>();
-        if (threadIdx.x == 0 && n_tiles > 0) {
+        if constexpr (kPaged) {
+            if (threadIdx.x < 32 && n_tiles > 0)
+                paged_producer<D, BN, kStages>(&tmq, &tmk, &tmv, p.batch, sQ, sK, sV, bars, q0 + m0, h, hk, Sk,
+                                               n_tiles);
+        } else if (threadIdx.x == 0 && n_tiles > 0) {
             prefetch_map(&tmq);
             prefetch_map(&tmk);
             prefetch_map(&tmv);
@@ -431,9 +551,20 @@ __global__ void __launch_bounds__(kThreads, 1)
         // The softmax of the tile in stage st; its K tile (and mask tile) is released as soon as nothing reads it:
         // before the softmax, or after it when the softmax reads the stage's mask tile.
         auto softmax_of_stage = [&](int n0, int st, float(&corr)[2]) {
-            if constexpr (!kMasked) release(empty_k(st));
-            softmax(n0, needs_mask(n0), st, corr);
-            if constexpr (kMasked) release(empty_k(st));
+            if constexpr (kPaged) {
+                // the stage's bad pages (paged_producer), read before the stage is released (lane 0's read is
+                // ordered before its arrival), then their keys hidden
+                uint32_t bad = 0;
+                if (lane == 0) bad = ld_shared_u32(bars + 8u * L::kBarCount + 4u * st);
+                bad = __shfl_sync(0xffffffffu, bad, 0);
+                release(empty_k(st));
+                if (bad) hide_pages(sacc, 2 * (lane % 4), bad, paged_log2_bs(p.batch));
+                softmax(n0, needs_mask(n0), st, corr);
+            } else {
+                if constexpr (!kMasked) release(empty_k(st));
+                softmax(n0, needs_mask(n0), st, corr);
+                if constexpr (kMasked) release(empty_k(st));
+            }
         };
         auto rescale_o = [&](const float(&corr)[2]) { scale_rows(o, corr[0], corr[1]); };
         auto convert_p = [&]() { to_a_fragments<T>(sacc, pf); };
@@ -1242,29 +1373,59 @@ cudaError_t launch_variant(const attn_lt_flash_args& a, int mk, cudaStream_t str
     return launch<D, DV, T, true, kNoMask>(a, stream);
 }
 
+// A paged cache (num_blocks, bs, H, D) seen as 5-D (64, bs, D / 64, H, num_blocks) with byte strides (row, 128,
+// head, block); a box is (64, rows, slabs, 1, 1): a whole tile of `rows` keys of one block (slabs = D / 64), or one
+// slab of a block's bs rows (rows = bs, slabs = 1). The blocks need not be contiguous (any block stride TMA takes).
+bool make_paged_map(CUtensorMap* map, CUtensorMapDataType dt, const void* ptr, int64_t num_blocks, int64_t bs,
+                    int64_t H, int64_t D, int64_t sb, int64_t sh, int64_t ss, uint32_t rows, uint32_t slabs) {
+    const auto st = [](int64_t size, int64_t stride) { return cuuint64_t(size == 1 ? 16 : stride * 2); };
+    const cuuint64_t dims[5] = {64, cuuint64_t(bs), cuuint64_t(D / 64), cuuint64_t(H), cuuint64_t(num_blocks)};
+    const cuuint64_t strides[4] = {st(bs, ss), 128, st(H, sh), st(num_blocks, sb)};
+    const cuuint32_t box[5] = {64, rows, slabs, 1, 1};
+    const cuuint32_t elem[5] = {1, 1, 1, 1, 1};
+    return encode_tiled()(map, dt, 5, const_cast<void*>(ptr), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// The paged mode's shared memory beyond the Layout: a bad word a stage (flash_sm90_fwd's kPaged).
+constexpr size_t kPagedSmem = 16;
+
 // The varlen mode of the prefill kernel (the default pipeline, no mask, DV = D): the packed q (total_q rows), k and
-// v (total_k rows) seen as one batch entry, grid (query blocks of the capacity f.Sq, Hq, B); preconditions checked
-// by attn_lt_flash_sm90_batch.
+// v (total_k rows) seen as one batch entry, grid (query blocks of the capacity f.Sq, Hq, B); with a block table, the
+// paged mode (k and v the caches, make_paged_map). Preconditions checked by attn_lt_flash_sm90_batch.
 template <int D, typename T>
 cudaError_t launch_batch(const attn_lt_batch_args& ba, cudaStream_t stream) {
     using L = Layout<D, D, kNoMask>;
+    static_assert(L::kStages * 4 <= kPagedSmem, "a bad word a stage");
     constexpr CUtensorMapDataType dt = tma_dtype<T>();
     const attn_lt_flash_args& a = ba.f;
+    const bool paged = ba.block_table != nullptr;
     BatchParams p{};
     static_cast<BaseParams&>(p) = base_params(a);
     p.batch = ba;
     const int64_t m_blocks = (a.Sq + kBlockM - 1) / kBlockM;
     p.m_blocks = static_cast<int>(m_blocks);
     alignas(64) CUtensorMap mq, mk, mv;
-    if (!make_map(&mq, dt, a.q, 1, a.Hq, ba.total_q, D, 0, a.q_sh, a.q_ss, kBlockM) ||
-        !make_map(&mk, dt, a.k, 1, a.Hkv, ba.total_k, D, 0, a.k_sh, a.k_ss, L::kBlockN) ||
-        !make_map(&mv, dt, a.v, 1, a.Hkv, ba.total_k, D, 0, a.v_sh, a.v_ss, L::kBlockN))
-        return static_cast<cudaError_t>(ATTN_LT_ERR_TENSOR_MAP);
-    const auto kernel = flash_sm90_fwd<D, D, T, true, kNoMask, true>;
-    const cudaError_t err = opt_in_smem(reinterpret_cast<const void*>(kernel), L::kSmem);
+    bool maps = make_map(&mq, dt, a.q, 1, a.Hq, ba.total_q, D, 0, a.q_sh, a.q_ss, kBlockM);
+    if (paged) {  // a tile of one block, or a box a (block, slab) when a tile spans blocks
+        const int64_t bs = ba.block_size, nb = ba.num_blocks;
+        const uint32_t rows = bs < L::kBlockN ? uint32_t(bs) : uint32_t(L::kBlockN);
+        const uint32_t slabs = bs < L::kBlockN ? 1u : uint32_t(D / 64);
+        maps = maps && make_paged_map(&mk, dt, a.k, nb, bs, a.Hkv, D, a.k_sb, a.k_sh, a.k_ss, rows, slabs) &&
+               make_paged_map(&mv, dt, a.v, nb, bs, a.Hkv, D, a.v_sb, a.v_sh, a.v_ss, rows, slabs);
+    } else {
+        maps = maps && make_map(&mk, dt, a.k, 1, a.Hkv, ba.total_k, D, 0, a.k_sh, a.k_ss, L::kBlockN) &&
+               make_map(&mv, dt, a.v, 1, a.Hkv, ba.total_k, D, 0, a.v_sh, a.v_ss, L::kBlockN);
+    }
+    if (!maps) return static_cast<cudaError_t>(ATTN_LT_ERR_TENSOR_MAP);
+    const auto kernel = paged ? flash_sm90_fwd<D, D, T, true, kNoMask, true, true>
+                              : flash_sm90_fwd<D, D, T, true, kNoMask, true>;
+    const size_t smem = L::kSmem + (paged ? kPagedSmem : 0);
+    const cudaError_t err = opt_in_smem(reinterpret_cast<const void*>(kernel), smem);
     if (err != cudaSuccess) return err;
     const dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(a.Hq), static_cast<unsigned>(a.B));
-    kernel<<<grid, kThreads, L::kSmem, stream>>>(mq, mk, mv, mk, p);  // the mask's map is not read
+    kernel<<<grid, kThreads, smem, stream>>>(mq, mk, mv, mk, p);  // the mask's map is not read
     return cudaGetLastError();
 }
 
@@ -1349,36 +1510,50 @@ extern "C" int attn_lt_flash_sm90_fwd(const attn_lt_flash_args* a, void* stream)
                                                      : launch_dim<__half>(*a, mk, s));
 }
 
-// The row blocks of a varlen batch (attn_lt.h: attn_lt_batch_args). Preconditions, beyond the device metadata the
-// kernel checks itself: varlen keys (cu_k set, no block table) and an error word, int32 metadata 4-byte aligned;
-// cu_q null only with total_q >= B (request b's row b); B, Hq, Hkv, the capacities f.Sq, f.Sk, total_q and
-// total_k positive, B and Hq <= 65535, Hq a multiple of Hkv, the capacities below 2^30 and the totals below 2^31;
-// D = Dv 64, 128 or 256; no mask; fp16/bf16; scale positive; q, k, v, o 16-byte aligned, their head and row strides
-// positive multiples of 8 elements below 2^39 (any for a dimension of size 1). f.variant, f.splits and the batch
-// strides are not read.
+// The row blocks of a varlen or paged batch (attn_lt.h: attn_lt_batch_args). Preconditions, beyond the device
+// metadata the kernel checks itself: varlen keys (cu_k set, no block table) or a paged cache (block_table and
+// seqlens_k set, cu_k null), and an error word, int32 metadata 4-byte aligned; cu_q null only with total_q >= B
+// (request b's row b); B, Hq, Hkv, the capacities f.Sq, f.Sk and total_q positive (and total_k, varlen), B and
+// Hq <= 65535, Hq a multiple of Hkv, the capacities below 2^30 and the totals below 2^31; paged: block_size a power
+// of two in [8, 2^20], num_blocks in [1, 2^31), max_blocks >= 1, bt_stride >= max_blocks, B * bt_stride < 2^31
+// (else ATTN_LT_ERR_BATCH); D = Dv 64, 128 or 256; no mask; fp16/bf16; scale positive; q, k, v, o 16-byte aligned,
+// their head and row strides (and the caches' block strides) positive multiples of 8 elements below 2^39 (any for a
+// dimension of size 1); the blocks of a cache need not be contiguous. f.variant, f.splits and the batch strides of
+// q and o are not read.
 extern "C" int attn_lt_flash_sm90_batch(const attn_lt_batch_args* args, void* stream) {
     if (args == nullptr) return ATTN_LT_ERR_ARGS;
     const attn_lt_flash_args& a = args->f;
-    if (a.B <= 0 || a.Hq <= 0 || a.Hkv <= 0 || a.Sq <= 0 || a.Sk <= 0 || args->total_q <= 0 || args->total_k <= 0 ||
-        a.q == nullptr || a.k == nullptr || a.v == nullptr || a.o == nullptr)
+    const bool paged = args->block_table != nullptr;
+    if (a.B <= 0 || a.Hq <= 0 || a.Hkv <= 0 || a.Sq <= 0 || a.Sk <= 0 || args->total_q <= 0 ||
+        (!paged && args->total_k <= 0) || a.q == nullptr || a.k == nullptr || a.v == nullptr || a.o == nullptr)
         return ATTN_LT_ERR_ARGS;
-    if (args->cu_k == nullptr || args->block_table != nullptr || args->error == nullptr ||
+    if (paged == (args->cu_k != nullptr) || (paged && args->seqlens_k == nullptr) || args->error == nullptr ||
         (args->cu_q == nullptr && args->total_q < a.B))
         return ATTN_LT_ERR_BATCH;
+    if (paged && (args->block_size < 8 || args->block_size > (1 << 20) ||
+                  (args->block_size & (args->block_size - 1)) || args->num_blocks <= 0 ||
+                  args->num_blocks >= (1LL << 31) || args->max_blocks <= 0 || args->bt_stride < args->max_blocks ||
+                  a.B * args->bt_stride >= (1LL << 31)))
+        return ATTN_LT_ERR_BATCH;
     if (reinterpret_cast<uintptr_t>(args->cu_k) % 4 || reinterpret_cast<uintptr_t>(args->cu_q) % 4 ||
-        reinterpret_cast<uintptr_t>(args->error) % 4)
+        reinterpret_cast<uintptr_t>(args->error) % 4 || reinterpret_cast<uintptr_t>(args->block_table) % 4 ||
+        reinterpret_cast<uintptr_t>(args->seqlens_k) % 4)
         return ATTN_LT_ERR_ALIGNMENT;
     if (a.Hq % a.Hkv || a.B > 65535 || a.Hq > 65535) return ATTN_LT_ERR_HEADS;
     if ((a.D != 64 && a.D != 128 && a.D != 256) || (a.Dv != 0 && a.Dv != a.D)) return ATTN_LT_ERR_HEAD_DIM;
-    if (a.Sq >= (1LL << 30) || a.Sk >= (1LL << 30) || args->total_q >= (1LL << 31) || args->total_k >= (1LL << 31))
+    if (a.Sq >= (1LL << 30) || a.Sk >= (1LL << 30) || args->total_q >= (1LL << 31) ||
+        (!paged && args->total_k >= (1LL << 31)))
         return ATTN_LT_ERR_LENGTH;
     if (!(a.scale > 0.f)) return ATTN_LT_ERR_SCALE;
     if (!aligned16(a.q) || !aligned16(a.k) || !aligned16(a.v) || !aligned16(a.o)) return ATTN_LT_ERR_ALIGNMENT;
     if (a.dtype != ATTN_LT_F16 && a.dtype != ATTN_LT_BF16) return ATTN_LT_ERR_DTYPE;
     if (a.mask_dtype != ATTN_LT_NONE) return ATTN_LT_ERR_MASK;
-    const int64_t tq = args->total_q, tk = args->total_k;
-    if (!stride_ok(a.Hq, a.q_sh) || !stride_ok(tq, a.q_ss) || !stride_ok(a.Hkv, a.k_sh) || !stride_ok(tk, a.k_ss) ||
-        !stride_ok(a.Hkv, a.v_sh) || !stride_ok(tk, a.v_ss) || !stride_ok(a.Hq, a.o_sh) || !stride_ok(tq, a.o_ss))
+    const int64_t tq = args->total_q, tk = args->total_k, bs = args->block_size, nb = args->num_blocks;
+    if (!stride_ok(a.Hq, a.q_sh) || !stride_ok(tq, a.q_ss) || !stride_ok(a.Hkv, a.k_sh) ||
+        !stride_ok(a.Hkv, a.v_sh) || !stride_ok(a.Hq, a.o_sh) || !stride_ok(tq, a.o_ss))
+        return ATTN_LT_ERR_STRIDES;
+    if (paged ? !stride_ok(bs, a.k_ss) || !stride_ok(bs, a.v_ss) || !stride_ok(nb, a.k_sb) || !stride_ok(nb, a.v_sb)
+              : !stride_ok(tk, a.k_ss) || !stride_ok(tk, a.v_ss))
         return ATTN_LT_ERR_STRIDES;
     cudaError_t err = check_device();
     if (err != cudaSuccess) return static_cast<int>(err);
