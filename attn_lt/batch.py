@@ -98,11 +98,9 @@ class BatchPlan:
         if self.row_kernel is None:
             lines.append(f"no row blocks: no request can have more than {SMALL_ROWS} rows a kv head")
         else:
-            name = ("native/flash_sm90.cu (wgmma, TMA; packed keys on Hopper)" if self.row_kernel == "sm90"
+            name = ("native/flash_sm90.cu (wgmma, TMA)" if self.row_kernel == "sm90"
                     else "native/flash.cu (mma.sync)")
-            why = "" if self.row_kernel == "sm90" else (
-                " (paged keys: per-row addresses)" if self.kind == "paged" and self.facts.hopper else
-                "" if self.facts.hopper else " (no Hopper kernel here)")
+            why = "" if self.row_kernel == "sm90" else " (no Hopper kernel here)"
             lines.append(f"longer requests (prefill chunks): row blocks of {name}{why}, keys whole")
         if self.assumed_device:
             lines.append(f"(no GPU here: planned for a {self.facts.sms}-SM Hopper GPU)")
@@ -128,7 +126,7 @@ def _plan(requests, Hq, Hkv, D, max_q, max_k, block_size, facts, assumed) -> Bat
     rows = g * max_q > SMALL_ROWS
     row_kernel = None
     if rows:
-        row_kernel = "sm90" if facts.hopper and not block_size else "flash"
+        row_kernel = "sm90" if facts.hopper else "flash"
     split_keys, parts, workspace = 0, 1, 0
     if decode:
         # parts of a fixed size, so that every request's CTAs take about the same time whatever its length
@@ -404,7 +402,8 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
 
     Returns out shaped like q; with ``return_lse``, ``(out, lse)``, lse FP32 (Hq, rows). A request with no keys gives
     zeros and LSE -inf; a block id outside the cache is neither read nor attended and recorded (``check=True``, or
-    :func:`check_batch_errors`).
+    :func:`check_batch_errors`). Prefill rows on Hopper read a request's last block whole (the slots past its length
+    are masked, not skipped): keep unused cache slots finite, e.g. allocate the cache with ``torch.zeros``.
     """
     dtype, Hq, Hkv, D = _check_data(q, k_cache, v_cache, ("q", "k_cache", "v_cache"), 4)
     causal = check_causal(causal)

@@ -155,8 +155,10 @@ enum attn_lt_flash_sm90_variant {
  * Requests whose rows a kv head (query rows x Hq / Hkv) are at most 16 run on decode blocks whose keys are cut in
  * parts of split_keys keys (a multiple of 64; 0: one part), the parts' partials o_part [parts][B][Hkv][16][Dv] FP32
  * and lse_part [parts][B][Hkv][16] joined by LSE (parts = ceil(f.Sk / split_keys)); the other requests on row
- * blocks (64 or 128 rows), whole, by native/flash.cu's kernel or, with f.variant ATTN_LT_BATCH_SM90 (Hopper,
- * varlen keys), by native/flash_sm90.cu's. */
+ * blocks (64 or 128 rows), whole, by native/flash.cu's kernel or, with f.variant ATTN_LT_BATCH_SM90 (Hopper),
+ * by native/flash_sm90.cu's. Decode blocks zero-fill key rows past a request's length; the Hopper row blocks read
+ * them by TMA (the rest of the request's last block, or the next request's packed rows) and mask their scores, so
+ * those rows must hold finite values (a cache allocated with zeros). */
 enum attn_lt_batch_error {
     ATTN_LT_BATCH_BAD_Q = 1,          /* cu_seqlens_q decreasing, negative or past total_q */
     ATTN_LT_BATCH_Q_CAPACITY = 2,     /* a request's query rows more than max_seqlen_q */
@@ -182,8 +184,8 @@ typedef struct attn_lt_batch_args {
 /* native/flash.cu: every request of the batch (the decode blocks, their merge, and the row blocks, the latter by
  * attn_lt_flash_sm90_batch with f.variant ATTN_LT_BATCH_SM90). */
 int attn_lt_batch_fwd(const attn_lt_batch_args* args, void* stream);
-/* native/flash_sm90.cu: the row blocks of a varlen batch (requests of more than 16 rows a kv head) on the Hopper
- * prefill kernel; grid (ceil(f.Sq / 128), Hq, B). cudaErrorNotSupported off sm_90. */
+/* native/flash_sm90.cu: the row blocks of a batch (requests of more than 16 rows a kv head) on the Hopper prefill
+ * kernel, packed or paged keys; grid (ceil(f.Sq / 128), Hq, B). cudaErrorNotSupported off sm_90. */
 int attn_lt_flash_sm90_batch(const attn_lt_batch_args* args, void* stream);
 
 int attn_lt_abi_version(void);

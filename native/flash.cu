@@ -786,7 +786,7 @@ extern "C" int attn_lt_batch_fwd(const attn_lt_batch_args* a, void* stream) {
     if (parts > 1 && (f.o_part == nullptr || f.lse_part == nullptr)) return ATTN_LT_ERR_ARGS;
     if (parts > 1 && (reinterpret_cast<uintptr_t>(f.o_part) % 8 || reinterpret_cast<uintptr_t>(f.lse_part) % 4))
         return ATTN_LT_ERR_ALIGNMENT;
-    if (f.variant != ATTN_LT_BATCH_SM80 && (f.variant != ATTN_LT_BATCH_SM90 || paged)) return ATTN_LT_ERR_VARIANT;
+    if (f.variant != ATTN_LT_BATCH_SM80 && f.variant != ATTN_LT_BATCH_SM90) return ATTN_LT_ERR_VARIANT;
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     if (f.dtype != ATTN_LT_BF16 && f.dtype != ATTN_LT_F16) return ATTN_LT_ERR_DTYPE;
     const bool bf = f.dtype == ATTN_LT_BF16;

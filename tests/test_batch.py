@@ -102,7 +102,7 @@ def test_plan_row_kernel():
     prefill = dict(max_seqlen_q=4096, max_seqlen_k=4096)
     assert batch.plan_batch(16, 32, 8, 128, facts=H100, **prefill).row_kernel == "sm90"
     assert batch.plan_batch(16, 32, 8, 128, facts=A100, **prefill).row_kernel == "flash"
-    assert batch.plan_batch(16, 32, 8, 128, facts=H100, block_size=64, **prefill).row_kernel == "flash"
+    assert batch.plan_batch(16, 32, 8, 128, facts=H100, block_size=64, **prefill).row_kernel == "sm90"
     # more than 16 query heads a kv head: no decode blocks, every request on row blocks
     mqa = batch.plan_batch(8, 32, 1, 128, max_seqlen_q=1, max_seqlen_k=4096, facts=H100)
     assert not mqa.decode_blocks and mqa.row_kernel == "sm90"

@@ -118,13 +118,59 @@ def test_paged_decode(dtype, block_size, Hq, Hkv, D):
     run_paged(seqlens, None, bs, Hq, Hkv, D, dtype, decode=True)
 
 
+def facts_with(monkeypatch, hopper: bool):
+    """Plan for this GPU with (or without) the Hopper kernel; skips where it does not run."""
+    from attn_lt.fused import device_facts
+    facts = device_facts()
+    if hopper and not facts.hopper:
+        pytest.skip("no Hopper kernel on this GPU")
+    monkeypatch.setattr(batch, "device_facts", lambda *a: DeviceFacts(facts.sms, hopper, facts.smem_optin))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("block_size", [16, 64])
-def test_paged_mixed_batch(dtype, block_size):
-    """Prefill chunks against cached prefixes, speculative rows and decode rows in one call."""
+@pytest.mark.parametrize("block_size", [8, 16, 64, 256])
+@pytest.mark.parametrize("hopper", [True, False])
+def test_paged_mixed_batch(dtype, block_size, hopper, monkeypatch):
+    """Prefill chunks against cached prefixes, speculative rows and decode rows in one call, the row blocks on each
+    kernel."""
+    facts_with(monkeypatch, hopper)
     seqlens = [2048 + 3000, 1, 500, 129, 4000, 0, 65]
     q_lens = [2048, 1, 4, 129, 1, 0, 3]
     run_paged(seqlens, q_lens, block_size, 32, 8, 128, dtype)
+
+
+@pytest.mark.parametrize("D", [64, 256])
+@pytest.mark.parametrize("hopper", [True, False])
+def test_paged_prefill_head_dims(D, hopper, monkeypatch):
+    facts_with(monkeypatch, hopper)
+    run_paged([700, 300, 1000], [300, 300, 97], 16, 8, 2, D, torch.float16, causal=True)
+
+
+@pytest.mark.parametrize("hopper", [True, False])
+def test_paged_bad_block_in_prefill_rows(hopper, monkeypatch):
+    """A block id past the cache inside a prefill request: not read, its keys not attended, reported."""
+    facts_with(monkeypatch, hopper)
+    dtype, bs = torch.bfloat16, 16
+    k_cache, v_cache, table, seqlens_k = random_pages([600, 400], bs, 8, 128, dtype)
+    q = torch.randn(200, 32, 128, dtype=dtype, device="cuda")
+    cu_q = cu([100, 100])
+    bad = table.clone()
+    bad[0, 2] = -3
+    out = attn_lt.paged_attention(q, k_cache, v_cache, bad, seqlens_k, cu_seqlens_q=cu_q, max_seqlen_q=100)
+    with pytest.raises(ValueError, match="block id"):
+        attn_lt.check_batch_errors()
+    # the reference: the same request with that block's keys hidden (a -inf additive mask over keys 32..47)
+    k, v, cu_k = paged_gather(k_cache, v_cache, table, seqlens_k)
+    from attn_lt.testing import reference
+    keys = torch.arange(600, device="cuda")
+    hide = torch.zeros(1, 1, 100, 600, dtype=torch.float32, device="cuda")
+    hide[..., (keys >= 2 * bs) & (keys < 3 * bs)] = -math.inf
+    causal = (keys[None, :] <= torch.arange(100, device="cuda")[:, None] + 500)
+    hide = hide.masked_fill(~causal, -math.inf)
+    ref, _ = reference(q[:100].transpose(0, 1)[None], k[:600].transpose(0, 1)[None], v[:600].transpose(0, 1)[None],
+                       attn_mask=hide, dtype=torch.float64)
+    assert torch.isfinite(out).all()
+    assert rel_error(out[:100], ref[0].transpose(0, 1)) < 2e-2
 
 
 def test_paged_bad_metadata_is_reported_not_read():
