@@ -20,6 +20,7 @@ from . import config, fastpath
 from .chunks import ChunkPlan, plan_chunks, out_strides
 from .select import Decision, route_of, select
 from .validate import Case, address_alignment, check_options, check_out, check_tensors, mask_alignment, out_shape
+from .device import stream_queries
 from .fused import FusedLaunch, device_facts, fused_launch, keys_of_most, most_splits
 
 log = logging.getLogger("attn_lt")
@@ -31,18 +32,7 @@ _NO_BACKWARD = ("attn_lt.attention has no backward pass (forward and inference o
 PLAN_CACHE_SIZE = 256
 
 
-try:  # the cudaStream_t of the current stream, the current device, whether it captures: one call each (PyTorch's
-    # own, used by its extensions; the public functions around them cost a few µs on a decode step's hot path)
-    _raw_stream = torch._C._cuda_getCurrentRawStream
-    _current_device = torch._C._cuda_getDevice
-    _capturing = torch._C._cuda_isCurrentStreamCapturing
-except AttributeError:  # pragma: no cover - other PyTorch builds
-    def _raw_stream(device: int) -> int:
-        return torch.cuda.current_stream(device).cuda_stream
-
-    _current_device = torch.cuda.current_device
-    _capturing = torch.cuda.is_current_stream_capturing
-
+_current_device, _raw_stream, _capturing = stream_queries()
 
 fastpath.setup(_current_device, _raw_stream, _capturing)
 

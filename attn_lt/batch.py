@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from . import native
+from .device import stream_queries
 from .fused import ASSUMED_DEVICE, DeviceFacts, device_facts
 from .validate import check_causal, check_scale
 
@@ -299,9 +300,8 @@ def check_batch_errors(device=None) -> None:
 
 def _launch(plan: BatchPlan, q, k, v, out, lse, cu_q, cu_k, seqlens_k, block_table, dtype: str, scale: float,
             causal: bool, device: torch.device, check: bool, kv_strides: tuple):
-    from .api import _capturing, _raw_stream  # the stream and capture queries every call of the library uses
-
-    capturing = _capturing()
+    _, raw_stream, is_capturing = stream_queries()
+    capturing = is_capturing()
     if check and capturing:
         raise ValueError("check=True synchronises to read the error flag, which CUDA graph capture forbids: check "
                          "after replays with attn_lt.check_batch_errors()")
@@ -333,7 +333,7 @@ def _launch(plan: BatchPlan, q, k, v, out, lse, cu_q, cu_k, seqlens_k, block_tab
         a.bt_stride, a.max_blocks = block_table.stride(0), block_table.shape[1]
         a.num_blocks, a.block_size = k.shape[0], k.shape[1]
     a.split_keys = plan.split_keys
-    native.batch(a, _raw_stream(device.index))
+    native.batch(a, raw_stream(device.index))
     if check:
         check_batch_errors(device)
 

@@ -24,3 +24,18 @@ def current_index() -> int | None:
         return torch.cuda.current_device()
     except (RuntimeError, AssertionError):
         return None
+
+
+@functools.lru_cache(maxsize=1)
+def stream_queries() -> tuple:
+    """(the current device's index, a device's current cudaStream_t as int, whether the current stream captures a
+    CUDA graph): PyTorch's own C calls, which its extensions use — the public functions around them cost a few µs
+    on a decode step's hot path. Every launcher of the library asks these."""
+    import torch
+
+    try:
+        return (torch._C._cuda_getDevice, torch._C._cuda_getCurrentRawStream,
+                torch._C._cuda_isCurrentStreamCapturing)
+    except AttributeError:  # pragma: no cover - other PyTorch builds
+        return (torch.cuda.current_device, lambda device: torch.cuda.current_stream(device).cuda_stream,
+                torch.cuda.is_current_stream_capturing)
