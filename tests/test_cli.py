@@ -93,7 +93,7 @@ def test_explain_ten_million_keys_fast(capsys):
     (["explain", "--threshold", "0"], "--threshold must be a positive integer"),
     (["explain", "--dtype", "fp8"], "--dtype must be one of bf16, fp16; got 'fp8'"),
     (["explain", "--sq"], "--sq needs a value"),
-    ([], "name a command: info, explain, demo, calibrate, cache"),
+    ([], "name a command: info, explain, explain-batch, demo, calibrate, cache"),
     (["cache"], "name a command: list, show, tune, clear, export, import, verify"),
     (["cache", "lisst"], "unknown command 'lisst'"),
     (["cache", "show"], "missing KEY"),
