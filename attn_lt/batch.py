@@ -15,8 +15,10 @@ record what was wrong in a device flag, and ``check=True`` (or :func:`check_batc
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -176,10 +178,12 @@ def _check_capacity(requests, Hq, Hkv, D, max_q, max_k, block_size) -> None:
         raise ValueError(f"heads_q {Hq} is not a multiple of heads_kv {Hkv}")
     if D not in BATCH_HEAD_DIMS:
         raise ValueError(f"head dim {D} not in {BATCH_HEAD_DIMS} (the batch kernels' head dims)")
-    if max_q >= 2**30 or max_k >= 2**30:
-        raise ValueError(f"max_seqlen_q {max_q} and max_seqlen_k {max_k} must be below 2**30")
-    if requests * Hkv > 65535:
-        raise ValueError(f"{requests} requests x {Hkv} kv heads exceed the grid's 65535")
+    if max_q >= 2**30 or max_k >= 2**30 or max_q * (Hq // Hkv) >= 2**30:
+        raise ValueError(f"max_seqlen_q {max_q} (x {Hq // Hkv} query heads a kv head) and max_seqlen_k {max_k} "
+                         "must be below 2**30")
+    if requests * Hkv > 65535 or Hq > 65535:
+        raise ValueError(f"{requests} requests x {Hkv} kv heads, and {Hq} query heads, must be at most 65535 (the "
+                         "grid's range)")
     if block_size and (block_size & (block_size - 1) or not MIN_BLOCK_SIZE <= block_size <= MAX_BLOCK_SIZE):
         raise ValueError(f"block_size {block_size} must be a power of two from {MIN_BLOCK_SIZE} to {MAX_BLOCK_SIZE}")
 
@@ -209,6 +213,8 @@ def _check_data(q, k, v, names: tuple[str, str, str], kv_dims: int) -> tuple[str
         raise ValueError(f"head dim {D} not in {BATCH_HEAD_DIMS} (the batch kernels' head dims); got {shapes}")
     if Hkv < 1 or Hq < 1 or Hq % Hkv:
         raise ValueError(f"Hq ({Hq}) must be a positive multiple of Hkv ({Hkv}); got {shapes}")
+    if q.shape[0] >= 2**31 or k.shape[0] >= 2**31:
+        raise ValueError(f"{names[0]} and {names[1]} must have fewer than 2**31 rows (blocks); got {shapes}")
     return _DTYPES[q.dtype], Hq, Hkv, D
 
 
@@ -246,17 +252,21 @@ def _readable(name: str, t, copy: bool):
         raise ValueError(f"{name} {_shape(t)} with strides {t.stride()} is not a layout the kernels read (last dim "
                          "contiguous, other strides multiples of 8 elements, 16-byte aligned); a cache is never copied")
     log.debug("%s %s with strides %s copied to a contiguous tensor", name, _shape(t), t.stride())
-    return t.contiguous()
+    return t.clone(memory_format=torch.contiguous_format)  # (a fresh, aligned copy even of a contiguous view)
+
+
+def _check_out_type(out, dtype) -> None:
+    if out is not None and (not isinstance(out, torch.Tensor) or out.dtype != dtype):
+        raise TypeError(f"out must be a torch.Tensor of {dtype}, got {getattr(out, 'dtype', type(out).__name__)}")
 
 
 def _check_out(out, shape: tuple, dtype, device):
     if out is None:
         return None
-    if not isinstance(out, torch.Tensor) or out.dtype != dtype:
-        raise TypeError(f"out must be a torch.Tensor of {dtype}, got {getattr(out, 'dtype', type(out).__name__)}")
+    _check_out_type(out, dtype)
     if tuple(out.shape) != shape or out.device != device:
         raise ValueError(f"out must be {shape} on {device}; got {_shape(out)} on {out.device}")
-    if not _rows_ok(out, 2) or out.stride(1) % 2:
+    if not (out.stride(-1) == 1 and out.stride(0) % 2 == 0 and out.stride(1) % 2 == 0 and out.data_ptr() % 16 == 0):
         raise ValueError(f"out {_shape(out)} with strides {out.stride()} is not a layout the kernels write")
     return out
 
@@ -264,15 +274,20 @@ def _check_out(out, shape: tuple, dtype, device):
 # ---- the device error flag --------------------------------------------------------------------------------------
 
 _error_flags: dict[int, torch.Tensor] = {}
+_error_flags_lock = threading.Lock()
 
 
 def _error_flag(device: torch.device, capturing: bool) -> torch.Tensor:
+    """The GPU's error flag (one int32 every batch call on it ORs its failures into, whatever its stream)."""
     flag = _error_flags.get(device.index)
     if flag is None:
         if capturing:
             raise RuntimeError("the batch calls keep an error flag on each GPU, made on the first call outside CUDA "
                                "graph capture: make one eager call (as engines do to warm up) before capturing")
-        flag = _error_flags[device.index] = torch.zeros(1, dtype=torch.int32, device=device)
+        with _error_flags_lock:
+            flag = _error_flags.get(device.index)
+            if flag is None:
+                flag = _error_flags[device.index] = torch.zeros(1, dtype=torch.int32, device=device)
     return flag
 
 
@@ -283,16 +298,20 @@ def describe_errors(bits: int) -> list[str]:
 
 def check_batch_errors(device=None) -> None:
     """Raise ``ValueError`` if a batch call on ``device`` (default: the current one) met bad metadata since the last
-    check (one synchronisation), and clear the record. The kernels never read outside their tensors whatever the
-    metadata says: a request with bad lengths gets no keys (zeros, LSE -inf) or writes nothing, and keys in a block
-    whose id is out of range are not attended."""
-    index = torch.device("cuda", torch.cuda.current_device() if device is None else torch.device(device).index)
-    flag = _error_flags.get(index.index)
+    check, and clear the record: one synchronisation of the current stream (calls and graph replays on other
+    streams are seen once that stream has waited for them). The kernels never read outside their tensors whatever
+    the metadata says: a request with bad lengths gets no keys (zeros, LSE -inf) or writes nothing, and keys in a
+    block whose id is out of range are not attended."""
+    dev = None if device is None else torch.device(device)
+    index = torch.cuda.current_device() if dev is None or dev.index is None else dev.index
+    flag = _error_flags.get(index)
     if flag is None:
         return
-    bits = int(flag.item())
-    if bits:
+    with torch.cuda.device(index):
+        seen = flag.clone()  # read and cleared in stream order: a failure after the read stays for the next check
         flag.zero_()
+        bits = int(seen.item())
+    if bits:
         raise ValueError("bad serving-batch metadata: " + "; ".join(describe_errors(bits)))
 
 
@@ -300,42 +319,42 @@ def check_batch_errors(device=None) -> None:
 
 def _launch(plan: BatchPlan, q, k, v, out, lse, cu_q, cu_k, seqlens_k, block_table, dtype: str, scale: float,
             causal: bool, device: torch.device, check: bool, kv_strides: tuple):
-    _, raw_stream, is_capturing = stream_queries()
-    capturing = is_capturing()
-    if check and capturing:
-        raise ValueError("check=True synchronises to read the error flag, which CUDA graph capture forbids: check "
-                         "after replays with attn_lt.check_batch_errors()")
-    flag = _error_flag(device, capturing)
-    if check:
-        flag.zero_()
-    workspace = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=device) if plan.workspace_bytes else None
-    a = native.BatchArgs()
-    f = a.f
-    f.q, f.k, f.v, f.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
-    f.lse = lse.data_ptr() if lse is not None else None
-    f.B, f.Hq, f.Hkv, f.Sq, f.Sk, f.D, f.Dv = (plan.requests, plan.Hq, plan.Hkv, plan.max_seqlen_q,
-                                               plan.max_seqlen_k, plan.D, plan.D)
-    f.q_ss, f.q_sh = q.stride(0), q.stride(1)
-    f.o_ss, f.o_sh = out.stride(0), out.stride(1)
-    (f.k_sb, f.k_ss, f.k_sh), (f.v_sb, f.v_ss, f.v_sh) = kv_strides
-    f.scale, f.causal, f.dtype = scale, int(causal), native.DTYPE_CODES[dtype]
-    f.variant = native.BATCH_VARIANTS[plan.row_kernel or "flash"]
-    if workspace is not None:
-        part = plan.parts * plan.requests * plan.Hkv * SMALL_ROWS
-        f.o_part, f.lse_part = workspace.data_ptr(), workspace.data_ptr() + part * plan.D * 4
-    a.cu_q = cu_q.data_ptr() if cu_q is not None else None
-    a.cu_k = cu_k.data_ptr() if cu_k is not None else None
-    a.seqlens_k = seqlens_k.data_ptr() if seqlens_k is not None else None
-    a.block_table = block_table.data_ptr() if block_table is not None else None
-    a.error = flag.data_ptr()
-    a.total_q, a.total_k = q.shape[0], k.shape[0] if cu_k is not None else 0
-    if block_table is not None:
-        a.bt_stride, a.max_blocks = block_table.stride(0), block_table.shape[1]
-        a.num_blocks, a.block_size = k.shape[0], k.shape[1]
-    a.split_keys = plan.split_keys
-    native.batch(a, raw_stream(device.index))
-    if check:
-        check_batch_errors(device)
+    current_device, raw_stream, is_capturing = stream_queries()
+    with torch.cuda.device(device) if current_device() != device.index else contextlib.nullcontext():
+        capturing = is_capturing()
+        if check and capturing:
+            raise ValueError("check=True synchronises to read the error flag, which CUDA graph capture forbids: "
+                             "check after replays with attn_lt.check_batch_errors()")
+        flag = _error_flag(device, capturing)
+        a = native.BatchArgs()
+        f = a.f
+        f.q, f.k, f.v, f.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
+        f.lse = lse.data_ptr() if lse is not None else None
+        f.B, f.Hq, f.Hkv, f.Sq, f.Sk, f.D, f.Dv = (plan.requests, plan.Hq, plan.Hkv, plan.max_seqlen_q,
+                                                   plan.max_seqlen_k, plan.D, plan.D)
+        f.q_ss, f.q_sh = q.stride(0), q.stride(1)
+        f.o_ss, f.o_sh = out.stride(0), out.stride(1)
+        (f.k_sb, f.k_ss, f.k_sh), (f.v_sb, f.v_ss, f.v_sh) = kv_strides
+        f.scale, f.causal, f.dtype = scale, int(causal), native.DTYPE_CODES[dtype]
+        f.variant = native.BATCH_VARIANTS[plan.row_kernel or "flash"]
+        if plan.workspace_bytes:  # the partials: outputs, then their LSEs (native/attn_lt.h checks the layout)
+            workspace = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=device)
+            outputs = plan.parts * plan.requests * plan.Hkv * SMALL_ROWS * plan.D * 4
+            f.o_part, f.lse_part = workspace.data_ptr(), workspace.data_ptr() + outputs
+            a.workspace_bytes = plan.workspace_bytes
+        a.cu_q = cu_q.data_ptr() if cu_q is not None else None
+        a.cu_k = cu_k.data_ptr() if cu_k is not None else None
+        a.seqlens_k = seqlens_k.data_ptr() if seqlens_k is not None else None
+        a.block_table = block_table.data_ptr() if block_table is not None else None
+        a.error = flag.data_ptr()
+        a.total_q, a.total_k = q.shape[0], k.shape[0] if cu_k is not None else 0
+        if block_table is not None:
+            a.bt_stride, a.max_blocks = block_table.stride(0), block_table.shape[1]
+            a.num_blocks, a.block_size = k.shape[0], k.shape[1]
+        a.split_keys = plan.split_keys
+        native.batch(a, raw_stream(device.index))
+        if check:
+            check_batch_errors(device)
 
 
 def _finish(out, lse, return_lse: bool):
@@ -354,8 +373,9 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
     for any such lengths). ``causal``: bottom-right within each request. ``out``: (total_q, Hq, D) to write into.
 
     Returns out (total_q, Hq, D) in q's dtype; with ``return_lse``, ``(out, lse)``, lse FP32 (Hq, total_q). A
-    request with no keys gives zeros and LSE -inf; rows no request owns are left as they were. ``check=True``
-    synchronises and raises ``ValueError`` if the lengths were bad (see :func:`check_batch_errors`).
+    request with no keys gives zeros and LSE -inf; rows no request owns are left as they were (with no keys at all,
+    total_k = 0, every row is zeros and the offsets are not read). ``check=True`` synchronises after the call and
+    raises ``ValueError`` if this or an earlier unchecked call on the GPU met bad lengths (:func:`check_batch_errors`).
     """
     dtype, Hq, Hkv, D = _check_data(q, k, v, ("q", "k", "v"), 3)
     causal = check_causal(causal)
@@ -369,6 +389,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
     _check_capacity(B, Hq, Hkv, D, max_q, max_k, 0)
     if q.shape[0] < 1:
         raise ValueError(f"q {_shape(q)} has no rows")
+    _check_out_type(out, q.dtype)
     device = _check_devices({"q": q, "k": k, "v": v, "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k,
                              "out": out})
     out = _check_out(out, (q.shape[0], Hq, D), q.dtype, device)
@@ -431,12 +452,13 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
     _check_capacity(B, Hq, Hkv, D, max_q, max_k, block_size)
     if q.shape[0] < 1 or k_cache.shape[0] < 1:
         raise ValueError(f"q {_shape(q)} and k_cache {_shape(k_cache)} must not be empty")
+    _check_out_type(out, q.dtype)
     device = _check_devices({"q": q, "k_cache": k_cache, "v_cache": v_cache, "block_table": block_table,
                              "seqlens_k": seqlens_k, "cu_seqlens_q": cu_seqlens_q, "out": out})
     out = _check_out(out, (q.shape[0], Hq, D), q.dtype, device)
     q = _readable("q", q, True)
     k_cache, v_cache = _readable("k_cache", k_cache, False), _readable("v_cache", v_cache, False)
-    if block_table.stride(1) != 1:
+    if block_table.stride(1) != 1 or block_table.stride(0) < max_blocks:  # (an expanded table: stride 0)
         block_table = block_table.contiguous()
     out = torch.empty((q.shape[0], Hq, D), dtype=q.dtype, device=device) if out is None else out
     lse = torch.empty((Hq, q.shape[0]), dtype=torch.float32, device=device) if return_lse else None

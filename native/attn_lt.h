@@ -8,7 +8,7 @@
 #define ATTN_LT_H
 #include <stdint.h>
 
-#define ATTN_LT_ABI_VERSION 14
+#define ATTN_LT_ABI_VERSION 15
 
 #ifdef __cplusplus
 extern "C" {
@@ -154,7 +154,8 @@ enum attn_lt_flash_sm90_variant {
  *
  * Requests whose rows a kv head (query rows x Hq / Hkv) are at most 16 run on decode blocks whose keys are cut in
  * parts of split_keys keys (a multiple of 64; 0: one part), the parts' partials o_part [parts][B][Hkv][16][Dv] FP32
- * and lse_part [parts][B][Hkv][16] joined by LSE (parts = ceil(f.Sk / split_keys)); the other requests on row
+ * and lse_part [parts][B][Hkv][16] joined by LSE (parts = ceil(f.Sk / split_keys)); with more than one part, o_part
+ * is a workspace of workspace_bytes and lse_part must follow the outputs in it (checked); the other requests on row
  * blocks (64 or 128 rows), whole, by native/flash.cu's kernel or, with f.variant ATTN_LT_BATCH_SM90 (Hopper),
  * by native/flash_sm90.cu's. Decode blocks zero-fill key rows past a request's length; the Hopper row blocks read
  * them by TMA (the rest of the request's last block, or the next request's packed rows) and mask their scores, so
@@ -179,6 +180,7 @@ typedef struct attn_lt_batch_args {
     int64_t bt_stride, max_blocks, num_blocks, block_size; /* block_size a power of two */
     int32_t split_keys;
     int32_t pad_;
+    int64_t workspace_bytes;    /* bytes at o_part (with more than one part) */
 } attn_lt_batch_args;
 
 /* native/flash.cu: every request of the batch (the decode blocks, their merge, and the row blocks, the latter by

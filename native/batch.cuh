@@ -1,6 +1,5 @@
 // Serving batches (attn_lt_batch_args): the one reading of a request's device metadata every batch kernel uses, and
-// the key-row addressing of a varlen or paged cache. Included inside a kernel file's anonymous namespace, after
-// attn_lt.h and common.cuh.
+// the block lookup of a paged cache. Included by common.cuh (inside a kernel file's anonymous namespace).
 #ifndef ATTN_LT_BATCH_CUH
 #define ATTN_LT_BATCH_CUH
 

@@ -138,7 +138,7 @@ __device__ __forceinline__ void paged_ids(PagedRows<D>& p, const attn_lt_batch_a
     for (int i = 0; i < P::kPasses; ++i) {
         const int r = r0 + i * P::kRowStep;
         const int from = __shfl_sync(0xffffffffu, id, min(((n0 + r) >> log2_bs) - first, 31));
-        p.blk[i] = r < valid ? from : -2;  // (ids below 2^31: checked on the host)
+        p.blk[i] = r < valid ? from : -2;
     }
 }
 
@@ -275,8 +275,8 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
     if (BT && (req.nq * g <= kBatchSmallRows) != W) return;  // the other kernel's request
     const int Sq = req.nq, Sk = req.nk;
     const int64_t q_row0 = req.q0;  // serving batches: the request's first packed query row
-    // (paged caches: rows addressed by load_paged_tile)
-    const T* k = static_cast<const T*>(a.k) + (BT ? req.k0 * a.k_ss : b * a.k_sb) + hk * a.k_sh;
+    // (paged caches: rows addressed by paged_copy)
+    const T* k = static_cast<const T*>(a.k) + (BT ? req.k0 * a.k_ss : b * a.k_sb) + hk * a.k_sh;  // paged: k0 = 0
     const T* v = static_cast<const T*>(a.v) + (BT ? req.k0 * a.v_ss : b * a.v_sb) + hk * a.v_sh;
     const int rows_all = g * Sq;  // below 2^31 (checked on the host)
     const int m0 = m_block * kBlockM;
@@ -375,7 +375,7 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
     auto load_stage = [&](int slot, int tile) {
         if (tile < t_end) {
             const int n0 = tile * kBlockN, valid = min(kBlockN, Sk - n0);
-            if (BT && log2_bs > 0) {
+            if (log2_bs > 0) {  // (paged: BT only)
                 if constexpr (BT) {
                     paged_copy<D>(sK + slot * kBlockN * D, sV + slot * kBlockN * D, k, v, pages, a, n0, log2_bs);
                     const int n1 = n0 + kBlockN;
@@ -776,6 +776,11 @@ extern "C" int attn_lt_batch_fwd(const attn_lt_batch_args* a, void* stream) {
         return ATTN_LT_ERR_STRIDES;
     const bool paged = a->block_table != nullptr;
     if (paged == (a->cu_k != nullptr) || (paged && a->seqlens_k == nullptr)) return ATTN_LT_ERR_BATCH;
+    if (a->cu_q == nullptr && a->total_q < f.B) return ATTN_LT_ERR_BATCH;  // one query row a request
+    for (const void* p : {static_cast<const void*>(a->cu_q), static_cast<const void*>(a->cu_k),
+                          static_cast<const void*>(a->seqlens_k), static_cast<const void*>(a->block_table),
+                          static_cast<const void*>(a->error)})
+        if (reinterpret_cast<uintptr_t>(p) % 4) return ATTN_LT_ERR_ALIGNMENT;
     if (paged && (a->block_size < 8 || a->block_size > (1 << 20) || (a->block_size & (a->block_size - 1)) ||
                   a->num_blocks <= 0 || a->num_blocks >= (1LL << 31) || a->max_blocks <= 0 ||
                   a->bt_stride < a->max_blocks || f.B * a->bt_stride >= (1LL << 31)))
@@ -784,6 +789,13 @@ extern "C" int attn_lt_batch_fwd(const attn_lt_batch_args* a, void* stream) {
     const int64_t parts = a->split_keys > 0 ? (f.Sk + a->split_keys - 1) / a->split_keys : 1;
     if (parts > 65535) return ATTN_LT_ERR_BATCH;
     if (parts > 1 && (f.o_part == nullptr || f.lse_part == nullptr)) return ATTN_LT_ERR_ARGS;
+    if (parts > 1) {  // the partials inside the workspace: outputs, then their LSEs
+        const int64_t rows = parts * f.B * f.Hkv * kBatchSmallRows;
+        if (static_cast<const char*>(static_cast<void*>(f.lse_part)) !=
+                static_cast<const char*>(static_cast<void*>(f.o_part)) + rows * f.D * 4 ||
+            a->workspace_bytes < rows * (f.D + 1) * 4)
+            return ATTN_LT_ERR_BATCH;
+    }
     if (parts > 1 && (reinterpret_cast<uintptr_t>(f.o_part) % 8 || reinterpret_cast<uintptr_t>(f.lse_part) % 4))
         return ATTN_LT_ERR_ALIGNMENT;
     if (f.variant != ATTN_LT_BATCH_SM80 && f.variant != ATTN_LT_BATCH_SM90) return ATTN_LT_ERR_VARIANT;

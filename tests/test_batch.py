@@ -109,7 +109,7 @@ def test_plan_row_kernel():
 
 
 def test_plan_partials_bounded():
-    p = batch.plan_batch(4096, 64, 16, 256, max_seqlen_q=1, max_seqlen_k=2**20, facts=H100)
+    p = batch.plan_batch(4095, 64, 16, 256, max_seqlen_q=1, max_seqlen_k=2**20, facts=H100)
     assert p.workspace_bytes <= batch.MAX_PARTIAL_BYTES and p.parts <= batch.MAX_PARTS
 
 
@@ -155,3 +155,63 @@ def test_paged_gather_and_reference():
     out, lse = paged_reference(q, k_cache, v_cache, table, seqlens)
     assert torch.all(out[0] == 0) and torch.isneginf(lse[:, 0]).all()
     assert math.isfinite(lse[:, 1:].sum().item())
+
+
+def test_capacity_limits_refused_before_gpu_work():
+    with pytest.raises(ValueError, match="65535"):
+        attn_lt.explain_batch(4096, 32, 16, 128, max_seqlen_q=1, max_seqlen_k=100)
+    with pytest.raises(ValueError, match="2\\*\\*30"):
+        attn_lt.explain_batch(4, 32, 1, 128, max_seqlen_q=2**26, max_seqlen_k=100)
+
+
+def test_out_of_the_wrong_type_is_a_type_error():
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match="out must be a torch.Tensor"):
+        attn_lt.varlen_attention(q, k, v, cu([5, 5]), cu([12, 8]), max_seqlen_q=5, max_seqlen_k=12, out=[1])
+
+
+@pytest.mark.native
+def test_batch_launcher_refuses_bad_arguments_without_touching_the_gpu():
+    """attn_lt_batch_fwd's host-side checks (fake addresses: nothing is read before they pass)."""
+    import ctypes
+
+    from attn_lt import native
+
+    lib = native.load()
+
+    def args(**change):
+        a = native.BatchArgs()
+        f = a.f
+        f.q, f.k, f.v, f.o = 0x10000, 0x20000, 0x30000, 0x40000
+        f.B, f.Hq, f.Hkv, f.Sq, f.Sk, f.D, f.Dv = 2, 8, 2, 1, 4096, 128, 128
+        f.q_ss, f.q_sh, f.o_ss, f.o_sh = 1024, 128, 1024, 128
+        f.k_ss, f.k_sh, f.v_ss, f.v_sh = 256, 128, 256, 128
+        f.scale, f.dtype = 0.1, native.DTYPE_CODES["bf16"]
+        a.cu_q, a.cu_k, a.error = 0x50000, 0x50100, 0x50200
+        a.total_q, a.total_k = 2, 100
+        a.split_keys = 1024
+        parts_rows = 4 * 2 * 2 * batch.SMALL_ROWS
+        f.o_part, f.lse_part = 0x100000, 0x100000 + parts_rows * 128 * 4
+        a.workspace_bytes = parts_rows * 129 * 4
+        for name, value in change.items():
+            obj = f if hasattr(f, name) and not hasattr(native.BatchArgs, name) else a
+            setattr(obj, name, value)
+        return lib.attn_lt_batch_fwd(ctypes.byref(a), None)
+
+    if not torch.cuda.is_available():  # (with a GPU these fake addresses would be launched on)
+        assert args() < 10000  # every check passes: the launch then fails for want of a GPU (a CUDA error)
+    for change, status in ((dict(error=None), 10001), (dict(cu_q=None, total_q=1), 10013),
+                           (dict(cu_k=0x50101), 10005), (dict(workspace_bytes=100), 10013),
+                           (dict(lse_part=0x100010), 10013), (dict(split_keys=100), 10013), (dict(D=96), 10003),
+                           (dict(block_table=0x60000), 10013)):
+        assert args(**change) == status, change
+
+
+def test_batch_struct_matches_header():
+    import ctypes
+
+    from attn_lt import native
+
+    # the flash arguments, 5 pointers, 6 int64, 2 int32, 1 int64
+    assert ctypes.sizeof(native.BatchArgs) == ctypes.sizeof(native.FlashArgs) + 5 * 8 + 6 * 8 + 2 * 4 + 8
+    assert native.BatchArgs.workspace_bytes.offset == ctypes.sizeof(native.BatchArgs) - 8
