@@ -182,10 +182,11 @@ def _qkv(B=1, Hq=4, Hkv=2, Sq=8, Sk=8, D=128):
     ({"position_bias": torch.zeros(1, 4, 8, 8)}, "position bias"),
     ({"s_aux": torch.zeros(4)}, "sinks"),
     ({"cache": object()}, "paged cache"),
+    ({"cu_seq_lens_q": object()}, "packed sequences"),
     ({"sliding_window": 4}, "sliding window of 4 keys"),
     ({"attention_mask": torch.ones(1, 8, dtype=torch.bool)}, r"4-D attention mask .* got \(1, 8\)"),
-], ids=["dropout", "output_attentions", "softcap", "head_mask", "position_bias", "s_aux", "paged", "window",
-        "mask2d"])
+], ids=["dropout", "output_attentions", "softcap", "head_mask", "position_bias", "s_aux", "paged", "packed",
+        "window", "mask2d"])
 def test_unsupported_arguments_raise_before_any_work(kwargs, match, monkeypatch):
     monkeypatch.setattr(hf, "attention", lambda *a, **k: pytest.fail("attention must not be called"))
     q, k, v = _qkv()
@@ -205,7 +206,7 @@ def test_unset_arguments_are_accepted(monkeypatch):
     q, k, v = _qkv()
     out, weights = hf.attention_forward(_Layer(2), q, k, v, None, dropout=0.0, output_attentions=False,
                                         softcap=None, head_mask=None, position_bias=None, s_aux=None, cache=None,
-                                        position_ids=None)
+                                        cu_seq_lens_q=None, position_ids=None)
     assert weights is None and out.shape == (1, 8, 4, 128) and seen[0]["causal"] and seen[0]["out_layout"] == "bshd"
 
 

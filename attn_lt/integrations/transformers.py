@@ -25,9 +25,9 @@ transformers' own ``sdpa`` implementation (``transformers/integrations/sdpa_atte
   the keys are cut to the first Sq so that top-left and bottom-right agree). Sq == 1 (decode) sees every key.
 * ``scaling`` is attn_lt's ``scale`` (None: D ** -0.5).
 * Refused with ``ValueError``, as ``sdpa`` refuses or cannot do them: dropout > 0 (training), ``softcap``,
-  ``output_attentions``, ``head_mask``, ``position_bias``, attention sinks (``s_aux``), a paged cache (continuous
-  batching), and a sliding window that no mask encodes (a window given with a mask is applied by the mask, as in
-  ``sdpa``).
+  ``output_attentions``, ``head_mask``, ``position_bias``, attention sinks (``s_aux``), packed sequences
+  (``cu_seq_lens_q``), a paged cache (continuous batching), and a sliding window that no mask encodes (a window
+  given with a mask is applied by the mask, as in ``sdpa``).
 
 Returns ``(attn_output, None)``: attn_output (B, Sq, Hq, D) contiguous, in the input dtype.
 """
@@ -55,7 +55,7 @@ _MASK_FLOAT_DTYPES_READ = (torch.float32,)  # besides q's own dtype (see attn_lt
 _REFUSED_WHEN_SET = {"softcap": "logit softcapping", "head_mask": "a head mask", "position_bias": "a position bias",
                      "s_aux": "attention sinks (s_aux)"}
 #: Every keyword argument :func:`_refuse` looks at (a call without any of them and without dropout skips it).
-_CHECKED = frozenset(_REFUSED_WHEN_SET) | {"output_attentions", "cache"}
+_CHECKED = frozenset(_REFUSED_WHEN_SET) | {"output_attentions", "cache", "cu_seq_lens_q"}
 
 
 def _shape(t) -> str:
@@ -76,6 +76,9 @@ def _refuse(kwargs: dict, dropout: float) -> None:
     cache = kwargs.get("cache")
     if cache is not None:
         raise ValueError(f"attn_lt does not support a paged cache ({type(cache).__name__}, continuous batching); "
+                         "use generate() with the default dynamic cache")
+    if kwargs.get("cu_seq_lens_q") is not None:  # packed sequences (continuous batching, padding-free batches)
+        raise ValueError("this implementation takes padded (B, H, S, D) calls, not packed sequences (cu_seq_lens_q); "
                          "use generate() with the default dynamic cache")
 
 
