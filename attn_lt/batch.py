@@ -357,6 +357,13 @@ def _launch(plan: BatchPlan, q, k, v, out, lse, cu_q, cu_k, seqlens_k, block_tab
             check_batch_errors(device)
 
 
+def _outputs(q, Hq: int, D: int, out, return_lse: bool) -> tuple:
+    """out (rows, Hq, D) (the caller's, or new) and, when asked for, lse FP32 (Hq, rows)."""
+    if out is None:
+        out = torch.empty((q.shape[0], Hq, D), dtype=q.dtype, device=q.device)
+    return out, torch.empty((Hq, q.shape[0]), dtype=torch.float32, device=q.device) if return_lse else None
+
+
 def _finish(out, lse, return_lse: bool):
     return (out, lse) if return_lse else out
 
@@ -394,8 +401,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
                              "out": out})
     out = _check_out(out, (q.shape[0], Hq, D), q.dtype, device)
     q, k, v = _readable("q", q, True), _readable("k", k, True), _readable("v", v, True)
-    out = torch.empty((q.shape[0], Hq, D), dtype=q.dtype, device=device) if out is None else out
-    lse = torch.empty((Hq, q.shape[0]), dtype=torch.float32, device=device) if return_lse else None
+    out, lse = _outputs(q, Hq, D, out, return_lse)
     if k.shape[0] == 0:  # no keys at all: every request's rows are zeros (only the lengths are not checked)
         out.zero_()
         if lse is not None:
@@ -460,8 +466,7 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
     k_cache, v_cache = _readable("k_cache", k_cache, False), _readable("v_cache", v_cache, False)
     if block_table.stride(1) != 1 or block_table.stride(0) < max_blocks:  # (an expanded table: stride 0)
         block_table = block_table.contiguous()
-    out = torch.empty((q.shape[0], Hq, D), dtype=q.dtype, device=device) if out is None else out
-    lse = torch.empty((Hq, q.shape[0]), dtype=torch.float32, device=device) if return_lse else None
+    out, lse = _outputs(q, Hq, D, out, return_lse)
     plan = plan_batch(B, Hq, Hkv, D, max_seqlen_q=max_q, max_seqlen_k=max_k, block_size=block_size,
                       facts=device_facts(device.index))
     strides = ((k_cache.stride(0), k_cache.stride(1), k_cache.stride(2)),

@@ -307,12 +307,10 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
     // Paged caches: log2 of the block size; a block id out of range seen by any thread (the softmax then hides the
     // keys of such blocks).
     int log2_bs = 0;
-    if constexpr (BT) {
-        if (args.block_table != nullptr) log2_bs = __ffsll(args.block_size) - 1;
-    }
     __shared__ int s_bad;
     PagedRows<D> pages;  // (paged caches) the block ids of the next tile to load
     if constexpr (BT) {
+        if (args.block_table != nullptr) log2_bs = __ffsll(args.block_size) - 1;
         if (threadIdx.x == 0) s_bad = 0;
         __syncthreads();
         if (log2_bs > 0 && t_begin < t_end)
@@ -647,7 +645,8 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
             const float lse = l[t][r] > 0.f ? (m[t][r] + log2f(l[t][r])) * kLn2 : -INFINITY;
             const int64_t head = hk * g + rr % g;
             // (b, h, position) in (B, Hq, Sq); a serving batch's LSE: (h, packed row) in (Hq, total_q)
-            const int64_t row = BT ? head * batch_total_q(args) + q_row0 + pos[t][r] : (b * a.Hq + head) * a.Sq + pos[t][r];
+            const int64_t row =
+                BT ? head * batch_total_q(args) + q_row0 + pos[t][r] : (b * a.Hq + head) * a.Sq + pos[t][r];
             if (split) {
                 float* op = a.o_part + (part * rows_out + row) * D + col;
 #pragma unroll
@@ -666,20 +665,28 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
     }
 }
 
+// Launch flash_fwd on `grid`: shared memory for Q, the K/V ring and the mask stages (mask_stage_rows), opted in.
+template <int D, typename T, int MT, bool W, bool SM, bool BT>
+cudaError_t launch_kernel(const KernelArgs<BT>& args, dim3 grid, cudaStream_t stream) {
+    constexpr int kBlockM = W ? 16 : kWarps * 16 * MT;
+    constexpr int kStages = stages<D, MT, W, SM>();
+    const attn_lt_flash_args& a = flash_of(args);
+    const size_t mask = SM ? size_t(kStages) * mask_stage_rows(a, W, D) * mask_pitch(mask_elem_bytes(a.mask_dtype)) : 0;
+    const size_t smem = size_t(kBlockM + 2 * kStages * kBlockN) * D * sizeof(T) + mask;
+    const auto kernel = flash_fwd<D, T, MT, W, SM, BT>;
+    const cudaError_t err = opt_in_smem(reinterpret_cast<const void*>(kernel), smem);
+    if (err != cudaSuccess) return err;
+    kernel<<<grid, kThreads, smem, stream>>>(args);
+    return cudaGetLastError();
+}
+
 template <int D, typename T, int MT, bool W = false, bool SM = false>
 cudaError_t launch(const attn_lt_flash_args& a, cudaStream_t stream) {
     constexpr int kBlockM = W ? 16 : kWarps * 16 * MT;
-    constexpr int kStages = stages<D, MT, W, SM>();
-    const size_t smem = size_t(kBlockM + 2 * kStages * kBlockN) * D * sizeof(T) +
-                        (SM ? size_t(kStages) * mask_stage_rows(a, W, D) * mask_pitch(mask_elem_bytes(a.mask_dtype)) : 0);
-    const auto kernel = flash_fwd<D, T, MT, W, SM>;
-    cudaError_t err = opt_in_smem(reinterpret_cast<const void*>(kernel), smem);
-    if (err != cudaSuccess) return err;
     const int64_t rows = a.Sq * (a.Hq / a.Hkv);
     const dim3 grid(static_cast<unsigned>((rows + kBlockM - 1) / kBlockM), static_cast<unsigned>(a.B * a.Hkv),
                     static_cast<unsigned>(a.splits));
-    kernel<<<grid, kThreads, smem, stream>>>(a);
-    err = cudaGetLastError();
+    const cudaError_t err = launch_kernel<D, T, MT, W, SM, false>(a, grid, stream);
     if (err != cudaSuccess || a.splits == 1) return err;
     return merge<D, T>(a, stream);
 }
@@ -716,18 +723,6 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 // ---- serving batches ---------------------------------------------------------------------------------------------
 
-template <int D, typename T, int MT, bool W>
-cudaError_t launch_batch_blocks(const attn_lt_batch_args& a, dim3 grid, cudaStream_t stream) {
-    constexpr int kBlockM = W ? 16 : kWarps * 16 * MT;
-    constexpr int kStages = stages<D, MT, W, false>();
-    const size_t smem = size_t(kBlockM + 2 * kStages * kBlockN) * D * sizeof(T);
-    const auto kernel = flash_fwd<D, T, MT, W, false, true>;
-    const cudaError_t err = opt_in_smem(reinterpret_cast<const void*>(kernel), smem);
-    if (err != cudaSuccess) return err;
-    kernel<<<grid, kThreads, smem, stream>>>(a);
-    return cudaGetLastError();
-}
-
 // The row blocks (requests of more than 16 rows a kv head; the tiling of launch_dim), then the decode blocks and
 // their merge. Each grid is sized for the capacity; blocks of requests that do not need them return at once.
 template <int D, typename T>
@@ -739,19 +734,17 @@ int launch_batch(const attn_lt_batch_args& a, cudaStream_t stream) {
             const int err = attn_lt_flash_sm90_batch(&a, stream);
             if (err != 0) return err;
         } else {
+            const dim3 rows64(unsigned((rows + 63) / 64), bk), rows128(unsigned((rows + 127) / 128), bk);
             cudaError_t err;
-            if constexpr (D == 256) {
-                err = launch_batch_blocks<D, T, 1, false>(a, dim3(unsigned((rows + 63) / 64), bk), stream);
-            } else {
-                err = rows <= 64 ? launch_batch_blocks<D, T, 1, false>(a, dim3(unsigned((rows + 63) / 64), bk), stream)
-                                 : launch_batch_blocks<D, T, 2, false>(a, dim3(unsigned((rows + 127) / 128), bk), stream);
-            }
+            if constexpr (D == 256) err = launch_kernel<D, T, 1, false, false, true>(a, rows64, stream);
+            else if (rows <= 64) err = launch_kernel<D, T, 1, false, false, true>(a, rows64, stream);
+            else err = launch_kernel<D, T, 2, false, false, true>(a, rows128, stream);
             if (err != cudaSuccess) return err;
         }
     }
     if (g > kBatchSmallRows) return 0;
     const int64_t parts = a.split_keys > 0 ? (a.f.Sk + a.split_keys - 1) / a.split_keys : 1;
-    cudaError_t err = launch_batch_blocks<D, T, 1, true>(a, dim3(1, bk, unsigned(parts)), stream);
+    cudaError_t err = launch_kernel<D, T, 1, true, false, true>(a, dim3(1, bk, unsigned(parts)), stream);
     if (err == cudaSuccess && parts > 1) err = merge<D, T>(a, stream);
     return static_cast<int>(err);
 }
