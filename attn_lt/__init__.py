@@ -6,10 +6,10 @@ costs no ``import torch``.
 
 __version__ = "0.1.0"
 __all__ = ["attention", "plan", "AttentionPlan", "explain", "varlen_attention", "paged_attention", "explain_batch",
-           "check_batch_errors", "__version__"]
+           "check_batch_errors", "BatchStep", "__version__"]
 
 _API_NAMES = frozenset(("attention", "plan", "AttentionPlan", "explain"))
-_BATCH_NAMES = frozenset(("varlen_attention", "paged_attention", "explain_batch", "check_batch_errors"))
+_BATCH_NAMES = frozenset(("varlen_attention", "paged_attention", "explain_batch", "check_batch_errors", "BatchStep"))
 _SUBMODULES = frozenset(("api", "backends", "batch", "cache", "calibrate", "cli", "config", "device", "distributed",
                          "fastpath", "integrations", "lt", "maintenance", "merge", "native", "chunks", "select",
                          "testing", "validate", "fused"))

@@ -9,8 +9,10 @@ The kernels read the lengths and block tables from device memory: one launch, pl
 of requests and ``max_seqlen_q`` / ``max_seqlen_k``), serves any lengths within it, so a CUDA graph captured once
 replays correctly while requests grow, join and leave. A request of at most 16 rows a kv head (decode, speculative
 decoding) runs on decode blocks whose keys are cut into parts of a fixed size (:func:`plan_batch`), merged by LSE;
-longer requests (prefill chunks) on row blocks. Device metadata is never trusted: kernels stay inside the tensors,
-record what was wrong in a device flag, and ``check=True`` (or :func:`check_batch_errors`) raises with it.
+longer requests (prefill chunks) on row blocks. MLA decode (q/k head dim 576, v the first 512 columns of a paged
+latent cache) runs on the Hopper MLA kernel, its keys in parts likewise. Device metadata is never trusted: kernels
+stay inside the tensors, record what was wrong in a device flag, and ``check=True`` (or :func:`check_batch_errors`)
+raises with it.
 """
 
 from __future__ import annotations
@@ -25,13 +27,20 @@ import torch
 
 from . import native
 from .device import stream_queries
-from .fused import ASSUMED_DEVICE, DeviceFacts, device_facts
+from .fused import ASSUMED_DEVICE, MLA_DECODE, MLA_ROWS, DeviceFacts, device_facts
 from .validate import check_causal, check_scale
 
 log = logging.getLogger("attn_lt")
 
-#: Head dims the batch kernels run (q·k = v).
+#: Head dims the batch kernels run (q·k = v), and MLA decode's (q·k 576, v 512: a paged latent cache, v = k's first
+#: 512 columns, one query row a request, Hopper).
 BATCH_HEAD_DIMS = (64, 128, 256)
+LATENT_DIMS = MLA_DECODE
+#: MLA decode: the smallest block size (a key tile of 64 rows lies in one block), and the parts of the keys, sized so
+#: that a batch at capacity gives about this many CTAs an SM (one CTA an SM: 226 KB of shared memory), of at least
+#: MLA_SPLIT_MIN_KEYS keys (a part reads its 64 query heads' 72 KB Q once and writes 128 KB of FP32 partials a
+#: 64 heads).
+MLA_MIN_BLOCK_SIZE, MLA_SPLIT_WAVES, MLA_SPLIT_MIN_KEYS = 64, 2, 1024
 #: Rows a kv head (query rows × Hq / Hkv) up to which a request runs on decode blocks (native/batch.cuh's
 #: kBatchSmallRows).
 SMALL_ROWS = 16
@@ -59,6 +68,7 @@ class BatchPlan:
     Hq: int
     Hkv: int
     D: int
+    Dv: int
     max_seqlen_q: int
     max_seqlen_k: int
     block_size: int  # 0 for varlen
@@ -74,9 +84,19 @@ class BatchPlan:
     def group(self) -> int:
         return self.Hq // self.Hkv
 
+    @property
+    def latent(self) -> bool:
+        """MLA decode on a paged latent cache."""
+        return (self.D, self.Dv) == LATENT_DIMS
+
+    @property
+    def partial_rows(self) -> int:
+        """Rows of FP32 partials a part: (request, kv head, decode-block row), or (request, query head) for MLA."""
+        return self.requests * (self.Hq if self.latent else self.Hkv * SMALL_ROWS)
+
     def to_dict(self) -> dict:
         return {"kind": self.kind, "requests": self.requests, "heads_q": self.Hq, "heads_kv": self.Hkv,
-                "head_dim": self.D, "max_seqlen_q": self.max_seqlen_q, "max_seqlen_k": self.max_seqlen_k,
+                "head_dim": self.D, "head_dim_v": self.Dv, "max_seqlen_q": self.max_seqlen_q, "max_seqlen_k": self.max_seqlen_k,
                 "block_size": self.block_size, "decode_blocks": self.decode_blocks, "split_keys": self.split_keys,
                 "parts": self.parts, "row_kernel": self.row_kernel, "workspace_bytes": self.workspace_bytes,
                 "sms": self.facts.sms, "assumed_device": self.assumed_device}
@@ -84,11 +104,22 @@ class BatchPlan:
     def __str__(self) -> str:
         g = self.group
         cache = f"paged cache, blocks of {self.block_size} keys" if self.kind == "paged" else "packed keys"
+        dims = f"D {self.D}" if self.Dv == self.D else f"D {self.D} / Dv {self.Dv} (v in k: an MLA latent cache)"
         lines = [f"{self.kind} batch: up to {self.requests} requests of up to {self.max_seqlen_q} query rows and "
-                 f"{self.max_seqlen_k} keys, Hq {self.Hq} / Hkv {self.Hkv}, D {self.D}, {cache}; lengths and "
+                 f"{self.max_seqlen_k} keys, Hq {self.Hq} / Hkv {self.Hkv}, {dims}, {cache}; lengths and "
                  "block tables read on the device (one launch serves every step within this capacity)"]
         slots = 2 * self.facts.sms
-        if self.decode_blocks:
+        if self.latent:
+            blocks = -(-g // MLA_ROWS)
+            ctas = self.requests * self.Hkv * blocks * self.parts
+            split = (f"keys in parts of {self.split_keys} ({self.parts} at capacity, {ctas} CTAs for "
+                     f"{self.facts.sms} SMs when every request is full; a request uses ceil(keys / {self.split_keys}) "
+                     f"of them, one part writes its output directly), partials merged by LSE "
+                     f"({self.workspace_bytes / 2**20:.1f} MiB)" if self.parts > 1
+                     else "keys whole (enough CTAs without a split)")
+            lines.append(f"MLA decode blocks of native/flash_sm90.cu (wgmma, TMA; {MLA_ROWS} query heads a CTA, "
+                         f"{blocks} a kv head; each 64-key tile of the latent cache read once as K and V), {split}")
+        elif self.decode_blocks:
             ctas = self.requests * self.Hkv * self.parts
             split = (f"keys in parts of {self.split_keys} ({self.parts} at capacity, {ctas} CTAs for {slots} slots "
                      f"when every request is full; a request uses ceil(keys / {self.split_keys}) of them), "
@@ -111,19 +142,37 @@ class BatchPlan:
 
 
 def plan_batch(requests: int, Hq: int, Hkv: int, D: int, *, max_seqlen_q: int, max_seqlen_k: int,
-               block_size: int = 0, facts: DeviceFacts | None = None) -> BatchPlan:
+               block_size: int = 0, Dv: int | None = None, facts: DeviceFacts | None = None) -> BatchPlan:
     """The launch plan of a batch of this capacity (no GPU work; without a GPU, for :data:`ASSUMED_DEVICE`).
-    ``block_size`` > 0: a paged cache."""
+    ``block_size`` > 0: a paged cache. ``Dv``: v's head dim (default D; 512 with D 576: MLA decode)."""
     assumed = False
     if facts is None:
         facts = device_facts()
         if facts is None:
             facts, assumed = ASSUMED_DEVICE, True
-    return _plan(requests, Hq, Hkv, D, max_seqlen_q, max_seqlen_k, block_size, facts, assumed)
+    return _plan(requests, Hq, Hkv, D, D if Dv is None else Dv, max_seqlen_q, max_seqlen_k, block_size, facts,
+                 assumed)
+
+
+def _mla_plan(requests, Hq, Hkv, Dv, max_k, block_size, facts, assumed) -> BatchPlan:
+    row_blocks = -(-(Hq // Hkv) // MLA_ROWS)
+    size = max(MLA_SPLIT_MIN_KEYS, -(-max_k * requests * Hkv * row_blocks // (MLA_SPLIT_WAVES * facts.sms)))
+    size = -(-max_k // -(-max_k // size))  # that many parts, of even sizes
+    size = -(-size // KEY_TILE) * KEY_TILE
+    part_bytes = requests * Hq * (Dv + 1) * 4
+    while -(-max_k // size) > 1 and (-(-max_k // size) * row_blocks > 65535
+                                     or -(-max_k // size) * part_bytes > MAX_PARTIAL_BYTES):
+        size *= 2
+    parts = -(-max_k // size)
+    split_keys, workspace = (size, parts * part_bytes) if parts > 1 else (0, 0)
+    return BatchPlan("paged", requests, Hq, Hkv, LATENT_DIMS[0], Dv, 1, max_k, block_size, split_keys, parts, None,
+                     True, workspace, facts, assumed)
 
 
 @functools.lru_cache(maxsize=1024)
-def _plan(requests, Hq, Hkv, D, max_q, max_k, block_size, facts, assumed) -> BatchPlan:
+def _plan(requests, Hq, Hkv, D, Dv, max_q, max_k, block_size, facts, assumed) -> BatchPlan:
+    if (D, Dv) == LATENT_DIMS:
+        return _mla_plan(requests, Hq, Hkv, Dv, max_k, block_size, facts, assumed)
     g = Hq // Hkv
     decode = g <= SMALL_ROWS
     rows = g * max_q > SMALL_ROWS
@@ -143,17 +192,18 @@ def _plan(requests, Hq, Hkv, D, max_q, max_k, block_size, facts, assumed) -> Bat
         parts = -(-max_k // size)
         if parts > 1:
             split_keys, workspace = size, parts * part_bytes
-    return BatchPlan("paged" if block_size else "varlen", requests, Hq, Hkv, D, max_q, max_k, block_size,
+    return BatchPlan("paged" if block_size else "varlen", requests, Hq, Hkv, D, D, max_q, max_k, block_size,
                      split_keys, parts, row_kernel, decode, workspace, facts, assumed)
 
 
 def explain_batch(requests: int, heads_q: int, heads_kv: int, head_dim: int, *, max_seqlen_q: int,
-                  max_seqlen_k: int, block_size: int = 0) -> str:
+                  max_seqlen_k: int, block_size: int = 0, head_dim_v: int | None = None) -> str:
     """How a varlen (``block_size`` 0) or paged batch of this capacity runs on the current GPU (or, without one, an
-    H100): the kernels, the split of the keys and why. No GPU work."""
-    _check_capacity(requests, heads_q, heads_kv, head_dim, max_seqlen_q, max_seqlen_k, block_size)
+    H100): the kernels, the split of the keys and why. ``head_dim_v`` 512 with ``head_dim`` 576: MLA decode on a
+    paged latent cache. No GPU work."""
+    _check_capacity(requests, heads_q, heads_kv, head_dim, max_seqlen_q, max_seqlen_k, block_size, head_dim_v)
     return str(plan_batch(requests, heads_q, heads_kv, head_dim, max_seqlen_q=max_seqlen_q,
-                          max_seqlen_k=max_seqlen_k, block_size=block_size))
+                          max_seqlen_k=max_seqlen_k, block_size=block_size, Dv=head_dim_v))
 
 
 # ---- validation (no GPU work) -----------------------------------------------------------------------------------
@@ -170,14 +220,21 @@ def _positive_int(name: str, x) -> int:
     return x
 
 
-def _check_capacity(requests, Hq, Hkv, D, max_q, max_k, block_size) -> None:
+def _check_capacity(requests, Hq, Hkv, D, max_q, max_k, block_size, Dv=None) -> None:
     for name, x in (("requests", requests), ("heads_q", Hq), ("heads_kv", Hkv), ("max_seqlen_q", max_q),
                     ("max_seqlen_k", max_k)):
         _positive_int(name, x)
     if Hq % Hkv:
         raise ValueError(f"heads_q {Hq} is not a multiple of heads_kv {Hkv}")
-    if D not in BATCH_HEAD_DIMS:
-        raise ValueError(f"head dim {D} not in {BATCH_HEAD_DIMS} (the batch kernels' head dims)")
+    Dv = D if Dv is None else Dv
+    if (D, Dv) == LATENT_DIMS:
+        if not block_size or block_size < MLA_MIN_BLOCK_SIZE or max_q != 1:
+            raise ValueError(f"MLA decode (head dims {D}/{Dv}) runs on a paged latent cache with blocks of at least "
+                             f"{MLA_MIN_BLOCK_SIZE} keys and one query row a request; got block_size {block_size}, "
+                             f"max_seqlen_q {max_q}")
+    elif D not in BATCH_HEAD_DIMS or Dv != D:
+        raise ValueError(f"head dim {D} (v {Dv}) is not one the batch kernels run: D = Dv in {BATCH_HEAD_DIMS}, or "
+                         f"{LATENT_DIMS[0]} with v {LATENT_DIMS[1]} (MLA decode on a paged latent cache)")
     if max_q >= 2**30 or max_k >= 2**30 or max_q * (Hq // Hkv) >= 2**30:
         raise ValueError(f"max_seqlen_q {max_q} (x {Hq // Hkv} query heads a kv head) and max_seqlen_k {max_k} "
                          "must be below 2**30")
@@ -188,8 +245,8 @@ def _check_capacity(requests, Hq, Hkv, D, max_q, max_k, block_size) -> None:
         raise ValueError(f"block_size {block_size} must be a power of two from {MIN_BLOCK_SIZE} to {MAX_BLOCK_SIZE}")
 
 
-def _check_data(q, k, v, names: tuple[str, str, str], kv_dims: int) -> tuple[str, int, int, int]:
-    """Types, dtypes and dims of q, k, v; returns (dtype, Hq, Hkv, D)."""
+def _check_data(q, k, v, names: tuple[str, str, str], kv_dims: int) -> tuple[str, int, int, int, int]:
+    """Types, dtypes and dims of q, k, v; returns (dtype, Hq, Hkv, D, Dv)."""
     for name, t in zip(names, (q, k, v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -206,16 +263,22 @@ def _check_data(q, k, v, names: tuple[str, str, str], kv_dims: int) -> tuple[str
     Hkv = k.shape[-2]
     if k.shape[:-1] != v.shape[:-1]:
         raise ValueError(f"{names[1]} and {names[2]} must agree in every dim but the last; got {shapes}")
-    if k.shape[-1] != D or v.shape[-1] != D:
-        raise ValueError(f"head dims must agree (q·k = v = D; the batch kernels take D in {BATCH_HEAD_DIMS}); "
-                         f"got {shapes}")
-    if D not in BATCH_HEAD_DIMS:
+    Dv = v.shape[-1]
+    if (D, Dv) == LATENT_DIMS and k.shape[-1] == D and kv_dims == 4:
+        if not (v.data_ptr() == k.data_ptr() and v.stride() == k.stride()):
+            raise ValueError(f"MLA decode (head dims {D}/{Dv}) reads one latent cache as K and V: {names[2]} must be "
+                             f"{names[1]}[..., :{Dv}] (the same memory); got {shapes} at different addresses or "
+                             "strides")
+    elif k.shape[-1] != D or Dv != D:
+        raise ValueError(f"head dims must agree (q·k = v = D; the batch kernels take D in {BATCH_HEAD_DIMS}, and "
+                         f"{LATENT_DIMS[0]}/{LATENT_DIMS[1]} for MLA decode on a paged latent cache); got {shapes}")
+    elif D not in BATCH_HEAD_DIMS:
         raise ValueError(f"head dim {D} not in {BATCH_HEAD_DIMS} (the batch kernels' head dims); got {shapes}")
     if Hkv < 1 or Hq < 1 or Hq % Hkv:
         raise ValueError(f"Hq ({Hq}) must be a positive multiple of Hkv ({Hkv}); got {shapes}")
     if q.shape[0] >= 2**31 or k.shape[0] >= 2**31:
         raise ValueError(f"{names[0]} and {names[1]} must have fewer than 2**31 rows (blocks); got {shapes}")
-    return _DTYPES[q.dtype], Hq, Hkv, D
+    return _DTYPES[q.dtype], Hq, Hkv, D, Dv
 
 
 def _check_index(name: str, t, shape_hint: str, dims: int, length: int | None = None) -> None:
@@ -317,8 +380,55 @@ def check_batch_errors(device=None) -> None:
 
 # ---- the calls --------------------------------------------------------------------------------------------------
 
+def _plan_args(plan: BatchPlan, dtype: str, scale: float, causal: bool, flag, workspace) -> "native.BatchArgs":
+    """The launch arguments the plan fixes: capacity, shape, options, error flag and workspace (the partials: outputs,
+    then their LSEs, native/attn_lt.h checks the layout); the tensors and metadata are set by :func:`_set_tensors`
+    and :func:`_set_metadata`."""
+    a = native.BatchArgs()
+    f = a.f
+    f.B, f.Hq, f.Hkv, f.Sq, f.Sk, f.D, f.Dv = (plan.requests, plan.Hq, plan.Hkv, plan.max_seqlen_q, plan.max_seqlen_k,
+                                               plan.D, plan.Dv)
+    f.scale, f.causal, f.dtype = scale, int(causal), native.DTYPE_CODES[dtype]
+    f.variant = native.BATCH_VARIANTS[plan.row_kernel or "flash"]
+    if workspace is not None:
+        f.o_part = workspace.data_ptr()
+        f.lse_part = f.o_part + plan.parts * plan.partial_rows * plan.Dv * 4
+        a.workspace_bytes = plan.workspace_bytes
+    a.error = flag.data_ptr()
+    a.split_keys = plan.split_keys
+    return a
+
+
+def _set_tensors(a, q, k, v, out, lse, paged: bool) -> None:
+    """q (rows, Hq, D), out (rows, Hq, Dv), lse (Hq, rows) or None; k, v packed (total_k, Hkv, D) or caches
+    (num_blocks, block_size, Hkv, D)."""
+    f = a.f
+    f.q, f.k, f.v, f.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
+    f.lse = lse.data_ptr() if lse is not None else None
+    f.q_ss, f.q_sh = q.stride(0), q.stride(1)
+    f.o_ss, f.o_sh = out.stride(0), out.stride(1)
+    a.total_q = q.shape[0]
+    if paged:
+        f.k_sb, f.k_ss, f.k_sh = k.stride(0), k.stride(1), k.stride(2)
+        f.v_sb, f.v_ss, f.v_sh = v.stride(0), v.stride(1), v.stride(2)
+        a.num_blocks, a.block_size, a.total_k = k.shape[0], k.shape[1], 0
+    else:
+        f.k_sb, f.k_ss, f.k_sh = 0, k.stride(0), k.stride(1)
+        f.v_sb, f.v_ss, f.v_sh = 0, v.stride(0), v.stride(1)
+        a.total_k = k.shape[0]
+
+
+def _set_metadata(a, cu_q, cu_k, seqlens_k, block_table) -> None:
+    a.cu_q = cu_q.data_ptr() if cu_q is not None else None
+    a.cu_k = cu_k.data_ptr() if cu_k is not None else None
+    a.seqlens_k = seqlens_k.data_ptr() if seqlens_k is not None else None
+    a.block_table = block_table.data_ptr() if block_table is not None else None
+    if block_table is not None:
+        a.bt_stride, a.max_blocks = block_table.stride(0), block_table.shape[1]
+
+
 def _launch(plan: BatchPlan, q, k, v, out, lse, cu_q, cu_k, seqlens_k, block_table, dtype: str, scale: float,
-            causal: bool, device: torch.device, check: bool, kv_strides: tuple):
+            causal: bool, device: torch.device, check: bool):
     current_device, raw_stream, is_capturing = stream_queries()
     with torch.cuda.device(device) if current_device() != device.index else contextlib.nullcontext():
         capturing = is_capturing()
@@ -326,39 +436,18 @@ def _launch(plan: BatchPlan, q, k, v, out, lse, cu_q, cu_k, seqlens_k, block_tab
             raise ValueError("check=True synchronises to read the error flag, which CUDA graph capture forbids: "
                              "check after replays with attn_lt.check_batch_errors()")
         flag = _error_flag(device, capturing)
-        a = native.BatchArgs()
-        f = a.f
-        f.q, f.k, f.v, f.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
-        f.lse = lse.data_ptr() if lse is not None else None
-        f.B, f.Hq, f.Hkv, f.Sq, f.Sk, f.D, f.Dv = (plan.requests, plan.Hq, plan.Hkv, plan.max_seqlen_q,
-                                                   plan.max_seqlen_k, plan.D, plan.D)
-        f.q_ss, f.q_sh = q.stride(0), q.stride(1)
-        f.o_ss, f.o_sh = out.stride(0), out.stride(1)
-        (f.k_sb, f.k_ss, f.k_sh), (f.v_sb, f.v_ss, f.v_sh) = kv_strides
-        f.scale, f.causal, f.dtype = scale, int(causal), native.DTYPE_CODES[dtype]
-        f.variant = native.BATCH_VARIANTS[plan.row_kernel or "flash"]
-        if plan.workspace_bytes:  # the partials: outputs, then their LSEs (native/attn_lt.h checks the layout)
-            workspace = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=device)
-            outputs = plan.parts * plan.requests * plan.Hkv * SMALL_ROWS * plan.D * 4
-            f.o_part, f.lse_part = workspace.data_ptr(), workspace.data_ptr() + outputs
-            a.workspace_bytes = plan.workspace_bytes
-        a.cu_q = cu_q.data_ptr() if cu_q is not None else None
-        a.cu_k = cu_k.data_ptr() if cu_k is not None else None
-        a.seqlens_k = seqlens_k.data_ptr() if seqlens_k is not None else None
-        a.block_table = block_table.data_ptr() if block_table is not None else None
-        a.error = flag.data_ptr()
-        a.total_q, a.total_k = q.shape[0], k.shape[0] if cu_k is not None else 0
-        if block_table is not None:
-            a.bt_stride, a.max_blocks = block_table.stride(0), block_table.shape[1]
-            a.num_blocks, a.block_size = k.shape[0], k.shape[1]
-        a.split_keys = plan.split_keys
+        workspace = (torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=device) if plan.workspace_bytes
+                     else None)
+        a = _plan_args(plan, dtype, scale, causal, flag, workspace)
+        _set_tensors(a, q, k, v, out, lse, block_table is not None)
+        _set_metadata(a, cu_q, cu_k, seqlens_k, block_table)
         native.batch(a, raw_stream(device.index))
         if check:
             check_batch_errors(device)
 
 
 def _outputs(q, Hq: int, D: int, out, return_lse: bool) -> tuple:
-    """out (rows, Hq, D) (the caller's, or new) and, when asked for, lse FP32 (Hq, rows)."""
+    """out (rows, Hq, D) (D: v's head dim; the caller's, or new) and, when asked for, lse FP32 (Hq, rows)."""
     if out is None:
         out = torch.empty((q.shape[0], Hq, D), dtype=q.dtype, device=q.device)
     return out, torch.empty((Hq, q.shape[0]), dtype=torch.float32, device=q.device) if return_lse else None
@@ -384,7 +473,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
     total_k = 0, every row is zeros and the offsets are not read). ``check=True`` synchronises after the call and
     raises ``ValueError`` if this or an earlier unchecked call on the GPU met bad lengths (:func:`check_batch_errors`).
     """
-    dtype, Hq, Hkv, D = _check_data(q, k, v, ("q", "k", "v"), 3)
+    dtype, Hq, Hkv, D, _ = _check_data(q, k, v, ("q", "k", "v"), 3)
     causal = check_causal(causal)
     scale = D ** -0.5 if scale is None else check_scale(scale)
     max_q, max_k = _positive_int("max_seqlen_q", max_seqlen_q), _positive_int("max_seqlen_k", max_seqlen_k)
@@ -408,9 +497,8 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
             lse.fill_(-float("inf"))
         return _finish(out, lse, return_lse)
     plan = plan_batch(B, Hq, Hkv, D, max_seqlen_q=max_q, max_seqlen_k=max_k, facts=device_facts(device.index))
-    strides = ((0, k.stride(0), k.stride(1)), (0, v.stride(0), v.stride(1)))
     _launch(plan, q, k, v, out, lse, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), None, None, dtype,
-            scale, causal, device, check, strides)
+            scale, causal, device, check)
     return _finish(out, lse, return_lse)
 
 
@@ -427,12 +515,17 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
     planned for (default: max_blocks × block_size). ``causal``: bottom-right within each request (a request's
     query rows are its last keys' positions).
 
-    Returns out shaped like q; with ``return_lse``, ``(out, lse)``, lse FP32 (Hq, rows). A request with no keys gives
-    zeros and LSE -inf; a block id outside the cache is neither read nor attended and recorded (``check=True``, or
-    :func:`check_batch_errors`). Prefill rows on Hopper read a request's last block whole (the slots past its length
-    are masked, not skipped): keep unused cache slots finite, e.g. allocate the cache with ``torch.zeros``.
+    MLA decode (DeepSeek's latent cache, Hopper): k_cache (num_blocks, block_size, Hkv, 576), v_cache =
+    ``k_cache[..., :512]`` (the same memory, read once), block_size >= 64 (FlashMLA's 64), q (B, Hq, 576) one row a
+    request; out (B, Hq, 512). ``scale`` defaults to 576 ** -0.5; DeepSeek's models pass their own.
+
+    Returns out (rows, Hq, Dv); with ``return_lse``, ``(out, lse)``, lse FP32 (Hq, rows). A request with no keys
+    gives zeros and LSE -inf; a block id outside the cache is neither read nor attended and recorded
+    (``check=True``, or :func:`check_batch_errors`). Prefill rows on Hopper read a request's last block whole (the
+    slots past its length are masked, not skipped): keep unused cache slots finite, e.g. allocate the cache with
+    ``torch.zeros`` (MLA decode and the decode rows need not: they never let those slots reach the output).
     """
-    dtype, Hq, Hkv, D = _check_data(q, k_cache, v_cache, ("q", "k_cache", "v_cache"), 4)
+    dtype, Hq, Hkv, D, Dv = _check_data(q, k_cache, v_cache, ("q", "k_cache", "v_cache"), 4)
     causal = check_causal(causal)
     scale = D ** -0.5 if scale is None else check_scale(scale)
     _check_index("block_table", block_table, "(B, max_blocks_per_seq)", 2)
@@ -455,22 +548,194 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
             raise ValueError("max_seqlen_q (a host int, the query rows' capacity) is needed with cu_seqlens_q")
         max_q = _positive_int("max_seqlen_q", max_seqlen_q)
     max_k = max_blocks * block_size if max_seqlen_k is None else _positive_int("max_seqlen_k", max_seqlen_k)
-    _check_capacity(B, Hq, Hkv, D, max_q, max_k, block_size)
+    _check_capacity(B, Hq, Hkv, D, max_q, max_k, block_size, Dv)
     if q.shape[0] < 1 or k_cache.shape[0] < 1:
         raise ValueError(f"q {_shape(q)} and k_cache {_shape(k_cache)} must not be empty")
     _check_out_type(out, q.dtype)
     device = _check_devices({"q": q, "k_cache": k_cache, "v_cache": v_cache, "block_table": block_table,
                              "seqlens_k": seqlens_k, "cu_seqlens_q": cu_seqlens_q, "out": out})
-    out = _check_out(out, (q.shape[0], Hq, D), q.dtype, device)
+    out = _check_out(out, (q.shape[0], Hq, Dv), q.dtype, device)
+    facts = device_facts(device.index)
+    if Dv != D and not facts.hopper:
+        raise ValueError(f"MLA decode (head dims {D}/{Dv}) on a paged cache runs on the Hopper kernel only; {device} "
+                         "is not a Hopper GPU with it (attn_lt.attention() runs MLA on a dense cache here)")
     q = _readable("q", q, True)
     k_cache, v_cache = _readable("k_cache", k_cache, False), _readable("v_cache", v_cache, False)
     if block_table.stride(1) != 1 or block_table.stride(0) < max_blocks:  # (an expanded table: stride 0)
         block_table = block_table.contiguous()
-    out, lse = _outputs(q, Hq, D, out, return_lse)
-    plan = plan_batch(B, Hq, Hkv, D, max_seqlen_q=max_q, max_seqlen_k=max_k, block_size=block_size,
-                      facts=device_facts(device.index))
-    strides = ((k_cache.stride(0), k_cache.stride(1), k_cache.stride(2)),
-               (v_cache.stride(0), v_cache.stride(1), v_cache.stride(2)))
+    out, lse = _outputs(q, Hq, Dv, out, return_lse)
+    plan = plan_batch(B, Hq, Hkv, D, max_seqlen_q=max_q, max_seqlen_k=max_k, block_size=block_size, Dv=Dv,
+                      facts=facts)
     _launch(plan, q, k_cache, v_cache, out, lse, None if cu_seqlens_q is None else cu_seqlens_q.contiguous(), None,
-            seqlens_k.contiguous(), block_table, dtype, scale, causal, device, check, strides)
+            seqlens_k.contiguous(), block_table, dtype, scale, causal, device, check)
     return _finish(out, lse, return_lse)
+
+
+class BatchStep:
+    """A serving step planned once and run once per layer (the shape of FlashInfer's ``plan()``/``run()`` wrappers).
+
+    Made for a capacity — ``max_requests`` requests of up to ``max_seqlen_q`` query rows and ``max_seqlen_k`` keys,
+    heads, head dims, dtype, a paged cache's ``block_size`` (0: packed varlen keys) — it owns the device buffers of
+    the step's metadata and its workspace, allocated here once::
+
+        step = attn_lt.BatchStep(64, 32, 8, 128, max_seqlen_k=32768, block_size=16)
+        step.plan(cu_seqlens_q, seqlens_k, block_table)     # once per engine step: copies, no sync, no allocation
+        for layer in layers:
+            out = step.run(q, k_cache[layer], v_cache[layer])  # launch only
+
+    :meth:`plan` copies the metadata into the step's buffers in stream order (requests past the given ones get no
+    rows and no keys), so a CUDA graph captured over :meth:`run` once replays correctly after every later
+    :meth:`plan` with new lengths, new requests and new block tables. MLA decode: ``head_dim`` 576 with
+    ``head_dim_v`` 512 and v_cache = ``k_cache[..., :512]`` (Hopper). Metadata is checked on the device as in
+    :func:`paged_attention` (:func:`check_batch_errors` reports it).
+    """
+
+    def __init__(self, max_requests: int, heads_q: int, heads_kv: int, head_dim: int, *, max_seqlen_k: int,
+                 max_seqlen_q: int = 1, block_size: int = 0, head_dim_v: int | None = None,
+                 dtype: torch.dtype = torch.bfloat16, device=None, causal: bool = True, scale: float | None = None):
+        Dv = head_dim if head_dim_v is None else head_dim_v
+        _check_capacity(max_requests, heads_q, heads_kv, head_dim, max_seqlen_q, max_seqlen_k, block_size, Dv)
+        if dtype not in _DTYPES:
+            raise TypeError(f"dtype must be torch.float16 or torch.bfloat16, got {dtype}")
+        device = torch.device("cuda" if device is None else device)
+        if device.type != "cuda":
+            raise ValueError(f"a BatchStep runs on a CUDA device, got {device}")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        facts = device_facts(device.index)
+        if Dv != head_dim and not facts.hopper:
+            raise ValueError(f"MLA decode (head dims {head_dim}/{Dv}) runs on the Hopper kernel only; {device} is not "
+                             "a Hopper GPU with it")
+        self.device, self.dtype, self.block_size = device, dtype, block_size
+        self.causal = check_causal(causal)
+        self.scale = head_dim ** -0.5 if scale is None else check_scale(scale)
+        self._plan = plan_batch(max_requests, heads_q, heads_kv, head_dim, max_seqlen_q=max_seqlen_q,
+                                max_seqlen_k=max_seqlen_k, block_size=block_size, Dv=Dv, facts=facts)
+        B, i32 = max_requests, dict(dtype=torch.int32, device=device)
+        self.max_blocks = -(-max_seqlen_k // block_size) if block_size else 0
+        current_device, self._raw_stream, is_capturing = stream_queries()
+        with torch.cuda.device(device):
+            flag = _error_flag(device, is_capturing())
+            self._ramp = torch.arange(B + 1, **i32)
+            self._cu_q = torch.zeros(B + 1, **i32)
+            self._cu_k = None if block_size else torch.zeros(B + 1, **i32)
+            self._seqlens = torch.zeros(B, **i32) if block_size else None
+            self._table = torch.zeros(B, self.max_blocks, **i32) if block_size else None
+            self._workspace = (torch.empty(self._plan.workspace_bytes, dtype=torch.uint8, device=device)
+                               if self._plan.workspace_bytes else None)
+        self._args = _plan_args(self._plan, _DTYPES[dtype], self.scale, self.causal, flag, self._workspace)
+        _set_metadata(self._args, self._cu_q, self._cu_k, self._seqlens, self._table)
+        self._current_device = current_device
+        self._requests = 0  # planned requests (0: not planned)
+
+    @property
+    def capacity(self) -> BatchPlan:
+        """The launch plan of the capacity (what :meth:`explain` describes)."""
+        return self._plan
+
+    def explain(self) -> str:
+        """How the step's calls run: the kernels, the split of the keys and why (no GPU work)."""
+        return str(self._plan)
+
+    def _index(self, name: str, t, shape: tuple) -> None:
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.int32:
+            raise TypeError(f"{name} must be an int32 torch.Tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+        if tuple(t.shape) != shape:
+            raise ValueError(f"{name} must be {shape}; got {_shape(t)}")
+        if t.device != self.device and t.device.type != "cpu":
+            raise ValueError(f"{name} is on {t.device}; the step runs on {self.device} (host tensors are copied)")
+
+    def plan(self, cu_seqlens_q=None, seqlens_k=None, block_table=None, *, cu_seqlens_k=None) -> None:
+        """Set the step's requests: ``cu_seqlens_q`` int32 (B + 1,) (None: one query row a request), and the keys —
+        paged: ``seqlens_k`` int32 (B,) and ``block_table`` int32 (B, up to ``max_blocks``) (entries past the given
+        columns read as bad blocks); varlen: ``cu_seqlens_k`` int32 (B + 1,). B <= ``max_requests``; tensors on the
+        step's device (or host tensors, copied). Stream-ordered copies into the step's buffers: no sync, no
+        allocation, capturable."""
+        paged = self.block_size > 0
+        if paged and (seqlens_k is None or block_table is None or cu_seqlens_k is not None):
+            raise ValueError("a paged step is planned with seqlens_k and block_table (not cu_seqlens_k)")
+        if not paged and (cu_seqlens_k is None or seqlens_k is not None or block_table is not None):
+            raise ValueError("a varlen step (block_size 0) is planned with cu_seqlens_k (not seqlens_k/block_table)")
+        lengths = seqlens_k if paged else cu_seqlens_k
+        if not isinstance(lengths, torch.Tensor) or lengths.dim() != 1:
+            raise ValueError(f"{'seqlens_k' if paged else 'cu_seqlens_k'} must be a 1-D int32 tensor")
+        B = lengths.shape[0] - (0 if paged else 1)
+        cap = self._plan.requests
+        if not 1 <= B <= cap:
+            raise ValueError(f"{B} requests; the step holds 1 to {cap}")
+        if paged:
+            self._index("seqlens_k", seqlens_k, (B,))
+            if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2:
+                raise ValueError(f"block_table must be (B, max_blocks) int32; got {type(block_table).__name__}")
+            cols = block_table.shape[1]
+            self._index("block_table", block_table, (B, cols))
+            if not 1 <= cols <= self.max_blocks:
+                raise ValueError(f"block_table {_shape(block_table)} has more columns than the step's "
+                                 f"{self.max_blocks} (max_seqlen_k / block_size)")
+        else:
+            self._index("cu_seqlens_k", cu_seqlens_k, (B + 1,))
+        if cu_seqlens_q is not None:
+            self._index("cu_seqlens_q", cu_seqlens_q, (B + 1,))
+        # (each op runs on its tensors' device, in that device's current stream)
+        if cu_seqlens_q is None:  # request b's row b; requests past B: no rows
+            torch.clamp(self._ramp, max=B, out=self._cu_q)
+        else:
+            self._cu_q[:B + 1].copy_(cu_seqlens_q, non_blocking=True)
+            if B < cap:
+                self._cu_q[B + 1:].copy_(self._cu_q[B:B + 1].expand(cap - B))
+        if paged:
+            if B == cap and cols == self.max_blocks:
+                self._seqlens.copy_(seqlens_k, non_blocking=True)
+                self._table.copy_(block_table, non_blocking=True)
+            else:
+                self._seqlens[:B].copy_(seqlens_k, non_blocking=True)
+                self._table[:B, :cols].copy_(block_table, non_blocking=True)
+                if cols < self.max_blocks:
+                    self._table[:B, cols:].fill_(-1)
+                if B < cap:
+                    self._seqlens[B:].zero_()
+        else:
+            self._cu_k[:B + 1].copy_(cu_seqlens_k, non_blocking=True)
+            if B < cap:
+                self._cu_k[B + 1:].copy_(self._cu_k[B:B + 1].expand(cap - B))
+        self._requests = B
+
+    def run(self, q, k_cache, v_cache, *, out=None, scale: float | None = None, return_lse: bool = False):
+        """Attention of the planned requests: q (total_q, Hq, D) packed as planned; k_cache, v_cache
+        (num_blocks, block_size, Hkv, D / Dv) (varlen: k, v (total_k, Hkv, D)); ``out`` (total_q, Hq, Dv) to write
+        into; ``scale`` (default: the step's). Launch only (no sync, no allocation but out and lse when not given).
+        Returns out, or ``(out, lse)`` with lse FP32 (Hq, total_q)."""
+        if not self._requests:
+            raise ValueError("BatchStep.run() before plan(): plan the step's requests first")
+        p = self._plan
+        paged = self.block_size > 0
+        for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+            if not isinstance(t, torch.Tensor) or t.dtype != self.dtype or t.device != self.device:
+                raise TypeError(f"{name} must be a {self.dtype} tensor on {self.device}, got "
+                                f"{getattr(t, 'dtype', type(t).__name__)} on {getattr(t, 'device', None)}")
+        kv = (self.block_size, p.Hkv) if paged else (p.Hkv,)
+        if (q.dim() != 3 or tuple(q.shape[1:]) != (p.Hq, p.D) or q.shape[0] < 1
+                or tuple(k_cache.shape[1:]) != kv + (p.D,) or tuple(v_cache.shape[1:]) != kv + (p.Dv,)
+                or v_cache.shape[0] != k_cache.shape[0] or k_cache.shape[0] < (1 if paged else 0)):
+            raise ValueError(f"the step takes q (rows, {p.Hq}, {p.D}) and "
+                             f"{'caches (num_blocks, ' if paged else 'k, v (total_k, '}{', '.join(map(str, kv))}, "
+                             f"{p.D} / {p.Dv}); got q {_shape(q)}, k {_shape(k_cache)}, v {_shape(v_cache)}")
+        if p.latent and not (v_cache.data_ptr() == k_cache.data_ptr() and v_cache.stride() == k_cache.stride()):
+            raise ValueError("MLA decode reads one latent cache: v_cache must be k_cache[..., :512]")
+        _check_out_type(out, q.dtype)
+        out = _check_out(out, (q.shape[0], p.Hq, p.Dv), q.dtype, self.device)
+        q = _readable("q", q, True)
+        k_cache, v_cache = _readable("k", k_cache, not paged), _readable("v", v_cache, not paged)
+        out, lse = _outputs(q, p.Hq, p.Dv, out, return_lse)
+        if not paged and k_cache.shape[0] == 0:
+            out.zero_()
+            if lse is not None:
+                lse.fill_(-float("inf"))
+            return _finish(out, lse, return_lse)
+        a = self._args
+        a.f.scale = self.scale if scale is None else check_scale(scale)
+        _set_tensors(a, q, k_cache, v_cache, out, lse, paged)
+        with torch.cuda.device(self.device) if self._current_device() != self.device.index \
+                else contextlib.nullcontext():
+            native.batch(a, self._raw_stream(self.device.index))
+        return _finish(out, lse, return_lse)

@@ -144,7 +144,12 @@ enum attn_lt_flash_sm90_variant {
  * [cu_k[b], cu_k[b+1]). Keys, paged (block_table set): k_cache (num_blocks, block_size, Hkv, D): block n's row r
  * at n * k_sb + r * k_ss (v likewise); request b's key j lies in block block_table[b * bt_stride + j / block_size].
  * Queries: request b owns q rows [cu_q[b], cu_q[b+1]), or row b alone when cu_q is null. Causal is bottom-right
- * within each request. D = Dv = 64, 128 or 256; fp16/bf16; no dense mask.
+ * within each request. D = Dv = 64, 128 or 256; fp16/bf16; no dense mask. MLA decode (Hopper only): D 576 with
+ * Dv 512, a paged latent cache read as K and V (v = k: the same address and strides, V its first 512 columns),
+ * block_size >= 64, at most one query row a request (f.Sq 1); the keys in parts of split_keys (a multiple of 64;
+ * 0: one part), o_part [parts][B][Hq][512] FP32 then lse_part [parts][B][Hq] in the workspace, a request of one part
+ * written directly; the V rows of keys it does not attend (past its length in its last block, a bad block) are
+ * zeroed in shared memory, so unwritten cache slots may hold anything.
  *
  * Device metadata is never trusted (attn_lt_batch_error bits are OR-ed into *error, which must be a device int32):
  * a request whose query range is not inside [0, total_q] or longer than f.Sq writes nothing; a request whose key
@@ -184,10 +189,11 @@ typedef struct attn_lt_batch_args {
 } attn_lt_batch_args;
 
 /* native/flash.cu: every request of the batch (the decode blocks, their merge, and the row blocks, the latter by
- * attn_lt_flash_sm90_batch with f.variant ATTN_LT_BATCH_SM90). */
+ * attn_lt_flash_sm90_batch with f.variant ATTN_LT_BATCH_SM90; MLA decode, D 576, by attn_lt_flash_sm90_batch). */
 int attn_lt_batch_fwd(const attn_lt_batch_args* args, void* stream);
 /* native/flash_sm90.cu: the row blocks of a batch (requests of more than 16 rows a kv head) on the Hopper prefill
- * kernel, packed or paged keys; grid (ceil(f.Sq / 128), Hq, B). cudaErrorNotSupported off sm_90. */
+ * kernel, packed or paged keys, grid (ceil(f.Sq / 128), Hq, B); or a whole MLA decode batch (D 576, above).
+ * cudaErrorNotSupported off sm_90. */
 int attn_lt_flash_sm90_batch(const attn_lt_batch_args* args, void* stream);
 
 int attn_lt_abi_version(void);

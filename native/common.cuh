@@ -150,8 +150,8 @@ inline cudaError_t opt_in_smem(const void* kernel, size_t bytes) {
 // ---- the LSE merge of split partials (native/flash.cu's key splits, native/flash_sm90.cu's MLA decode, the decode
 // blocks of a serving batch) ------------------------------------------------------------------------------------
 // Partials: o_part [splits][rows][D] FP32, normalised; lse_part [splits][rows], natural log. Dense calls: rows are
-// (b, h, position) of (B, Hq, Sq). Serving batches: rows are (b, kv head, decode-block row) of (B, Hkv, 16), and a
-// request's part count follows from its keys.
+// (b, h, position) of (B, Hq, Sq). Serving batches: rows are (b, kv head, decode-block row) of (B, Hkv, 16) (MLA:
+// (b, query head) of (B, Hq)), and a request's part count follows from its keys.
 #include "batch.cuh"
 
 // Where a merged row goes: the output row, its LSE (or null), and how many parts it has (0: zeros and LSE -inf);
@@ -188,6 +188,23 @@ __device__ __forceinline__ MergeTarget<T> merge_target(const attn_lt_batch_args&
     const int64_t head = hk * g + rr % g, q = r.q0 + rr / g;
     return {static_cast<T*>(a.f.o) + q * a.f.o_ss + head * a.f.o_sh,
             a.f.lse ? a.f.lse + head * a.total_q + q : nullptr, (r.nk + a.split_keys - 1) / a.split_keys};
+}
+// The MLA decode of a paged batch (native/flash_sm90.cu, at most one query row a request): rows are (b, query head)
+// of (B, Hq); a request of one part wrote its output itself, one without a row has none (no row to merge).
+struct MlaBatch {
+    attn_lt_batch_args a;
+};
+__host__ __device__ __forceinline__ const attn_lt_flash_args& flash_of(const MlaBatch& m) { return m.a.f; }
+__host__ __device__ __forceinline__ int64_t merge_rows(const MlaBatch& m) { return m.a.f.B * m.a.f.Hq; }
+template <typename T>
+__device__ __forceinline__ MergeTarget<T> merge_target(const MlaBatch& m, int64_t row) {
+    const attn_lt_batch_args& a = m.a;
+    const int64_t h = row % a.f.Hq, b = row / a.f.Hq;
+    const BatchRequest r = batch_request(a, static_cast<int>(b), false);
+    const int parts = (r.nk + a.split_keys - 1) / a.split_keys;
+    if (parts <= 1 || r.nq == 0) return {nullptr, nullptr, 0};
+    return {static_cast<T*>(a.f.o) + r.q0 * a.f.o_ss + h * a.f.o_sh, a.f.lse ? a.f.lse + h * a.total_q + r.q0 : nullptr,
+            parts};
 }
 __device__ __forceinline__ float merged_lse(float mx, float wsum) {
     return wsum > 0.f ? mx + logf(wsum) : -INFINITY;
@@ -282,15 +299,18 @@ __global__ void __launch_bounds__(128) merge_partials(const A args) {
 // threads takes a row, each thread four columns of every split: the LSEs and the 16-byte partial loads of all the
 // splits issued at once (one round trip), then weighed; no shared memory and no barrier.
 constexpr int kWideMergeMaxSplits = 8;
-template <int D, typename T>
-__global__ void __launch_bounds__(D / 4) merge_partials_wide(const attn_lt_flash_args a) {
+template <int D, typename T, typename A>
+__global__ void __launch_bounds__(D / 4) merge_partials_wide(const A args) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;\n" ::: "memory");  // launched early (see merge): wait for the partials
 #endif
     constexpr int N = kWideMergeMaxSplits;
-    const int64_t rows = a.B * a.Hq * a.Sq;
+    const attn_lt_flash_args& a = flash_of(args);
+    const int64_t rows = merge_rows(args);
     const int64_t row = blockIdx.x;
-    const int n = a.splits;
+    const MergeTarget<T> target = merge_target<T>(args, row);
+    if (target.out == nullptr) return;
+    const int n = target.parts;
     float l[N];
     float4 x[N];
 #pragma unroll
@@ -317,10 +337,17 @@ __global__ void __launch_bounds__(D / 4) merge_partials_wide(const attn_lt_flash
         }
     }
     const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
-    T* out = merge_target<T>(a, row).out + 4 * threadIdx.x;
+    T* out = target.out + 4 * threadIdx.x;
     *reinterpret_cast<uint2*>(out) = make_uint2(pack2<T>(acc.x * inv, acc.y * inv), pack2<T>(acc.z * inv, acc.w * inv));
-    if (threadIdx.x == 0 && a.lse != nullptr) a.lse[row] = merged_lse(mx, wsum);
+    if (threadIdx.x == 0 && target.lse != nullptr) *target.lse = merged_lse(mx, wsum);
 }
+
+// The most parts a merged row can have (the wide merge takes up to kWideMergeMaxSplits).
+__host__ __forceinline__ int64_t max_parts(const attn_lt_flash_args& a) { return a.splits; }
+__host__ __forceinline__ int64_t max_parts(const MlaBatch& m) {
+    return m.a.split_keys > 0 ? (m.a.f.Sk + m.a.split_keys - 1) / m.a.split_keys : 1;
+}
+__host__ __forceinline__ int64_t max_parts(const attn_lt_batch_args&) { return kWideMergeMaxSplits + 1; }
 
 // Join the splits. From sm_90 as a programmatic dependent launch: its launch overlaps the split kernel's last
 // blocks (a decode step is a few tens of microseconds, of which a dependent launch's latency is several).
@@ -341,11 +368,11 @@ cudaError_t merge(const A& args, cudaStream_t stream) {
     cfg.stream = stream;
     cfg.attrs = attr;
     cfg.numAttrs = dev->major >= 9 ? 1 : 0;
-    if constexpr (D >= 512 && std::is_same<A, attn_lt_flash_args>::value) {  // 16-byte partial rows (o_part 16-byte aligned) and 8-byte output quads
-        if (a.splits <= kWideMergeMaxSplits && reinterpret_cast<uintptr_t>(a.o_part) % 16 == 0 &&
+    if constexpr (D >= 512) {  // 16-byte partial rows (o_part 16-byte aligned) and 8-byte output quads
+        if (max_parts(args) <= kWideMergeMaxSplits && reinterpret_cast<uintptr_t>(a.o_part) % 16 == 0 &&
             reinterpret_cast<uintptr_t>(a.o) % 8 == 0 && (a.o_sb | a.o_sh | a.o_ss) % 4 == 0) {
             cfg.blockDim = dim3(D / 4);
-            return cudaLaunchKernelEx(&cfg, merge_partials_wide<D, T>, a);
+            return cudaLaunchKernelEx(&cfg, merge_partials_wide<D, T, A>, args);
         }
     }
     return cudaLaunchKernelEx(&cfg, merge_partials<D, T, A>, args);

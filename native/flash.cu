@@ -753,6 +753,7 @@ int launch_batch(const attn_lt_batch_args& a, cudaStream_t stream) {
 
 extern "C" int attn_lt_batch_fwd(const attn_lt_batch_args* a, void* stream) {
     if (a == nullptr || a->error == nullptr) return ATTN_LT_ERR_ARGS;
+    if (a->f.D == 576) return attn_lt_flash_sm90_batch(a, stream);  // MLA decode: the Hopper kernel only
     const attn_lt_flash_args& f = a->f;
     if (f.B <= 0 || f.Hq <= 0 || f.Hkv <= 0 || f.Sq <= 0 || f.Sk <= 0 || a->total_q <= 0 || a->total_k < 0 ||
         f.q == nullptr || f.k == nullptr || f.v == nullptr || f.o == nullptr)

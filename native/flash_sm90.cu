@@ -731,7 +731,8 @@ struct MlaLayout {
     static constexpr uint32_t kK = kQBytes, kP = kK + kMlaStages * kKBytes, kStat = kP + kSlab;
     static constexpr uint32_t kBars = kStat + 2 * kMlaRows * 4;  // rescale factors, then final sums
     static constexpr uint32_t kBarCount = 1 + 2 * kMlaStages + 2;
-    static constexpr size_t kSmem = kBars + 8 * kBarCount + 1024;
+    static constexpr uint32_t kBad = kBars + 8 * kBarCount;  // the paged mode: a bad word a stage
+    static constexpr size_t kSmem = kBad + 4 * kMlaStages + 1024;
     static_assert(kSmem <= 227 * 1024, "shared memory over the sm_90 limit");
 };
 
@@ -739,11 +740,25 @@ struct MlaParams : BaseParams, PartParams {  // Sq 1
     int row_blocks;
 };
 
+// The paged mode (a serving batch, attn_lt_flash_sm90_batch): p.Sk is the key capacity that sized the grid, each
+// request's keys come from batch_request, its rows from its block table.
+struct MlaPagedParams : MlaParams {
+    attn_lt_batch_args batch;
+};
+template <bool kPaged>
+using MlaFwdParams = std::conditional_t<kPaged, MlaPagedParams, MlaParams>;
+
 // Grid: (row blocks x parts, Hkv, B); block: 384 threads; dynamic shared memory MlaLayout::kSmem.
-template <typename T>
+// kPaged: block z is request z of a paged batch (one query row a request: row q0 of q and o, or none): its keys in parts of
+// p.tiles_per_part tiles (the parts past the request's last key exit at once), each K tile one block's 64 rows
+// (block size >= 64), looked up a tile ahead by the producer. A request of one part writes its output; one of more
+// writes partials that merge_partials joins (MlaBatch). A block id outside the cache is read as block 0 and its keys
+// hidden (the stage's bad word); the V rows of hidden keys (the request's tail in its last block, a bad block) are
+// zeroed in shared memory before P V, so that whatever the cache holds there (unwritten slots) cannot reach O.
+template <typename T, bool kPaged = false>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_decode_sm90(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmk,
-                    const MlaParams p) {
+                    const MlaFwdParams<kPaged> p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using L = MlaLayout;
     extern __shared__ unsigned char smem_raw[];
@@ -760,7 +775,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int hk = blockIdx.y, b = blockIdx.z;
     const int rows_valid = min(kMlaRows, p.group - rb * kMlaRows);
     const int h0 = hk * p.group + rb * kMlaRows;  // the block's first query head
-    const int all_tiles = (p.Sk + kMlaKeys - 1) / kMlaKeys;
+    int Sk = p.Sk, q_row = b, rows = 1;  // the keys; q's batch entry (paged: the request's row) and its rows (0 or 1)
+    if constexpr (kPaged) {
+        const BatchRequest r = batch_request(p.batch, b, threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0);
+        Sk = r.nk;
+        q_row = r.q0;
+        rows = r.nq;
+    }
+    const int all_tiles = (Sk + kMlaKeys - 1) / kMlaKeys;
+    // the request's parts (paged: ceil(tiles / tiles_per_part); 0 without keys); one part writes the output
+    const int req_parts = kPaged ? (all_tiles + p.tiles_per_part - 1) / p.tiles_per_part : p.parts;
+    const bool direct = kPaged ? req_parts <= 1 : p.parts == 1;
+    if (kPaged && (part >= max(req_parts, 1) || rows == 0)) return;  // the whole CTA, before any barrier
     const int t0 = part * p.tiles_per_part;
     const int n_tiles = max(0, min(all_tiles, t0 + p.tiles_per_part) - t0);
 
@@ -786,14 +812,34 @@ __global__ void __launch_bounds__(kThreads, 1)
             prefetch_map(&tmq);
             prefetch_map(&tmk);
             mbar_expect_tx(full_q, L::kQBytes);
-            tma_load_5d(sQ, &tmq, full_q, 0, h0, 0, 0, b);
+            tma_load_5d(sQ, &tmq, full_q, 0, h0, 0, 0, q_row);
             int s = 0;
             uint32_t ph = 0;
-            for (int i = 0; i < n_tiles; ++i) {
-                mbar_wait(empty_k(s), ph ^ 1);
-                mbar_expect_tx(full_k(s), L::kKBytes);
-                tma_load_5d(sK + s * L::kKBytes, &tmk, full_k(s), 0, (t0 + i) * kMlaKeys, 0, hk, b);
-                ring_next<kMlaStages>(s, ph);
+            if constexpr (kPaged) {  // tile i: rows key % bs.. of block_table[b][key / bs], key = (t0 + i) * 64
+                const attn_lt_batch_args& a = p.batch;
+                const int log2_bs = paged_log2_bs(a);
+                const int32_t* table = a.block_table + b * a.bt_stride;
+                auto lookup = [&](int i) { return i < n_tiles ? __ldg(table + (((t0 + i) * kMlaKeys) >> log2_bs)) : 0; };
+                int next = lookup(0);
+                for (int i = 0; i < n_tiles; ++i) {
+                    const int id = next;
+                    next = lookup(i + 1);  // in flight during this tile's wait and copy
+                    const bool bad = id < 0 || id >= a.num_blocks;
+                    mbar_wait(empty_k(s), ph ^ 1);
+                    if (bad) atomicOr(a.error, ATTN_LT_BATCH_BAD_BLOCK);
+                    st_shared_u32(base + L::kBad + 4u * s, bad ? 1u : 0u);  // before the arrival that releases it
+                    mbar_expect_tx(full_k(s), L::kKBytes);
+                    tma_load_5d(sK + s * L::kKBytes, &tmk, full_k(s), 0, ((t0 + i) * kMlaKeys) & ((1 << log2_bs) - 1),
+                                0, hk, bad ? 0 : id);
+                    ring_next<kMlaStages>(s, ph);
+                }
+            } else {
+                for (int i = 0; i < n_tiles; ++i) {
+                    mbar_wait(empty_k(s), ph ^ 1);
+                    mbar_expect_tx(full_k(s), L::kKBytes);
+                    tma_load_5d(sK + s * L::kKBytes, &tmk, full_k(s), 0, (t0 + i) * kMlaKeys, 0, hk, b);
+                    ring_next<kMlaStages>(s, ph);
+                }
             }
         }
         return;
@@ -831,8 +877,28 @@ __global__ void __launch_bounds__(kThreads, 1)
                 wgmma_commit();
                 wgmma_wait<0>();
                 fence_regs(sacc);
-                if (n0 + kMlaKeys > p.Sk)  // the key tail (TMA gave zeros past the last key)
-                    hide_keys(sacc, n0 + 2 * (lane % 4), p.Sk, p.Sk);
+                const bool tail = n0 + kMlaKeys > Sk;
+                bool bad = false;
+                if constexpr (kPaged) bad = ld_shared_u32(base + L::kBad + 4u * s) != 0;
+                if (bad) {
+#pragma unroll
+                    for (int j = 0; j < kMlaKeys / 2; ++j) sacc[j] = -INFINITY;
+                } else if (tail) {  // the key tail (dense: TMA gave zeros past the last key)
+                    hide_keys(sacc, n0 + 2 * (lane % 4), Sk, Sk);
+                }
+                if (kPaged && (bad || tail)) {  // the hidden keys' V rows to zeros: [first, 64) of slabs 0-7
+                    const int first = bad ? 0 : Sk - n0;
+                    bar_sync(1, 128);  // every warp's S wgmma has read the tile
+                    for (int e = tid; e < (kMlaKeys - first) * (kMlaDv / 8); e += 128) {
+                        const int row = first + e / (kMlaDv / 8), col = e % (kMlaDv / 8);  // 16-byte chunks
+                        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(
+                                         kb + (col / 8) * L::kSlab + row * 128 + (col % 8) * 16),
+                                     "r"(0u)
+                                     : "memory");
+                    }
+                    fence_async_smem();
+                    bar_sync(1, 128);  // zeros visible to this warpgroup's P V (warpgroup 2's: through p_full)
+                }
                 float corr[2];
                 online_softmax(sacc, m_r, l_r, p.sl2, corr);
                 to_a_fragments<T>(sacc, pf);
@@ -909,8 +975,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (r >= rows_valid) continue;
         const float inv = half ? inv1 : inv0;
         const int64_t orow = int64_t(b) * p.Hq + h0 + r;
-        if (p.parts == 1) {
-            T* out = static_cast<T*>(p.o) + b * p.o_sb + (h0 + r) * p.o_sh + 256 * c + 2 * (lane % 4);
+        if (direct) {
+            T* out = static_cast<T*>(p.o) + q_row * p.o_sb + (h0 + r) * p.o_sh + 256 * c + 2 * (lane % 4);
 #pragma unroll
             for (int j = 0; j < kMlaGroups; ++j)
                 *reinterpret_cast<uint32_t*>(out + 8 * j) =
@@ -925,8 +991,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (c == 0 && lane % 4 == 0) {
             const float l = half ? l_r[1] : l_r[0], m = half ? m_r[1] : m_r[0];
             const float lse = l > 0.f ? (m * p.sl2 + log2f(l)) * kLn2 : -INFINITY;
-            if (p.parts > 1) p.lse_part[part * rows_out + orow] = lse;
-            else if (p.lse != nullptr) p.lse[orow] = lse;
+            if (!direct) {
+                p.lse_part[part * rows_out + orow] = lse;
+            } else if (p.lse != nullptr) {
+                if constexpr (kPaged) p.lse[(h0 + r) * p.batch.total_q + q_row] = lse;  // (Hq, total_q)
+                else p.lse[orow] = lse;
+            }
         }
     }
 #else
@@ -1429,8 +1499,44 @@ cudaError_t launch_batch(const attn_lt_batch_args& ba, cudaStream_t stream) {
     return cudaGetLastError();
 }
 
+// MLA decode of a paged batch (mla_decode_sm90's paged mode, then merge_partials for the requests of several
+// parts): q (total_q, Hq, 576), request b's row b or cu_q[b] (at most one); the latent cache (num_blocks, bs, Hkv,
+// 576), bs >= 64, v = k.
+// Preconditions checked by attn_lt_flash_sm90_batch.
+template <typename T>
+cudaError_t launch_mla_batch(const attn_lt_batch_args& ba, cudaStream_t stream) {
+    using L = MlaLayout;
+    constexpr CUtensorMapDataType dt = tma_dtype<T>();
+    const attn_lt_flash_args& a = ba.f;
+    alignas(64) CUtensorMap mq, mk;
+    if (!make_map(&mq, dt, a.q, ba.total_q, 1, a.Hq, kMlaD, a.q_ss, 0, a.q_sh, kMlaRows) ||
+        !make_paged_map(&mk, dt, a.k, ba.num_blocks, ba.block_size, a.Hkv, kMlaD, a.k_sb, a.k_sh, a.k_ss, kMlaKeys,
+                        kMlaD / 64))
+        return static_cast<cudaError_t>(ATTN_LT_ERR_TENSOR_MAP);
+    const auto kernel = mla_decode_sm90<T, true>;
+    cudaError_t err = opt_in_smem(reinterpret_cast<const void*>(kernel), L::kSmem);
+    if (err != cudaSuccess) return err;
+    MlaPagedParams p{};
+    static_cast<BaseParams&>(p) = base_params(a);
+    p.o_sb = a.o_ss;  // request b's output row q0
+    p.o_part = a.o_part;
+    p.lse_part = a.lse_part;
+    const int64_t tiles = (a.Sk + kMlaKeys - 1) / kMlaKeys;
+    p.tiles_per_part = static_cast<int>(ba.split_keys > 0 ? ba.split_keys / kMlaKeys : tiles);
+    p.parts = static_cast<int>((tiles + p.tiles_per_part - 1) / p.tiles_per_part);
+    p.row_blocks = (p.group + kMlaRows - 1) / kMlaRows;
+    p.batch = ba;
+    const dim3 grid(static_cast<unsigned>(p.row_blocks * p.parts), static_cast<unsigned>(a.Hkv),
+                    static_cast<unsigned>(a.B));
+    kernel<<<grid, kThreads, L::kSmem, stream>>>(mq, mk, p);
+    err = cudaGetLastError();
+    if (err != cudaSuccess || p.parts == 1) return err;
+    return merge<kMlaDv, T>(MlaBatch{ba}, stream);
+}
+
 template <typename T>
 cudaError_t launch_batch_dim(const attn_lt_batch_args& ba, cudaStream_t stream) {
+    if (ba.f.D == kMlaD) return launch_mla_batch<T>(ba, stream);
     if (ba.f.D == 64) return launch_batch<64, T>(ba, stream);
     if (ba.f.D == 128) return launch_batch<128, T>(ba, stream);
     return launch_batch<256, T>(ba, stream);
@@ -1540,7 +1646,27 @@ extern "C" int attn_lt_flash_sm90_batch(const attn_lt_batch_args* args, void* st
         reinterpret_cast<uintptr_t>(args->seqlens_k) % 4)
         return ATTN_LT_ERR_ALIGNMENT;
     if (a.Hq % a.Hkv || a.B > 65535 || a.Hq > 65535) return ATTN_LT_ERR_HEADS;
-    if ((a.D != 64 && a.D != 128 && a.D != 256) || (a.Dv != 0 && a.Dv != a.D)) return ATTN_LT_ERR_HEAD_DIM;
+    const bool latent = a.D == kMlaD;
+    if (latent ? a.Dv != kMlaDv : (a.D != 64 && a.D != 128 && a.D != 256) || (a.Dv != 0 && a.Dv != a.D))
+        return ATTN_LT_ERR_HEAD_DIM;
+    if (latent) {  // MLA decode: a paged latent cache, v = k[..., :512] (the same memory), one query row a request
+        if (a.v != a.k || a.v_sb != a.k_sb || a.v_sh != a.k_sh || a.v_ss != a.k_ss) return ATTN_LT_ERR_LATENT;
+        if (!paged || args->block_size < kMlaKeys || a.Sq != 1 || args->split_keys < 0 ||
+            args->split_keys % kMlaKeys || a.Sk <= 0 || a.Sk >= (1LL << 30))
+            return ATTN_LT_ERR_BATCH;
+        const int64_t tiles = (a.Sk + kMlaKeys - 1) / kMlaKeys;
+        const int64_t per_part = args->split_keys > 0 ? args->split_keys / kMlaKeys : tiles;
+        const int64_t parts = (tiles + per_part - 1) / per_part;  // as launch_mla_batch plans them
+        const int64_t row_blocks = (a.Hq / a.Hkv + kMlaRows - 1) / kMlaRows;
+        if (row_blocks * parts > 65535) return ATTN_LT_ERR_BATCH;
+        if (parts > 1) {  // the partials inside the workspace: outputs [parts][B * Hq][512], then their LSEs
+            const int64_t rows = parts * a.B * a.Hq;
+            if (a.o_part == nullptr || a.lse_part == nullptr ||
+                reinterpret_cast<const char*>(a.lse_part) != reinterpret_cast<const char*>(a.o_part) + rows * kMlaDv * 4 ||
+                args->workspace_bytes < rows * (kMlaDv + 1) * 4 || reinterpret_cast<uintptr_t>(a.o_part) % 8)
+                return ATTN_LT_ERR_BATCH;
+        }
+    }
     if (a.Sq >= (1LL << 30) || a.Sk >= (1LL << 30) || args->total_q >= (1LL << 31) ||
         (!paged && args->total_k >= (1LL << 31)))
         return ATTN_LT_ERR_LENGTH;

@@ -124,6 +124,44 @@ def test_explain_batch_says_what_runs():
         attn_lt.explain_batch(4, 8, 8, 80, max_seqlen_q=1, max_seqlen_k=100)
 
 
+def test_plan_mla_decode():
+    p = batch.plan_batch(64, 128, 1, 576, Dv=512, max_seqlen_q=1, max_seqlen_k=8192, block_size=64, facts=H100)
+    assert p.latent and p.decode_blocks and p.row_kernel is None
+    assert p.split_keys % batch.KEY_TILE == 0 and p.split_keys >= batch.MLA_SPLIT_MIN_KEYS
+    assert p.parts == -(-8192 // p.split_keys) > 1
+    assert p.workspace_bytes == p.parts * 64 * 128 * 513 * 4 <= batch.MAX_PARTIAL_BYTES
+    assert p.to_dict()["head_dim_v"] == 512
+    small = batch.plan_batch(1, 16, 1, 576, Dv=512, max_seqlen_q=1, max_seqlen_k=512, block_size=64, facts=H100)
+    assert small.parts == 1 and small.workspace_bytes == 0
+    text = attn_lt.explain_batch(64, 128, 1, 576, head_dim_v=512, max_seqlen_q=1, max_seqlen_k=8192, block_size=64)
+    assert "MLA decode blocks" in text and "v in k" in text and "parts of" in text
+    with pytest.raises(ValueError, match="blocks of at least 64"):
+        attn_lt.explain_batch(4, 16, 1, 576, head_dim_v=512, max_seqlen_q=1, max_seqlen_k=100, block_size=16)
+    with pytest.raises(ValueError, match="one query row a request"):
+        attn_lt.explain_batch(4, 16, 1, 576, head_dim_v=512, max_seqlen_q=2, max_seqlen_k=100, block_size=64)
+    with pytest.raises(ValueError, match="head dim 576"):
+        attn_lt.explain_batch(4, 16, 1, 576, max_seqlen_q=1, max_seqlen_k=100)
+
+
+def test_mla_paged_validation():
+    k_cache = torch.randn(8, 64, 1, 576, dtype=torch.bfloat16)
+    q = torch.randn(2, 16, 576, dtype=torch.bfloat16)
+    table, seqlens = torch.zeros(2, 4, dtype=torch.int32), torch.ones(2, dtype=torch.int32)
+    with pytest.raises(ValueError, match="same memory"):
+        attn_lt.paged_attention(q, k_cache, k_cache[..., :512].clone(), table, seqlens)
+    small = torch.randn(8, 16, 1, 576, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="blocks of at least 64"):
+        attn_lt.paged_attention(q, small, small[..., :512], table, seqlens)
+    with pytest.raises(ValueError, match="one query row a request"):
+        attn_lt.paged_attention(torch.randn(3, 16, 576, dtype=torch.bfloat16), k_cache, k_cache[..., :512], table,
+                                seqlens, cu_seqlens_q=cu([2, 1]), max_seqlen_q=2)
+    with pytest.raises(ValueError, match="head dims must agree"):  # 576/512 only from one latent cache
+        attn_lt.varlen_attention(q, k_cache[:, 0], k_cache[:, 0, :, :512], cu([1, 1]), cu([1, 1]), max_seqlen_q=1,
+                                 max_seqlen_k=1)
+    with pytest.raises(ValueError, match="CUDA device"):
+        attn_lt.paged_attention(q, k_cache, k_cache[..., :512], table, seqlens)
+
+
 def test_describe_errors():
     assert len(batch.describe_errors(31)) == 5
     assert batch.describe_errors(16) == ["a block id outside [0, num_blocks)"]

@@ -10,7 +10,7 @@ import torch
 
 import attn_lt
 from attn_lt import batch
-from attn_lt.fused import DeviceFacts
+from attn_lt.fused import DeviceFacts, device_facts
 from attn_lt.testing import (paged_gather, paged_reference, random_pages, rel_error, sdpa, tolerance,
                              varlen_reference)
 
@@ -212,6 +212,107 @@ def test_varlen_bad_offsets_are_reported():
                                  max_seqlen_q=4, max_seqlen_k=20, check=True)
 
 
+def mla_cache(seqlens, block_size, Hkv, dtype, poison_unused=True):
+    """A paged latent cache (num_blocks, bs, Hkv, 576) and its v view (the first 512 columns); the slots no request
+    owns (its last block's tail, the spare blocks) NaN when ``poison_unused``: MLA decode must never let them in."""
+    k_cache, _, table, seqlens_k = random_pages(seqlens, block_size, Hkv, 576, dtype)
+    if poison_unused:
+        owned = torch.zeros(k_cache.shape[:2], dtype=torch.bool, device="cuda")
+        for row, n in zip(table.tolist(), seqlens):
+            for j in range(-(-n // block_size)):
+                owned[row[j], :min(block_size, n - j * block_size)] = True
+        k_cache[~owned] = math.nan
+    return k_cache, k_cache[..., :512], table, seqlens_k
+
+
+def mla_torch(q, k_cache, v_cache, table, seqlens_k):
+    k, v, cu_k = paged_gather(k_cache, v_cache, table, seqlens_k)
+    return torch_varlen(q, k, v, torch.arange(q.shape[0] + 1, dtype=torch.int32, device="cuda"), cu_k, False)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block_size", [64, 256])
+@pytest.mark.parametrize("Hq", [16, 128])
+def test_mla_paged_decode(dtype, block_size, Hq):
+    """MLA decode on a paged latent cache: lengths 0, 1 and around a block, requests of one part (written directly)
+    and of several (merged), unwritten slots NaN, against FP64."""
+    if not device_facts().hopper:
+        pytest.skip("MLA decode on a paged cache runs on the Hopper kernel")
+    seqlens = [0, 1, 63, 64, 65, 5000, 1000, 3 * block_size + 7, 2500]
+    k_cache, v_cache, table, seqlens_k = mla_cache(seqlens, block_size, 1, dtype)
+    q = torch.randn(len(seqlens), Hq, 576, dtype=dtype, device="cuda")
+    out = torch.full((len(seqlens), Hq, 512), math.nan, dtype=dtype, device="cuda")
+    plan = batch.plan_batch(len(seqlens), Hq, 1, 576, Dv=512, max_seqlen_q=1, max_seqlen_k=table.shape[1] * block_size,
+                            block_size=block_size)
+    assert plan.parts > 1  # 5000 keys take several parts, the short requests one
+    out, lse = attn_lt.paged_attention(q, k_cache, v_cache, table, seqlens_k, return_lse=True, out=out, check=True)
+    ref, ref_lse = paged_reference(q, k_cache, v_cache, table, seqlens_k, causal=False)
+    check_against(out, lse, ref, ref_lse, mla_torch(q, k_cache, v_cache, table, seqlens_k))
+
+
+def test_mla_paged_bad_block_and_refusals():
+    if not device_facts().hopper:
+        pytest.skip("MLA decode on a paged cache runs on the Hopper kernel")
+    dtype, bs = torch.bfloat16, 64
+    seqlens = [3000, 700]
+    k_cache, v_cache, table, seqlens_k = mla_cache(seqlens, bs, 1, dtype, poison_unused=False)
+    q = torch.randn(2, 64, 576, dtype=dtype, device="cuda")
+    bad = table.clone()
+    bad[0, 5] = k_cache.shape[0] + 7
+    out, lse = attn_lt.paged_attention(q, k_cache, v_cache, bad, seqlens_k, return_lse=True)
+    with pytest.raises(ValueError, match="block id"):
+        attn_lt.check_batch_errors()
+    good = attn_lt.paged_attention(q, k_cache, v_cache, table, seqlens_k)
+    assert torch.equal(out[1], good[1])
+    k, v, _ = paged_gather(k_cache, v_cache, table, seqlens_k)
+    from attn_lt.testing import reference
+    hide = torch.zeros(1, 1, 1, 3000, dtype=torch.float32, device="cuda")
+    hide[..., 5 * bs:6 * bs] = -math.inf
+    ref, _ = reference(q[:1].transpose(0, 1)[None], k[:3000].transpose(0, 1)[None], v[:3000].transpose(0, 1)[None],
+                       attn_mask=hide, dtype=torch.float64)
+    assert torch.isfinite(out).all()
+    assert rel_error(out[:1], ref[0].transpose(0, 1)) < 2e-2
+    with pytest.raises(ValueError, match="same memory"):
+        attn_lt.paged_attention(q, k_cache, k_cache[..., :512].clone(), table, seqlens_k)
+    with pytest.raises(ValueError, match="one query row a request"):
+        attn_lt.paged_attention(q, k_cache, v_cache, table, seqlens_k, cu_seqlens_q=cu([1, 1]), max_seqlen_q=2)
+
+
+def test_mla_graph_replay():
+    """One capture of an MLA decode step, replayed while lengths grow and block tables change."""
+    if not device_facts().hopper:
+        pytest.skip("MLA decode on a paged cache runs on the Hopper kernel")
+    rng = random.Random(1)
+    dtype, B, Hq, bs, max_blocks = torch.bfloat16, 12, 64, 64, 48
+    k_cache = torch.randn(B * max_blocks, bs, 1, 576, dtype=dtype, device="cuda")
+    v_cache = k_cache[..., :512]
+    table = torch.randperm(B * max_blocks).to(torch.int32).view(B, max_blocks).cuda()
+    lengths = [rng.randrange(0, 1500) for _ in range(B)]
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    q = torch.randn(B, Hq, 576, dtype=dtype, device="cuda")
+    out = torch.empty(B, Hq, 512, dtype=dtype, device="cuda")
+
+    def call():
+        attn_lt.paged_attention(q, k_cache, v_cache, table, seqlens, out=out)
+
+    call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    for step in range(30):
+        lengths = [min(max_blocks * bs, n + rng.randrange(0, 200)) if rng.random() > 0.1 else 0 for n in lengths]
+        seqlens.copy_(torch.tensor(lengths, dtype=torch.int32))
+        if step % 7 == 0:
+            table.copy_(torch.randperm(B * max_blocks).to(torch.int32).view(B, max_blocks))
+        q.copy_(torch.randn_like(q))
+        out.fill_(math.nan)
+        graph.replay()
+        replayed = out.clone()
+        assert torch.equal(replayed, attn_lt.paged_attention(q, k_cache, v_cache, table, seqlens)), f"step {step}"
+    attn_lt.check_batch_errors()
+
+
 def test_graph_replay_with_changing_lengths_and_tables():
     """One capture for a capacity, 200 replays: lengths grow, requests join and leave, block tables change."""
     rng = random.Random(0)
@@ -254,4 +355,87 @@ def test_graph_replay_with_changing_lengths_and_tables():
         replayed = out.clone()
         eager = attn_lt.paged_attention(q, k_cache, v_cache, table, seqlens)
         assert torch.equal(replayed, eager), f"step {step}"
+    attn_lt.check_batch_errors()
+
+
+def test_step_replays_one_capture_over_many_plans():
+    """BatchStep: one capture of run() for a capacity; plan() between replays with requests joining and leaving
+    (B below the capacity), new lengths and tables; equal to paged_attention on the same requests."""
+    rng = random.Random(2)
+    dtype, cap, Hq, Hkv, D, bs, max_blocks = torch.bfloat16, 16, 32, 8, 128, 16, 64
+    num_blocks = cap * max_blocks
+    k_cache = torch.randn(num_blocks, bs, Hkv, D, dtype=dtype, device="cuda")
+    v_cache = torch.randn_like(k_cache)
+    step = attn_lt.BatchStep(cap, Hq, Hkv, D, max_seqlen_k=max_blocks * bs, block_size=bs, dtype=dtype)
+    q = torch.randn(cap, Hq, D, dtype=dtype, device="cuda")
+    out = torch.empty_like(q)
+    table = torch.randperm(num_blocks).to(torch.int32).view(cap, max_blocks).cuda()
+    seqlens = torch.tensor([rng.randrange(0, 600) for _ in range(cap)], dtype=torch.int32, device="cuda")
+    step.plan(None, seqlens, table)
+    step.run(q, k_cache, v_cache, out=out)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step.run(q, k_cache, v_cache, out=out)
+    twin = attn_lt.BatchStep(cap, Hq, Hkv, D, max_seqlen_k=max_blocks * bs, block_size=bs, dtype=dtype)
+    for it in range(40):
+        B = rng.randrange(1, cap + 1)
+        lens = torch.tensor([rng.randrange(0, max_blocks * bs + 1) for _ in range(B)], dtype=torch.int32).cuda()
+        tab = torch.randperm(num_blocks)[:B * max_blocks].to(torch.int32).view(B, max_blocks).cuda()
+        step.plan(None, lens, tab)
+        twin.plan(None, lens, tab)
+        q.copy_(torch.randn_like(q))
+        out.fill_(math.nan)
+        graph.replay()
+        assert torch.equal(out[:B], twin.run(q[:B], k_cache, v_cache)), f"iteration {it}"  # the same plan, eager
+        one_call = attn_lt.paged_attention(q[:B], k_cache, v_cache, tab, lens)  # its own capacity's split
+        assert rel_error(out[:B], one_call) < 1e-2, f"iteration {it}"
+    attn_lt.check_batch_errors()
+
+
+@pytest.mark.parametrize("paged", [True, False])
+def test_step_mixed_rows(paged):
+    """Prefill chunks and decode rows planned with cu_seqlens_q, run per layer with two caches; varlen too."""
+    dtype, Hq, Hkv, D, bs = torch.float16, 16, 4, 128, 64
+    k_lens, q_lens = [3000, 1, 700, 0, 65], [1000, 1, 4, 0, 65]
+    cap = 8
+    step = attn_lt.BatchStep(cap, Hq, Hkv, D, max_seqlen_q=1024, max_seqlen_k=4096, block_size=bs if paged else 0,
+                             dtype=dtype)
+    q = torch.randn(sum(q_lens), Hq, D, dtype=dtype, device="cuda")
+    if paged:
+        layers = [random_pages(k_lens, bs, Hkv, D, dtype) for _ in range(2)]
+        table, seqlens = layers[0][2], layers[0][3]
+        layers = [(kc, vc) for kc, vc, _, _ in layers]
+        # the second layer's cache uses the first one's table: same block ids, other contents
+        step.plan(cu(q_lens), seqlens, table)
+    else:
+        layers = [(torch.randn(sum(k_lens), Hkv, D, dtype=dtype, device="cuda"),
+                   torch.randn(sum(k_lens), Hkv, D, dtype=dtype, device="cuda")) for _ in range(2)]
+        step.plan(cu(q_lens), cu_seqlens_k=cu(k_lens))
+    for kc, vc in layers:
+        out, lse = step.run(q, kc, vc, return_lse=True)
+        if paged:
+            ref, ref_lse = paged_reference(q, kc, vc, table, seqlens, cu_seqlens_q=cu(q_lens), causal=True)
+            k, v, cu_k = paged_gather(kc, vc, table, seqlens)
+        else:
+            ref, ref_lse = varlen_reference(q, kc, vc, cu(q_lens), cu(k_lens), causal=True)
+            k, v, cu_k = kc, vc, cu(k_lens)
+        check_against(out, lse, ref, ref_lse, torch_varlen(q, k, v, cu(q_lens), cu_k, True))
+    attn_lt.check_batch_errors()
+
+
+def test_step_mla_below_capacity():
+    """An MLA decode step planned for 8 requests, run with 5 (q holds 5 rows)."""
+    if not device_facts().hopper:
+        pytest.skip("MLA decode on a paged cache runs on the Hopper kernel")
+    dtype, bs = torch.bfloat16, 64
+    seqlens = [4000, 0, 1, 130, 2000]
+    k_cache, v_cache, table, seqlens_k = mla_cache(seqlens, bs, 1, dtype)
+    step = attn_lt.BatchStep(8, 128, 1, 576, head_dim_v=512, max_seqlen_k=4096, block_size=bs, dtype=dtype)
+    assert "MLA decode blocks" in step.explain()
+    q = torch.randn(5, 128, 576, dtype=dtype, device="cuda")
+    step.plan(None, seqlens_k, table)
+    out, lse = step.run(q, k_cache, v_cache, return_lse=True)
+    ref, ref_lse = paged_reference(q, k_cache, v_cache, table, seqlens_k, causal=False)
+    check_against(out, lse, ref, ref_lse, mla_torch(q, k_cache, v_cache, table, seqlens_k))
     attn_lt.check_batch_errors()

@@ -11,6 +11,10 @@
 3. **mixed batch**: 4 prefill chunks of 2048 tokens against prefixes of 8k-32k plus 60 decode rows of 1k-32k from a
    paged cache (block size 16), one call, against the prefill-only and decode-only calls.
 4. **graph replay**: the ragged decode call captured once and replayed with new lengths.
+5. **MLA decode** (Hopper): q (B, Hq, 576) against a paged latent cache (block size 64, v its first 512 columns):
+   ragged lengths against the roofline of the latent bytes the requests own; equal lengths against attn_lt's dense
+   MLA decode on a contiguous cache and SDPA on the padded cache (where a backend takes D 576); the key-split
+   sizes around the planned one.
 
     python tools/bench_batch.py [--out DIR] [--quick]
 
@@ -30,6 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 import attn_lt  # noqa: E402
+from attn_lt.fused import device_facts  # noqa: E402
 from attn_lt.testing import random_pages, time_ms  # noqa: E402
 
 DT = torch.bfloat16
@@ -208,6 +213,79 @@ def graph_replay(lengths: list[int]) -> dict:
     return {"eager_ms": eager, "replay_ms": time_ms(g.replay)}
 
 
+def mla_decode(lengths: list[int], Hq: int, rate: float, sweep: bool = False) -> dict:
+    """MLA decode on a paged latent cache (block size 64); with equal lengths also the dense peers."""
+    import torch.nn.functional as F
+
+    from attn_lt import batch
+
+    B, total, smax = len(lengths), sum(lengths), max(lengths)
+    owned = total * 576 * 2
+    kc, _, table, seqlens = random_pages(lengths, 64, 1, 576, DT, spare_blocks=0)
+    vc = kc[..., :512]
+    del _
+    q = torch.randn(B, Hq, 576, dtype=DT, device="cuda")
+    res = {"B": B, "Hq": Hq, "lengths": [min(lengths), smax], "owned_GB": owned / 1e9,
+           "roofline_ms": owned / rate * 1e3}
+    call = lambda: attn_lt.paged_attention(q, kc, vc, table, seqlens, scale=0.1)  # noqa: E731
+    res["paged_ms"] = time_ms(call)
+    res["paged_roofline"] = res["roofline_ms"] / res["paged_ms"]
+    plan = batch.plan_batch(B, Hq, 1, 576, Dv=512, max_seqlen_q=1, max_seqlen_k=table.shape[1] * 64, block_size=64)
+    res["split_keys"], res["parts"] = plan.split_keys, plan.parts
+    if sweep:  # the part sizes around the planned one
+        saved = batch.MLA_SPLIT_WAVES
+        try:
+            for waves in (1, 4, 8):
+                batch.MLA_SPLIT_WAVES = waves
+                batch._plan.cache_clear()
+                res[f"waves{waves}_ms"] = time_ms(call)
+        finally:
+            batch.MLA_SPLIT_WAVES = saved
+            batch._plan.cache_clear()
+    if len(set(lengths)) == 1:  # equal lengths: the dense cache
+        kd = torch.randn(B, 1, smax, 576, dtype=DT, device="cuda")
+        qd = q[:, :, None]
+        res["dense_attn_lt_ms"] = time_ms(lambda: attn_lt.attention(qd, kd, kd[..., :512], scale=0.1))
+        kx = kd.expand(B, Hq, smax, 576)
+        peer(res, "sdpa_default", lambda: F.scaled_dot_product_attention(qd, kx, kx[..., :512], scale=0.1))
+        res["paged_vs_dense"] = res["dense_attn_lt_ms"] / res["paged_ms"]
+    return res
+
+
+def host_costs() -> dict:
+    """Host time per call (median of 200, no sync between calls): BatchStep.plan for 64 requests and run per layer,
+    the one-call paged_attention, attn_lt's dense decode call and SDPA's on a cache of the same size."""
+    import time
+
+    import torch.nn.functional as F
+
+    def host_us(fn, n=200):
+        fn()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        torch.cuda.synchronize()
+        return sorted(times)[n // 2] * 1e6
+
+    B, Sk, bs = 64, 4096, 16
+    kc, vc, table, seqlens = random_pages([Sk] * B, bs, HKV, D, DT)
+    q = torch.randn(B, HQ, D, dtype=DT, device="cuda")
+    out = torch.empty_like(q)
+    step = attn_lt.BatchStep(B, HQ, HKV, D, max_seqlen_k=Sk, block_size=bs, dtype=DT)
+    res = {"B": B, "Sk": Sk}
+    res["step_plan_us"] = host_us(lambda: step.plan(None, seqlens, table))
+    res["step_run_us"] = host_us(lambda: step.run(q, kc, vc, out=out))
+    res["paged_attention_us"] = host_us(lambda: attn_lt.paged_attention(q, kc, vc, table, seqlens, out=out))
+    kd = torch.randn(B, HKV, Sk, D, dtype=DT, device="cuda")
+    qd = q[:, :, None]
+    res["dense_attn_lt_us"] = host_us(lambda: attn_lt.attention(qd, kd, kd))
+    res["sdpa_us"] = host_us(lambda: F.scaled_dot_product_attention(qd, kd, kd, enable_gqa=True))
+    return res
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench-results")
@@ -219,6 +297,11 @@ def main() -> int:
     res["decode64"] = ragged_decode([rng.randrange(256, 8193) for _ in range(64)], rate * 1e12)
     res["decode16"] = ragged_decode([65536] + [rng.randrange(4096, 65537) for _ in range(15)], rate * 1e12)
     res["mixed"] = mixed_batch(rng)
+    if device_facts().hopper:
+        res["mla64"] = mla_decode([rng.randrange(256, 8193) for _ in range(64)], 128, rate * 1e12, sweep=True)
+        res["mla_equal"] = mla_decode([4096] * 64, 128, rate * 1e12)
+        res["mla32_tp8"] = mla_decode([rng.randrange(4096, 32769) for _ in range(32)], 16, rate * 1e12, sweep=True)
+    res["host"] = host_costs()
     if not a.quick:
         res["prefill"] = packed_prefill(rng)
         res["graph"] = graph_replay([rng.randrange(256, 8193) for _ in range(64)])
@@ -235,6 +318,19 @@ def main() -> int:
               f"padded cuDNN {cud if cud is None else round(cud, 3)} | padded attn_lt {r['padded_attn_lt_ms']:.3f} | "
               f"varlen/cuDNN {r.get('varlen_vs_cudnn', float('nan')):.2f}x | torch varlen "
               f"{r.get('torch_varlen_ms')} paged16 {r.get('torch_paged16_ms')}")
+    for name in ("mla64", "mla_equal", "mla32_tp8"):
+        if name in res:
+            r = res[name]
+            sweep = " ".join(f"{k}={v:.3f}" for k, v in r.items() if k.startswith("waves"))
+            dense = (f" | dense attn_lt {r['dense_attn_lt_ms']:.3f} ({r['paged_vs_dense']:.2f}x) | SDPA "
+                     f"{r.get('sdpa_default_ms', r.get('sdpa_default'))}" if "dense_attn_lt_ms" in r else "")
+            print(f"MLA decode {name} B{r['B']} Hq{r['Hq']} lengths {r['lengths']}: roofline {r['roofline_ms']:.3f} ms"
+                  f" | paged64 {r['paged_ms']:.3f} ({r['paged_roofline']:.0%}; parts of {r['split_keys']}, "
+                  f"{r['parts']}){dense} {sweep}")
+    h = res["host"]
+    print(f"host us/call (B{h['B']} Sk{h['Sk']}): step.plan {h['step_plan_us']:.1f} | step.run {h['step_run_us']:.1f} | "
+          f"paged_attention {h['paged_attention_us']:.1f} | dense attention() {h['dense_attn_lt_us']:.1f} | SDPA "
+          f"{h['sdpa_us']:.1f}")
     m = res["mixed"]
     print(f"mixed batch: {m['mixed_ms']:.3f} ms vs prefill {m['prefill_ms']:.3f} + decode {m['decode_ms']:.3f} "
           f"({m['mixed_vs_sum']:.2f}x the sum)")

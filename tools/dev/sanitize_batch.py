@@ -55,6 +55,23 @@ def main() -> int:
             bad += 1
         except ValueError as e:
             print(f"reported: {e}")
+    from attn_lt.fused import device_facts
+    if device_facts().hopper:  # MLA decode on a paged latent cache: one part, several parts, a bad block
+        kc, _, table, sk = random_pages([2100, 1, 0, 70], 64, 1, 576, dt)
+        qp = torch.randn(4, 16, 576, dtype=dt, device="cuda")
+        o = attn_lt.paged_attention(qp, kc, kc[..., :512], table, sk)
+        ref, _ = paged_reference(qp, kc, kc[..., :512], table, sk)
+        err = rel_error(o, ref)
+        print(f"MLA paged: error {err:.2e}")
+        bad += err > 2e-2
+        table[0, 3] = -1
+        attn_lt.paged_attention(qp, kc, kc[..., :512], table, sk)
+        try:
+            attn_lt.check_batch_errors()
+            print("bad MLA block not reported")
+            bad += 1
+        except ValueError as e:
+            print(f"reported: {e}")
     torch.cuda.synchronize()
     return 1 if bad else 0
 
