@@ -422,3 +422,445 @@ def test_from_pretrained_with_attn_implementation(mode, tmp_path):
 
 def _dtype_kw() -> str:
     return "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
+
+
+# ---- continuous batching (generate_batch, ContinuousBatchingManager) -------------------------------------------
+# CPU: attn_lt's BatchStep and varlen_attention are replaced by FP32 torch references with their contracts (the
+# fakes check the metadata's dtypes and capacities); what is proven is transformers' metadata -> block tables,
+# cache writes, step planning, registration and refusals.
+
+import types  # noqa: E402
+
+
+def _ref_rows(q, k, v, scale):
+    """Causal (bottom-right) attention of one request: q (n, Hq, D), k/v (L, Hkv, D) -> (n, Hq, D) float32."""
+    n, Hq, D = q.shape
+    L, Hkv = k.shape[:2]
+    g = Hq // Hkv
+    k, v = k.float().repeat_interleave(g, 1), v.float().repeat_interleave(g, 1)
+    s = torch.einsum("qhd,khd->hqk", q.float(), k) * (D ** -0.5 if scale is None else scale)
+    allowed = torch.arange(L)[None, :] <= torch.arange(n)[:, None] + (L - n)
+    return torch.einsum("hqk,khd->qhd", s.masked_fill(~allowed, float("-inf")).softmax(-1), v)
+
+
+class FakeStep:
+    """attn_lt.batch.BatchStep's contract in torch: records its capacity, plans and runs."""
+
+    def __init__(self, log, max_requests, heads_q, heads_kv, head_dim, *, max_seqlen_k, max_seqlen_q=1,
+                 block_size=0, dtype=None, device=None, causal=True, scale=None):
+        assert causal and block_size >= 8 and block_size & (block_size - 1) == 0
+        self.log, self.block_size = log, block_size
+        self.capacity = (max_requests, max_seqlen_q, max_seqlen_k)
+        self.heads = (heads_q, heads_kv, head_dim)
+        self.planned = None
+        log.append(("make", self.capacity))
+
+    def plan(self, cu_seqlens_q, seqlens_k, block_table):
+        B = seqlens_k.shape[0]
+        assert cu_seqlens_q.dtype == seqlens_k.dtype == block_table.dtype == torch.int32
+        assert cu_seqlens_q.shape == (B + 1,) and 1 <= B <= self.capacity[0]
+        assert block_table.shape[0] == B and 1 <= block_table.shape[1] <= -(-self.capacity[2] // self.block_size)
+        self.planned = (cu_seqlens_q.clone(), seqlens_k.clone(), block_table.clone())
+        self.log.append(("plan", self.capacity))
+
+    def run(self, q, k_cache, v_cache, *, out=None, scale=None):
+        assert tuple(q.shape[1:]) == self.heads[::2] and k_cache.shape[1:] == (self.block_size,) + self.heads[1:]
+        cu, lengths, table = self.planned
+        assert int(lengths.max()) <= self.capacity[2] and int((cu[1:] - cu[:-1]).max()) <= self.capacity[1]
+        out = torch.zeros_like(q)
+        for b in range(lengths.shape[0]):
+            rows, L = slice(int(cu[b]), int(cu[b + 1])), int(lengths[b])
+            if rows.stop > rows.start:
+                j = torch.arange(L)
+                blocks = table[b, j // self.block_size].long()
+                k, v = k_cache[blocks, j % self.block_size], v_cache[blocks, j % self.block_size]
+                out[rows] = _ref_rows(q[rows], k, v, scale).to(q.dtype)
+        self.log.append(("run", self.capacity))
+        return out
+
+
+def _fake_varlen(log):
+    def varlen(q, k, v, cu_q, cu_k, *, max_seqlen_q, max_seqlen_k, causal, scale):
+        assert causal and cu_q.dtype == cu_k.dtype == torch.int32
+        out = torch.zeros_like(q)
+        for b in range(cu_q.shape[0] - 1):
+            rows, keys = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+            assert rows.stop - rows.start <= max_seqlen_q and keys.stop - keys.start <= max_seqlen_k
+            if rows.stop > rows.start:
+                out[rows] = _ref_rows(q[rows], k[keys], v[keys], scale).to(q.dtype)
+        log.append(("varlen", tuple(q.shape), tuple(k.shape)))
+        return out
+
+    return varlen
+
+
+@pytest.fixture
+def fakes(monkeypatch):
+    """The batch calls replaced by the fakes; the log of their calls."""
+    log = []
+    monkeypatch.setattr(hf, "_make_step", lambda *a, **k: FakeStep(log, *a, **k))
+    monkeypatch.setattr(hf, "_varlen_attention", _fake_varlen(log))
+    return log
+
+
+def _slots(blocks, start, stop, bs):
+    """transformers 5.17's cache rows of a request's keys start..stop-1 (FullAttentionCacheAllocator's
+    get_read_indices for 0..stop-1, get_write_indices for past..past+new-1)."""
+    return [blocks[j // bs] * bs + j % bs for j in range(start, stop)]
+
+
+BS = 8
+#: Requests of a step: (blocks in the request's order, permuted; past keys; new keys), lengths 0, 1, bs - 1, bs,
+#: bs + 1 and a long one.
+REQUESTS = [([5], 0, 1), ([2], 6, 1), ([9, 0], 0, BS - 1 + 1), ([7, 3, 12], 2 * BS, 1), ([4, 1], BS, 1),
+            ([11, 6, 8, 10], 20, 5)]
+
+
+def _metadata(requests, bs=BS, trash=(16 * BS, 17 * BS), pad_requests=0, pad_slots=0, with_read=True):
+    """(cu_q, cu_k, read slots, write slots) as transformers 5.17 lays them out; padding sequences (plateaued
+    offsets) and trash slots as under CUDA graphs."""
+    cu_q, cu_k, read, write = [0], [0], [], []
+    for blocks, past, new in requests:
+        cu_q.append(cu_q[-1] + new)
+        cu_k.append(cu_k[-1] + past + new)
+        read += _slots(blocks, 0, past + new, bs)
+        write += _slots(blocks, past, past + new, bs)
+    cu_q += [cu_q[-1]] * pad_requests
+    cu_k += [cu_k[-1]] * pad_requests
+    read += [trash[0]] * pad_slots
+    write += [trash[1]] * pad_slots
+    i32, i64 = dict(dtype=torch.int32), dict(dtype=torch.int64)
+    return (torch.tensor(cu_q, **i32), torch.tensor(cu_k, **i32),
+            torch.tensor(read if with_read else [], **i64), torch.tensor(write, **i64))
+
+
+def test_block_table_from_slots_matches_the_requests_blocks():
+    cu_q, cu_k, read, _ = _metadata([([5], 0, 0)] + REQUESTS, pad_requests=2, pad_slots=11)
+    max_k = max(p + n for _, p, n in REQUESTS)
+    table, seqlens = hf.block_table_from_slots(read, cu_k, BS, max_k)
+    width = -(-max_k // BS)
+    assert table.dtype == seqlens.dtype == torch.int32 and table.shape == (len(REQUESTS) + 3, width)
+    assert seqlens.tolist() == [0] + [p + n for _, p, n in REQUESTS] + [0, 0]
+    expected = [[0] * width]  # no keys: never read
+    for blocks, past, new in REQUESTS:
+        used = -(-(past + new) // BS)
+        expected.append(blocks[:used] + [0] * (width - used))
+    expected += [[0] * width] * 2  # padding sequences
+    assert table.tolist() == expected
+    # a wider capacity only adds unread columns
+    wide, _ = hf.block_table_from_slots(read, cu_k, BS, 4 * width * BS)
+    assert wide.shape[1] == 4 * width and wide[:, :width].tolist() == expected and not wide[:, width:].any()
+
+
+def test_block_table_from_write_slots_of_new_requests():
+    """A step without cache reads (every request new) passes an empty read_index: the write slots hold the keys."""
+    fresh = [([3, 1], 0, BS + 1), ([6], 0, BS), ([2], 0, 1)]
+    cu_q, cu_k, read, write = _metadata(fresh, with_read=False)
+    assert read.numel() == 0 and torch.equal(cu_q, cu_k)
+    table, seqlens = hf.block_table_from_slots(write, cu_k, BS, BS + 1)
+    assert table.tolist() == [[3, 1], [6, 0], [2, 0]] and seqlens.tolist() == [BS + 1, BS, 1]
+
+
+def test_block_table_from_slots_reads_nothing_on_the_host():
+    """On meta tensors (no data at all) it still runs: it never reads a value back (no sync under CUDA graphs)."""
+    cu_k = torch.empty(5, dtype=torch.int32, device="meta")
+    slots = torch.empty(300, dtype=torch.int64, device="meta")
+    table, seqlens = hf.block_table_from_slots(slots, cu_k, 16, 100)
+    assert table.shape == (4, 7) and seqlens.shape == (4,) and table.dtype == torch.int32
+
+
+def _planner_call(planner, layer, meta, max_q=4, max_k=40, bs=BS):
+    cu_q, cu_k, read, _ = meta
+    return planner.step(layer, cu_q, cu_k, read, max_q, max_k, heads_q=4, heads_kv=2, head_dim=64, block_size=bs,
+                        dtype=BF16, device=torch.device("cpu"))
+
+
+def test_step_planner_plans_once_per_engine_step(fakes):
+    planner = hf.StepPlanner()
+    meta = _metadata(REQUESTS)
+    steps = [_planner_call(planner, layer, meta) for layer in range(4)]
+    assert planner.plans == 1 and all(s is steps[0] for s in steps)
+    # the next engine step reuses the same tensors updated in place (CUDA graphs): layer 0 again -> a new plan
+    for layer in range(4):
+        _planner_call(planner, layer, meta)
+    assert planner.plans == 2
+    # new metadata objects (an eager step that does not start at layer 0) -> a new plan; then reused
+    meta2 = tuple(t.clone() for t in meta)
+    _planner_call(planner, 2, meta2)
+    _planner_call(planner, 3, meta2)
+    assert planner.plans == 3
+    _planner_call(planner, 4, meta2, max_k=41)  # the step's host sizes changed -> a new plan
+    assert planner.plans == 4
+    # one model with a single layer: every call is a step
+    single = hf.StepPlanner()
+    for _ in range(3):
+        _planner_call(single, 0, meta)
+    assert single.plans == 3
+    # capacities: requests >= 8 rounded up to a power of two, query rows 1 or a power of two, keys >= a block
+    made = [c for kind, c in fakes if kind == "make"]
+    assert made == [(8, 4, 64), (8, 4, 64)]  # max_k 41 -> 64 again: the planner reused its step, a new one made
+    assert planner._steps.keys().__len__() == 1
+
+
+def test_step_planner_capacities_and_eviction(fakes, monkeypatch):
+    planner = hf.StepPlanner(max_steps=2)
+    meta = _metadata(REQUESTS)
+    first = _planner_call(planner, 0, meta, max_q=1, max_k=5)
+    assert first.capacity == (8, 1, BS)
+    assert _planner_call(planner, 0, meta, max_q=5, max_k=100).capacity == (8, 8, 128)
+    assert _planner_call(planner, 0, meta, max_q=1, max_k=5) is first  # kept, reused
+    _planner_call(planner, 0, meta, max_q=64, max_k=1000)  # a third capacity: the least recently used goes
+    assert len(planner._steps) == 2 and _planner_call(planner, 0, meta, max_q=1, max_k=5) is first
+    many = _metadata(REQUESTS * 3)  # 18 requests -> 32
+    assert _planner_call(planner, 0, many, max_q=1, max_k=5).capacity == (32, 1, BS)
+    # once a plan was captured in a CUDA graph, no step is ever dropped (the graph points into its buffers)
+    monkeypatch.setattr(hf, "_capturing", lambda: True)
+    for max_k in (200, 400, 800, 1600):
+        _planner_call(planner, 0, meta, max_q=1, max_k=max_k)
+    assert len(planner._steps) == 6
+
+
+class _Layer517(torch.nn.Module):
+    def __init__(self, layer_idx, groups=2, **attrs):
+        super().__init__()
+        self.layer_idx, self.num_key_value_groups, self.is_causal, self.scaling = layer_idx, groups, True, 64 ** -0.5
+        for k, v in attrs.items():
+            setattr(self, k, v)
+
+
+class _Cache517(types.SimpleNamespace):
+    """(weak-referenceable, as transformers' cache is)"""
+
+
+def _cache517(layers=2, Hkv=2, D=64, bs=BS, num_blocks=16, dtype=BF16, **over):
+    """A stand-in for transformers 5.17's PagedAttentionCache (the attributes attn_lt reads), filled with NaN
+    (torch.empty may hold anything): attn_lt must zero it before use."""
+    rows = (num_blocks + 2) * bs
+    cache = _Cache517(
+        block_size=bs, num_sliding_attention_groups=0, sliding_windows=dict.fromkeys(range(layers), 1),
+        layer_index_to_group_indices={i: (0, i) for i in range(layers)},
+        key_cache=[torch.full((rows, Hkv, D), math.nan, dtype=dtype) for _ in range(layers)],
+        value_cache=[torch.full((rows, Hkv, D), math.nan, dtype=dtype) for _ in range(layers)])
+    for k, v in over.items():
+        setattr(cache, k, v)
+    return cache
+
+
+def _step517(requests, cache, Hq=4, Hkv=2, D=64, seed=0, with_read=True, **pad):
+    """One engine step as transformers 5.17 calls a paged implementation: packed q/k/v and its kwargs."""
+    cu_q, cu_k, read, write = _metadata(requests, with_read=with_read, **pad)
+    T = write.shape[0]
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, T, H, D, generator=g).to(BF16).transpose(1, 2) for H in (Hq, Hkv, Hkv))
+    kwargs = dict(cache=cache, cu_seq_lens_q=cu_q, cu_seq_lens_k=cu_k,
+                  max_seqlen_q=max(n for *_, n in requests), max_seqlen_k=max(p + n for _, p, n in requests),
+                  read_index=[read], write_index=[write], position_ids=None, logits_indices=None)
+    return q, k, v, kwargs
+
+
+def test_paged_forward_writes_the_cache_and_attends_in_place(fakes):
+    """transformers 5.17: a mixed step (a chunk with past keys, decodes, new prompts, CUDA-graph padding) over two
+    layers: new keys land at write_index, the cache is zeroed first, each request attends to its own keys."""
+    cache = _cache517()
+    # past keys already in the cache (an earlier step's): known values
+    g = torch.Generator().manual_seed(7)
+    past = {}
+    for layer in range(2):
+        cache.key_cache[layer].zero_()  # as attn_lt's first call would have left it
+        cache.value_cache[layer].zero_()
+    setattr(cache, hf.PLANNERS_ATTR, {})  # seen before: not zeroed again
+    for layer in range(2):
+        for r, (blocks, p, _) in enumerate(REQUESTS):
+            rows = torch.tensor(_slots(blocks, 0, p, BS), dtype=torch.int64)
+            kv = torch.randn(2, p, 2, 64, generator=g).to(BF16)
+            cache.key_cache[layer][rows], cache.value_cache[layer][rows] = kv[0], kv[1]
+            past[layer, r] = kv
+    _, _, _, kwargs = _step517(REQUESTS, cache, pad_requests=2, pad_slots=3)  # one step's metadata, all layers
+    for layer in range(2):
+        q, k, v, _ = _step517(REQUESTS, cache, seed=layer, pad_requests=2, pad_slots=3)
+        out, weights = hf.paged_attention_forward(_Layer517(layer), q, k, v, None, scaling=0.1, **kwargs)
+        assert weights is None and out.shape == (1, q.shape[2], 4, 64) and out.dtype == BF16
+        cu_q = kwargs["cu_seq_lens_q"]
+        for r, (blocks, p, n) in enumerate(REQUESTS):
+            new = slice(int(cu_q[r]), int(cu_q[r + 1]))
+            rows = torch.tensor(_slots(blocks, p, p + n, BS), dtype=torch.int64)
+            assert torch.equal(cache.key_cache[layer][rows], k[0, :, new].transpose(0, 1))
+            assert torch.equal(cache.value_cache[layer][rows], v[0, :, new].transpose(0, 1))
+            keys = torch.cat([past[layer, r][0], k[0, :, new].transpose(0, 1)])
+            values = torch.cat([past[layer, r][1], v[0, :, new].transpose(0, 1)])
+            expected = _ref_rows(q[0, :, new].transpose(0, 1), keys, values, 0.1)
+            assert torch.allclose(out[0, new].float(), expected, atol=2e-2, rtol=2e-2)
+    assert [kind for kind, _ in fakes] == ["make", "plan", "run", "run"]  # planned once for both layers
+
+
+def test_paged_forward_zeroes_a_new_cache_and_serves_new_prompts(fakes):
+    """A first step of new prompts (empty read_index): the NaN-filled new cache is zeroed, then written."""
+    cache = _cache517()
+    fresh = [([3, 1], 0, BS + 1), ([6], 0, BS), ([2], 0, 1)]
+    q, k, v, kwargs = _step517(fresh, cache, with_read=False)
+    out, _ = hf.paged_attention_forward(_Layer517(0), q, k, v, None, **kwargs)
+    assert not torch.isnan(cache.key_cache[1]).any() and not torch.isnan(cache.value_cache[0]).any()
+    cu = kwargs["cu_seq_lens_q"]
+    for r in range(len(fresh)):
+        rows = slice(int(cu[r]), int(cu[r + 1]))
+        kv = k[0, :, rows].transpose(0, 1), v[0, :, rows].transpose(0, 1)
+        expected = _ref_rows(q[0, :, rows].transpose(0, 1), *kv, None)
+        assert torch.allclose(out[0, rows].float(), expected, atol=2e-2, rtol=2e-2)
+
+
+def test_dense_name_serves_continuous_batching_with_gathered_keys(fakes):
+    """transformers 5.24: the layer gathered every request's keys (cache.update) and calls 'attn_lt' itself with
+    cu_seq_lens_q / write_index / max_length_q/k: varlen attention over them, output (1, T, Hq, D)."""
+    requests = [([0], 3, 2), ([1], 0, 4), ([2], 5, 1)]
+    cu_q, cu_k, read, write = _metadata(requests)
+    T, total_k = int(cu_q[-1]), int(cu_k[-1])
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 4, T, 64, generator=g).to(BF16)
+    k, v = (torch.randn(1, 2, total_k, 64, generator=g).to(BF16) for _ in range(2))
+    out, _ = hf.attention_forward(_Layer517(0), q, k, v, None, scaling=None, is_causal=True, cu_seq_lens_q=cu_q,
+                                  cu_seq_lens_k=cu_k, max_length_q=4, max_length_k=6, read_index=[read],
+                                  write_index=[write], block_table=None, position_ids=None)
+    assert out.shape == (1, T, 4, 64) and fakes == [("varlen", (T, 4, 64), (total_k, 2, 64))]
+    for r in range(3):
+        rows, keys = slice(int(cu_q[r]), int(cu_q[r + 1])), slice(int(cu_k[r]), int(cu_k[r + 1]))
+        expected = _ref_rows(q[0, :, rows].transpose(0, 1), k[0, :, keys].transpose(0, 1),
+                             v[0, :, keys].transpose(0, 1), 64 ** -0.5)
+        assert torch.allclose(out[0, rows].float(), expected, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("case,match", [
+    ({"dropout": 0.1}, "dropout"),
+    ({"output_attentions": True}, "output_attentions"),
+    ({"softcap": 30.0}, "softcap"),
+    ({"s_aux": torch.zeros(4)}, "sinks"),
+    ({"module": {"sinks": torch.zeros(4)}}, "sinks"),
+    ({"sliding_window": 4096}, "sliding-window"),
+    ({"module": {"sliding_window": 512}}, "sliding-window"),
+    ({"cache": {"num_sliding_attention_groups": 1}}, "sliding-window"),
+    ({"module": {"is_causal": False}}, "non-causal"),
+    ({"block_table": torch.zeros(1, 6, 4, dtype=torch.int32)}, "decode fast path"),
+    ({"head_dim": 96}, "head dim 96"),
+    ({"cache": {"block_size": 4}}, "power of two"),
+    ({"cache": {"block_size": 24}}, "power of two"),
+    ({"dtype": torch.float32}, "float16 and torch.bfloat16"),
+], ids=["dropout", "output_attentions", "softcap", "s_aux", "module-sinks", "window-kwarg", "window-module",
+        "sliding-groups", "non-causal", "block_table", "head-dim", "block-4", "block-24", "fp32"])
+def test_continuous_batching_refusals_before_any_work(case, match, fakes):
+    case = dict(case)
+    D, dtype = case.pop("head_dim", 64), case.pop("dtype", BF16)
+    cache = _cache517(D=D, dtype=dtype, **case.pop("cache", {}))
+    layer = _Layer517(0, **case.pop("module", {}))
+    dropout = case.pop("dropout", 0.0)
+    requests = [([3, 1], 0, BS + 1), ([6], 0, 1)]
+    q, k, v, kwargs = _step517(requests, cache, D=D)
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    kwargs.update(case)
+    with pytest.raises((ValueError, TypeError), match=match):
+        hf.paged_attention_forward(layer, q, k, v, None, dropout=dropout, **kwargs)
+    assert torch.isnan(cache.key_cache[0]).all(), "the cache was touched before the refusal"
+    assert fakes == []
+
+
+def test_paged_name_without_continuous_batching_refuses():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="without continuous batching's metadata"):
+        hf.paged_attention_forward(_Layer(2), q, k, v, None)
+
+
+def test_register_follows_each_transformers_paged_convention(monkeypatch):
+    """5.17 names paged implementations 'paged|NAME' ('paged|sdpa' registered): register() adds 'paged|<name>'
+    (no mask builder, so transformers builds none). 5.24 ('paged|sdpa' gone) calls '<name>' itself."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    monkeypatch.setattr(AttentionInterface, "_global_mapping", dict(AttentionInterface._global_mapping))
+    monkeypatch.setattr(AttentionMaskInterface, "_global_mapping", dict(AttentionMaskInterface._global_mapping))
+    installed_517 = "paged|sdpa" in AttentionInterface._global_mapping
+    assert hf._paged_prefix_convention() == installed_517
+    hf.register("attn_lt_cb")
+    assert ("paged|attn_lt_cb" in AttentionInterface._global_mapping) == installed_517
+    if not installed_517:  # the 5.17 convention, by its observable marker
+        AttentionInterface._global_mapping["paged|sdpa"] = object()
+        assert hf._paged_prefix_convention()
+        hf.register("attn_lt_cb")
+    assert AttentionInterface._global_mapping["paged|attn_lt_cb"] is hf.paged_attention_forward
+    assert "paged|attn_lt_cb" not in AttentionMaskInterface._global_mapping
+    with pytest.raises(ValueError, match="name must be"):
+        hf.register("paged|attn_lt")
+
+
+def _manager_class():
+    cb = pytest.importorskip("transformers.generation.continuous_batching.continuous_api")
+    return cb.ContinuousBatchingManager
+
+
+class _FakeModel:
+    """What switch_to_cb_friendly_attn reads and sets on a model."""
+
+    _supports_flash_attn = False
+
+    def __init__(self, impl):
+        self.config = types.SimpleNamespace(_attn_implementation=impl)
+        self.set = []
+
+    def set_attn_implementation(self, impl):
+        self.set.append(impl)
+        self.config._attn_implementation = impl
+
+
+def test_continuous_batching_opt_in_keeps_attn_lt(monkeypatch):
+    manager = _manager_class()
+    original = manager.switch_to_cb_friendly_attn
+    monkeypatch.setattr(manager, "switch_to_cb_friendly_attn", original)  # restored after the test
+    me = types.SimpleNamespace(_original_attn_impl=None)
+    if not hf._paged_prefix_convention():  # 5.24 refuses custom names without the opt-in
+        with pytest.raises(ValueError, match="not supported for continuous batching"):
+            original(me, _FakeModel("attn_lt"))
+    hf.register(continuous_batching=True)
+    patched = manager.switch_to_cb_friendly_attn
+    assert patched is not original and patched._attn_lt_names == {"attn_lt"}
+    hf.register("attn_lt_x", continuous_batching=True)
+    assert manager.switch_to_cb_friendly_attn is patched and patched._attn_lt_names == {"attn_lt", "attn_lt_x"}
+    for paged in (False, True):  # 5.24's convention, and 5.17's ('paged|NAME')
+        monkeypatch.setattr(hf, "_paged_prefix_convention", lambda paged=paged: paged)
+        for impl in ("attn_lt", "paged|attn_lt"):
+            model, me = _FakeModel(impl), types.SimpleNamespace(_original_attn_impl=None)
+            patched(me, model)
+            target = "paged|attn_lt" if paged else "attn_lt"
+            assert model.config._attn_implementation == target
+            assert model.set == ([] if impl == target else [target])
+            assert me._original_attn_impl == (None if impl == target else impl)
+    # other names go to transformers' own switch ('paged|eager' is kept by 5.17 and 5.24 alike)
+    other = _FakeModel("paged|eager")
+    patched(types.SimpleNamespace(_original_attn_impl=None), other)
+    assert other.config._attn_implementation == "paged|eager" and other.set == []
+
+
+def test_generate_batch_end_to_end_matches_transformers(fakes, monkeypatch):
+    """generate_batch() with attn_lt (its batch calls faked in FP32 torch, the model FP32 so that rounding cannot
+    part the sequences) gives the tokens of transformers' own continuous batching ('paged|sdpa' on 5.17, 'sdpa'
+    on 5.24): through the paged path on 5.17, the gathered-keys path on 5.24."""
+    _manager_class()
+    monkeypatch.setattr(hf, "_CB_DTYPES", (torch.float32,))
+    monkeypatch.setattr(_manager_class(), "switch_to_cb_friendly_attn", _manager_class().switch_to_cb_friendly_attn)
+    hf.register(continuous_batching=True)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(_config("cpu", head_dim=64, vocab_size=256)).eval()
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 256, (n,), generator=g).tolist() for n in (5, 40, 17, 33, 1, 16, 15)]
+    gen = transformers.GenerationConfig(max_new_tokens=12, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    tokens = {}
+    base = "paged|sdpa" if hf._paged_prefix_convention() else "sdpa"
+    for impl in (base, "attn_lt"):
+        model.set_attn_implementation(impl)
+        cb = transformers.ContinuousBatchingConfig(block_size=16, num_blocks=64, max_batch_tokens=32)
+        out = model.generate_batch(inputs=prompts, generation_config=gen, continuous_batching_config=cb)
+        assert all(o.error is None for o in out.values())
+        tokens[impl] = [o.generated_tokens for o in out.values()]
+        assert model.config._attn_implementation == impl  # restored after the run
+    assert tokens["attn_lt"] == tokens[base] and all(len(t) == 12 for t in tokens[base])
+    kinds = [entry[0] for entry in fakes]
+    if hf._paged_prefix_convention():
+        assert kinds.count("run") == 2 * kinds.count("plan") > 0 and "varlen" not in kinds
+    else:
+        assert kinds.count("varlen") > 0 and "run" not in kinds

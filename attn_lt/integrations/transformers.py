@@ -9,6 +9,41 @@ model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.bfloat16, device_
 # or, on a loaded model (transformers 5.x): model.set_attn_implementation("attn_lt")
 ```
 
+Continuous batching (``model.generate_batch(...)``, ``ContinuousBatchingManager``)::
+
+    attn_lt_hf.register(continuous_batching=True)      # see below for what the flag does
+    model.set_attn_implementation("paged|attn_lt")     # transformers <= 5.2x with "paged|" names (5.17)
+    model.set_attn_implementation("attn_lt")           # transformers that dropped them (5.24)
+    outputs = model.generate_batch(inputs=prompts, generation_config=GenerationConfig(max_new_tokens=64))
+
+* transformers that name paged implementations ``paged|NAME`` (5.17: ``paged|sdpa`` in ``AttentionInterface``):
+  :func:`register` also registers ``paged|<name>`` (:func:`paged_attention_forward`, no mask builder: transformers
+  then builds no mask for it). Each layer writes the step's new keys and values into transformers'
+  ``PagedAttentionCache`` at ``write_index`` (as its own ``cache.update`` writes them) and attends **in place in
+  the cache** through a block table built on the GPU from ``read_index`` and ``cu_seq_lens_k`` (no gather of the
+  batch's keys): one :class:`attn_lt.batch.BatchStep` is planned per engine step (when the layer index does not
+  increase or the step's metadata tensors change) and run by every layer; no host synchronisation, so CUDA graphs
+  (``ContinuousBatchingConfig(use_cuda_graph=True)``) may capture it. The cache's blocks must be a power of two
+  of at least 8 tokens (transformers' default 256 is). The first call zeroes the cache once (transformers 5.17
+  allocates it with ``torch.empty``; the Hopper prefill kernel reads a request's last block whole).
+* transformers whose layers call ``cache.update`` themselves (5.24): the layer hands over the keys and values of
+  every request already gathered from the cache; the function registered as ``<name>`` recognises the call
+  (``cu_seq_lens_q`` with ``write_index``) and runs :func:`attn_lt.varlen_attention` on them (causal, bottom-right
+  per request). The gather is transformers' own, as for ``sdpa``.
+* ``continuous_batching=True`` (opt-in) wraps ``ContinuousBatchingManager.switch_to_cb_friendly_attn`` so that a
+  model set to ``<name>`` or ``paged|<name>`` keeps attn_lt: transformers 5.24 otherwise refuses every name but
+  ``paged|eager``, ``sdpa`` and flash ones ("Implementation attn_lt is not supported for continuous batching"), and
+  5.17 would swap ``<name>`` for a flash implementation when one is installed. The manager then sets the form that
+  version calls (``paged|<name>`` on 5.17, ``<name>`` on 5.24) and restores the original when it stops. Without
+  the flag, 5.17 works with ``paged|<name>`` set explicitly.
+* Refused with ``ValueError`` before any GPU work: sliding-window layers (or a 5.17 cache with sliding groups),
+  ``softcap``, attention sinks (``s_aux`` or a module's ``sinks``), dropout > 0, ``output_attentions``, head dims
+  other than 64, 128 and 256 (or a value head dim unlike the query's), dtypes other than fp16/bf16, a non-causal
+  layer, and transformers' flash-only decode fast path (a ``block_table`` argument; transformers enables it for
+  flash implementations only). ``torch.compile`` of the step skips these functions (``torch.compiler.disable``).
+
+Dense calls (``generate()``, a plain forward):
+
 :func:`attention_forward` has the signature of ``transformers.AttentionInterface`` functions and the semantics of
 transformers' own ``sdpa`` implementation (``transformers/integrations/sdpa_attention.py``):
 
@@ -26,8 +61,9 @@ transformers' own ``sdpa`` implementation (``transformers/integrations/sdpa_atte
 * ``scaling`` is attn_lt's ``scale`` (None: D ** -0.5).
 * Refused with ``ValueError``, as ``sdpa`` refuses or cannot do them: dropout > 0 (training), ``softcap``,
   ``output_attentions``, ``head_mask``, ``position_bias``, attention sinks (``s_aux``), packed sequences
-  (``cu_seq_lens_q``), a paged cache (continuous batching), and a sliding window that no mask encodes (a window
-  given with a mask is applied by the mask, as in ``sdpa``).
+  (``cu_seq_lens_q`` without continuous batching's ``write_index``), a paged cache without continuous batching's
+  metadata, and a sliding window that no mask encodes (a window given with a mask is applied by the mask, as in
+  ``sdpa``).
 
 Returns ``(attn_output, None)``: attn_output (B, Sq, Hq, D) contiguous, in the input dtype.
 """
@@ -55,7 +91,7 @@ _MASK_FLOAT_DTYPES_READ = (torch.float32,)  # besides q's own dtype (see attn_lt
 _REFUSED_WHEN_SET = {"softcap": "logit softcapping", "head_mask": "a head mask", "position_bias": "a position bias",
                      "s_aux": "attention sinks (s_aux)"}
 #: Every keyword argument :func:`_refuse` looks at (a call without any of them and without dropout skips it).
-_CHECKED = frozenset(_REFUSED_WHEN_SET) | {"output_attentions", "cache", "cu_seq_lens_q"}
+_CHECKED = frozenset(_REFUSED_WHEN_SET) | {"output_attentions", "cache", "cu_seq_lens_q", "write_index"}
 
 
 def _shape(t) -> str:
@@ -75,11 +111,13 @@ def _refuse(kwargs: dict, dropout: float) -> None:
             raise ValueError(f"attn_lt does not support {what} ({key}=...); use the model's eager attention")
     cache = kwargs.get("cache")
     if cache is not None:
-        raise ValueError(f"attn_lt does not support a paged cache ({type(cache).__name__}, continuous batching); "
-                         "use generate() with the default dynamic cache")
-    if kwargs.get("cu_seq_lens_q") is not None:  # packed sequences (continuous batching, padding-free batches)
-        raise ValueError("this implementation takes padded (B, H, S, D) calls, not packed sequences (cu_seq_lens_q); "
-                         "use generate() with the default dynamic cache")
+        raise ValueError(f"attn_lt's dense implementation got a paged cache ({type(cache).__name__}) without "
+                         "continuous batching's metadata (cu_seq_lens_q, write_index); for continuous batching "
+                         "register with attn_lt.integrations.transformers.register() and use 'paged|attn_lt' "
+                         "(transformers 5.17) or 'attn_lt' (5.24); otherwise generate() with the default cache")
+    if kwargs.get("cu_seq_lens_q") is not None:  # packed sequences (padding-free batches) outside continuous batching
+        raise ValueError("this implementation takes padded (B, H, S, D) calls, not packed sequences (cu_seq_lens_q) "
+                         "without continuous batching's write_index; use generate() with the default dynamic cache")
 
 
 def attention_forward(module: torch.nn.Module | None, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -99,7 +137,9 @@ def attention_forward(module: torch.nn.Module | None, query: torch.Tensor, key: 
         attn_lt_options: options passed on to :func:`attn_lt.attention` (see :data:`OPTIONS`).
         **kwargs: the rest of transformers' attention kwargs; ``sliding_window``, ``softcap``,
             ``output_attentions``, ``head_mask``, ``position_bias``, ``s_aux`` and ``cache`` are checked (see the
-            module docstring), the others (positions, cache positions) are not needed.
+            module docstring), the others (positions, cache positions) are not needed. A continuous-batching call
+            (``cu_seq_lens_q`` with ``write_index``, transformers 5.24) goes to
+            :func:`paged_attention_forward`'s path instead (packed (1, H, T, D) tensors, output (1, T, Hq, D)).
 
     Returns:
         ``(attn_output, None)``: attn_output (B, Sq, Hq, Dv) contiguous (Dv = value's head dim), query's dtype.
@@ -109,6 +149,8 @@ def attention_forward(module: torch.nn.Module | None, query: torch.Tensor, key: 
             shapes or dtypes, all before GPU work.
     """
     if dropout or not _CHECKED.isdisjoint(kwargs):  # one set operation on a decode step's hot path
+        if is_continuous_batching_call(kwargs):  # transformers 5.24: the same name serves continuous batching
+            return _continuous_batching_forward(module, query, key, value, dropout, scaling, is_causal, kwargs)
         _refuse(kwargs, dropout)
     mask = attention_mask
     causal = False
@@ -155,6 +197,355 @@ def make_attention_forward(**options):
     return fn
 
 
+# ---- continuous batching ------------------------------------------------------------------------------------------
+
+#: Head dims the serving-batch kernels run (attn_lt.batch.BATCH_HEAD_DIMS, without MLA).
+CB_HEAD_DIMS = (64, 128, 256)
+_CB_DTYPES = (torch.float16, torch.bfloat16)
+#: BatchSteps (one a capacity) a cache group keeps before dropping the least recently used, unless a CUDA graph was
+#: captured over one of its plans: a graph keeps pointers into its step's buffers, so then none is ever dropped.
+MAX_STEPS = 32
+#: Smallest capacities a step is made for (requests; keys are at least one block): fewer distinct steps.
+_MIN_REQUESTS = 8
+
+
+def is_continuous_batching_call(kwargs: dict) -> bool:
+    """Whether an attention call comes from transformers' continuous batching: packed queries (``cu_seq_lens_q``)
+    with the paged cache's write indices (``write_index``), which padding-free training batches do not have."""
+    return kwargs.get("cu_seq_lens_q") is not None and kwargs.get("write_index") is not None
+
+
+def _pow2(n: int, floor: int) -> int:
+    return max(floor, 1 << max(0, int(n) - 1).bit_length())
+
+
+def _full_attention(x, what: str):
+    """The full-attention entry of a per-layer-type dict (transformers' hybrid models), or x itself."""
+    if isinstance(x, dict):
+        if "full_attention" not in x:
+            raise ValueError(f"attn_lt's continuous batching runs full-attention layers only; {what} has entries "
+                             f"{sorted(x)}")
+        return x["full_attention"]
+    return x
+
+
+def _host_int(kwargs: dict, names: tuple[str, ...]) -> int:
+    for n in names:  # transformers 5.17: max_seqlen_q/k; 5.24: max_length_q/k
+        if kwargs.get(n) is not None:
+            return int(_full_attention(kwargs[n], n))
+    raise ValueError(f"continuous batching's call lacks {' or '.join(names)} (the step's host-side capacity)")
+
+
+def block_table_from_slots(slots: torch.Tensor, cu_seqlens_k: torch.Tensor, block_size: int,
+                           max_seqlen_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The block table and key lengths of a continuous-batching step, on the device, from transformers' metadata.
+
+    ``slots``: the cache rows transformers reads (``read_index[group]``, int64): request b's key j is row
+    ``slots[cu_seqlens_k[b] + j]`` = ``block * block_size + j % block_size`` for the request's ``j // block_size``-th
+    block (transformers 5.17 ``FullAttentionCacheAllocator.get_read_indices``: whole blocks in the request's order,
+    then the partial last one), so its block j is ``slots[cu_seqlens_k[b] + j * block_size] // block_size``.
+    ``cu_seqlens_k``: (B + 1,) offsets; ``max_seqlen_k``: a host int >= every request's keys.
+
+    Returns ``(block_table, seqlens_k)``: int32 (B, ceil(max_seqlen_k / block_size)) and int32 (B,). Columns past
+    a request's keys, and requests without keys (the padding sequences of CUDA-graph batches, whose offsets
+    plateau; their slots are transformers' trash rows), hold block 0 and are never read. Tensor operations only:
+    no host synchronisation (shapes come from host ints), so CUDA graphs can capture it.
+    """
+    B = cu_seqlens_k.shape[0] - 1
+    width = max(1, -(-int(max_seqlen_k) // block_size))
+    cu = cu_seqlens_k.to(torch.int64)
+    seqlens = cu[1:] - cu[:-1]
+    first_keys = torch.arange(width, dtype=torch.int64, device=cu.device) * block_size  # block j's first key
+    if slots.numel() == 0:
+        table = torch.zeros(B, width, dtype=torch.int32, device=cu.device)
+    else:
+        at = (cu[:-1, None] + first_keys).clamp_(0, slots.numel() - 1)
+        blocks = torch.div(slots[at], block_size, rounding_mode="floor")
+        table = torch.where(first_keys < seqlens[:, None], blocks, torch.zeros_like(blocks)).to(torch.int32)
+    return table, seqlens.to(torch.int32)
+
+
+def _make_step(max_requests: int, heads_q: int, heads_kv: int, head_dim: int, **kw):
+    """A :class:`attn_lt.batch.BatchStep` (looked up at call time; the CPU tests replace this function)."""
+    from ..batch import BatchStep
+
+    return BatchStep(max_requests, heads_q, heads_kv, head_dim, **kw)
+
+
+def _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, **kw):
+    """:func:`attn_lt.varlen_attention` (looked up at call time; the CPU tests replace this function)."""
+    from ..batch import varlen_attention
+
+    return varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, **kw)
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+class StepPlanner:
+    """The BatchSteps of one cache group: plans one when an engine step starts, hands it to each layer.
+
+    A new engine step is recognised when the layer index does not increase (the first layer after the last), when
+    the metadata tensors are other objects than the last call's, or when the step's host sizes change. The layer
+    index is the signal that holds with CUDA graphs: transformers keeps its metadata in static tensors updated in
+    place, and captures a graph by running an eager forward and then the captured one over the very same tensor
+    objects, so neither data pointers nor object identity tell two steps apart there, while the layer index going
+    back to the first layer does. (transformers 5.17 slices new views of its static tensors for every step, so
+    object identity also changes between eager steps: an extra trigger, for callers whose steps do not start at
+    the first layer.) Planning copies the step's metadata into the step's own buffers on the current stream (no
+    sync), so a graph captured over a forward re-plans on every replay.
+
+    Steps are made for capacities rounded up to powers of two (requests >= 8, query rows, keys >= one block) and
+    kept: a captured graph points into its step's buffers.
+    """
+
+    def __init__(self, make_step=None, max_steps: int = MAX_STEPS):
+        self._make = make_step  # None: the module's _make_step at call time
+        self._steps: dict = {}  # capacity -> step; least recently used first
+        self._max_steps = max_steps
+        self._pinned = False  # a plan was captured in a CUDA graph: drop no step any more
+        self._step = None
+        self._last_layer = None
+        self._last_objects: tuple = ()
+        self._last_sizes: tuple = ()
+        self.plans = 0  # steps planned (for tests and benchmarks)
+
+    def step(self, layer_idx: int, cu_seqlens_q, cu_seqlens_k, slots, max_seqlen_q: int, max_seqlen_k: int, *,
+             heads_q: int, heads_kv: int, head_dim: int, block_size: int, dtype, device):
+        """The planned step for this layer's call (planning a new one when an engine step starts)."""
+        objects = (cu_seqlens_q, cu_seqlens_k, slots)
+        sizes = (cu_seqlens_q.shape[0], cu_seqlens_k.shape[0], slots.shape[0], int(max_seqlen_q),
+                 int(max_seqlen_k), heads_q, heads_kv, head_dim, block_size, dtype, device)
+        if (self._step is None or self._last_layer is None or layer_idx <= self._last_layer
+                or sizes != self._last_sizes or any(a is not b for a, b in zip(objects, self._last_objects))):
+            self._step = None  # a failed plan leaves nothing half planned
+            self._step = self._plan(cu_seqlens_q, cu_seqlens_k, slots, int(max_seqlen_q), int(max_seqlen_k),
+                                    heads_q, heads_kv, head_dim, block_size, dtype, device)
+            self._last_objects, self._last_sizes = objects, sizes
+        self._last_layer = layer_idx
+        return self._step
+
+    def _plan(self, cu_q, cu_k, slots, max_q, max_k, Hq, Hkv, D, block_size, dtype, device):
+        B = cu_q.shape[0] - 1
+        if B < 1 or cu_k.shape[0] != B + 1:
+            raise ValueError(f"continuous batching's cu_seq_lens_q {tuple(cu_q.shape)} and cu_seq_lens_k "
+                             f"{tuple(cu_k.shape)} must both hold B + 1 >= 2 offsets")
+        table, seqlens = block_table_from_slots(slots, cu_k, block_size, max_k)
+        capacity = (_pow2(B, _MIN_REQUESTS), 1 if max_q <= 1 else _pow2(max_q, 1), _pow2(max_k, block_size))
+        key = (capacity, Hq, Hkv, D, block_size, dtype, device)
+        if _capturing():
+            self._pinned = True
+        step = self._steps.pop(key, None)
+        if step is None:
+            make = self._make or _make_step
+            step = make(capacity[0], Hq, Hkv, D, max_seqlen_q=capacity[1], max_seqlen_k=capacity[2],
+                        block_size=block_size, dtype=dtype, device=device, causal=True)
+            while not self._pinned and len(self._steps) >= self._max_steps:
+                self._steps.pop(next(iter(self._steps)))
+        self._steps[key] = step  # most recently used last
+        step.plan(cu_q if cu_q.dtype == torch.int32 else cu_q.to(torch.int32), seqlens, table)
+        self.plans += 1
+        return step
+
+
+#: The attribute of a paged cache holding attn_lt's {group index: StepPlanner}: tied to the cache's lifetime (a
+#: finished generate_batch frees its steps with its cache) and to its identity.
+PLANNERS_ATTR = "_attn_lt_planners"
+
+
+def _planner_for(cache, group: int) -> StepPlanner:
+    planners = getattr(cache, PLANNERS_ATTR, None)
+    if planners is None:
+        # First sight of this cache, before attn_lt writes to it: zero it once. transformers 5.17 allocates it with
+        # torch.empty, and the Hopper prefill kernel reads a request's last block whole (masking the slots past its
+        # keys), which must hold finite values. Never inside a capture: it would be replayed every step.
+        if not _capturing():
+            for t in (*cache.key_cache, *cache.value_cache):
+                t.zero_()
+        else:
+            log.warning("attn_lt first met this paged cache inside a CUDA graph capture: not zeroing it")
+        planners = {}
+        setattr(cache, PLANNERS_ATTR, planners)
+    planner = planners.get(group)
+    if planner is None:
+        planner = planners[group] = StepPlanner()
+    return planner
+
+
+def _refuse_continuous_batching(module, query, key, value, dropout, is_causal, kwargs: dict) -> None:
+    """ValueError / TypeError for what attn_lt's continuous batching cannot do, before any GPU work."""
+    def no(what: str):
+        raise ValueError(f"attn_lt's continuous batching does not support {what}")
+
+    if dropout:
+        no(f"attention dropout (dropout={dropout}): run the model in eval mode (model.eval())")
+    if kwargs.get("output_attentions"):
+        no("output_attentions=True (it returns no attention weights): use 'paged|eager'")
+    for name, what in _REFUSED_WHEN_SET.items():
+        if kwargs.get(name) is not None:
+            no(f"{what} ({name}=...): use the model's eager attention ('paged|eager')")
+    if getattr(module, "sinks", None) is not None:
+        no("attention sinks (the layer's sinks): use 'paged|eager'")
+    window = kwargs.get("sliding_window")
+    if window is None:
+        window = getattr(module, "sliding_window", None)
+    if window:
+        no(f"sliding-window layers (sliding_window={window}): use 'paged|sdpa' / 'sdpa' or a flash implementation")
+    if is_causal is False or getattr(module, "is_causal", True) is False:
+        no("non-causal layers")
+    if kwargs.get("block_table") is not None:
+        no("transformers' decode fast path (a block_table argument, which transformers enables for flash "
+           "implementations only): set ContinuousBatchingConfig(max_blocks_per_request=0)")
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4 or query.shape[0] != 1 or key.shape[0] != 1:
+        raise ValueError(f"continuous batching passes packed (1, heads, tokens, head_dim) tensors; got query "
+                         f"{_shape(query)}, key {_shape(key)}, value {_shape(value)}")
+    D = query.shape[-1]
+    if D not in CB_HEAD_DIMS:
+        no(f"head dim {D} (it runs {', '.join(map(str, CB_HEAD_DIMS))})")
+    if key.shape[-1] != D or value.shape[-1] != D:
+        no(f"head dims query {D}, key {key.shape[-1]}, value {value.shape[-1]} (all must be equal)")
+    if query.dtype not in _CB_DTYPES or key.dtype != query.dtype or value.dtype != query.dtype:
+        raise TypeError(f"attn_lt's continuous batching runs torch.float16 and torch.bfloat16; got query "
+                        f"{query.dtype}, key {key.dtype}, value {value.dtype}")
+    if query.shape[1] % key.shape[1] or value.shape[1] != key.shape[1]:
+        raise ValueError(f"query heads {query.shape[1]} must be a multiple of kv heads {key.shape[1]} (value "
+                         f"{value.shape[1]})")
+
+
+def _paged_forward(module, query, key, value, scale, cache, kwargs: dict) -> torch.Tensor:
+    """transformers 5.17's PagedAttentionCache: write the step's keys and values, attend in place in the cache."""
+    layer = getattr(module, "layer_idx", None)
+    if layer is None:
+        raise ValueError("continuous batching needs the attention layer's layer_idx")
+    if getattr(cache, "num_sliding_attention_groups", 0) or cache.sliding_windows.get(layer, 1) != 1:
+        raise ValueError("attn_lt's continuous batching does not support sliding-window layers (this model's paged "
+                         "cache has sliding-window groups): use 'paged|sdpa' or a flash implementation")
+    group, index_in_group = cache.layer_index_to_group_indices[layer]
+    bs = int(cache.block_size)
+    if bs < 8 or bs & (bs - 1):
+        raise ValueError(f"the paged cache has blocks of {bs} tokens; attn_lt reads blocks of a power of two >= 8 "
+                         "tokens: ContinuousBatchingConfig(block_size=...) (transformers' default is 256)")
+    k_rows, v_rows = cache.key_cache[index_in_group], cache.value_cache[index_in_group]
+    T, Hq, Hkv, D = query.shape[2], query.shape[1], key.shape[1], query.shape[3]
+    if (tuple(k_rows.shape[1:]) != (Hkv, D) or tuple(v_rows.shape[1:]) != (Hkv, D) or k_rows.shape[0] % bs
+            or k_rows.dtype != key.dtype or v_rows.dtype != value.dtype):
+        raise ValueError(f"the paged cache's layer tensors {_shape(k_rows)} {k_rows.dtype} do not hold keys "
+                         f"(rows, {Hkv}, {D}) {key.dtype} in blocks of {bs}")
+    cu_q = kwargs["cu_seq_lens_q"]
+    cu_k = _full_attention(kwargs.get("cu_seq_lens_k"), "cu_seq_lens_k")
+    if cu_k is None:
+        raise ValueError("continuous batching's call lacks cu_seq_lens_k")
+    max_q = _host_int(kwargs, ("max_seqlen_q", "max_length_q"))
+    max_k = _host_int(kwargs, ("max_seqlen_k", "max_length_k"))
+    write, read = kwargs["write_index"][group], kwargs["read_index"][group]
+    if write.shape[0] != T:
+        raise ValueError(f"write_index holds {write.shape[0]} rows for {T} new tokens")
+    planner = _planner_for(cache, group)  # (zeroes a new cache first)
+    # The step's new keys and values go where transformers' own PagedAttentionCache.update writes them.
+    k_rows.index_copy_(0, write, key[0].transpose(0, 1))
+    v_rows.index_copy_(0, write, value[0].transpose(0, 1))
+    # No cache read this step (transformers then passes an empty read_index): every request is new and its keys are
+    # its new rows, written at write_index in the same order (cu_seq_lens_k == cu_seq_lens_q).
+    slots = read if read.numel() else write
+    step = planner.step(layer, cu_q, cu_k, slots, max_q, max_k, heads_q=Hq, heads_kv=Hkv, head_dim=D,
+                        block_size=bs, dtype=query.dtype, device=query.device)
+    return step.run(query[0].transpose(0, 1), k_rows.view(-1, bs, Hkv, D), v_rows.view(-1, bs, Hkv, D),
+                    scale=scale)
+
+
+def _gathered_forward(query, key, value, scale, kwargs: dict) -> torch.Tensor:
+    """The layer gathered every request's keys (transformers 5.24's cache.update): varlen attention over them."""
+    cu_k = _full_attention(kwargs.get("cu_seq_lens_k"), "cu_seq_lens_k")
+    if cu_k is None:
+        raise ValueError("continuous batching's call lacks cu_seq_lens_k")
+    max_q = _host_int(kwargs, ("max_length_q", "max_seqlen_q"))
+    max_k = _host_int(kwargs, ("max_length_k", "max_seqlen_k"))
+    cu_q = kwargs["cu_seq_lens_q"]
+    return _varlen_attention(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1),
+                             cu_q.to(torch.int32), cu_k.to(torch.int32), max_seqlen_q=max(1, max_q),
+                             max_seqlen_k=max(1, max_k), causal=True, scale=scale)
+
+
+@torch.compiler.disable  # host-side step state and native launches: not for dynamo to trace
+def _continuous_batching_forward(module, query, key, value, dropout, scaling, is_causal, kwargs: dict):
+    _refuse_continuous_batching(module, query, key, value, dropout, is_causal, kwargs)
+    scale = scaling if scaling is not None else getattr(module, "scaling", None)
+    cache = kwargs.get("cache")
+    if cache is not None and hasattr(cache, "key_cache") and hasattr(cache, "layer_index_to_group_indices"):
+        out = _paged_forward(module, query, key, value, scale, cache, kwargs)
+    else:
+        out = _gathered_forward(query, key, value, scale, kwargs)
+    return out.unsqueeze(0), None
+
+
+def paged_attention_forward(module: torch.nn.Module | None, query: torch.Tensor, key: torch.Tensor,
+                            value: torch.Tensor, attention_mask: torch.Tensor | None = None, dropout: float = 0.0,
+                            scaling: float | None = None, is_causal: bool | None = None,
+                            **kwargs) -> tuple[torch.Tensor, None]:
+    """The ``paged|<name>`` implementation (transformers 5.17's continuous batching).
+
+    Args:
+        module: the attention layer (its ``layer_idx``; ``scaling`` when ``scaling`` is None).
+        query: (1, Hq, T, D), the step's T packed query rows (fp16/bf16, D 64, 128 or 256).
+        key, value: (1, Hkv, T, D), the step's new keys and values.
+        attention_mask: ignored (transformers builds none for this name; continuous batching's mask is causal
+            within each request, which attn_lt applies from the lengths).
+        **kwargs: continuous batching's metadata: ``cache`` (``PagedAttentionCache``), ``cu_seq_lens_q``,
+            ``cu_seq_lens_k``, ``max_seqlen_q``, ``max_seqlen_k``, ``read_index``, ``write_index``; refused
+            features as in the module docstring.
+
+    Returns ``(attn_output, None)``, attn_output (1, T, Hq, D); rows of padding tokens (no request's) are
+    unspecified.
+    """
+    if not is_continuous_batching_call(kwargs):
+        raise ValueError("'paged|attn_lt' was called without continuous batching's metadata (cu_seq_lens_q, "
+                         "write_index, a paged cache): it serves generate_batch() and ContinuousBatchingManager; "
+                         "use 'attn_lt' for a standard forward")
+    return _continuous_batching_forward(module, query, key, value, dropout, scaling, is_causal, kwargs)
+
+
+def _paged_prefix_convention() -> bool:
+    """Whether this transformers names paged implementations ``paged|NAME`` (5.17: ``paged|sdpa`` is registered;
+    5.24 keeps only ``paged|eager`` and calls ``NAME`` itself)."""
+    try:
+        from transformers import AttentionInterface
+    except ImportError:
+        return False
+    return "paged|sdpa" in getattr(AttentionInterface, "_global_mapping", {})
+
+
+def _allow_in_continuous_batching(name: str) -> bool:
+    """Make ``ContinuousBatchingManager`` keep ``name`` / ``paged|name`` (see the module docstring). Returns False
+    where transformers has no continuous batching."""
+    try:
+        from transformers.generation.continuous_batching.continuous_api import ContinuousBatchingManager
+    except ImportError:
+        return False
+    current = ContinuousBatchingManager.switch_to_cb_friendly_attn
+    names = getattr(current, "_attn_lt_names", None)
+    if names is not None:  # already wrapped
+        names.add(name)
+        return True
+    original = current
+
+    @functools.wraps(original)
+    def switch_to_cb_friendly_attn(self, model, *args, **kwargs):
+        impl = model.config._attn_implementation
+        base = impl.removeprefix("paged|") if isinstance(impl, str) else impl
+        if base not in switch_to_cb_friendly_attn._attn_lt_names:
+            return original(self, model, *args, **kwargs)
+        target = f"paged|{base}" if _paged_prefix_convention() else base
+        if target != impl:
+            model.set_attn_implementation(target)
+            self._original_attn_impl = impl  # restored by the manager's stop()
+        return None
+
+    switch_to_cb_friendly_attn._attn_lt_names = {name}
+    ContinuousBatchingManager.switch_to_cb_friendly_attn = switch_to_cb_friendly_attn
+    return True
+
+
 def _transformers_version() -> tuple[int, int]:
     try:
         import transformers
@@ -169,7 +560,7 @@ def _transformers_version() -> tuple[int, int]:
     return version
 
 
-def register(name: str = NAME, **options) -> str:
+def register(name: str = NAME, *, continuous_batching: bool = False, **options) -> str:
     """Register attn_lt with transformers under ``name``; then ``attn_implementation=name`` selects it.
 
     Registers :func:`attention_forward` (with ``options`` fixed, see :func:`make_attention_forward`) in
@@ -178,10 +569,16 @@ def register(name: str = NAME, **options) -> str:
     for plain causal attention without padding (attn_lt applies causality itself), a 4-D bool mask otherwise.
     Older transformers build a dense additive mask for every implementation but ``sdpa``; it is read as given.
 
+    Where transformers names paged implementations ``paged|NAME`` (5.17), also registers ``paged|<name>``
+    (:func:`paged_attention_forward`; ``options`` do not apply to it) for continuous batching. On 5.24 ``<name>``
+    itself serves continuous batching. ``continuous_batching=True`` lets transformers' ``ContinuousBatchingManager``
+    keep this implementation (5.24 refuses unknown names without it; see the module docstring).
+
     Returns the name. Raises ImportError without transformers >= 4.48, TypeError for an unknown option.
     """
-    if not isinstance(name, str) or not name or name in ("eager", "sdpa") or "/" in name:
-        raise ValueError(f"name must be a new implementation name without '/' (not eager or sdpa), got {name!r}")
+    if (not isinstance(name, str) or not name or name in ("eager", "sdpa") or "/" in name or "|" in name):
+        raise ValueError(f"name must be a new implementation name without '/' or '|' (not eager or sdpa), got "
+                         f"{name!r}")
     fn = make_attention_forward(**options)
     _transformers_version()
     try:
@@ -192,12 +589,16 @@ def register(name: str = NAME, **options) -> str:
         ALL_ATTENTION_FUNCTIONS[name] = fn
     else:
         AttentionInterface.register(name, fn)
+        if _paged_prefix_convention():  # no mask builder for it: transformers then builds no mask
+            AttentionInterface.register(f"paged|{name}", paged_attention_forward)
     try:
         from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
     except ImportError:  # before 4.53 every model builds its own 4-D mask
         pass
     else:
         AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    if continuous_batching and not _allow_in_continuous_batching(name):
+        log.warning("this transformers has no ContinuousBatchingManager: continuous_batching=True does nothing")
     log.info("registered attn_lt as transformers attention implementation %r%s", name,
              f" with {options}" if options else "")
     return name
