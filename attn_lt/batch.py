@@ -627,6 +627,7 @@ class BatchStep:
         _set_metadata(self._args, self._cu_q, self._cu_k, self._seqlens, self._table)
         self._current_device = current_device
         self._requests = 0  # planned requests (0: not planned)
+        self._layout = None  # the last layout run() checked in full
 
     @property
     def capacity(self) -> BatchPlan:
@@ -707,8 +708,40 @@ class BatchStep:
         Returns out, or ``(out, lse)`` with lse FP32 (Hq, total_q)."""
         if not self._requests:
             raise ValueError("BatchStep.run() before plan(): plan the step's requests first")
-        p = self._plan
         paged = self.block_size > 0
+        # the tensors' layouts, checked in full once per layout (a layer loop repeats one)
+        layout = (q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.shape, v_cache.stride(),
+                  q.dtype, k_cache.dtype, v_cache.dtype, q.device, k_cache.device, v_cache.device,
+                  v_cache.data_ptr() - k_cache.data_ptr(), (q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr()) % 16)
+        if layout != self._layout:
+            checked = self._check_run(q, k_cache, v_cache, paged)
+            same = checked[0] is q and checked[1] is k_cache and checked[2] is v_cache
+            self._layout = layout if same else None  # (a copied q is checked and copied again next time)
+            q, k_cache, v_cache = checked
+        p = self._plan
+        if out is not None:
+            _check_out_type(out, q.dtype)
+            out = _check_out(out, (q.shape[0], p.Hq, p.Dv), q.dtype, self.device)
+        out, lse = _outputs(q, p.Hq, p.Dv, out, return_lse)
+        if not paged and k_cache.shape[0] == 0:
+            out.zero_()
+            if lse is not None:
+                lse.fill_(-float("inf"))
+            return _finish(out, lse, return_lse)
+        a = self._args
+        a.f.scale = self.scale if scale is None else check_scale(scale)
+        _set_tensors(a, q, k_cache, v_cache, out, lse, paged)
+        if self._current_device() == self.device.index:
+            native.batch(a, self._raw_stream(self.device.index))
+        else:
+            with torch.cuda.device(self.device):
+                native.batch(a, self._raw_stream(self.device.index))
+        return _finish(out, lse, return_lse)
+
+    def _check_run(self, q, k_cache, v_cache, paged: bool) -> tuple:
+        """run()'s checks of q and the caches: TypeError / ValueError, or the tensors as the kernels read them (q
+        copied when its layout is not one they read)."""
+        p = self._plan
         for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
             if not isinstance(t, torch.Tensor) or t.dtype != self.dtype or t.device != self.device:
                 raise TypeError(f"{name} must be a {self.dtype} tensor on {self.device}, got "
@@ -722,20 +755,5 @@ class BatchStep:
                              f"{p.D} / {p.Dv}); got q {_shape(q)}, k {_shape(k_cache)}, v {_shape(v_cache)}")
         if p.latent and not (v_cache.data_ptr() == k_cache.data_ptr() and v_cache.stride() == k_cache.stride()):
             raise ValueError("MLA decode reads one latent cache: v_cache must be k_cache[..., :512]")
-        _check_out_type(out, q.dtype)
-        out = _check_out(out, (q.shape[0], p.Hq, p.Dv), q.dtype, self.device)
         q = _readable("q", q, True)
-        k_cache, v_cache = _readable("k", k_cache, not paged), _readable("v", v_cache, not paged)
-        out, lse = _outputs(q, p.Hq, p.Dv, out, return_lse)
-        if not paged and k_cache.shape[0] == 0:
-            out.zero_()
-            if lse is not None:
-                lse.fill_(-float("inf"))
-            return _finish(out, lse, return_lse)
-        a = self._args
-        a.f.scale = self.scale if scale is None else check_scale(scale)
-        _set_tensors(a, q, k_cache, v_cache, out, lse, paged)
-        with torch.cuda.device(self.device) if self._current_device() != self.device.index \
-                else contextlib.nullcontext():
-            native.batch(a, self._raw_stream(self.device.index))
-        return _finish(out, lse, return_lse)
+        return q, _readable("k", k_cache, not paged), _readable("v", v_cache, not paged)
