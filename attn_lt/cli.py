@@ -603,10 +603,10 @@ def cmd_explain_batch(a) -> int:
     from .batch import explain_batch, plan_batch
 
     text = explain_batch(a.requests, a.heads_q, a.heads_kv, a.head_dim, max_seqlen_q=a.max_seqlen_q,
-                         max_seqlen_k=a.max_seqlen_k, block_size=a.block_size)
+                         max_seqlen_k=a.max_seqlen_k, block_size=a.block_size, head_dim_v=a.head_dim_v)
     if a.json:
         plan = plan_batch(a.requests, a.heads_q, a.heads_kv, a.head_dim, max_seqlen_q=a.max_seqlen_q,
-                          max_seqlen_k=a.max_seqlen_k, block_size=a.block_size)
+                          max_seqlen_k=a.max_seqlen_k, block_size=a.block_size, Dv=a.head_dim_v)
         print(json.dumps(plan.to_dict(), indent=2))
     else:
         print("\n".join(safe(line) for line in text.splitlines()))
@@ -635,10 +635,14 @@ def build_parser() -> argparse.ArgumentParser:
                        parents=[common])
     for name, default, what in (("requests", None, "requests a call holds at most"),
                                 ("heads-q", 32, "query heads"), ("heads-kv", 8, "kv heads"),
-                                ("head-dim", 128, "head dim"), ("max-seqlen-q", 1, "query rows a request, at most"),
+                                ("head-dim", 128, "head dim"),
+                                ("head-dim-v", None, "v's head dim (default: --head-dim; MLA decode: -d 576 "
+                                 "--head-dim-v 512 --block-size 64)"),
+                                ("max-seqlen-q", 1, "query rows a request, at most"),
                                 ("max-seqlen-k", None, "keys a request, at most"),
                                 ("block-size", 0, "keys a block of a paged cache (0: packed keys)")):
-        s.add_argument(f"--{name}", type=int, default=default, required=default is None, help=what)
+        s.add_argument(f"--{name}", type=int, default=default, required=default is None and name != "head-dim-v",
+                       help=what)
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_explain_batch)
     s = sub.add_parser("demo", help="run one attention call, check it against PyTorch and time both",

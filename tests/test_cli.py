@@ -308,3 +308,6 @@ def test_explain_batch(capsys):
     assert rc == 0 and d["kind"] == "varlen" and d["row_kernel"] in ("sm90", "flash")
     rc, _, err = run(capsys, "explain-batch", "--requests", "4", "--max-seqlen-k", "100", "--head-dim", "80")
     assert rc == 2 and "head dim 80" in err
+    rc, out, _ = run(capsys, "explain-batch", "--requests", "64", "--heads-q", "128", "--heads-kv", "1", "--head-dim",
+                     "576", "--head-dim-v", "512", "--max-seqlen-k", "8192", "--block-size", "64")
+    assert rc == 0 and "MLA decode blocks" in out
