@@ -171,6 +171,7 @@ def _mla_plan(requests, Hq, Hkv, Dv, max_k, block_size, facts, assumed) -> Batch
 
 @functools.lru_cache(maxsize=1024)
 def _plan(requests, Hq, Hkv, D, Dv, max_q, max_k, block_size, facts, assumed) -> BatchPlan:
+    _check_capacity(requests, Hq, Hkv, D, max_q, max_k, block_size, Dv)
     if (D, Dv) == LATENT_DIMS:
         return _mla_plan(requests, Hq, Hkv, Dv, max_k, block_size, facts, assumed)
     g = Hq // Hkv
@@ -245,6 +246,21 @@ def _check_capacity(requests, Hq, Hkv, D, max_q, max_k, block_size, Dv=None) -> 
         raise ValueError(f"block_size {block_size} must be a power of two from {MIN_BLOCK_SIZE} to {MAX_BLOCK_SIZE}")
 
 
+def _check_latent(k, v, names: tuple[str, str]) -> None:
+    """MLA decode reads one latent cache as K and V: v must be k's first columns (its address and strides)."""
+    if not (v.data_ptr() == k.data_ptr() and v.stride() == k.stride()):
+        raise ValueError(f"MLA decode (head dims {LATENT_DIMS[0]}/{LATENT_DIMS[1]}) reads one latent cache as K and V: "
+                         f"{names[1]} must be {names[0]}[..., :{LATENT_DIMS[1]}] (the same memory); got {names[0]} "
+                         f"{_shape(k)}, {names[1]} {_shape(v)} at different addresses or strides")
+
+
+def _check_latent_device(facts: DeviceFacts, device) -> None:
+    if not facts.hopper:
+        raise ValueError(f"MLA decode (head dims {LATENT_DIMS[0]}/{LATENT_DIMS[1]}) on a paged cache runs on the Hopper "
+                         f"kernel only; {device} is not a Hopper GPU with it (attn_lt.attention() runs MLA on a dense "
+                         "cache)")
+
+
 def _check_data(q, k, v, names: tuple[str, str, str], kv_dims: int) -> tuple[str, int, int, int, int]:
     """Types, dtypes and dims of q, k, v; returns (dtype, Hq, Hkv, D, Dv)."""
     for name, t in zip(names, (q, k, v)):
@@ -265,10 +281,7 @@ def _check_data(q, k, v, names: tuple[str, str, str], kv_dims: int) -> tuple[str
         raise ValueError(f"{names[1]} and {names[2]} must agree in every dim but the last; got {shapes}")
     Dv = v.shape[-1]
     if (D, Dv) == LATENT_DIMS and k.shape[-1] == D and kv_dims == 4:
-        if not (v.data_ptr() == k.data_ptr() and v.stride() == k.stride()):
-            raise ValueError(f"MLA decode (head dims {D}/{Dv}) reads one latent cache as K and V: {names[2]} must be "
-                             f"{names[1]}[..., :{Dv}] (the same memory); got {shapes} at different addresses or "
-                             "strides")
+        _check_latent(k, v, names[1:])
     elif k.shape[-1] != D or Dv != D:
         raise ValueError(f"head dims must agree (q·k = v = D; the batch kernels take D in {BATCH_HEAD_DIMS}, and "
                          f"{LATENT_DIMS[0]}/{LATENT_DIMS[1]} for MLA decode on a paged latent cache); got {shapes}")
@@ -520,8 +533,8 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
     request; out (B, Hq, 512). ``scale`` defaults to 576 ** -0.5; DeepSeek's models pass their own.
 
     Returns out (rows, Hq, Dv); with ``return_lse``, ``(out, lse)``, lse FP32 (Hq, rows). A request with no keys
-    gives zeros and LSE -inf; a block id outside the cache is neither read nor attended and recorded
-    (``check=True``, or :func:`check_batch_errors`). Prefill rows on Hopper read a request's last block whole (the
+    gives zeros and LSE -inf; a block id outside the cache is never read past the cache (MLA decode reads block 0 in
+    its place), its keys are not attended, and it is recorded (``check=True``, or :func:`check_batch_errors`). Prefill rows on Hopper read a request's last block whole (the
     slots past its length are masked, not skipped): keep unused cache slots finite, e.g. allocate the cache with
     ``torch.zeros`` (MLA decode and the decode rows need not: they never let those slots reach the output).
     """
@@ -556,9 +569,8 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
                              "seqlens_k": seqlens_k, "cu_seqlens_q": cu_seqlens_q, "out": out})
     out = _check_out(out, (q.shape[0], Hq, Dv), q.dtype, device)
     facts = device_facts(device.index)
-    if Dv != D and not facts.hopper:
-        raise ValueError(f"MLA decode (head dims {D}/{Dv}) on a paged cache runs on the Hopper kernel only; {device} "
-                         "is not a Hopper GPU with it (attn_lt.attention() runs MLA on a dense cache here)")
+    if Dv != D:
+        _check_latent_device(facts, device)
     q = _readable("q", q, True)
     k_cache, v_cache = _readable("k_cache", k_cache, False), _readable("v_cache", v_cache, False)
     if block_table.stride(1) != 1 or block_table.stride(0) < max_blocks:  # (an expanded table: stride 0)
@@ -603,9 +615,8 @@ class BatchStep:
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         facts = device_facts(device.index)
-        if Dv != head_dim and not facts.hopper:
-            raise ValueError(f"MLA decode (head dims {head_dim}/{Dv}) runs on the Hopper kernel only; {device} is not "
-                             "a Hopper GPU with it")
+        if Dv != head_dim:
+            _check_latent_device(facts, device)
         self.device, self.dtype, self.block_size = device, dtype, block_size
         self.causal = check_causal(causal)
         self.scale = head_dim ** -0.5 if scale is None else check_scale(scale)
@@ -650,8 +661,9 @@ class BatchStep:
         """Set the step's requests: ``cu_seqlens_q`` int32 (B + 1,) (None: one query row a request), and the keys —
         paged: ``seqlens_k`` int32 (B,) and ``block_table`` int32 (B, up to ``max_blocks``) (entries past the given
         columns read as bad blocks); varlen: ``cu_seqlens_k`` int32 (B + 1,). B <= ``max_requests``; tensors on the
-        step's device (or host tensors, copied). Stream-ordered copies into the step's buffers: no sync, no
-        allocation, capturable."""
+        step's device. Stream-ordered copies into the step's buffers: no sync, no allocation, capturable. Host
+        tensors are copied too, asynchronously from pinned memory: keep them unchanged until the stream has run the
+        copy, and do not plan from host tensors under capture (the graph would keep their address)."""
         paged = self.block_size > 0
         if paged and (seqlens_k is None or block_table is None or cu_seqlens_k is not None):
             raise ValueError("a paged step is planned with seqlens_k and block_table (not cu_seqlens_k)")
@@ -671,8 +683,8 @@ class BatchStep:
             cols = block_table.shape[1]
             self._index("block_table", block_table, (B, cols))
             if not 1 <= cols <= self.max_blocks:
-                raise ValueError(f"block_table {_shape(block_table)} has more columns than the step's "
-                                 f"{self.max_blocks} (max_seqlen_k / block_size)")
+                raise ValueError(f"block_table {_shape(block_table)} must have 1 to {self.max_blocks} columns (the "
+                                 "step's max_seqlen_k / block_size)")
         else:
             self._index("cu_seqlens_k", cu_seqlens_k, (B + 1,))
         if cu_seqlens_q is not None:
@@ -712,7 +724,7 @@ class BatchStep:
         # the tensors' layouts, checked in full once per layout (a layer loop repeats one)
         layout = (q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.shape, v_cache.stride(),
                   q.dtype, k_cache.dtype, v_cache.dtype, q.device, k_cache.device, v_cache.device,
-                  v_cache.data_ptr() - k_cache.data_ptr(), (q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr()) % 16)
+                  v_cache.data_ptr() == k_cache.data_ptr(), (q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr()) % 16)
         if layout != self._layout:
             checked = self._check_run(q, k_cache, v_cache, paged)
             same = checked[0] is q and checked[1] is k_cache and checked[2] is v_cache
@@ -743,17 +755,19 @@ class BatchStep:
         copied when its layout is not one they read)."""
         p = self._plan
         for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-            if not isinstance(t, torch.Tensor) or t.dtype != self.dtype or t.device != self.device:
-                raise TypeError(f"{name} must be a {self.dtype} tensor on {self.device}, got "
-                                f"{getattr(t, 'dtype', type(t).__name__)} on {getattr(t, 'device', None)}")
+            if not isinstance(t, torch.Tensor) or t.dtype != self.dtype:
+                raise TypeError(f"{name} must be a {self.dtype} tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+            if t.device != self.device:
+                raise ValueError(f"{name} is on {t.device}; the step runs on {self.device}")
         kv = (self.block_size, p.Hkv) if paged else (p.Hkv,)
         if (q.dim() != 3 or tuple(q.shape[1:]) != (p.Hq, p.D) or q.shape[0] < 1
                 or tuple(k_cache.shape[1:]) != kv + (p.D,) or tuple(v_cache.shape[1:]) != kv + (p.Dv,)
                 or v_cache.shape[0] != k_cache.shape[0] or k_cache.shape[0] < (1 if paged else 0)):
+            dims = f"{p.D}" if p.D == p.Dv else f"{p.D} / {p.Dv}"
             raise ValueError(f"the step takes q (rows, {p.Hq}, {p.D}) and "
                              f"{'caches (num_blocks, ' if paged else 'k, v (total_k, '}{', '.join(map(str, kv))}, "
-                             f"{p.D} / {p.Dv}); got q {_shape(q)}, k {_shape(k_cache)}, v {_shape(v_cache)}")
-        if p.latent and not (v_cache.data_ptr() == k_cache.data_ptr() and v_cache.stride() == k_cache.stride()):
-            raise ValueError("MLA decode reads one latent cache: v_cache must be k_cache[..., :512]")
+                             f"{dims}); got q {_shape(q)}, k {_shape(k_cache)}, v {_shape(v_cache)}")
+        if p.latent:
+            _check_latent(k_cache, v_cache, ("k_cache", "v_cache"))
         q = _readable("q", q, True)
         return q, _readable("k", k_cache, not paged), _readable("v", v_cache, not paged)

@@ -154,7 +154,8 @@ enum attn_lt_flash_sm90_variant {
  * Device metadata is never trusted (attn_lt_batch_error bits are OR-ed into *error, which must be a device int32):
  * a request whose query range is not inside [0, total_q] or longer than f.Sq writes nothing; a request whose key
  * range is not inside the keys (varlen: [0, total_k]; paged: its table row) or longer than f.Sk has no keys (its
- * rows get zeros and LSE -inf); a key in a block whose id is outside [0, num_blocks) is neither read nor attended.
+ * rows get zeros and LSE -inf); a key in a block whose id is outside [0, num_blocks) is not attended, and not read
+ * (MLA decode reads block 0 in its place).
  * Query rows no request owns are left as they were.
  *
  * Requests whose rows a kv head (query rows x Hq / Hkv) are at most 16 run on decode blocks whose keys are cut in

@@ -76,6 +76,7 @@ import logging
 import torch
 
 from ..api import attention
+from ..batch import BATCH_HEAD_DIMS
 
 log = logging.getLogger("attn_lt")
 
@@ -200,7 +201,7 @@ def make_attention_forward(**options):
 # ---- continuous batching ------------------------------------------------------------------------------------------
 
 #: Head dims the serving-batch kernels run (attn_lt.batch.BATCH_HEAD_DIMS, without MLA).
-CB_HEAD_DIMS = (64, 128, 256)
+CB_HEAD_DIMS = BATCH_HEAD_DIMS
 _CB_DTYPES = (torch.float16, torch.bfloat16)
 #: BatchSteps (one a capacity) a cache group keeps before dropping the least recently used, unless a CUDA graph was
 #: captured over one of its plans: a graph keeps pointers into its step's buffers, so then none is ever dropped.
@@ -360,11 +361,12 @@ def _planner_for(cache, group: int) -> StepPlanner:
         # First sight of this cache, before attn_lt writes to it: zero it once. transformers 5.17 allocates it with
         # torch.empty, and the Hopper prefill kernel reads a request's last block whole (masking the slots past its
         # keys), which must hold finite values. Never inside a capture: it would be replayed every step.
-        if not _capturing():
-            for t in (*cache.key_cache, *cache.value_cache):
-                t.zero_()
-        else:
-            log.warning("attn_lt first met this paged cache inside a CUDA graph capture: not zeroing it")
+        if _capturing():
+            raise RuntimeError("attn_lt met this paged cache first inside a CUDA graph capture: it zeroes a new cache "
+                               "and makes its steps' buffers on the first eager forward (transformers runs one before "
+                               "it captures); run the model eagerly once first")
+        for t in (*cache.key_cache, *cache.value_cache):
+            t.zero_()
         planners = {}
         setattr(cache, PLANNERS_ATTR, planners)
     planner = planners.get(group)
