@@ -260,7 +260,8 @@ def host_costs() -> dict:
     import torch.nn.functional as F
 
     def host_us(fn, n=200):
-        fn()
+        for _ in range(n):  # warm: allocator, launch paths and the CPU's clocks settled before timing
+            fn()
         torch.cuda.synchronize()
         times = []
         for _ in range(n):
