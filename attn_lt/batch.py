@@ -76,7 +76,6 @@ class BatchPlan:
     parts: int
     row_kernel: str | None  # "sm90" | "flash" | None
     decode_blocks: bool
-    workspace_bytes: int
     facts: DeviceFacts
     assumed_device: bool
 
@@ -91,8 +90,13 @@ class BatchPlan:
 
     @property
     def partial_rows(self) -> int:
-        """Rows of FP32 partials a part: (request, kv head, decode-block row), or (request, query head) for MLA."""
-        return self.requests * (self.Hq if self.latent else self.Hkv * SMALL_ROWS)
+        """Rows of FP32 partials a part (see :func:`_partial_rows`)."""
+        return _partial_rows(self.latent, self.requests, self.Hq, self.Hkv)
+
+    @property
+    def workspace_bytes(self) -> int:
+        """Bytes of the partials (outputs, then their LSEs) when the keys are split, else 0."""
+        return self.parts * self.partial_rows * (self.Dv + 1) * 4 if self.parts > 1 else 0
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "requests": self.requests, "heads_q": self.Hq, "heads_kv": self.Hkv,
@@ -154,19 +158,30 @@ def plan_batch(requests: int, Hq: int, Hkv: int, D: int, *, max_seqlen_q: int, m
                  assumed)
 
 
+def _partial_rows(latent: bool, requests: int, Hq: int, Hkv: int) -> int:
+    """Rows of FP32 partials a part: (request, kv head, decode-block row), or (request, query head) for MLA."""
+    return requests * (Hq if latent else Hkv * SMALL_ROWS)
+
+
+def _split(max_k: int, size: int, part_bytes: int, max_parts: int) -> tuple[int, int]:
+    """(split_keys, parts) for parts of ``size`` keys, the size doubled until at most ``max_parts`` parts whose
+    partials fit MAX_PARTIAL_BYTES; (0, 1) when one part holds every key."""
+    while -(-max_k // size) > 1 and (-(-max_k // size) > max_parts
+                                     or -(-max_k // size) * part_bytes > MAX_PARTIAL_BYTES):
+        size *= 2
+    parts = -(-max_k // size)
+    return (size, parts) if parts > 1 else (0, 1)
+
+
 def _mla_plan(requests, Hq, Hkv, Dv, max_k, block_size, facts, assumed) -> BatchPlan:
     row_blocks = -(-(Hq // Hkv) // MLA_ROWS)
     size = max(MLA_SPLIT_MIN_KEYS, -(-max_k * requests * Hkv * row_blocks // (MLA_SPLIT_WAVES * facts.sms)))
     size = -(-max_k // -(-max_k // size))  # that many parts, of even sizes
     size = -(-size // KEY_TILE) * KEY_TILE
-    part_bytes = requests * Hq * (Dv + 1) * 4
-    while -(-max_k // size) > 1 and (-(-max_k // size) * row_blocks > 65535
-                                     or -(-max_k // size) * part_bytes > MAX_PARTIAL_BYTES):
-        size *= 2
-    parts = -(-max_k // size)
-    split_keys, workspace = (size, parts * part_bytes) if parts > 1 else (0, 0)
+    split_keys, parts = _split(max_k, size, _partial_rows(True, requests, Hq, Hkv) * (Dv + 1) * 4,
+                               65535 // row_blocks)
     return BatchPlan("paged", requests, Hq, Hkv, LATENT_DIMS[0], Dv, 1, max_k, block_size, split_keys, parts, None,
-                     True, workspace, facts, assumed)
+                     True, facts, assumed)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -180,21 +195,14 @@ def _plan(requests, Hq, Hkv, D, Dv, max_q, max_k, block_size, facts, assumed) ->
     row_kernel = None
     if rows:
         row_kernel = "sm90" if facts.hopper else "flash"
-    split_keys, parts, workspace = 0, 1, 0
+    split_keys, parts = 0, 1
     if decode:
         # parts of a fixed size, so that every request's CTAs take about the same time whatever its length
-        target = SPLIT_WAVES * 2 * facts.sms
-        size = -(-max_k * requests * Hkv // target)
+        size = -(-max_k * requests * Hkv // (SPLIT_WAVES * 2 * facts.sms))
         size = max(SPLIT_MIN_KEYS, -(-size // KEY_TILE) * KEY_TILE)
-        part_bytes = requests * Hkv * SMALL_ROWS * (D + 1) * 4
-        while -(-max_k // size) > 1 and (-(-max_k // size) > MAX_PARTS
-                                         or -(-max_k // size) * part_bytes > MAX_PARTIAL_BYTES):
-            size *= 2
-        parts = -(-max_k // size)
-        if parts > 1:
-            split_keys, workspace = size, parts * part_bytes
+        split_keys, parts = _split(max_k, size, _partial_rows(False, requests, Hq, Hkv) * (D + 1) * 4, MAX_PARTS)
     return BatchPlan("paged" if block_size else "varlen", requests, Hq, Hkv, D, D, max_q, max_k, block_size,
-                     split_keys, parts, row_kernel, decode, workspace, facts, assumed)
+                     split_keys, parts, row_kernel, decode, facts, assumed)
 
 
 def explain_batch(requests: int, heads_q: int, heads_kv: int, head_dim: int, *, max_seqlen_q: int,
@@ -202,7 +210,6 @@ def explain_batch(requests: int, heads_q: int, heads_kv: int, head_dim: int, *, 
     """How a varlen (``block_size`` 0) or paged batch of this capacity runs on the current GPU (or, without one, an
     H100): the kernels, the split of the keys and why. ``head_dim_v`` 512 with ``head_dim`` 576: MLA decode on a
     paged latent cache. No GPU work."""
-    _check_capacity(requests, heads_q, heads_kv, head_dim, max_seqlen_q, max_seqlen_k, block_size, head_dim_v)
     return str(plan_batch(requests, heads_q, heads_kv, head_dim, max_seqlen_q=max_seqlen_q,
                           max_seqlen_k=max_seqlen_k, block_size=block_size, Dv=head_dim_v))
 
@@ -697,16 +704,12 @@ class BatchStep:
             if B < cap:
                 self._cu_q[B + 1:].copy_(self._cu_q[B:B + 1].expand(cap - B))
         if paged:
-            if B == cap and cols == self.max_blocks:
-                self._seqlens.copy_(seqlens_k, non_blocking=True)
-                self._table.copy_(block_table, non_blocking=True)
-            else:
-                self._seqlens[:B].copy_(seqlens_k, non_blocking=True)
-                self._table[:B, :cols].copy_(block_table, non_blocking=True)
-                if cols < self.max_blocks:
-                    self._table[:B, cols:].fill_(-1)
-                if B < cap:
-                    self._seqlens[B:].zero_()
+            self._seqlens[:B].copy_(seqlens_k, non_blocking=True)
+            self._table[:B, :cols].copy_(block_table, non_blocking=True)
+            if cols < self.max_blocks:
+                self._table[:B, cols:].fill_(-1)
+            if B < cap:
+                self._seqlens[B:].zero_()
         else:
             self._cu_k[:B + 1].copy_(cu_seqlens_k, non_blocking=True)
             if B < cap:

@@ -381,6 +381,8 @@ def table(rows: list[dict], baseline: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from bench_generate import add_model_args
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--new-tokens", default="64", help="N, comma separated (default 64)")
@@ -395,13 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--warmup-requests", type=int, default=8)
     ap.add_argument("--no-profile", action="store_true", help="no CUDA events around attention and forward")
     ap.add_argument("--no-check", action="store_true", help="skip the FP32 check of attn_lt's attention calls")
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--hidden", type=int, default=4096)
-    ap.add_argument("--heads", type=int, default=32)
-    ap.add_argument("--kv-heads", type=int, default=8)
-    ap.add_argument("--head-dim", type=int, default=128)
-    ap.add_argument("--intermediate", type=int, default=14336)
-    ap.add_argument("--vocab", type=int, default=32000)
+    add_model_args(ap)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="16 requests of 128-1024 tokens, N 16, 2 layers")
     ap.add_argument("--out", help="directory for cb.json")

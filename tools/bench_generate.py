@@ -607,11 +607,8 @@ def parent(a, argv) -> int:
     return 1 if bad else 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--prompt", default="32768", help="prompt length(s), comma separated (default 32768)")
-    ap.add_argument("--new", type=int, default=256, help="new tokens (default 256)")
+def add_model_args(ap: argparse.ArgumentParser) -> None:
+    """The random-weight model's shape options (build_model's arguments), for this script and tools/bench_cb.py."""
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--hidden", type=int, default=4096)
     ap.add_argument("--heads", type=int, default=32)
@@ -619,6 +616,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--intermediate", type=int, default=14336)
     ap.add_argument("--vocab", type=int, default=32000)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prompt", default="32768", help="prompt length(s), comma separated (default 32768)")
+    ap.add_argument("--new", type=int, default=256, help="new tokens (default 256)")
+    add_model_args(ap)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--providers", default=",".join(PROVIDERS[:3]),
                     help="comma separated: " + ", ".join(PROVIDERS) + f" (default {','.join(PROVIDERS[:3])})")

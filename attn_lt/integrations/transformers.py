@@ -200,8 +200,7 @@ def make_attention_forward(**options):
 
 # ---- continuous batching ------------------------------------------------------------------------------------------
 
-#: Head dims the serving-batch kernels run (attn_lt.batch.BATCH_HEAD_DIMS, without MLA).
-CB_HEAD_DIMS = BATCH_HEAD_DIMS
+#: The dtypes continuous batching runs (the batch kernels'; head dims: attn_lt.batch.BATCH_HEAD_DIMS, MLA aside).
 _CB_DTYPES = (torch.float16, torch.bfloat16)
 #: BatchSteps (one a capacity) a cache group keeps before dropping the least recently used, unless a CUDA graph was
 #: captured over one of its plans: a graph keeps pointers into its step's buffers, so then none is ever dropped.
@@ -403,8 +402,8 @@ def _refuse_continuous_batching(module, query, key, value, dropout, is_causal, k
         raise ValueError(f"continuous batching passes packed (1, heads, tokens, head_dim) tensors; got query "
                          f"{_shape(query)}, key {_shape(key)}, value {_shape(value)}")
     D = query.shape[-1]
-    if D not in CB_HEAD_DIMS:
-        no(f"head dim {D} (it runs {', '.join(map(str, CB_HEAD_DIMS))})")
+    if D not in BATCH_HEAD_DIMS:
+        no(f"head dim {D} (it runs {', '.join(map(str, BATCH_HEAD_DIMS))})")
     if key.shape[-1] != D or value.shape[-1] != D:
         no(f"head dims query {D}, key {key.shape[-1]}, value {value.shape[-1]} (all must be equal)")
     if query.dtype not in _CB_DTYPES or key.dtype != query.dtype or value.dtype != query.dtype:

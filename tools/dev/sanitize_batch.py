@@ -21,6 +21,17 @@ def cu(lengths):
     return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
 
 
+def reported(what: str) -> int:
+    """1 when the bad metadata of the last call was not reported, else 0."""
+    try:
+        attn_lt.check_batch_errors()
+    except ValueError as e:
+        print(f"reported: {e}")
+        return 0
+    print(f"{what} not reported")
+    return 1
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("no GPU")
@@ -49,12 +60,7 @@ def main() -> int:
         table[0, 5] = kc.shape[0] + 7  # past the cache: not read, reported
         sk[2] = table.shape[1] * 16 + 3  # past the table
         attn_lt.paged_attention(qp, kc, vc, table, sk)
-        try:
-            attn_lt.check_batch_errors()
-            print("bad metadata not reported")
-            bad += 1
-        except ValueError as e:
-            print(f"reported: {e}")
+        bad += reported("bad metadata")
     from attn_lt.fused import device_facts
     if device_facts().hopper:  # MLA decode on a paged latent cache: one part, several parts, a bad block
         kc, _, table, sk = random_pages([2100, 1, 0, 70], 64, 1, 576, dt)
@@ -66,12 +72,7 @@ def main() -> int:
         bad += err > 2e-2
         table[0, 3] = -1
         attn_lt.paged_attention(qp, kc, kc[..., :512], table, sk)
-        try:
-            attn_lt.check_batch_errors()
-            print("bad MLA block not reported")
-            bad += 1
-        except ValueError as e:
-            print(f"reported: {e}")
+        bad += reported("bad MLA block")
     torch.cuda.synchronize()
     return 1 if bad else 0
 
