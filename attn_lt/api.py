@@ -6,7 +6,6 @@ Data flows one way: validate → select → plan (chunks, GEMM descriptors, algo
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import itertools
 import logging
@@ -21,7 +20,7 @@ from .chunks import ChunkPlan, plan_chunks, out_strides
 from .select import Decision, route_of, select
 from .validate import Case, address_alignment, check_options, check_out, check_tensors, mask_alignment, out_shape
 from .device import stream_queries
-from .fused import FusedLaunch, device_facts, fused_launch, keys_of_most, most_splits
+from .fused import FusedLaunch, device_facts, fused_launch
 
 log = logging.getLogger("attn_lt")
 
@@ -91,11 +90,10 @@ _DTYPE, _DEVICE, _MASK = 8, 11, 14
 
 
 def call_signature(q, k, v, attn_mask, out_align: int) -> tuple:
-    """What a plan fixes about its tensors, as ``(family, Sk, v's Sk, k strides, v strides)``: the family holds the
-    shapes and strides but the key lengths and K/V strides (what a decode step changes), the dtypes, the device
-    indices (-1: CPU), the mask's layout, the address alignment, and whether v starts at k's address (an MLA latent
-    cache: ``Case.v_in_k``). A decode step's hot path: built from tensor attributes read once, unpacked, with ints
-    where torch.device objects would cost more to make, hash and compare."""
+    """What a plan fixes about its tensors, as ``(rest, Sk, v's Sk, k strides, v strides)``: ``rest`` holds the
+    other shapes and strides, the dtypes, the device indices (-1: CPU), the mask's layout, the address alignment,
+    and whether v starts at k's address (an MLA latent cache: ``Case.v_in_k``). Built from tensor attributes read
+    once, with ints where torch.device objects would cost more to make, hash and compare."""
     kp, vp = k.data_ptr(), v.data_ptr()
     bits = q.data_ptr() | kp | vp
     kb, kh, Sk, kd = k.shape
@@ -158,11 +156,8 @@ class AttentionPlan:
         self.key_mass, self.key_mass_window = key_mass, key_mass_window
         self.out_layout = out_layout  # "bhsd" or "bshd" (validate.OUT_LAYOUTS)
         self._out_shape = out_shape(case, out_layout)
-        self.derived = False  # made by with_keys from another plan of its family
         self._used = 0  # when attention() last used it (its plan cache's eviction order)
-        self._keys = None  # the key lengths runs_keys_of accepts, once asked
-        self._route = None  # the selector's route for this plan's family, once a decode step asked (with_keys)
-        self._unworded = None  # the decision of the plans derived from this one, without its reason
+        self._keys = None  # the key lengths the compiled fast path may run on this plan (see _fast_keys), once asked
         self._program = None
         self._scratch_views = None
         self._fast = None  # run()'s handle in the compiled fast path (attn_lt.fastpath.bind), once bound
@@ -170,11 +165,8 @@ class AttentionPlan:
 
     @property
     def decision(self) -> Decision:
-        """The selector's decision and its reasons (a decode step's plan words its reason when asked)."""
-        d = self._decision
-        if d.reasons is None:
-            d = self._decision = Decision(d.backend, (self._route.why(self.case.Sk),), d.rejected)
-        return d
+        """The selector's decision and its reasons."""
+        return self._decision
 
     @property
     def program(self):
@@ -205,99 +197,18 @@ class AttentionPlan:
                     self._program = p
         return p
 
-    def _route_for(self, Sk: int, ks: tuple, vs: tuple, backend: str, threshold):
-        """The family's route if this plan's kernel may run ``Sk`` keys with K/V strides ``ks``, ``vs`` (what a
-        decode step changes), ``False`` if a full plan is needed; None when ``backend`` is forced (no route).
-        Only a fused plan without a mask runs other key lengths, and only while the selector still routes them to
-        it (``backend`` "auto"). The family's route is looked up once and handed from plan to plan (a new
-        calibration takes effect after :func:`clear_plans`)."""
-        if not self._steps() or Sk < 1 or not self._reads(ks, vs):
-            return False
-        if backend != "auto":
-            return None
-        r = self._route_at(Sk, ks, vs, threshold)
-        return False if r.prefers_lt(Sk) else r
-
-    def _steps(self) -> bool:
-        """Whether this plan's family may run other key lengths on it or on plans derived from it: a fused plan
-        without a mask (whose shape holds the key length) or attention mass."""
-        return self.backend == "wmma" and self.case.mask is None and not self.key_mass
-
-    def _route_at(self, Sk: int, ks: tuple, vs: tuple, threshold):
-        """The selector's route for this plan's call with ``Sk`` keys: the family's, looked up once, on its side of
-        Sq >= Sk (it holds for every key length there), else looked up for that side."""
-        r = self._route
-        if r is None or not r.holds_for(self.case.Sq, Sk):
-            c = self.case if Sk == self.case.Sk else Case.with_keys(self.case, Sk, ks, vs)
-            r = route_of(c, threshold)
-        return r
-
-    def _reads(self, ks: tuple, vs: tuple) -> bool:
-        """Whether the fused kernels read K/V of strides ``ks``, ``vs`` as this plan's family (positive multiples
-        of 8 elements, the last 1; v at k's address only as k's first columns)."""
-        a, b, c, d = ks
-        e, f, g, h = vs
-        return (d == 1 and h == 1 and a > 0 and b > 0 and c > 0 and e > 0 and f > 0 and g > 0
-                and not (a | b | c | e | f | g) % 8 and (ks == vs or not self.case.v_in_k))
-
-    def runs_keys_of(self, signature: tuple, backend: str, threshold) -> bool:
-        """Whether this plan runs, as it is, the call of ``signature`` — this plan's family with another key length
-        or K/V strides (a decode step): a fused plan without a mask, whose kernel reads the key length and the K/V
-        strides from each call, while the launch (the split count) and the route stay those of its own length.
-        ``backend`` and ``threshold`` are the family's (the key lengths it covers are worked out once)."""
-        keys = self._keys or self._keys_covered(backend, threshold)
-        Sk = signature[1]
-        return keys[0] <= Sk <= keys[1] and signature[2] == Sk and self._reads(signature[3], signature[4])
-
-    def _keys_covered(self, backend: str, threshold) -> tuple[int, float]:
-        """The key lengths (lo, hi) :meth:`runs_keys_of` accepts: those of this plan's split count that its route
-        (``backend`` "auto") sends to wmma; (1, 0) for none. Worked out once (``backend`` and ``threshold`` are
-        the family's)."""
+    def _fast_keys(self, backend: str, threshold) -> tuple[int, float]:
+        """The key lengths (lo, hi) of this plan's calls that the compiled fast path may run on it with other key
+        lengths and K/V strides: the fused kernels read both from each call (the split count is cut to the keys by
+        the launcher), so the bound is the selector's: those its route (``backend`` "auto") sends to wmma on this
+        case's side of Sq >= Sk; every length for a forced backend. Worked out once."""
         if self._keys is None:
-            case = self.case
-            if not self._steps():
-                self._keys = (1, 0)
-                return self._keys
-            lo, hi = keys_of_most(most_splits(case.Sk))
+            lo, hi = 1, math.inf
             if backend == "auto":
-                r = self._route = self._route_at(case.Sk, case.k_strides, case.v_strides, threshold)
-                rlo, rhi = r.wmma_keys(case.Sq)
-                lo, hi = max(lo, rlo), min(math.inf if hi is None else hi, math.inf if rhi is None else rhi)
-            self._keys = (lo, math.inf if hi is None else hi)
+                lo, top = route_of(self.case, threshold).wmma_keys(self.case.Sq)
+                hi = math.inf if top is None else top
+            self._keys = (lo, hi)
         return self._keys
-
-    def with_keys(self, signature: tuple, backend: str, threshold) -> AttentionPlan | None:
-        """This plan for the same call with another key length (a decode step: the KV cache grew) whose launch
-        differs (another split count), derived without planning anew, or None when that takes a full plan (see
-        :meth:`_route_for`) or the kernel changes; ``signature`` is the call's (:func:`call_signature`), of this plan's
-        family."""
-        Sk, ks, vs = signature[1], signature[3], signature[4]
-        if signature[2] != Sk:  # v of another length: invalid, which a full plan's validation says
-            return None
-        r = self._route_for(Sk, ks, vs, backend, threshold)
-        if r is False:
-            return None
-        case = Case.with_keys(self.case, Sk, ks, vs)
-        if r is None:
-            decision = self.decision
-        else:
-            decision = self._unworded  # the reason is worded from the route when asked (see decision)
-            if decision is None:
-                decision = self._unworded = Decision("wmma", None, self._decision.rejected)
-        fused = self.fused
-        if most_splits(Sk) != most_splits(self.case.Sk):
-            fused = fused_launch(case, device_facts(self.device.index))
-            if fused.kernel != self.fused.kernel:
-                return None
-        # a copy of this plan's attributes (the lock too: it guards only a first run's preparation)
-        p = object.__new__(AttentionPlan)
-        p.__dict__.update(self.__dict__, case=case, _decision=decision, signature=signature, fused=fused,
-                          derived=True, _route=r, _keys=None, _fast=None)
-        if self._program is not None:  # else the new plan prepares its own on its first run
-            p._program = self._program.with_keys(case, fused)
-        if fused.workspace_bytes != self.fused.workspace_bytes:
-            p._scratch_views = None  # the partials take another size of the stream's scratch buffer
-        return p
 
     def run(self, q, k, v, attn_mask=None, *, out=None, return_lse: bool = False, workspace=None):
         """Attention of q, k, v (and ``attn_mask``) as planned; tensors must match the plan's shapes, strides,
@@ -335,10 +246,11 @@ class AttentionPlan:
     def _fast_launch(self) -> tuple | None:
         """The launch the compiled fast path repeats for this plan (attn_lt.fastpath: the scratch's generation,
         output shape, arguments, launcher, LSE partials' offset, stream, scratch addresses) after a run on the
-        current stream; None where it cannot: not a fused plan without a mask, another device current, a graph
-        capture."""
+        current stream; None where it cannot: not a fused plan without a mask or attention mass, another device
+        current, a graph capture."""
         device = self.device.index
-        if not self._steps() or device != _current_device() or _capturing():
+        if (self.backend != "wmma" or self.case.mask is not None or self.key_mass or device != _current_device()
+                or _capturing()):
             return None
         stream = _raw_stream(device)
         gen = fastpath.generation()  # before the addresses: a clear in between (the scratch grew) voids them
@@ -348,10 +260,11 @@ class AttentionPlan:
     def _remember_fast(self, q, k, v, options: tuple, settings: config.Settings, backend: str, threshold) -> None:
         """After attention() ran this plan on q, k, v (no mask, no ``out``, no LSE) with ``options`` (see
         :func:`attn_lt.fastpath.remember`) under ``settings``: let the compiled fast path run the later calls of
-        this family and options that this plan runs as it is (see :meth:`runs_keys_of`)."""
+        these tensors' family (native/fastpath.cpp: all but the key length and the K/V strides) and options on it,
+        over the key lengths of :meth:`_fast_keys`."""
         launch = self._fast_launch()
         if launch is not None:
-            fastpath.remember(q, k, v, options, (settings,), self._keys_covered(backend, threshold), *launch)
+            fastpath.remember(q, k, v, options, (settings,), self._fast_keys(backend, threshold), *launch)
 
     def _scratch(self, device: torch.device, stream: int, capturing: bool) -> tuple:
         """(workspace, LSE scratch, their addresses): views of the stream's shared scratch buffer (see
@@ -371,8 +284,7 @@ class AttentionPlan:
         return views
 
     def _execute(self, q, k, v, attn_mask, out, return_lse, workspace, sig, tune_budget_ms=None):
-        """Launch (the caller checked the tensors against the plan's family: ``sig`` is their signature, whose key
-        length and K/V strides the fused kernel reads from each call, see :meth:`runs_keys_of`)."""
+        """Launch (the caller checked the tensors against the plan: ``sig`` is their signature)."""
         if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
             raise NotImplementedError(_NO_BACKWARD)
         case = self.case
@@ -531,12 +443,9 @@ def plan(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | None =
 
 
 #: attention()'s plans by call key. Each plan's ``_used`` stamp (from ``_uses``) orders them for eviction, least
-#: recently used first out: a hit stamps its plan, cheaper than reordering an OrderedDict on a decode step's hot path.
+#: recently used first out: a hit stamps its plan, cheaper than reordering an OrderedDict on every call.
 _plans: dict = {}
 _uses = itertools.count()
-#: The last fused plan of each family (a call key without the key length and the K/V strides): a decode step runs
-#: it, or derives a plan from it.
-_families: collections.OrderedDict = collections.OrderedDict()
 _plans_lock = threading.Lock()
 
 
@@ -544,7 +453,6 @@ def clear_plans() -> None:
     """Forget every plan ``attention()`` keeps (e.g. after a new calibration; new settings do it themselves)."""
     with _plans_lock:
         _plans.clear()
-        _families.clear()
         fastpath.clear()
 
 
@@ -601,7 +509,10 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
         NotImplementedError: inputs that require grad with grad mode on (attn_lt is forward only).
 
     Each distinct case (shapes, strides, dtypes, device, options) is planned once and kept (up to
-    ``PLAN_CACHE_SIZE`` plans); later calls only launch. Use :func:`plan` to hold a plan yourself.
+    ``PLAN_CACHE_SIZE`` plans); later calls only launch. A fused call without a mask, ``out``, LSE or key mass is
+    also remembered by the compiled fast path (:mod:`attn_lt.fastpath`), which runs the later calls of its family
+    (the same tensors but the key length and the K/V strides: a decode loop's steps) on the same plan, as the fused
+    kernels take the key length as data. Use :func:`plan` to hold a plan yourself.
     """
     if isinstance(q, torch.Tensor):
         if torch.compiler.is_compiling():
@@ -628,42 +539,26 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
     try:
         out_align = 256 if out is None else address_alignment(out.data_ptr())
         sig = call_signature(q, k, v, attn_mask, out_align)
-        options = (causal, scale, backend, workspace_bytes, threshold, algo_policy, return_key_mass,
-                   key_mass_window, out_layout, config.current())
-        family = (sig[0], options)
-        last = _families.get(family)
+        settings = config.current()
+        key = (sig, causal, scale, backend, workspace_bytes, threshold, algo_policy, return_key_mass,
+               key_mass_window, out_layout, settings)
+        p = _plans.get(key)
     except (AttributeError, TypeError, ValueError, RuntimeError):  # not 4-D tensors, unhashable options:
         # the validation explains
         check_tensors(q, k, v, attn_mask, causal, scale)
         raise
-    if last is not None and last.runs_keys_of(sig, backend, threshold):
-        # Every call of a decode loop: the family's last plan runs the call's key length and K/V strides as they
-        # are (a fused plan without a mask, while its split count and route stay), with no lookup by exact key.
-        p = last
-    else:
-        key = (sig, options)
-        p = _plans.get(key)
-        if p is None:
-            # a decode step whose split count or route changes: a plan derived from the family's last one, which
-            # it replaces there (it has no key of its own: the family finds it); else a full plan
-            p = None if last is None else last.with_keys(sig, backend, threshold)
-            if p is None:
-                p = plan(q, k, v, attn_mask=attn_mask, causal=causal, scale=scale, backend=backend,
-                         workspace_bytes=workspace_bytes, threshold=threshold, algo_policy=algo_policy,
-                         return_key_mass=return_key_mass, key_mass_window=key_mass_window, out=out,
-                         out_layout=out_layout)
-                log.debug("attention: new plan %s -> %s", p.case, p.backend)
-                with _plans_lock:
-                    _keep(key, p)
-            if p.backend == "wmma":
-                _remember_family(family, p)
-        elif last is None and p.backend == "wmma":  # its family was evicted: the plan heads it again
-            _remember_family(family, p)
+    if p is None:
+        p = plan(q, k, v, attn_mask=attn_mask, causal=causal, scale=scale, backend=backend,
+                 workspace_bytes=workspace_bytes, threshold=threshold, algo_policy=algo_policy,
+                 return_key_mass=return_key_mass, key_mass_window=key_mass_window, out=out, out_layout=out_layout)
+        log.debug("attention: new plan %s -> %s", p.case, p.backend)
+        with _plans_lock:
+            _keep(key, p)
     p._used = next(_uses)  # least recently used first out of the plan cache
     res = p._execute(q, k, v, attn_mask, out, return_lse, None, sig)
     if fastpath.call is not None and attn_mask is None and out is None and not return_lse:
         p._remember_fast(q, k, v, (causal, scale, backend, workspace_bytes, threshold, algo_policy, key_mass_window,
-                                   out_layout), options[-1], backend, threshold)
+                                   out_layout), settings, backend, threshold)
     return res
 
 
@@ -673,14 +568,6 @@ def _keep(key, p: AttentionPlan) -> None:
     _plans[key] = p
     if len(_plans) > PLAN_CACHE_SIZE:
         del _plans[min(_plans, key=lambda k: _plans[k]._used)]
-
-
-def _remember_family(family: tuple, p: AttentionPlan) -> None:
-    """Make ``p`` its family's last plan (the oldest family out beyond PLAN_CACHE_SIZE)."""
-    with _plans_lock:
-        _families[family] = p
-        if len(_families) > PLAN_CACHE_SIZE:
-            _families.popitem(last=False)
 
 
 def _attention_cupy(q, k, v, *, out=None, return_lse=False, attn_mask=None, **kw):

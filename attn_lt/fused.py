@@ -38,18 +38,21 @@ from .validate import Case
 #: one m16 tile a warp, and may split their keys; up to WARP_SPLIT_ROWS the four warps share 16 rows and split
 #: every key tile among them (native/flash.cu's launch_dim holds the same rule).
 DECODE_ROWS, WARP_SPLIT_ROWS = 64, 16
-#: Keys a tile of native/flash.cu; a split gets at least MIN_SPLIT_TILES of them.
-KEY_TILE, MIN_SPLIT_TILES = 64, 4
+#: Keys a tile of the split kernels.
+KEY_TILE = 64
+#: The most parts a launch cuts the keys into. A launch is planned for keys that fill them all (PLANNED_TILES key
+#: tiles, 32k keys); shorter keys run fewer parts, as many as they fill at four tiles a part (native/common.cuh's
+#: dense_parts, applied by the launchers to each call's key length), so that one plan serves every key length.
 MAX_SPLITS = 128
+PLANNED_TILES = 512
 #: How close to the shortest the chosen split count's critical path must be (see :func:`split_count`).
 #: FlashAttention-2's own rule (the fewest splits whose last wave is 85 % as full as the best) picked 15, 29 and 31
 #: splits on the H200 (240, 232 and 248 CTAs for 264 slots; at 31 parts of 128 key tiles five CTAs get none),
 #: 3–5 % slower than 16 and 32.
 SPLIT_FILL = 0.96
-#: Decode blocks without a mask split their keys to fill one CTA an SM (not two) while each part keeps this many key
-#: tiles: on the H200 1–3 % faster than two an SM (fewer partials to merge); with a mask, two an SM stay 15–25 %
-#: faster (the mask tile's latency needs the second CTA), and so do shorter parts (B1 Sk8k: 16 parts of 8 tiles
-#: 2.37 TB/s, 32 of 4 tiles 2.55).
+#: Decode blocks without a mask split their keys to fill one CTA an SM (not two) where the long keys the launch is
+#: planned for keep this many key tiles a part: on the H200 1–3 % faster than two an SM (fewer partials to merge);
+#: with a mask, two an SM stay 15–25 % faster (the mask tile's latency needs the second CTA).
 ONE_CTA_MIN_TILES = 16
 #: Calls of at most SM90_DECODE_ROWS query positions with at least SM90_DECODE_MIN_ROWS rows a kv head take
 #: native/flash_sm90.cu's decode kernel on Hopper (head dims SM90_DECODE_HEAD_DIMS, a mask only as
@@ -191,7 +194,8 @@ class FusedLaunch:
 
     def __str__(self) -> str:
         name = KERNEL_NAMES[self.kernel]
-        split = f", keys split {self.splits} ways then merged by LSE" if self.splits > 1 else ""
+        split = (f", keys split up to {self.splits} ways (as many as the keys fill, native/common.cuh dense_parts) "
+                 "then merged by LSE") if self.splits > 1 else ""
         return f"{name}, {self.block_rows}-row blocks{split} ({self.why})"
 
     def to_dict(self) -> dict:
@@ -199,31 +203,17 @@ class FusedLaunch:
                 "workspace_bytes": self.workspace_bytes, "why": self.why}
 
 
-def most_splits(Sk: int) -> int:
-    """The most parts ``Sk`` keys may be split into: MIN_SPLIT_TILES key tiles a part at least, MAX_SPLITS at most."""
-    return min(MAX_SPLITS, -(-Sk // KEY_TILE) // MIN_SPLIT_TILES)
-
-
-def keys_of_most(most: int) -> tuple[int, int | None]:
-    """The key lengths (lo, hi; None: no bound) whose :func:`most_splits` is ``most``."""
-    if most >= MAX_SPLITS:
-        return (MAX_SPLITS * MIN_SPLIT_TILES - 1) * KEY_TILE + 1, None
-    lo = 1 if most == 0 else (most * MIN_SPLIT_TILES - 1) * KEY_TILE + 1
-    return lo, ((most + 1) * MIN_SPLIT_TILES - 1) * KEY_TILE
-
-
 @functools.lru_cache(maxsize=1024)
-def split_count(blocks: int, slots: int, most: int) -> int:
-    """How many parts (at most ``most``) to cut each row block's keys into for ``blocks`` CTAs on ``slots`` (SMs ×
-    CTAs an SM): 1 when the blocks already fill 80 % of the slots, else the fewest parts whose critical path — the
-    key tiles of a part, ceil(tiles / s), times the waves, ceil(blocks · s / slots) — is within :data:`SPLIT_FILL`
-    of the shortest (FlashAttention-2's rule, counted in key tiles so that short last parts and empty CTAs count).
-    The key length enters through ``most`` alone (tiles taken as ``most`` · MIN_SPLIT_TILES), so that a decode
-    loop's steps share one launch."""
-    if blocks >= 0.8 * slots or most <= 1:
+def split_count(blocks: int, slots: int) -> int:
+    """How many parts (at most :data:`MAX_SPLITS`) to cut each row block's keys into for ``blocks`` CTAs on ``slots``
+    (SMs × CTAs an SM): 1 when the blocks already fill 80 % of the slots, else the fewest parts whose critical path —
+    the key tiles of a part, ceil(tiles / s), times the waves, ceil(blocks · s / slots) — is within
+    :data:`SPLIT_FILL` of the shortest (FlashAttention-2's rule, counted in key tiles so that short last parts and
+    empty CTAs count), for keys of :data:`PLANNED_TILES` tiles. The key length does not enter: shorter keys run fewer
+    of these parts (see :data:`MAX_SPLITS`)."""
+    if blocks >= 0.8 * slots:
         return 1
-    tiles = most * MIN_SPLIT_TILES
-    path = [math.ceil(tiles / s) * math.ceil(blocks * s / slots) for s in range(1, most + 1)]
+    path = [math.ceil(PLANNED_TILES / s) * math.ceil(blocks * s / slots) for s in range(1, MAX_SPLITS + 1)]
     shortest = min(path)
     return next(s for s, p in enumerate(path, 1) if SPLIT_FILL * p <= shortest)
 
@@ -249,12 +239,11 @@ def fused_launch(case: Case, facts: DeviceFacts | None = None, *, kernel: str | 
         facts = device_facts()
         if facts is None:
             facts, assumed = ASSUMED_DEVICE, True
-    # the key length matters only through the most splits it allows: a decode loop's steps share one result
-    # the mask rules of the Hopper kernels: the decode kernel's, and the prefill kernel's (for row blocks larger than
+    # the key length does not enter (see MAX_SPLITS): a decode loop's steps share one launch. The mask rules of the Hopper kernels: the decode kernel's, and the prefill kernel's (for row blocks larger than
     # a decode step's)
     refusal = hopper_mask_refusal(case) if case.Sq * case.group > DECODE_ROWS else None
     return _fused_launch(case.B, case.Hq, case.Hkv, case.Sq, case.D, case.Dv, case.mask is not None, refusal,
-                         decode_ok, most_splits(case.Sk), facts, assumed, kernel, splits)
+                         decode_ok, facts, assumed, kernel, splits)
 
 
 def hopper_mask_refusal(case: Case) -> str | None:
@@ -296,12 +285,12 @@ def decode_mask_refusal(case: Case) -> str | None:
     return None
 
 
-def _splits(blocks: int, slots: int, most: int, part: int, forced: int | None) -> int:
+def _splits(blocks: int, slots: int, part: int, forced: int | None) -> int:
     """``forced``, else :func:`split_count`'s parts of the keys, halved while their partials (``part`` bytes each)
     exceed :data:`MAX_SPLIT_BYTES`."""
     if forced is not None:
         return forced
-    splits = split_count(blocks, slots, most)
+    splits = split_count(blocks, slots)
     while splits > 1 and splits * part > MAX_SPLIT_BYTES:
         splits //= 2
     return splits
@@ -309,21 +298,21 @@ def _splits(blocks: int, slots: int, most: int, part: int, forced: int | None) -
 
 @functools.lru_cache(maxsize=4096)
 def _fused_launch(B: int, Hq: int, Hkv: int, Sq: int, D: int, Dv: int, masked: bool, mask_refusal: str | None,
-                  decode_ok: bool, most: int, facts: DeviceFacts, assumed: bool, kernel: str | None,
+                  decode_ok: bool, facts: DeviceFacts, assumed: bool, kernel: str | None,
                   forced_splits: int | None) -> FusedLaunch:
     note = "; no GPU here: planned for a 132-SM Hopper GPU" if assumed else ""
     rows = Sq * (Hq // Hkv)  # query positions x the query heads of one kv head
     part = B * Hq * Sq * (Dv + 1) * 4
     if (D, Dv) == MLA_DECODE:  # one CTA an SM (226 KB of shared memory); the keys split to fill the SMs
         blocks = -(-rows // MLA_ROWS) * B * Hkv
-        splits = _splits(blocks, facts.sms, most, part, forced_splits)
+        splits = _splits(blocks, facts.sms, part, forced_splits)
         why = f"MLA decode: {rows} query heads a latent cache; {blocks} blocks for {facts.sms} SMs"
         return FusedLaunch("sm90", MLA_ROWS, splits, splits * part if splits > 1 else 0, why + note)
     if kernel == "sm90_decode" or (kernel is None and facts.hopper and decode_ok and rows >= SM90_DECODE_MIN_ROWS):
         # a block: sq_box positions (the power of two >= Sq) of SM90_DECODE_ROWS / sq_box query heads
         heads = SM90_DECODE_ROWS // (1 << (Sq - 1).bit_length())
         blocks = -(-(Hq // Hkv) // heads) * B * Hkv
-        splits = _splits(blocks, facts.sms, most, part, forced_splits)
+        splits = _splits(blocks, facts.sms, part, forced_splits)
         mask = "a mask its heads share" if masked else "no mask"
         why = "forced by the caller" if kernel is not None else (
             f"{rows} rows a kv head, {mask}; {blocks} blocks for {facts.sms} SMs, one CTA an SM")
@@ -343,11 +332,11 @@ def _fused_launch(B: int, Hq: int, Hkv: int, Sq: int, D: int, Dv: int, masked: b
         # parts, less to merge), unless that cuts the keys into parts of fewer than ONE_CTA_MIN_TILES tiles. At D 64
         # a key tile is half the bytes and one CTA an SM is not enough (B8 H32/8 Sq1 32k on the H200: 2 parts
         # 2.90 TB/s, 4 parts 4.19)
-        alone = _splits(blocks, facts.sms, most, part, None)
-        if alone == 1 or alone <= most * MIN_SPLIT_TILES // ONE_CTA_MIN_TILES:
+        alone = _splits(blocks, facts.sms, part, None)
+        if alone == 1 or alone <= PLANNED_TILES // ONE_CTA_MIN_TILES:
             slots, splits = facts.sms, alone
     if splits is None:
-        splits = _splits(blocks, slots, most, part, forced_splits)
+        splits = _splits(blocks, slots, part, forced_splits)
     per_head = f"{rows} row{'' if rows == 1 else 's'} a kv head"
     if rows <= DECODE_ROWS:
         why = per_head + (", a mask" if masked else "")
@@ -395,24 +384,11 @@ class Program:
         with self._lock:
             return bytes(self.args), native.launcher_address(name), self._lse_part_offset
 
-    def with_keys(self, case: Case, launch: FusedLaunch) -> Program:
-        """This launch for ``case``, which differs from this program's only in its key length and K/V strides (a
-        decode step): the arguments copied, not rebuilt."""
-        p = Program.__new__(Program)
-        a = p.args = native.FlashArgs.from_buffer_copy(self.args)
-        a.Sk, a.splits = case.Sk, launch.splits
-        a.k_sb, a.k_sh, a.k_ss = case.k_strides[:3]
-        a.v_sb, a.v_sh, a.v_ss = case.v_strides[:3]
-        p._addresses = native.flash_addresses(a)
-        p.launch, p.kernel, p._launch, p._lock = launch, launch.kernel, self._launch, threading.Lock()
-        p._lse_part_offset = self._lse_part_offset // max(1, self.launch.splits) * launch.splits
-        return p
-
     def run(self, q: int, k: int, v: int, o: int, lse: int, stream: int, mask: int = 0, workspace: int = 0,
             Sk: int | None = None, k_strides: tuple | None = None, v_strides: tuple | None = None) -> None:
         """Launch on ``stream`` with the device addresses of q, k, v, the output, the FP32 LSE, the mask (0: none)
         and the workspace (the split partials; ``launch.workspace_bytes``); ``Sk`` and the K/V element strides, when
-        given, replace the case's (a decode step of the same launch: the split count stays this program's)."""
+        given, replace the case's (another key length of the same launch, e.g. a decode step)."""
         a = self.args
         with self._lock:  # the partials' addresses are read only with splits > 1
             self._addresses[:] = (q, k, v, o, lse, mask, workspace, workspace + self._lse_part_offset)

@@ -46,8 +46,8 @@ def current_threshold(override: int | None = None) -> tuple[int | str, str]:
 class Route:
     """What decides ``auto`` for a case, as a bound on the key length: ``lt`` from ``lt_from`` keys on (None:
     never). It holds for every key length of the case's family (same everything else) on the same side of Sq >= Sk
-    (``prefill``), so that a decode step reuses its last step's route without looking it up again (a plan family
-    keeps it until ``attn_lt.api.clear_plans()``, e.g. after a new calibration)."""
+    (``prefill``), so that the compiled fast path may run a decode loop's later steps on one plan over the key
+    lengths :meth:`wmma_keys` gives (until ``attn_lt.api.clear_plans()``, e.g. after a new calibration)."""
 
     lt_from: int | None
     bound: str | None  # what Sk is compared with, in words (None: a rule under which wmma wins at every Sk)
@@ -61,10 +61,6 @@ class Route:
         if self.bound is None:
             return f"Sk={Sk}: wmma at every Sk{self.source}"
         return f"Sk={Sk} {'>=' if self.prefers_lt(Sk) else '<'} {self.bound}{self.source}"
-
-    def holds_for(self, Sq: int, Sk: int) -> bool:
-        """Whether this route decides the family's case of ``Sq`` queries and ``Sk`` keys too."""
-        return (Sq >= Sk) == self.prefill
 
     def wmma_keys(self, Sq: int) -> tuple[int, int | None]:
         """The key lengths (lo, hi; None: no bound) this route sends to wmma on its own side of Sq >= Sk."""
@@ -108,11 +104,10 @@ def route(case: Case, threshold: int | None = None) -> tuple[bool, str]:
 
 @dataclass(frozen=True)
 class Decision:
-    """The path a case takes (``backend``), why (``reasons``), and why each other path was not taken. (A decode
-    step's plan holds one with ``reasons`` None until asked: ``AttentionPlan.decision`` words it then.)"""
+    """The path a case takes (``backend``), why (``reasons``), and why each other path was not taken."""
 
     backend: str
-    reasons: tuple[str, ...] | None
+    reasons: tuple[str, ...]
     rejected: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def __str__(self) -> str:

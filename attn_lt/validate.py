@@ -70,13 +70,6 @@ class Case:
                    (Hq * Sq * D, Sq * D, D, 1), k_strides, k_strides if v_in_k else (Hkv * Sk * Dv, Sk * Dv, Dv, 1),
                    Dv=Dv, v_in_k=bool(v_in_k))
 
-    def with_keys(self, Sk: int, k_strides: tuple, v_strides: tuple) -> Case:
-        """This case with another key length and K/V strides (a decode step), built without dataclasses.replace
-        or copy.copy (16 µs each; a decode step's hot path)."""
-        case = object.__new__(Case)
-        case.__dict__.update(self.__dict__, Sk=Sk, k_strides=k_strides, v_strides=v_strides)
-        return case
-
     def __str__(self) -> str:
         g = f" (GQA x{self.group})" if self.group > 1 else ""
         extra = " causal" if self.causal else ""

@@ -101,8 +101,9 @@ enum attn_lt_softmax_variant {
  * attn_lt_flash_fwd (native/flash.cu, mma.sync, sm_80 and later): D 64, 128 or 256; rows and bases 16-byte aligned;
  * an optional dense mask (mask_dtype ATTN_LT_BOOL, true = attend, or F16/BF16/F32, added to the scaled scores)
  * indexed with element strides over (B, Hq, Sq, Sk), 0 for broadcast dimensions; `splits` > 1 cuts the key range
- * into that many parts (flash-decoding), each writing FP32 partials o_part [splits][B][Hq][Sq][Dv] (8-byte aligned)
- * and lse_part [splits][B][Hq][Sq] that a merge kernel joins into o and lse. Causal is bottom-right aligned. */
+ * into up to that many parts (flash-decoding; as many as Sk fills at 256 keys a part, so that one set of arguments
+ * serves every key length), each writing FP32 partials o_part [splits][B][Hq][Sq][Dv] (8-byte aligned) and lse_part
+ * [splits][B][Hq][Sq] that a merge kernel joins into o and lse. Causal is bottom-right aligned. */
 typedef struct attn_lt_flash_args {
     const void* q;
     const void* k;
@@ -120,8 +121,8 @@ typedef struct attn_lt_flash_args {
     int32_t dtype;      /* ATTN_LT_F16 or ATTN_LT_BF16 */
     int32_t variant;    /* attn_lt_flash_sm90_fwd: an attn_lt_flash_sm90_variant; attn_lt_flash_fwd ignores it */
     int32_t mask_dtype; /* ATTN_LT_NONE unless a mask is given (attn_lt_flash_sm90_fwd: bool or dtype only) */
-    int32_t splits;     /* parts of the key range; 0 or 1: one (attn_lt_flash_sm90_fwd: MLA decode and the decode
-                           variant only) */
+    int32_t splits;     /* the most parts of the key range (those Sk fills at 256 keys a part run); 0 or 1: one
+                           (attn_lt_flash_sm90_fwd: MLA decode and the decode variant only) */
     int32_t Dv;         /* v's and o's head dim; 0: D (attn_lt_flash_fwd: D only; attn_lt_flash_sm90_fwd: also 128
                            with D = 192, and 512 with D = 576, without a mask) */
 } attn_lt_flash_args;

@@ -39,6 +39,12 @@ __device__ __forceinline__ BatchRequest batch_request(const attn_lt_batch_args& 
     return r;
 }
 
+// The parts a request of `keys` keys runs in when the keys are cut in parts of split_keys (0: one part): ceil(keys /
+// split_keys), none without keys; with keys = f.Sk, the capacity's parts that size the grid and the partials.
+__host__ __device__ __forceinline__ int64_t batch_parts(int64_t keys, int64_t split_keys) {
+    return split_keys > 0 ? (keys + split_keys - 1) / split_keys : (keys > 0 ? 1 : 0);
+}
+
 // The block of a paged cache that holds key j of request b, or -1 when the table's id is outside [0, num_blocks)
 // (log2_bs: log2 of the block size; key j is row j % block_size of that block).
 __device__ __forceinline__ int paged_block(const attn_lt_batch_args& a, int b, int j, int log2_bs) {

@@ -166,6 +166,16 @@ struct MergeTarget {
 __host__ __device__ __forceinline__ const attn_lt_flash_args& flash_of(const attn_lt_flash_args& a) { return a; }
 __host__ __device__ __forceinline__ const attn_lt_flash_args& flash_of(const attn_lt_batch_args& a) { return a.f; }
 
+// The parts a dense call's keys run in: the plan's `splits` (which sized the grid and the partials' workspace for
+// long keys) cut to what Sk keys fill at kMinSplitTiles tiles of 64 keys a part, at least one. The key length is
+// data: one plan runs every step of a growing decode loop, each launch cut to its keys. The launchers apply it to
+// the arguments (attn_lt_flash_args.splits) before launching, so the kernels and the merge read the cut count.
+constexpr int64_t kMinSplitTiles = 4;
+__host__ __device__ __forceinline__ int32_t dense_parts(int64_t Sk, int64_t splits) {
+    const int64_t fill = (Sk + 63) / 64 / kMinSplitTiles;
+    return static_cast<int32_t>(splits < fill ? (splits > 1 ? splits : 1) : (fill > 1 ? fill : 1));
+}
+
 __host__ __device__ __forceinline__ int64_t merge_rows(const attn_lt_flash_args& a) { return a.B * a.Hq * a.Sq; }
 __host__ __device__ __forceinline__ int64_t merge_rows(const attn_lt_batch_args& a) {
     return a.f.B * a.f.Hkv * kBatchSmallRows;
@@ -187,7 +197,7 @@ __device__ __forceinline__ MergeTarget<T> merge_target(const attn_lt_batch_args&
     if (r.nq * g > kBatchSmallRows || rr >= r.nq * g) return {nullptr, nullptr, 0};
     const int64_t head = hk * g + rr % g, q = r.q0 + rr / g;
     return {static_cast<T*>(a.f.o) + q * a.f.o_ss + head * a.f.o_sh,
-            a.f.lse ? a.f.lse + head * a.total_q + q : nullptr, (r.nk + a.split_keys - 1) / a.split_keys};
+            a.f.lse ? a.f.lse + head * a.total_q + q : nullptr, static_cast<int>(batch_parts(r.nk, a.split_keys))};
 }
 // The MLA decode of a paged batch (native/flash_sm90.cu, at most one query row a request): rows are (b, query head)
 // of (B, Hq); a request of one part wrote its output itself, one without a row has none (no row to merge).
@@ -201,7 +211,7 @@ __device__ __forceinline__ MergeTarget<T> merge_target(const MlaBatch& m, int64_
     const attn_lt_batch_args& a = m.a;
     const int64_t h = row % a.f.Hq, b = row / a.f.Hq;
     const BatchRequest r = batch_request(a, static_cast<int>(b), false);
-    const int parts = (r.nk + a.split_keys - 1) / a.split_keys;
+    const int parts = static_cast<int>(batch_parts(r.nk, a.split_keys));
     if (parts <= 1 || r.nq == 0) return {nullptr, nullptr, 0};
     return {static_cast<T*>(a.f.o) + r.q0 * a.f.o_ss + h * a.f.o_sh, a.f.lse ? a.f.lse + h * a.total_q + r.q0 : nullptr,
             parts};
@@ -345,7 +355,7 @@ __global__ void __launch_bounds__(D / 4) merge_partials_wide(const A args) {
 // The most parts a merged row can have (the wide merge takes up to kWideMergeMaxSplits).
 __host__ __forceinline__ int64_t max_parts(const attn_lt_flash_args& a) { return a.splits; }
 __host__ __forceinline__ int64_t max_parts(const MlaBatch& m) {
-    return m.a.split_keys > 0 ? (m.a.f.Sk + m.a.split_keys - 1) / m.a.split_keys : 1;
+    return batch_parts(m.a.f.Sk, m.a.split_keys);
 }
 __host__ __forceinline__ int64_t max_parts(const attn_lt_batch_args&) { return kWideMergeMaxSplits + 1; }
 

@@ -3,17 +3,17 @@
 // attn_lt/fastpath.py loads it).
 //
 // A decode loop calls attention() with tensors of one family (shapes, strides, dtypes, device, alignment: all but
-// the key length and the K/V strides) and the same options, and the family's last fused plan runs every call whose
-// key length it covers. Python checks that in ~80 k instructions a call (the signature, the plan lookup, the
-// output, the argument struct); here it is a few hundred nanoseconds. attn_lt/api.py remembers a fused plan here
-// after running it (`remember`: the tensors of that call, the options, the plan's key range, launch arguments,
-// stream and scratch addresses); `call` runs a later call whose family, options, settings, stream and device are
-// those of a remembered plan, and returns None for anything else, which then takes the Python path (which also
-// words every error: nothing is raised here). AttentionPlan.run does the same through a handle of its own (`bind`,
-// `run`: exactly the plan's tensors' family, key length and K/V strides).
-//
-// What a call must match is the rule of attn_lt/api.py (call_signature, AttentionPlan.runs_keys_of and _reads);
-// tests/test_fastpath.py checks that both agree.
+// the key length and the K/V strides) and the same options. The fused kernels take the key length and the K/V
+// strides as data (the launchers cut the planned key split to the keys, native/common.cuh's dense_parts), so one
+// fused plan runs every call of its family whose key length the selector sends to it. This file is the only place
+// of that rule: attn_lt/api.py keys its plans by the exact call, and remembers a fused plan here after running it
+// (`remember`: the tensors of that call, the options, the key range the selector's route gives, launch arguments,
+// stream and scratch addresses). `call` runs a later call whose family, options, settings, stream and device are
+// those of a remembered plan, in a few hundred nanoseconds where Python's plan lookup takes ~80 k instructions, and
+// returns None for anything else, which then takes the Python path (which also words every error: nothing is
+// raised here). K/V strides are the launcher's to accept (it refuses those its kernel cannot read, and the call then
+// takes the Python path). AttentionPlan.run does the same through a handle of its own (`bind`, `run`: exactly the
+// plan's tensors' family, key length and K/V strides).
 #include <Python.h>
 
 #include <ATen/ops/empty.h>
@@ -75,16 +75,6 @@ Family family_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) 
     f.align = bits ? std::min<int64_t>(256, int64_t(bits & (~bits + 1))) : 256;
     f.v_in_k = kp == vp;
     return f;
-}
-
-// AttentionPlan._reads: the fused kernels read K/V of these strides as the plan's family (positive multiples of 8
-// elements, the last 1; v at k's address only with k's strides).
-bool reads(const at::Tensor& k, const at::Tensor& v, bool v_in_k) {
-    const auto ks = k.strides(), vs = v.strides();
-    if (ks[3] != 1 || vs[3] != 1) return false;
-    for (int i = 0; i < 3; ++i)
-        if (ks[i] <= 0 || vs[i] <= 0 || ks[i] % 8 || vs[i] % 8) return false;
-    return !v_in_k || ks.equals(vs);
 }
 
 // What a launch needs beyond the call's tensors: the output's shape, the argument struct (its addresses, key length
@@ -304,7 +294,7 @@ PyObject* current_generation(PyObject*, PyObject*) { return PyLong_FromUnsignedL
 
 // remember(q, k, v, options, settings, sk_lo, sk_hi, generation, <launch>): run attention()'s later calls of this family
 // (q, k, v's), options and settings with this launch (see parse_spec) while the key length stays within [sk_lo,
-// sk_hi] and the K/V strides are ones the kernel reads. Replaces the entry of the same family and options. Takes
+// sk_hi] and the launcher accepts the K/V strides. Replaces the entry of the same family and options. Takes
 // nothing (returns None) for tensors `call` would not take, options that are not simple, or another generation.
 PyObject* remember(PyObject*, PyObject* const* a, Py_ssize_t n) {
     if (n != 15 || !PyTuple_Check(a[3]) || PyTuple_GET_SIZE(a[3]) != kOptions || !PyTuple_Check(a[4])) {
@@ -366,8 +356,7 @@ PyObject* call(PyObject*, PyObject* const* a, Py_ssize_t n) {
     const size_t i = find();
     if (i == entries.size()) Py_RETURN_NONE;
     const Entry& e = entries[i];
-    if (Sk < e.sk_lo || Sk > e.sk_hi || v.size(2) != Sk || !reads(k, v, f.v_in_k) || !settings_hold(e.settings))
-        Py_RETURN_NONE;
+    if (Sk < e.sk_lo || Sk > e.sk_hi || v.size(2) != Sk || !settings_hold(e.settings)) Py_RETURN_NONE;
     // a copy: launch() asks PyTorch for the device and the stream, and another thread could change `entries`
     // meanwhile; a clear() (the scratch moved) shows in the generation
     const LaunchSpec spec = e.spec;
@@ -376,7 +365,8 @@ PyObject* call(PyObject*, PyObject* const* a, Py_ssize_t n) {
     switch (launch(spec, gen, f.device, q, k, v, &out)) {
         case Outcome::kDone:
             return out;
-        case Outcome::kFailed: {  // the Python path launches again and raises attn_lt.native.CudaError
+        case Outcome::kFailed: {  // K/V strides the kernel cannot read, or an error: the Python path plans the call
+                                  // (and raises attn_lt.native.CudaError where the launch fails)
             const size_t j = find();
             if (j < entries.size()) erase_entry(j);
             Py_RETURN_NONE;

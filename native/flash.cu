@@ -743,7 +743,7 @@ int launch_batch(const attn_lt_batch_args& a, cudaStream_t stream) {
         }
     }
     if (g > kBatchSmallRows) return 0;
-    const int64_t parts = a.split_keys > 0 ? (a.f.Sk + a.split_keys - 1) / a.split_keys : 1;
+    const int64_t parts = batch_parts(a.f.Sk, a.split_keys);
     cudaError_t err = launch_kernel<D, T, 1, true, false, true>(a, dim3(1, bk, unsigned(parts)), stream);
     if (err == cudaSuccess && parts > 1) err = merge<D, T>(a, stream);
     return static_cast<int>(err);
@@ -780,7 +780,7 @@ extern "C" int attn_lt_batch_fwd(const attn_lt_batch_args* a, void* stream) {
                   a->bt_stride < a->max_blocks || f.B * a->bt_stride >= (1LL << 31)))
         return ATTN_LT_ERR_BATCH;
     if (a->split_keys < 0 || a->split_keys % kBlockN) return ATTN_LT_ERR_BATCH;
-    const int64_t parts = a->split_keys > 0 ? (f.Sk + a->split_keys - 1) / a->split_keys : 1;
+    const int64_t parts = batch_parts(f.Sk, a->split_keys);
     if (parts > 65535) return ATTN_LT_ERR_BATCH;
     if (parts > 1 && (f.o_part == nullptr || f.lse_part == nullptr)) return ATTN_LT_ERR_ARGS;
     if (parts > 1) {  // the partials inside the workspace: outputs, then their LSEs
@@ -823,7 +823,7 @@ extern "C" int attn_lt_flash_fwd(const attn_lt_flash_args* a, void* stream) {
                           reinterpret_cast<uintptr_t>(a->lse_part) % 4))
         return ATTN_LT_ERR_ALIGNMENT;  // float2 partials
     attn_lt_flash_args c = *a;
-    c.splits = a->splits > 1 ? a->splits : 1;
+    c.splits = dense_parts(a->Sk, a->splits);
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     if (c.dtype == ATTN_LT_BF16) return static_cast<int>(launch_type<__nv_bfloat16>(c, s));
     if (c.dtype == ATTN_LT_F16) return static_cast<int>(launch_type<__half>(c, s));

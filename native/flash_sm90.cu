@@ -783,8 +783,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         rows = r.nq;
     }
     const int all_tiles = (Sk + kMlaKeys - 1) / kMlaKeys;
-    // the request's parts (paged: ceil(tiles / tiles_per_part); 0 without keys); one part writes the output
-    const int req_parts = kPaged ? (all_tiles + p.tiles_per_part - 1) / p.tiles_per_part : p.parts;
+    // the request's parts (paged: batch_parts, tiles_per_part tiles each; 0 without keys); one part writes the output
+    int req_parts = p.parts;
+    if constexpr (kPaged) req_parts = static_cast<int>(batch_parts(Sk, p.batch.split_keys));
     const bool direct = kPaged ? req_parts <= 1 : p.parts == 1;
     if (kPaged && (part >= max(req_parts, 1) || rows == 0)) return;  // the whole CTA, before any barrier
     const int t0 = part * p.tiles_per_part;
@@ -1523,7 +1524,7 @@ cudaError_t launch_mla_batch(const attn_lt_batch_args& ba, cudaStream_t stream) 
     p.lse_part = a.lse_part;
     const int64_t tiles = (a.Sk + kMlaKeys - 1) / kMlaKeys;
     p.tiles_per_part = static_cast<int>(ba.split_keys > 0 ? ba.split_keys / kMlaKeys : tiles);
-    p.parts = static_cast<int>((tiles + p.tiles_per_part - 1) / p.tiles_per_part);
+    p.parts = static_cast<int>(batch_parts(a.Sk, ba.split_keys));
     p.row_blocks = (p.group + kMlaRows - 1) / kMlaRows;
     p.batch = ba;
     const dim3 grid(static_cast<unsigned>(p.row_blocks * p.parts), static_cast<unsigned>(a.Hkv),
@@ -1611,9 +1612,11 @@ extern "C" int attn_lt_flash_sm90_fwd(const attn_lt_flash_args* a, void* stream)
     cudaError_t err = check_device();
     if (err != cudaSuccess) return static_cast<int>(err);
     if (encode_tiled() == nullptr) return static_cast<int>(cudaErrorNotSupported);
+    attn_lt_flash_args c = *a;
+    c.splits = dense_parts(a->Sk, a->splits);
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
-    return static_cast<int>(a->dtype == ATTN_LT_BF16 ? launch_dim<__nv_bfloat16>(*a, mk, s)
-                                                     : launch_dim<__half>(*a, mk, s));
+    return static_cast<int>(c.dtype == ATTN_LT_BF16 ? launch_dim<__nv_bfloat16>(c, mk, s)
+                                                    : launch_dim<__half>(c, mk, s));
 }
 
 // The row blocks of a varlen or paged batch, or a whole MLA decode batch (attn_lt.h: attn_lt_batch_args).
@@ -1653,14 +1656,14 @@ extern "C" int attn_lt_flash_sm90_batch(const attn_lt_batch_args* args, void* st
     const bool latent = a.D == kMlaD;
     if (latent ? a.Dv != kMlaDv : (a.D != 64 && a.D != 128 && a.D != 256) || (a.Dv != 0 && a.Dv != a.D))
         return ATTN_LT_ERR_HEAD_DIM;
+    if (a.Sq >= (1LL << 30) || a.Sk >= (1LL << 30) || args->total_q >= (1LL << 31) ||
+        (!paged && args->total_k >= (1LL << 31)))
+        return ATTN_LT_ERR_LENGTH;
     if (latent) {  // MLA decode: a paged latent cache, v = k[..., :512] (the same memory), one query row a request
         if (a.v != a.k || a.v_sb != a.k_sb || a.v_sh != a.k_sh || a.v_ss != a.k_ss) return ATTN_LT_ERR_LATENT;
-        if (!paged || args->block_size < kMlaKeys || a.Sq != 1 || args->split_keys < 0 ||
-            args->split_keys % kMlaKeys || a.Sk <= 0 || a.Sk >= (1LL << 30))
+        if (!paged || args->block_size < kMlaKeys || a.Sq != 1 || args->split_keys < 0 || args->split_keys % kMlaKeys)
             return ATTN_LT_ERR_BATCH;
-        const int64_t tiles = (a.Sk + kMlaKeys - 1) / kMlaKeys;
-        const int64_t per_part = args->split_keys > 0 ? args->split_keys / kMlaKeys : tiles;
-        const int64_t parts = (tiles + per_part - 1) / per_part;  // as launch_mla_batch plans them
+        const int64_t parts = batch_parts(a.Sk, args->split_keys);
         const int64_t row_blocks = (a.Hq / a.Hkv + kMlaRows - 1) / kMlaRows;
         if (row_blocks * parts > 65535) return ATTN_LT_ERR_BATCH;
         if (parts > 1) {  // the partials inside the workspace: outputs [parts][B * Hq][512], then their LSEs
@@ -1671,9 +1674,6 @@ extern "C" int attn_lt_flash_sm90_batch(const attn_lt_batch_args* args, void* st
                 return ATTN_LT_ERR_BATCH;
         }
     }
-    if (a.Sq >= (1LL << 30) || a.Sk >= (1LL << 30) || args->total_q >= (1LL << 31) ||
-        (!paged && args->total_k >= (1LL << 31)))
-        return ATTN_LT_ERR_LENGTH;
     if (!(a.scale > 0.f)) return ATTN_LT_ERR_SCALE;
     if (!aligned16(a.q) || !aligned16(a.k) || !aligned16(a.v) || !aligned16(a.o)) return ATTN_LT_ERR_ALIGNMENT;
     if (a.dtype != ATTN_LT_F16 && a.dtype != ATTN_LT_BF16) return ATTN_LT_ERR_DTYPE;

@@ -1,7 +1,8 @@
 """The compiled fast path (native/fastpath.cpp, attn_lt.fastpath) without a GPU: CPU tensors, and a launcher in
-Python (ctypes) that records what the extension passes it. What it must match is api.call_signature's family and
-AttentionPlan.runs_keys_of's rule; these tests check that both agree, and that everything else is declined (None:
-the Python path takes it)."""
+Python (ctypes) that records what the extension passes it. It runs a remembered plan for the calls of its family
+(everything of api.call_signature but the key length and the K/V strides) and options over the key range it was
+given, passes each call's key length and K/V strides to the launcher (which refuses what its kernel cannot read),
+and declines everything else (None: the Python path takes it)."""
 
 import ctypes
 import random
@@ -136,8 +137,9 @@ def test_key_range_and_v_length(fp):
     assert fast(q, k2, v2) is not None
 
 
-def test_family_agrees_with_call_signature(fp):
-    """A call hits exactly when its family (api.call_signature's first element) is the remembered one's."""
+def test_family_is_the_plans_signature_but_the_keys(fp):
+    """A call runs on a remembered plan exactly when its signature but the key length and the K/V strides
+    (api.call_signature's first element) is the plan's."""
     base = qkv()
     fp.remember(*base)
     fam = api.call_signature(*base, None, 256)[0]
@@ -158,31 +160,24 @@ def test_family_agrees_with_call_signature(fp):
         assert same == (name in ("same", "k heads of v")), name
 
 
-def test_stride_rule_agrees_with_runs_keys_of(fp):
-    """K/V strides: the extension's rule is AttentionPlan._reads (multiples of 8 elements, positive, the last 1;
-    v at k's address only with k's strides), on random strides."""
+def test_kv_strides_are_the_launchers_to_accept(fp):
+    """Each call's K/V strides (any, on random views) reach the launcher as the call's; a launcher that refuses them
+    (its kernel cannot read them) sends the call to the Python path."""
     rnd = random.Random(7)
     buf = randn(1 << 16)
     q, k, v = qkv(B=2, Hkv=2, D=64)
     fp.remember(q, k, v, keys=(1, float("inf")))
-    for v_in_k in (False, True):
-        family = api.call_signature(q, k, k if v_in_k else v, None, 256)[0]
-        plan = types.SimpleNamespace(case=types.SimpleNamespace(v_in_k=v_in_k))
-        for _ in range(300):
-            ks = tuple(rnd.choice((8, 16, 64, 72, 4, 12, 0)) * rnd.choice((1, 8, 64)) for _ in range(3)) + (
-                rnd.choice((1, 1, 1, 2)),)
-            vs = ks if v_in_k and rnd.random() < 0.7 else tuple(
-                rnd.choice((8, 64, 10)) * rnd.choice((1, 8)) for _ in range(3)) + (1,)
-            k2 = buf.as_strided((2, 2, 5, 64), ks)
-            v2 = k2.as_strided((2, 2, 5, 64), vs) if v_in_k else buf[8:].as_strided((2, 2, 5, 64), vs)
-            if not v_in_k and v2.data_ptr() == k2.data_ptr():
-                continue
-            fam_ok = api.call_signature(q, k2, v2, None, 256)[0] == family
-            expect = fam_ok and api.AttentionPlan._reads(plan, k2.stride(), v2.stride())
-            assert (fast(q, k2, v2) is not None) == expect, (ks, vs, v_in_k)
-        if not v_in_k:  # remember a latent-cache family (v at k's address) for the second round
-            fastpath.clear()
-            fp.remember(q, k, k, keys=(1, float("inf")))
+    for _ in range(100):
+        ks = tuple(rnd.choice((8, 16, 64, 72, 4, 12, 0)) * rnd.choice((1, 8, 64)) for _ in range(3)) + (1,)
+        vs = tuple(rnd.choice((8, 64, 10)) * rnd.choice((1, 8)) for _ in range(3)) + (1,)
+        k2 = buf.as_strided((2, 2, 5, 64), ks)
+        v2 = buf[128:].as_strided((2, 2, 5, 64), vs)  # 256 bytes on: the family's alignment
+        assert fast(q, k2, v2) is not None, (ks, vs)
+        a = fp.rec.calls[-1][0]
+        assert (a.Sk, a.k_sb, a.k_sh, a.k_ss, a.v_sb, a.v_sh, a.v_ss) == (5,) + ks[:3] + vs[:3]
+    refusing = Recorder(status=1)  # any refusal (the launchers return ATTN_LT_ERR_STRIDES for these)
+    fp.remember(q, k, v, keys=(1, float("inf")), launcher=refusing.address)
+    assert fast(q, buf.as_strided((2, 2, 5, 64), (12, 4, 4, 1)), v[:, :, :5]) is None and len(refusing.calls) == 1
 
 
 def test_settings_and_grad_and_clear(fp, monkeypatch):

@@ -179,26 +179,35 @@ def test_graph_capture_of_a_split_decode():
         assert rel_error(out, ref) <= tolerance(rel_error(sdpa(q, k, v), ref))
 
 
-def test_decode_loop_adds_no_plan_to_the_cache():
-    """A decode loop's steps run the family's last plan, or one derived from it where the split count changes
-    (4032 -> 4033 keys here), found by their family: the plan cache holds only the full plan."""
+@pytest.mark.parametrize("Sq,Hq,causal", [(1, 32, False), (8, 32, True), (16, 32, False)],
+                         ids=["decode", "sq8-causal-sm90-decode", "sq16"])
+def test_a_decode_loop_runs_on_one_plan_across_the_split_cuts(Sq, Hq, causal):
+    """The kernels take the key length as data: the launcher cuts the plan's key split (planned for long keys) to
+    the parts each call's keys fill, so one plan runs a decode loop's every step (through the compiled fast path,
+    where it is built: the plan cache keeps one plan), correct on each side of every cut (multiples of 256 keys) and
+    at one key."""
+    from attn_lt import fastpath
+
     attn_lt.api.clear_plans()
-    q = torch.randn(2, 32, 1, 128, dtype=torch.bfloat16, device="cuda")
-    kc, vc = (torch.randn(2, 8, 4100, 128, dtype=torch.bfloat16, device="cuda") for _ in range(2))
-    attn_lt.attention(q, kc[:, :, :4000], vc[:, :, :4000], backend="wmma")
-    n = attn_lt.api.cached_plans()
-    for step in range(1, 40):
-        for _layer in range(3):
-            out = attn_lt.attention(q, kc[:, :, :4000 + step], vc[:, :, :4000 + step], backend="wmma")
-        assert attn_lt.api.cached_plans() == n
-    ref, _ = reference(q, kc[:, :, :4039], vc[:, :, :4039])
-    assert rel_error(out, ref) <= tolerance(rel_error(sdpa(q, kc[:, :, :4039], vc[:, :, :4039]), ref))
+    q = torch.randn(2, Hq, Sq, 128, dtype=torch.bfloat16, device="cuda")
+    kc, vc = (torch.randn(2, 8, 9000, 128, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    first = 8193
+    attn_lt.attention(q, kc[:, :, :first], vc[:, :, :first], causal=causal, backend="wmma")
+    n, hits = attn_lt.api.cached_plans(), fastpath.stats()["hits"]
+    lengths = (Sq, 63, 64, 65, 255, 256, 257, 1023, 1024, 1025, 4095, 4096, 4097, 8999)
+    for Sk in lengths:
+        k, v = kc[:, :, :Sk], vc[:, :, :Sk]
+        out = attn_lt.attention(q, k, v, causal=causal, backend="wmma")
+        ref, _ = reference(q, k, v, causal=causal)
+        assert rel_error(out, ref) <= tolerance(rel_error(sdpa(q, k, v, causal=causal), ref)), Sk
+    if fastpath.call is not None:
+        assert attn_lt.api.cached_plans() == n and fastpath.stats()["hits"] - hits == len(lengths)
 
 
 @pytest.mark.parametrize("backend", ["wmma", "auto"])
-def test_growing_kv_cache_derives_each_step_and_stays_correct(backend):
+def test_growing_kv_cache_stays_correct(backend):
     """A decode loop over a static cache (views of growing length, fixed strides) and over a cache that is
-    reallocated each step (new strides): every step correct, whichever plan it derives from."""
+    reallocated each step (new strides): every step correct, whichever plan runs it."""
     q = torch.randn(2, 32, 1, 128, dtype=torch.bfloat16, device="cuda")
     kc, vc = (torch.randn(2, 8, 9000, 128, dtype=torch.bfloat16, device="cuda") for _ in range(2))
     for n in (4000, 4001, 4002, 4100, 8191, 8999, 1):

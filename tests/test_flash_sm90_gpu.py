@@ -427,7 +427,7 @@ def test_j_mla_decode_through_attention_and_a_growing_cache(sm90):
     B, Hq, cap = 4, 128, 9000
     cache = torch.randn(B, 1, cap, 576, device="cuda").to(torch.bfloat16)
     q = torch.randn(B, Hq, 1, 576, device="cuda").to(torch.bfloat16)
-    for n in (8000, 8001, 8064, 8999):  # a decode loop: views of the cache, each step derived from the last
+    for n in (8000, 8001, 8064, 8999):  # a decode loop: views of the cache
         k = cache[:, :, :n]
         e = attn_lt.explain(q, k, k[..., :512], backend="wmma")
         assert e.fused.kernel == "sm90" and "MLA decode" in e.fused.why, str(e)

@@ -4,19 +4,26 @@ import pytest
 
 from attn_lt import fused
 from attn_lt.validate import Case, MaskInfo
-from attn_lt.fused import ASSUMED_DEVICE, DeviceFacts, fused_launch, hopper_mask_refusal, most_splits, split_count
+from attn_lt.fused import ASSUMED_DEVICE, DeviceFacts, fused_launch, hopper_mask_refusal, split_count
 
 H100 = ASSUMED_DEVICE
 A100 = DeviceFacts(108, False, 166912)
 
 
 def test_split_count_fills_the_gpu_and_never_splits_a_full_grid():
-    assert split_count(264, 264, most_splits(64000)) == 1
-    assert split_count(64, 264, most_splits(32768)) == 4  # 256 CTAs: one nearly full wave
-    s = split_count(8, 264, most_splits(32768))
+    assert split_count(264, 264) == 1
+    assert split_count(64, 264) == 4  # 256 CTAs: one nearly full wave
+    s = split_count(8, 264)
     assert 8 * s >= 0.85 * 264 and s <= 128
-    assert most_splits(6 * 64) == 1 and split_count(8, 264, most_splits(6 * 64)) == 1  # too few key tiles
-    assert most_splits(10**9) == 128 and 100 <= split_count(1, 264, most_splits(10**9)) <= 128  # capped
+    assert 100 <= split_count(1, 264) <= fused.MAX_SPLITS  # capped
+
+
+def test_the_launch_does_not_depend_on_the_key_length():
+    """One plan serves a decode loop's every step: the split count is planned for long keys (the launchers cut it
+    to the parts each call's keys fill), so the launch and its workspace are those of any other key length."""
+    for Sq, Hq, Hkv in ((1, 32, 8), (16, 32, 8), (1, 32, 32)):
+        launches = {fused_launch(Case.contiguous(1, Hq, Hkv, Sq, Sk, 128), H100) for Sk in (1, 97, 4096, 4097, 10**6)}
+        assert len(launches) == 1, launches
 
 
 @pytest.mark.parametrize("B,Hq,Hkv,Sq,Sk", [(8, 32, 8, 1, 32768), (1, 32, 8, 1, 32768), (8, 32, 32, 1, 8192),
@@ -69,7 +76,8 @@ def test_mla_decode_takes_the_hopper_kernel_with_its_keys_in_parts():
     assert f.workspace_bytes == 2 * 32 * 128 * 513 * 4 and fused.WMMA.not_supported_reasons(c) == []
     one = fused_launch(Case.contiguous(1, 16, 1, 1, 65536, 576, Dv=512, v_in_k=True), H100)
     assert one.splits > 32 and one.splits * 16 * 513 * 4 <= fused.MAX_SPLIT_BYTES  # one block: many parts
-    assert fused_launch(Case.contiguous(1, 16, 1, 1, 64, 576, Dv=512, v_in_k=True), H100).splits == 1  # one tile
+    # planned for long keys: the launcher runs the parts a call's keys fill (one for a tile)
+    assert fused_launch(Case.contiguous(1, 16, 1, 1, 64, 576, Dv=512, v_in_k=True), H100) == one
     apart = Case.contiguous(32, 128, 1, 1, 32768, 576, Dv=512)  # v a tensor of its own
     assert "first 512 columns of k's memory" in fused.WMMA.not_supported_reasons(apart)[0]
     two = Case.contiguous(32, 128, 1, 2, 32768, 576, Dv=512, v_in_k=True)
@@ -101,53 +109,6 @@ def test_which_masks_the_hopper_kernel_reads(mask, refusal):
 def test_partials_stay_within_their_budget():
     f = fused_launch(Case.contiguous(1, 1, 1, 64, 2**24, 256), H100)
     assert f.workspace_bytes <= 256 << 20
-
-
-def _decode_plan(Sk=32768, mask=None):
-    import torch
-
-    from attn_lt.api import AttentionPlan
-    from attn_lt.select import select
-
-    case = Case.contiguous(8, 32, 8, 1, Sk, 128, mask=mask)
-    k = torch.empty(8, 8, Sk, 128)
-    return AttentionPlan(case, select(case, "wmma"), None, _sig(k, k), "heuristic", fused=fused_launch(case, H100))
-
-
-def _sig(k, v):
-    """A call's signature (CPU tensors: the plan's device is the CPU, its launch facts the assumed GPU's)."""
-    import torch
-
-    from attn_lt.api import call_signature
-
-    return call_signature(torch.empty(8, 32, 1, 128), k, v, None, 256)
-
-
-def test_a_decode_step_derives_its_plan_from_the_last_one():
-    import torch
-
-    p = _decode_plan()
-    k = torch.empty(8, 8, 40000, 128)[:, :, :32769]  # a static cache: the strides stay, the length grows
-    q = p.with_keys(_sig(k, k), "wmma", None)
-    assert q is not None and q.case.Sk == 32769 and q.case.k_strides == k.stride() and q.backend == "wmma"
-    assert q.fused.kernel == "flash" and q.workspace_bytes == q.fused.workspace_bytes
-    assert p.case.Sk == 32768  # the base plan is unchanged
-    fresh = torch.empty(8, 8, 50000, 128)  # a cache reallocated: new strides too
-    assert p.with_keys(_sig(fresh, fresh), "wmma", None).case.k_strides == fresh.stride()
-
-
-def test_what_does_not_derive_takes_a_full_plan():
-    import torch
-
-    p = _decode_plan()
-    k = torch.empty(8, 8, 40000, 128)[:, :, :32769]
-    assert p.with_keys(_sig(k, k), "auto", 4096) is None  # the route now prefers lt (threshold 4096)
-    t = torch.empty(8, 8, 128, 32769).transpose(2, 3)
-    assert p.with_keys(_sig(t, k), "wmma", None) is None  # not rows of contiguous elements
-    assert p.with_keys(_sig(torch.empty(8, 8, 40000, 130)[:, :, :32769, :128], k), "wmma", None) is None  # % 8
-    m = MaskInfo("bool", "bool", (8, 1, 1, 32768), (32768, 0, 0, 1))
-    masked = _decode_plan(mask=m)
-    assert masked.with_keys(_sig(k, k), "wmma", None) is None
 
 
 def test_a_forced_launch_keeps_the_rules_tiling_and_workspace():
@@ -182,15 +143,16 @@ def test_one_program_serves_one_call_at_a_time():
         time.sleep(0.0002)
         seen.append(first == (a.q, a.k, a.v) and a.q == a.k - 1 == a.v - 2 and stream == a.q)
 
-    for program in (Program(case, out_strides(case), launch),
-                    Program(case, out_strides(case), launch).with_keys(case, launch)):
+    for other_keys in (False, True):  # the case's key length, or each call's (a decode loop's steps)
+        program = Program(case, out_strides(case), launch)
         program._launch = fake_launch
 
-        def call(base, program=program):
+        def call(base, program=program, other_keys=other_keys):
             try:
                 for i in range(40):
                     x = base + 16 * i
-                    program.run(x, x + 1, x + 2, 0, 0, x, 0, 0)
+                    keys = (4096 + i, case.k_strides, case.v_strides) if other_keys else ()
+                    program.run(x, x + 1, x + 2, 0, 0, x, 0, 0, *keys)
             except Exception as e:  # pragma: no cover - reported below
                 errors.append(e)
 
@@ -205,7 +167,7 @@ def test_one_program_serves_one_call_at_a_time():
 @pytest.mark.parametrize("B,Hkv,Sk,masked,splits,alone", [
     (8, 8, 8192, False, 2, True),      # 64 blocks: one CTA an SM, parts of 64 key tiles
     (1, 8, 32768, False, 16, True),    # 8 blocks: 128 CTAs, parts of 32 tiles
-    (1, 8, 8192, False, 32, False),    # parts of 8 tiles would be too short: two an SM, 32 parts of 4 (not 31)
+    (1, 8, 8192, False, 16, True),     # planned for long keys: the launcher cuts 8k keys to 16 parts of 8 tiles
     (4, 32, 32768, False, 1, False),   # 128 blocks already fill one CTA an SM
     (8, 8, 8192, True, 4, False),      # a mask: two CTAs an SM
     (1, 8, 32768, True, 32, False),
@@ -222,21 +184,10 @@ def test_decode_splits_for_one_or_two_ctas_an_sm(B, Hkv, Sk, masked, splits, alo
 
 
 def test_split_count_counts_the_critical_path_in_key_tiles():
-    # 8 blocks, 264 slots, 128 key tiles: 31 parts give 26 busy CTAs of 5 tiles (5 idle), 32 parts 4 tiles each
-    assert split_count(8, 264, 32) == 32
+    # 8 blocks, 264 slots, 512 key tiles: 32 parts of 16 tiles in one wave (33 would start a second)
+    assert split_count(8, 264) == 32
     # one wave either way: the fewest parts among those within SPLIT_FILL of the shortest path
-    assert split_count(64, 132, 128) == 2
-
-
-def test_keys_of_most_inverts_most_splits():
-    """keys_of_most(m) is exactly the key lengths whose most_splits is m (a decode plan's range of key lengths)."""
-    for m in range(fused.MAX_SPLITS + 1):
-        lo, hi = fused.keys_of_most(m)
-        assert fused.most_splits(lo) == m and (lo == 1 or fused.most_splits(lo - 1) != m)
-        if hi is None:
-            assert m == fused.MAX_SPLITS and fused.most_splits(10**8) == m
-        else:
-            assert fused.most_splits(hi) == m and fused.most_splits(hi + 1) != m
+    assert split_count(64, 132) == 2
 
 
 @pytest.mark.parametrize("Hq,Hkv,Sq,blocks", [(32, 8, 16, 8 * 8), (32, 8, 8, 8 * 8), (64, 4, 4, 8 * 4),
@@ -249,7 +200,7 @@ def test_hopper_decode_blocks_of_32_to_64_rows_take_the_wgmma_decode_kernel(Hq, 
     c = Case.contiguous(8, Hq, Hkv, Sq, 32768, 128)
     f = fused_launch(c, H100)
     assert (f.kernel, f.block_rows) == ("sm90_decode", 64) and f"{blocks} blocks" in f.why, f.why
-    assert f.splits == split_count(blocks, H100.sms, most_splits(32768))
+    assert f.splits == split_count(blocks, H100.sms)
     assert f.workspace_bytes == (0 if f.splits == 1 else f.splits * 8 * Hq * Sq * 129 * 4)
     assert "decode kernel" in str(f)
     assert fused_launch(c, A100).kernel == "flash"
@@ -262,7 +213,7 @@ def test_hopper_decode_blocks_of_32_to_64_rows_take_the_wgmma_decode_kernel(Hq, 
         assert fused_launch(Case.contiguous(8, Hq, Hkv, Sq, 32768, 128, mask=m), H100).kernel == "flash"
     assert fused_launch(Case.contiguous(8, Hq, Hkv, Sq, 32768, 256), H100).kernel == "flash"
     assert fused_launch(Case.contiguous(8, Hq, Hkv, Sq, 32768, 64), H100).kernel == "sm90_decode"
-    # the key length enters through most_splits only: a decode loop's steps share the launch
+    # the key length does not enter: a decode loop's steps share the launch
     assert fused_launch(Case.contiguous(8, Hq, Hkv, Sq, 32769, 128), H100) == f
 
 

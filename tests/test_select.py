@@ -138,6 +138,6 @@ def test_a_routes_wmma_keys_are_those_it_sends_to_wmma():
             r = Route(lt_from, None if lt_from is None else f"{lt_from}", "", prefill)
             for Sq in (1, 16, 40):
                 lo, hi = r.wmma_keys(Sq)
-                inside = {Sk for Sk in range(1, 5000) if r.holds_for(Sq, Sk) and not r.prefers_lt(Sk)}
+                inside = {Sk for Sk in range(1, 5000) if (Sq >= Sk) == prefill and not r.prefers_lt(Sk)}
                 got = {Sk for Sk in range(1, 5000) if lo <= Sk and (hi is None or Sk <= hi)}
                 assert got == inside, (lt_from, prefill, Sq)

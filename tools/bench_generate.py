@@ -400,7 +400,7 @@ def profile_generate(model, ids, new: int, kw: dict, path: str) -> dict:
     per = {}
     for (file, _, fn), (cc, nc, tt, ct, _) in st.stats.items():
         if fn in ("attention_forward", "sdpa_attention_forward", "synchronize", "generate", "forward") or \
-                fn.startswith("_scaled_dot_product") or fn in ("attention", "_execute", "run", "with_keys"):
+                fn.startswith("_scaled_dot_product") or fn in ("attention", "_execute", "run"):
             key = f"{os.path.basename(file)}:{fn}"
             per[key] = {"calls": nc, "cum_ms_per_token": ct * 1e3 / new, "own_ms_per_token": tt * 1e3 / new}
     print("profile (ms per new token):", json.dumps(per, indent=1), flush=True)

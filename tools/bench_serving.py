@@ -5,11 +5,12 @@
    step from 32768, ``--steps`` steps (default 1000), from a fresh algorithm cache with the default policy; each
    step's wall time (synchronised); the steady state (the same call repeated once tuned, CUDA events); total
    tuning time. SDPA's default backend runs the same loop, and so does ``attn_lt_preplanned``: every step's plan
-   made before the loop, the loop calling ``plan.run`` only (what the loop costs without deriving a plan a step).
+   made before the loop, the loop calling ``plan.run`` only (what the loop costs without looking up a plan a step).
 2. **repeated causal prefill**: B1 H32 S32768 D128 causal, called back to back from a fresh cache.
 3. **host cost**: microseconds to issue one cached call (decode B8 Hq32 Hkv8 Sk 4k and 16k) through
    ``attention()``, ``plan.run`` and SDPA's default (their batches interleaved, so that a drifting host touches
-   them alike), and a decode step's call (one key longer than the last, its plan derived) through ``attention()``,
+   them alike), and a decode step's call (one key longer than the last: the compiled fast path runs it on the last
+   call's plan, the Python path plans each length) through ``attention()``,
    GPU work queued behind a long kernel so that the host alone is timed; ``attention()`` also with its compiled
    fast path off (``python path``, attn_lt.fastpath).
 4. **graph replay**: the decode call captured in a CUDA graph and replayed.
@@ -156,7 +157,7 @@ def host_costs():
         fns["attention_auto_python_us"] = lambda: python_path(attn_lt.attention, q, k, v)
         fns["sdpa_default_us"] = lambda: sdpa_call(q, k, v)
         row.update(host_us_each(fns))  # side by side: a host's speed drifts within a run
-        # a decode step: each call one key longer than the last (views of one cache), its plan derived
+        # a decode step: each call one key longer than the last (views of one cache)
         kc, vc = (torch.randn(8, 8, Sk + 520, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         attn_lt.attention(q, kc[:, :, :Sk], vc[:, :, :Sk])
         steps = [iter([(kc[:, :, :n], vc[:, :, :n]) for n in range(Sk + 1, Sk + 512)]) for _ in range(2)]
