@@ -18,7 +18,8 @@ import torch
 from . import config, fastpath
 from .chunks import ChunkPlan, plan_chunks, out_strides
 from .select import Decision, route_of, select
-from .validate import Case, address_alignment, check_options, check_out, check_tensors, mask_alignment, out_shape
+from .validate import (Case, address_alignment, check_options, check_out, check_sinks, check_tensors, mask_alignment,
+                       out_shape)
 from .device import stream_queries
 from .fused import FusedLaunch, device_facts, fused_launch
 
@@ -201,16 +202,17 @@ class AttentionPlan:
         """The key lengths (lo, hi) of this plan's calls that the compiled fast path may run on it with other key
         lengths and K/V strides: the fused kernels read both from each call (the split count is cut to the keys by
         the launcher), so the bound is the selector's: those its route (``backend`` "auto") sends to wmma on this
-        case's side of Sq >= Sk; every length for a forced backend. Worked out once."""
+        case's side of Sq >= Sk; every length for a forced backend or a case the long path cannot run. Worked out
+        once."""
         if self._keys is None:
             lo, hi = 1, math.inf
-            if backend == "auto":
+            if backend == "auto" and "lt" not in dict(self._decision.rejected):  # (else no route: lt cannot run it)
                 lo, top = route_of(self.case, threshold).wmma_keys(self.case.Sq)
                 hi = math.inf if top is None else top
             self._keys = (lo, hi)
         return self._keys
 
-    def run(self, q, k, v, attn_mask=None, *, out=None, return_lse: bool = False, workspace=None):
+    def run(self, q, k, v, attn_mask=None, *, out=None, return_lse: bool = False, workspace=None, sinks=None):
         """Attention of q, k, v (and ``attn_mask``) as planned; tensors must match the plan's shapes, strides,
         dtypes and device (the data may differ). Returns ``out`` (B, Hq, Sq, Dv), or (B, Sq, Hq, Dv) for a plan
         made with ``out_layout="bshd"``; with ``return_lse``
@@ -218,9 +220,16 @@ class AttentionPlan:
         ``(out, lse, mass)``.
 
         ``out``: optional contiguous output of q's dtype. ``workspace``: optional uint8 CUDA tensor of at least
-        :attr:`workspace_bytes` bytes (else one is taken from PyTorch's caching allocator)."""
-        # the fast path takes plain calls: no mask, output, LSE or workspace of the caller's
-        plain = fastpath.run is not None and attn_mask is None and out is None and not return_lse and workspace is None
+        :attr:`workspace_bytes` bytes (else one is taken from PyTorch's caching allocator). ``sinks``: FP32 (Hq,),
+        given exactly when the plan was made with sinks."""
+        if (sinks is not None) != self.case.sinks:
+            raise ValueError(f"this plan was made {'with' if self.case.sinks else 'without'} sinks; pass them "
+                             f"{'to every run' if self.case.sinks else 'to plan() first'}")
+        if sinks is not None:
+            check_sinks(sinks, self.case.Hq, self.device)
+        # the fast path takes plain calls: no mask, output, LSE, workspace or sinks of the caller's
+        plain = (fastpath.run is not None and attn_mask is None and out is None and not return_lse and workspace is None
+                 and sinks is None)
         if plain and self._fast is not None:  # the layout bound last time, launched in C++; else None
             res = fastpath.run(self._fast, q, k, v)
             if res is not None:
@@ -236,7 +245,7 @@ class AttentionPlan:
                              f"{tuple(q.stride())}, k {tuple(k.shape)} {tuple(k.stride())}, v {tuple(v.shape)} "
                              f"{tuple(v.stride())}{mask} (shapes, strides, dtypes, device and alignment must match "
                              "the plan's)")
-        res = self._execute(q, k, v, attn_mask, out, return_lse, workspace, sig)
+        res = self._execute(q, k, v, attn_mask, out, return_lse, workspace, sig, sinks=sinks)
         if plain:
             launch = self._fast_launch()
             if launch is not None:  # later runs of these tensors' layout take the compiled fast path
@@ -257,14 +266,15 @@ class AttentionPlan:
         ws_ptr, lse_ptr = self._scratch(self.device, stream, False)[2:]
         return (gen, self._out_shape, *self._program.fast_launch(), stream, ws_ptr, lse_ptr)
 
-    def _remember_fast(self, q, k, v, options: tuple, settings: config.Settings, backend: str, threshold) -> None:
+    def _remember_fast(self, q, k, v, sinks, options: tuple, settings: config.Settings, backend: str,
+                       threshold) -> None:
         """After attention() ran this plan on q, k, v (no mask, no ``out``, no LSE) with ``options`` (see
         :func:`attn_lt.fastpath.remember`) under ``settings``: let the compiled fast path run the later calls of
         these tensors' family (native/fastpath.cpp: all but the key length and the K/V strides) and options on it,
         over the key lengths of :meth:`_fast_keys`."""
         launch = self._fast_launch()
         if launch is not None:
-            fastpath.remember(q, k, v, options, (settings,), self._fast_keys(backend, threshold), *launch)
+            fastpath.remember(q, k, v, sinks, options, (settings,), self._fast_keys(backend, threshold), *launch)
 
     def _scratch(self, device: torch.device, stream: int, capturing: bool) -> tuple:
         """(workspace, LSE scratch, their addresses): views of the stream's shared scratch buffer (see
@@ -283,8 +293,8 @@ class AttentionPlan:
             self._scratch_views = (buf, views)
         return views
 
-    def _execute(self, q, k, v, attn_mask, out, return_lse, workspace, sig, tune_budget_ms=None):
-        """Launch (the caller checked the tensors against the plan: ``sig`` is their signature)."""
+    def _execute(self, q, k, v, attn_mask, out, return_lse, workspace, sig, tune_budget_ms=None, sinks=None):
+        """Launch (the caller checked the tensors against the plan: ``sig`` is their signature, and the sinks)."""
         if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
             raise NotImplementedError(_NO_BACKWARD)
         case = self.case
@@ -312,7 +322,8 @@ class AttentionPlan:
         switch = _current_device() != device
         if self.backend == "wmma":
             args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse_ptr, stream,
-                    0 if attn_mask is None else attn_mask.data_ptr(), ws_ptr, sig[1], sig[3], sig[4])
+                    0 if attn_mask is None else attn_mask.data_ptr(), ws_ptr, sig[1], sig[3], sig[4],
+                    0 if sinks is None else sinks.data_ptr())
             if switch:
                 with torch.cuda.device(device):
                     program.run(*args)
@@ -428,11 +439,12 @@ def _plan_case(case: Case, backend: str, workspace_bytes, threshold, algo_policy
 def plan(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | None = None, backend: str = "auto",
          workspace_bytes: int | None = None, threshold: int | None = None, algo_policy: str | None = None,
          return_key_mass: bool = False, key_mass_window: int | None = None, out=None,
-         out_layout: str = "bhsd") -> AttentionPlan:
+         out_layout: str = "bhsd", window=None, softcap: float | None = None, sinks=None) -> AttentionPlan:
     """Plan attention for tensors like these (validated once; no GPU work): returns an :class:`AttentionPlan`
     whose ``run`` takes tensors of the same shapes, strides, dtypes and device. Arguments as in
-    :func:`attention`; pass ``out`` if ``run`` will write into a preallocated output (its alignment counts)."""
-    case = check_tensors(q, k, v, attn_mask, causal, scale)
+    :func:`attention`; pass ``out`` if ``run`` will write into a preallocated output (its alignment counts), and
+    ``sinks`` if the runs will (they pass theirs)."""
+    case = check_tensors(q, k, v, attn_mask, causal, scale, window=window, softcap=softcap, sinks=sinks)
     out_align = 256 if out is None else address_alignment(out.data_ptr())
     sig = call_signature(q, k, v, attn_mask, out_align)
     p = _plan_case(case, backend, workspace_bytes, threshold, algo_policy, sig, out_align, return_key_mass,
@@ -467,7 +479,8 @@ def cached_plans() -> int:
 def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | None = None,
               backend: str = "auto", return_lse: bool = False, out=None, workspace_bytes: int | None = None,
               threshold: int | None = None, algo_policy: str | None = None, return_key_mass: bool = False,
-              key_mass_window: int | None = None, out_layout: str = "bhsd"):
+              key_mass_window: int | None = None, out_layout: str = "bhsd", window=None,
+              softcap: float | None = None, sinks=None):
     """Scaled dot-product attention, ``softmax(scale * q @ k^T + mask) @ v``.
 
     Args:
@@ -498,11 +511,20 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
         key_mass_window: sum only over the last ``key_mass_window`` query rows (SnapKV's observation window).
         out_layout: "bhsd" (default) or "bshd": the output as (B, Sq, Hq, Dv), contiguous — FlashAttention's and
             transformers' layout, written so by the fused path (no transpose after the call).
+        window: a sliding window, FlashAttention's ``window_size``: ``(left, right)``, query i sees keys
+            [i' - left, i' + right] where i' = i + Sk - Sq is its bottom-right aligned diagonal; -1 for an
+            unbounded edge; with ``causal`` the right edge is the causal one. Key tiles outside every row's window
+            are skipped, so the cost follows the window (Mistral, Gemma 2/3 local layers, gpt-oss).
+        softcap: logit softcapping (Gemma 2): each scaled score s becomes ``softcap * tanh(s / softcap)`` before
+            masks and the softmax.
+        sinks: attention sinks (gpt-oss): FP32 (Hq,), one logit a query head that joins every row's softmax
+            denominator (softmax over [scores, sink], the sink's column dropped); the LSE includes it.
 
     Returns:
         out: (B, Hq, Sq, Dv) in the input dtype, contiguous ((B, Sq, Hq, Dv) with ``out_layout="bshd"``); with ``return_lse``, ``(out, lse)`` with lse FP32
         (B, Hq, Sq). A row whose keys are all masked gives zeros in out and -inf in lse, never NaN. With
-        ``return_key_mass`` the mass comes last: ``(out, mass)`` or ``(out, lse, mass)``.
+        ``return_key_mass`` the mass comes last: ``(out, mass)`` or ``(out, lse, mass)``. A row whose keys are all
+        hidden but that has a sink gives zeros and the sink as its LSE.
 
     Raises:
         TypeError, ValueError: bad input (types, dtypes, shapes, head counts, mask, devices), before GPU work.
@@ -520,6 +542,8 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
                 raise ValueError("out= is not supported inside torch.compile")
             if return_key_mass:
                 raise ValueError("return_key_mass is not supported inside torch.compile")
+            if window is not None or softcap is not None or sinks is not None:
+                raise ValueError("window, softcap and sinks are not supported inside torch.compile")
             check_options(out_layout=out_layout)
             res = torch.ops.attn_lt.attention(q, k, v, attn_mask, causal, scale, backend, workspace_bytes,
                                               threshold, algo_policy)
@@ -528,37 +552,43 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
             return res if return_lse else res[0]
         if fastpath.call is not None:  # a remembered family's cached fused call, launched in C++; else None
             res = fastpath.call(q, k, v, attn_mask, causal, scale, backend, return_lse, out, workspace_bytes,
-                                threshold, algo_policy, return_key_mass, key_mass_window, out_layout)
+                                threshold, algo_policy, return_key_mass, key_mass_window, out_layout, window, softcap,
+                                sinks)
             if res is not None:
                 return res
     elif _is_cupy(q):
         return _attention_cupy(q, k, v, attn_mask=attn_mask, causal=causal, scale=scale, backend=backend,
                                return_lse=return_lse, out=out, workspace_bytes=workspace_bytes,
                                threshold=threshold, algo_policy=algo_policy, return_key_mass=return_key_mass,
-                               key_mass_window=key_mass_window, out_layout=out_layout)
+                               key_mass_window=key_mass_window, out_layout=out_layout, window=window,
+                               softcap=softcap, sinks=sinks)
     try:
         out_align = 256 if out is None else address_alignment(out.data_ptr())
         sig = call_signature(q, k, v, attn_mask, out_align)
         settings = config.current()
         key = (sig, causal, scale, backend, workspace_bytes, threshold, algo_policy, return_key_mass,
-               key_mass_window, out_layout, settings)
+               key_mass_window, out_layout, None if window is None else tuple(window), softcap, sinks is None,
+               settings)
         p = _plans.get(key)
     except (AttributeError, TypeError, ValueError, RuntimeError):  # not 4-D tensors, unhashable options:
         # the validation explains
-        check_tensors(q, k, v, attn_mask, causal, scale)
+        check_tensors(q, k, v, attn_mask, causal, scale, window=window, softcap=softcap, sinks=sinks)
         raise
     if p is None:
         p = plan(q, k, v, attn_mask=attn_mask, causal=causal, scale=scale, backend=backend,
                  workspace_bytes=workspace_bytes, threshold=threshold, algo_policy=algo_policy,
-                 return_key_mass=return_key_mass, key_mass_window=key_mass_window, out=out, out_layout=out_layout)
+                 return_key_mass=return_key_mass, key_mass_window=key_mass_window, out=out, out_layout=out_layout,
+                 window=window, softcap=softcap, sinks=sinks)
         log.debug("attention: new plan %s -> %s", p.case, p.backend)
         with _plans_lock:
             _keep(key, p)
+    elif sinks is not None:
+        check_sinks(sinks, p.case.Hq, p.device)
     p._used = next(_uses)  # least recently used first out of the plan cache
-    res = p._execute(q, k, v, attn_mask, out, return_lse, None, sig)
+    res = p._execute(q, k, v, attn_mask, out, return_lse, None, sig, sinks=sinks)
     if fastpath.call is not None and attn_mask is None and out is None and not return_lse:
-        p._remember_fast(q, k, v, (causal, scale, backend, workspace_bytes, threshold, algo_policy, key_mass_window,
-                                   out_layout), settings, backend, threshold)
+        p._remember_fast(q, k, v, sinks, (causal, scale, backend, workspace_bytes, threshold, algo_policy,
+                                          key_mass_window, out_layout, window, softcap), settings, backend, threshold)
     return res
 
 
@@ -592,9 +622,11 @@ def explain_case(case: Case, backend: str = "auto", workspace_bytes: int | None 
 
 def explain(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | None = None, backend: str = "auto",
             workspace_bytes: int | None = None, threshold: int | None = None, algo_policy: str | None = None,
-            return_key_mass: bool = False, out_layout: str = "bhsd") -> Explanation:
+            return_key_mass: bool = False, out_layout: str = "bhsd", window=None, softcap: float | None = None,
+            sinks=None) -> Explanation:
     """What ``attention`` would do with these arguments (tensors on any device, "meta" included); no GPU work."""
-    case = check_tensors(q, k, v, attn_mask, causal, scale, require_cuda=False)
+    case = check_tensors(q, k, v, attn_mask, causal, scale, require_cuda=False, window=window, softcap=softcap,
+                         sinks=sinks)
     return explain_case(case, backend, workspace_bytes, threshold, algo_policy, return_key_mass, out_layout)
 
 

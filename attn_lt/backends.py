@@ -22,6 +22,7 @@ class Backend:
     supports_value_dim: bool = False  # v's head dim may differ from q's and k's
     supports_key_mass: bool = False  # can return the attention mass per key
     needs_aligned_rows: bool = False  # 16-byte aligned bases and strides (cp.async / TMA tiles)
+    supports_variants: bool = False  # a sliding window, a logit softcap and attention sinks
     max_batch_heads: int | None = None  # B * Hq (one grid dimension of the kernel)
 
     @staticmethod
@@ -55,4 +56,8 @@ class Backend:
             reasons.append("grouped-query attention is not supported")
         if key_mass and not self.supports_key_mass:
             reasons.append("it cannot return the attention mass per key (return_key_mass=True)")
+        if case.variant and not self.supports_variants:
+            asked = [w for w, on in (("sliding window", case.window is not None), ("softcap", case.softcap > 0),
+                                     ("attention sinks", case.sinks)) if on]
+            reasons.append(f"it runs no {' / '.join(asked)} (the fused path does)")
         return reasons

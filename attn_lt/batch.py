@@ -28,7 +28,7 @@ import torch
 from . import native
 from .device import stream_queries
 from .fused import ASSUMED_DEVICE, MLA_DECODE, MLA_ROWS, DeviceFacts, device_facts
-from .validate import check_causal, check_scale
+from .validate import check_causal, check_scale, check_sinks, check_softcap, check_window
 
 log = logging.getLogger("attn_lt")
 
@@ -438,6 +438,25 @@ def _set_tensors(a, q, k, v, out, lse, paged: bool) -> None:
         a.total_k = k.shape[0]
 
 
+def _variant(window, softcap, sinks, causal: bool, Hq: int, latent: bool, device) -> tuple:
+    """The attention variants of a batch call, checked: (window, softcap, sinks) as :func:`_set_variant` takes
+    them (ValueError for MLA decode, which runs none)."""
+    window, softcap = check_window(window, causal), check_softcap(softcap)
+    if sinks is not None:
+        check_sinks(sinks, Hq, device)
+    if latent and (window is not None or softcap or sinks is not None):
+        raise ValueError("MLA decode (head dims 576/512) runs no window, softcap or sinks")
+    return window, softcap, sinks
+
+
+def _set_variant(a, window, softcap: float, sinks) -> None:
+    """The launch arguments' window edges, softcap and sinks' address (see :func:`_variant`)."""
+    f = a.f
+    f.window_left, f.window_right = (-1, -1) if window is None else window
+    f.softcap = softcap
+    f.sinks = None if sinks is None else sinks.data_ptr()
+
+
 def _set_metadata(a, cu_q, cu_k, seqlens_k, block_table) -> None:
     a.cu_q = cu_q.data_ptr() if cu_q is not None else None
     a.cu_k = cu_k.data_ptr() if cu_k is not None else None
@@ -448,7 +467,7 @@ def _set_metadata(a, cu_q, cu_k, seqlens_k, block_table) -> None:
 
 
 def _launch(plan: BatchPlan, q, k, v, out, lse, cu_q, cu_k, seqlens_k, block_table, dtype: str, scale: float,
-            causal: bool, device: torch.device, check: bool):
+            causal: bool, device: torch.device, check: bool, variant: tuple = (None, 0.0, None)):
     current_device, raw_stream, is_capturing = stream_queries()
     with torch.cuda.device(device) if current_device() != device.index else contextlib.nullcontext():
         capturing = is_capturing()
@@ -461,9 +480,20 @@ def _launch(plan: BatchPlan, q, k, v, out, lse, cu_q, cu_k, seqlens_k, block_tab
         a = _plan_args(plan, dtype, scale, causal, flag, workspace)
         _set_tensors(a, q, k, v, out, lse, block_table is not None)
         _set_metadata(a, cu_q, cu_k, seqlens_k, block_table)
+        _set_variant(a, *variant)
         native.batch(a, raw_stream(device.index))
         if check:
             check_batch_errors(device)
+
+
+def _no_keys(out, lse, sinks) -> None:
+    """A batch with no keys at all: zero rows, LSE -inf (or the rows' sinks)."""
+    out.zero_()
+    if lse is not None:
+        if sinks is None:
+            lse.fill_(-float("inf"))
+        else:
+            lse.copy_(sinks[:, None].expand_as(lse))
 
 
 def _outputs(q, Hq: int, D: int, out, return_lse: bool) -> tuple:
@@ -479,7 +509,7 @@ def _finish(out, lse, return_lse: bool):
 
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, max_seqlen_k: int,
                      causal: bool = False, scale: float | None = None, return_lse: bool = False, out=None,
-                     check: bool = False):
+                     check: bool = False, window=None, softcap: float | None = None, sinks=None):
     """Attention over packed sequences (FlashAttention's ``flash_attn_varlen_func`` conventions).
 
     q: (total_q, Hq, D); k: (total_k, Hkv, D); v: (total_k, Hkv, D); fp16 or bf16, D 64, 128 or 256, Hq a
@@ -487,6 +517,8 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
     request b owning rows [cu[b], cu[b + 1]). ``max_seqlen_q`` / ``max_seqlen_k``: host ints, the capacity the
     launch is planned for (any lengths up to them run without re-planning; a CUDA graph captured with them replays
     for any such lengths). ``causal``: bottom-right within each request. ``out``: (total_q, Hq, D) to write into.
+    ``window``, ``softcap``, ``sinks``: the attention variants, as :func:`attn_lt.attention` takes them (the window
+    within each request).
 
     Returns out (total_q, Hq, D) in q's dtype; with ``return_lse``, ``(out, lse)``, lse FP32 (Hq, total_q). A
     request with no keys gives zeros and LSE -inf; rows no request owns are left as they were (with no keys at all,
@@ -509,22 +541,22 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
     device = _check_devices({"q": q, "k": k, "v": v, "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k,
                              "out": out})
     out = _check_out(out, (q.shape[0], Hq, D), q.dtype, device)
+    variant = _variant(window, softcap, sinks, causal, Hq, False, device)
     q, k, v = _readable("q", q, True), _readable("k", k, True), _readable("v", v, True)
     out, lse = _outputs(q, Hq, D, out, return_lse)
     if k.shape[0] == 0:  # no keys at all: every request's rows are zeros (only the lengths are not checked)
-        out.zero_()
-        if lse is not None:
-            lse.fill_(-float("inf"))
+        _no_keys(out, lse, variant[2])
         return _finish(out, lse, return_lse)
     plan = plan_batch(B, Hq, Hkv, D, max_seqlen_q=max_q, max_seqlen_k=max_k, facts=device_facts(device.index))
     _launch(plan, q, k, v, out, lse, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), None, None, dtype,
-            scale, causal, device, check)
+            scale, causal, device, check, variant)
     return _finish(out, lse, return_lse)
 
 
 def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q=None, max_seqlen_q: int | None = None,
                     max_seqlen_k: int | None = None, causal: bool = True, scale: float | None = None,
-                    return_lse: bool = False, out=None, check: bool = False):
+                    return_lse: bool = False, out=None, check: bool = False, window=None,
+                    softcap: float | None = None, sinks=None):
     """Attention against a paged KV cache (FlashAttention's ``flash_attn_with_kvcache`` / vLLM's layout).
 
     k_cache, v_cache: (num_blocks, block_size, Hkv, D), block_size a power of two from 8 (vLLM's 16 ... 256 and
@@ -533,7 +565,8 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
     (total_q, Hq, D) with ``cu_seqlens_q`` int32 (B + 1,) and ``max_seqlen_q`` (chunked prefill, speculative
     decoding, prefill chunks and decode rows mixed in one call). ``max_seqlen_k``: the key capacity the launch is
     planned for (default: max_blocks × block_size). ``causal``: bottom-right within each request (a request's
-    query rows are its last keys' positions).
+    query rows are its last keys' positions). ``window``, ``softcap``, ``sinks``: the attention variants, as
+    :func:`attn_lt.attention` takes them (not with MLA decode).
 
     MLA decode (DeepSeek's latent cache, Hopper): k_cache (num_blocks, block_size, Hkv, 576), v_cache =
     ``k_cache[..., :512]`` (the same memory, read once), block_size >= 64 (FlashMLA's 64), q (B, Hq, 576) one row a
@@ -583,10 +616,11 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
     if block_table.stride(1) != 1 or block_table.stride(0) < max_blocks:  # (an expanded table: stride 0)
         block_table = block_table.contiguous()
     out, lse = _outputs(q, Hq, Dv, out, return_lse)
+    variant = _variant(window, softcap, sinks, causal, Hq, Dv != D, device)
     plan = plan_batch(B, Hq, Hkv, D, max_seqlen_q=max_q, max_seqlen_k=max_k, block_size=block_size, Dv=Dv,
                       facts=facts)
     _launch(plan, q, k_cache, v_cache, out, lse, None if cu_seqlens_q is None else cu_seqlens_q.contiguous(), None,
-            seqlens_k.contiguous(), block_table, dtype, scale, causal, device, check)
+            seqlens_k.contiguous(), block_table, dtype, scale, causal, device, check, variant)
     return _finish(out, lse, return_lse)
 
 
@@ -716,11 +750,13 @@ class BatchStep:
                 self._cu_k[B + 1:].copy_(self._cu_k[B:B + 1].expand(cap - B))
         self._requests = B
 
-    def run(self, q, k_cache, v_cache, *, out=None, scale: float | None = None, return_lse: bool = False):
+    def run(self, q, k_cache, v_cache, *, out=None, scale: float | None = None, return_lse: bool = False,
+            window=None, softcap: float | None = None, sinks=None):
         """Attention of the planned requests: q (total_q, Hq, D) packed as planned; k_cache, v_cache
         (num_blocks, block_size, Hkv, D / Dv) (varlen: k, v (total_k, Hkv, D)); ``out`` (total_q, Hq, Dv) to write
-        into; ``scale`` (default: the step's). Launch only (no sync, no allocation but out and lse when not given).
-        Returns out, or ``(out, lse)`` with lse FP32 (Hq, total_q)."""
+        into; ``scale`` (default: the step's); ``window``, ``softcap``, ``sinks``: this layer's attention variants
+        (as :func:`attn_lt.attention` takes them). Launch only (no sync, no allocation but out and lse when not
+        given). Returns out, or ``(out, lse)`` with lse FP32 (Hq, total_q)."""
         if not self._requests:
             raise ValueError("BatchStep.run() before plan(): plan the step's requests first")
         paged = self.block_size > 0
@@ -738,14 +774,16 @@ class BatchStep:
             _check_out_type(out, q.dtype)
             out = _check_out(out, (q.shape[0], p.Hq, p.Dv), q.dtype, self.device)
         out, lse = _outputs(q, p.Hq, p.Dv, out, return_lse)
+        variant = (None, 0.0, None)
+        if window is not None or softcap is not None or sinks is not None:
+            variant = _variant(window, softcap, sinks, self.causal, p.Hq, p.latent, self.device)
         if not paged and k_cache.shape[0] == 0:
-            out.zero_()
-            if lse is not None:
-                lse.fill_(-float("inf"))
+            _no_keys(out, lse, variant[2])
             return _finish(out, lse, return_lse)
         a = self._args
         a.f.scale = self.scale if scale is None else check_scale(scale)
         _set_tensors(a, q, k_cache, v_cache, out, lse, paged)
+        _set_variant(a, *variant)
         if self._current_device() == self.device.index:
             native.batch(a, self._raw_stream(self.device.index))
         else:

@@ -30,8 +30,8 @@ log = logging.getLogger("attn_lt")
 _PKG = Path(__file__).resolve().parent
 
 #: The extension's ``call`` while it is loaded and enabled, else None: ``call(q, k, v, attn_mask, causal, scale,
-#: backend, return_lse, out, workspace_bytes, threshold, algo_policy, return_key_mass, key_mass_window, out_layout)``
-#: returns attention()'s output or None.
+#: backend, return_lse, out, workspace_bytes, threshold, algo_policy, return_key_mass, key_mass_window, out_layout,
+#: window, softcap, sinks)`` returns attention()'s output or None.
 call = None
 #: The extension's ``run`` while it is on, else None: ``run(handle, q, k, v)`` returns the output of the plan that
 #: :func:`bind` made ``handle`` for, or None.
@@ -92,16 +92,17 @@ def generation() -> int:
     return _ext.generation() if _ext is not None else 0
 
 
-def remember(q, k, v, options: tuple, settings: tuple, keys: tuple[int, float], gen: int, out_shape: tuple,
+def remember(q, k, v, sinks, options: tuple, settings: tuple, keys: tuple[int, float], gen: int, out_shape: tuple,
              args: bytes, launcher: int, lse_part_offset: int, stream: int, workspace: int, lse: int) -> None:
-    """Run later calls of q, k, v's family with ``options`` (causal, scale, backend, workspace_bytes, threshold,
-    algo_policy, key_mass_window, out_layout) under ``settings`` (a 1-tuple of the Settings object), whose key
-    length lies in ``keys`` (lo, hi), through this launch: the argument struct's bytes, the launcher's address,
-    the LSE partials' offset in the workspace, the stream and the scratch addresses (workspace, LSE) that serve it,
-    read in generation ``gen``. Takes nothing where the fast path would not take the call (tensor subclasses,
-    options other than None, bool, int, float, str), or after a clear since ``gen``."""
+    """Run later calls of q, k, v's family, with sinks or without as ``sinks`` (FP32 (Hq,) or None), with
+    ``options`` (causal, scale, backend, workspace_bytes, threshold, algo_policy, key_mass_window, out_layout,
+    window, softcap) under ``settings`` (a 1-tuple of the Settings object), whose key length lies in ``keys`` (lo,
+    hi), through this launch: the argument struct's bytes, the launcher's address, the LSE partials' offset in the
+    workspace, the stream and the scratch addresses (workspace, LSE) that serve it, read in generation ``gen``.
+    Takes nothing where the fast path would not take the call (tensor subclasses, options other than None, bool,
+    int, float, str or tuples of them), or after a clear since ``gen``."""
     if call is not None:
-        _ext.remember(q, k, v, options, settings, keys[0], float(keys[1]), gen, out_shape, args, launcher,
+        _ext.remember(q, k, v, sinks, options, settings, keys[0], float(keys[1]), gen, out_shape, args, launcher,
                       lse_part_offset, stream, workspace, lse)
 
 

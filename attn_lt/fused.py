@@ -150,6 +150,8 @@ class FusedBackend(Backend):
             elif case.mask is not None:
                 reasons.append(f"{what}, which has no masked build for it")
             elif dims == MLA_DECODE:
+                if case.variant:
+                    reasons.append(f"{what} for decode, without a window, softcap or sinks")
                 if case.Sq != 1:
                     reasons.append(f"{what} for decode, one query a head (Sq = {case.Sq} here)")
                 if not case.v_in_k:
@@ -171,7 +173,7 @@ class FusedBackend(Backend):
 
 #: What the fused kernels run (head dims: FusedBackend's pairs).
 WMMA = FusedBackend("wmma", ("fp16", "bf16"), None, 576, supports_mask=True, supports_value_dim=True,
-                    needs_aligned_rows=True, max_batch_heads=65535)
+                    needs_aligned_rows=True, max_batch_heads=65535, supports_variants=True)
 
 
 #: The fused path's kernels by the name :class:`FusedLaunch` gives them.
@@ -229,11 +231,12 @@ def fused_launch(case: Case, facts: DeviceFacts | None = None, *, kernel: str | 
     decode_refusal = decode_mask_refusal(case)
     # what the decode kernel can run at all (the rule below adds the rows a kv head that make it the faster one)
     decode_ok = ((case.D, case.Dv) in SM90_DECODE_HEAD_DIMS and case.Sq <= SM90_DECODE_ROWS
-                 and decode_refusal is None)
+                 and decode_refusal is None and not case.variant)
     if kernel == "sm90_decode" and not decode_ok:
         dims = " and ".join(str(d) for d, _ in SM90_DECODE_HEAD_DIMS)
         raise ValueError(f"the sm90 decode kernel runs head dims {dims}, Sq <= {SM90_DECODE_ROWS} and masks its "
-                         f"heads share; got D={case.D}, Dv={case.Dv}, Sq={case.Sq}: {decode_refusal}")
+                         f"heads share, without a window, softcap or sinks; got D={case.D}, Dv={case.Dv}, "
+                         f"Sq={case.Sq}{', variants' if case.variant else ''}: {decode_refusal}")
     assumed = False
     if facts is None:
         facts = device_facts()
@@ -369,6 +372,9 @@ class Program:
             a.mask_dtype = native.DTYPE_CODES[case.mask.dtype]
             a.m_sb, a.m_sh, a.m_sq, a.m_sk = case.mask.strides
         a.splits = launch.splits
+        if case.window is not None:
+            a.window_left, a.window_right = case.window
+        a.softcap = case.softcap
         self._addresses = native.flash_addresses(a)
         self.launch = launch
         self.kernel = launch.kernel
@@ -385,13 +391,16 @@ class Program:
             return bytes(self.args), native.launcher_address(name), self._lse_part_offset
 
     def run(self, q: int, k: int, v: int, o: int, lse: int, stream: int, mask: int = 0, workspace: int = 0,
-            Sk: int | None = None, k_strides: tuple | None = None, v_strides: tuple | None = None) -> None:
-        """Launch on ``stream`` with the device addresses of q, k, v, the output, the FP32 LSE, the mask (0: none)
-        and the workspace (the split partials; ``launch.workspace_bytes``); ``Sk`` and the K/V element strides, when
-        given, replace the case's (another key length of the same launch, e.g. a decode step)."""
+            Sk: int | None = None, k_strides: tuple | None = None, v_strides: tuple | None = None,
+            sinks: int = 0) -> None:
+        """Launch on ``stream`` with the device addresses of q, k, v, the output, the FP32 LSE, the mask (0: none),
+        the workspace (the split partials; ``launch.workspace_bytes``) and the sinks (a case with sinks); ``Sk`` and
+        the K/V element strides, when given, replace the case's (another key length of the same launch, e.g. a
+        decode step)."""
         a = self.args
         with self._lock:  # the partials' addresses are read only with splits > 1
             self._addresses[:] = (q, k, v, o, lse, mask, workspace, workspace + self._lse_part_offset)
+            a.sinks = sinks or None
             if Sk is not None:
                 a.Sk = Sk
                 a.k_sb, a.k_sh, a.k_ss = k_strides[:3]

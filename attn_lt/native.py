@@ -18,7 +18,7 @@ from . import config
 
 log = logging.getLogger("attn_lt")
 
-ABI_VERSION = 15
+ABI_VERSION = 16
 _PKG = Path(__file__).resolve().parent
 _LIB_PATH = _PKG / "_native" / "libattn_lt.so"
 SOURCE_DIR = _PKG.parent / "native"
@@ -71,7 +71,18 @@ class FlashArgs(ctypes.Structure):
                                       "k_ss", "v_sb", "v_sh", "v_ss", "o_sb", "o_sh", "o_ss", "m_sb", "m_sh",
                                       "m_sq", "m_sk")] + [
         ("scale", ctypes.c_float)] + [
-        (n, ctypes.c_int32) for n in ("causal", "dtype", "variant", "mask_dtype", "splits", "Dv")]
+        (n, ctypes.c_int32) for n in ("causal", "dtype", "variant", "mask_dtype", "splits", "Dv")] + [
+        ("sinks", ctypes.c_void_p), ("softcap", ctypes.c_float), ("window_left", ctypes.c_int32),
+        ("window_right", ctypes.c_int32)]
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        no_window(self)
+
+
+def no_window(a: FlashArgs) -> None:
+    """Unbounded window edges (-1): what a zeroed struct must be given before it reaches a kernel."""
+    a.window_left = a.window_right = -1
 
 
 class BatchArgs(ctypes.Structure):
@@ -81,6 +92,10 @@ class BatchArgs(ctypes.Structure):
         (n, ctypes.c_void_p) for n in ("cu_q", "cu_k", "seqlens_k", "block_table", "error")] + [
         (n, ctypes.c_int64) for n in ("total_q", "total_k", "bt_stride", "max_blocks", "num_blocks", "block_size")] + [
         ("split_keys", ctypes.c_int32), ("pad_", ctypes.c_int32), ("workspace_bytes", ctypes.c_int64)]
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        no_window(self.f)
 
 
 #: ``attn_lt_batch_error`` bits of native/attn_lt.h and what each means.

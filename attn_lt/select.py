@@ -131,9 +131,11 @@ def select(case: Case, backend: str = "auto", threshold: int | None = None, key_
     if key_mass and not reasons["lt"]:
         return Decision("lt", ("the attention mass per key comes from the long path's probabilities",), rejected)
     if prefer_lt:
-        if reasons["lt"]:
-            raise ValueError(f"no backend can run {case}: lt: {'; '.join(reasons['lt'])}")
-        return Decision("lt", (why,), rejected)
+        if not reasons["lt"]:
+            return Decision("lt", (why,), rejected)
+        if not reasons["wmma"]:
+            return Decision("wmma", (f"{why}, but lt cannot run it",), rejected)
+        raise ValueError(f"no backend can run {case}: " + " | ".join(f"{n}: {'; '.join(r)}" for n, r in rejected))
     if not reasons["wmma"]:
         return Decision("wmma", (why,), rejected)
     if not reasons["lt"]:

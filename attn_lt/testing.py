@@ -37,9 +37,27 @@ def causal_mask(Sq: int, Sk: int, device=None) -> torch.Tensor:
     return j <= i + (Sk - Sq)
 
 
-def reference(q, k, v, attn_mask=None, causal=False, scale=None, dtype=torch.float32, rows=None):
-    """(out, lse) of attention computed in ``dtype``; fully masked rows give 0 and -inf. ``rows``: a 1-D index
-    tensor of query rows to compute, alone (out (B, Hq, len(rows), Dv)), for shapes too long to check in full."""
+def window_mask(Sq: int, Sk: int, window, causal: bool = False, device=None) -> torch.Tensor:
+    """Bool (Sq, Sk), True where query i may see key j under a window ``(left, right)`` (-1: unbounded) around its
+    bottom-right aligned diagonal i + Sk - Sq; ``causal`` makes the right edge 0."""
+    left, right = window
+    d = torch.arange(Sk, device=device)[None, :] - (torch.arange(Sq, device=device)[:, None] + (Sk - Sq))
+    ok = torch.ones(Sq, Sk, dtype=torch.bool, device=device)
+    if left >= 0:
+        ok &= d >= -left
+    if causal:
+        ok &= d <= 0
+    elif right >= 0:
+        ok &= d <= right
+    return ok
+
+
+def reference(q, k, v, attn_mask=None, causal=False, scale=None, dtype=torch.float32, rows=None, window=None,
+              softcap=None, sinks=None):
+    """(out, lse) of attention computed in ``dtype``; fully masked rows give 0 and -inf (with sinks: 0 and the
+    sink). ``rows``: a 1-D index tensor of query rows to compute, alone (out (B, Hq, len(rows), Dv)), for shapes too
+    long to check in full. ``window``, ``softcap``, ``sinks``: the attention variants as attn_lt.attention takes
+    them."""
     B, Hq, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     g = Hq // Hkv
@@ -47,19 +65,26 @@ def reference(q, k, v, attn_mask=None, causal=False, scale=None, dtype=torch.flo
     rows = torch.arange(Sq, device=q.device) if rows is None else rows
     out = torch.empty(B, Hq, len(rows), v.shape[-1], dtype=dtype, device=q.device)
     lse = torch.empty(B, Hq, len(rows), dtype=dtype, device=q.device)
-    cm = causal_mask(Sq, Sk, q.device)[rows] if causal else None
+    if window is not None:
+        cm = window_mask(Sq, Sk, window, causal, q.device)[rows]
+    else:
+        cm = causal_mask(Sq, Sk, q.device)[rows] if causal else None
     mask = None if attn_mask is None else attn_mask.expand(B, Hq, Sq, Sk)
     for b in range(B):
         for h in range(Hq):
             s = (q[b, h, rows].to(dtype) @ k[b, h // g].to(dtype).T) * scale
+            if softcap:
+                s = softcap * torch.tanh(s / softcap)
             if mask is not None:
                 m = mask[b, h, rows]
                 s = s.masked_fill(~m, -math.inf) if m.dtype == torch.bool else s + m.to(dtype)
             if cm is not None:
                 s = s.masked_fill(~cm, -math.inf)
+            if sinks is not None:  # the sink's column joins the softmax, then is dropped
+                s = torch.cat([s, sinks[h].to(dtype).expand(s.shape[0], 1)], dim=1)
             l = torch.logsumexp(s, dim=-1)
             p = torch.exp(s - torch.where(torch.isinf(l), torch.zeros_like(l), l)[:, None])
-            out[b, h] = p @ v[b, h // g].to(dtype)
+            out[b, h] = p[:, :Sk] @ v[b, h // g].to(dtype)
             lse[b, h] = l
     return out, lse
 
@@ -273,17 +298,19 @@ def random_pages(seqlens: list[int], block_size: int, Hkv: int, D: int, dtype: t
     return k_cache, v_cache, table.to(device), torch.tensor(seqlens, dtype=torch.int32, device=device)
 
 
-def forced_flash(q, k, v, attn_mask=None, causal=False, splits: int = 1, kernel: str = "flash"):
+def forced_flash(q, k, v, attn_mask=None, causal=False, splits: int = 1, kernel: str = "flash", window=None,
+                 softcap=None, sinks=None):
     """The fused ``kernel`` forced — native/flash.cu ("flash", its keys split ``splits`` ways) or
     native/flash_sm90.cu ("sm90"; ``splits`` parts of the keys for MLA decode, else one) or its decode kernel
-    ("sm90_decode", ``splits`` parts) — for tests, benchmarks and sanitizer runs: returns ``(run, out, lse)``;
+    ("sm90_decode", ``splits`` parts), with the attention variants ``window``, ``softcap``, ``sinks`` — for tests,
+    benchmarks and sanitizer runs: returns ``(run, out, lse)``;
     ``run()`` launches without allocating.
     out, lse and the workspace are poisoned with NaN first, so that whatever the kernel leaves unwritten shows."""
     from .chunks import out_strides
     from .validate import check_tensors
     from .fused import MLA_DECODE, Program, fused_launch
 
-    case = check_tensors(q, k, v, attn_mask, causal)
+    case = check_tensors(q, k, v, attn_mask, causal, window=window, softcap=softcap, sinks=sinks)
     split = kernel in ("flash", "sm90_decode") or (case.D, case.Dv) == MLA_DECODE
     launch = fused_launch(case, kernel=kernel, splits=splits if split else None)
     program = Program(case, out_strides(case), launch)
@@ -294,7 +321,8 @@ def forced_flash(q, k, v, attn_mask=None, causal=False, splits: int = 1, kernel:
 
     def run():  # on the stream current at the call (a CUDA graph's capture stream, say)
         program.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
-                    torch.cuda.current_stream().cuda_stream, mask, ws.data_ptr())
+                    torch.cuda.current_stream().cuda_stream, mask, ws.data_ptr(),
+                    sinks=0 if sinks is None else sinks.data_ptr())
 
     return run, out, lse
 

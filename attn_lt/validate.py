@@ -48,10 +48,21 @@ class Case:
     ptr_align: int = 256  # largest power of two (<= 256) dividing every input's address
     Dv: int = 0  # v's head dim (the output's); 0 = D
     v_in_k: bool = False  # v is k's first Dv columns: k's address and strides (an MLA latent cache, V = K[..., :Dv])
+    # The attention variants (check_variants): a sliding window's (left, right) edges around each row's bottom-right
+    # aligned diagonal (-1: unbounded; with causal the right edge is the causal one, stored -1), a logit softcap
+    # (0: none), and whether a sink logit per query head joins every row's softmax denominator.
+    window: tuple[int, int] | None = None
+    softcap: float = 0.0
+    sinks: bool = False
 
     def __post_init__(self):
         if not self.Dv:
             object.__setattr__(self, "Dv", self.D)
+
+    @property
+    def variant(self) -> bool:
+        """Whether the call asks for a window, a softcap or sinks."""
+        return self.window is not None or self.softcap > 0 or self.sinks
 
     @property
     def group(self) -> int:
@@ -60,21 +71,28 @@ class Case:
 
     @classmethod
     def contiguous(cls, B, Hq, Hkv, Sq, Sk, D, dtype="bf16", causal=False, scale=None, mask=None,
-                   Dv=None, v_in_k=False) -> Case:
+                   Dv=None, v_in_k=False, window=None, softcap=None, sinks=False) -> Case:
         """A case with contiguous (B, H, S, D) inputs; for planning and explaining without tensors. ``v_in_k``: v
-        is k's first Dv columns (k's strides)."""
+        is k's first Dv columns (k's strides); ``sinks``: whether sinks are given."""
         Dv = D if Dv is None else Dv
         k_strides = (Hkv * Sk * D, Sk * D, D, 1)
         check_lengths(B, Hq, Hkv, Sq, Sk, D, Dv, v_in_k)
+        window, softcap = check_window(window, causal), check_softcap(softcap)
         return cls(B, Hq, Hkv, Sq, Sk, D, dtype, causal, D**-0.5 if scale is None else check_scale(scale), mask,
                    (Hq * Sq * D, Sq * D, D, 1), k_strides, k_strides if v_in_k else (Hkv * Sk * Dv, Sk * Dv, Dv, 1),
-                   Dv=Dv, v_in_k=bool(v_in_k))
+                   Dv=Dv, v_in_k=bool(v_in_k), window=window, softcap=softcap, sinks=bool(sinks))
 
     def __str__(self) -> str:
         g = f" (GQA x{self.group})" if self.group > 1 else ""
         extra = " causal" if self.causal else ""
         if self.mask is not None:
             extra += f" {self.mask.kind}-mask{list(self.mask.shape)}"
+        if self.window is not None:
+            extra += f" window{self.window}"
+        if self.softcap:
+            extra += f" softcap {self.softcap:g}"
+        if self.sinks:
+            extra += " sinks"
         d = f"D{self.D}" if self.Dv == self.D else f"Dqk{self.D} Dv{self.Dv}{' (v in k)' if self.v_in_k else ''}"
         return f"B{self.B} Hq{self.Hq} Hkv{self.Hkv}{g} Sq{self.Sq} Sk{self.Sk} {d} {self.dtype}{extra}"
 
@@ -93,8 +111,10 @@ def _shape(t) -> str:
     return f"({', '.join(str(s) for s in t.shape)})"
 
 
-def check_tensors(q, k, v, attn_mask=None, causal=False, scale=None, require_cuda=True) -> Case:
-    """Validate q, k, v (torch tensors) and the options; return the :class:`Case`.
+def check_tensors(q, k, v, attn_mask=None, causal=False, scale=None, require_cuda=True, *, window=None,
+                  softcap=None, sinks=None) -> Case:
+    """Validate q, k, v (torch tensors), the options and the attention variants (:func:`check_variants`); return
+    the :class:`Case`.
 
     Raises ``TypeError`` for wrong types or dtypes and ``ValueError`` for wrong shapes, head counts, masks,
     strides or devices, each message naming the shapes involved. ``require_cuda=False`` skips the device checks
@@ -144,8 +164,10 @@ def check_tensors(q, k, v, attn_mask=None, causal=False, scale=None, require_cud
         v_in_k = v_is_in_k(k, v)
     except RuntimeError:  # fake/meta tensors while tracing (torch.compile): no addresses yet
         addr, v_in_k = 0, False
+    window, softcap = check_variants(window, softcap, sinks, causal, q)
     case = Case(B, Hq, Hkv, Sq, Sk, D, _DTYPES[q.dtype], causal, float(scale), mask,
-                tuple(q.stride()), tuple(k.stride()), tuple(v.stride()), address_alignment(addr), Dv, v_in_k)
+                tuple(q.stride()), tuple(k.stride()), tuple(v.stride()), address_alignment(addr), Dv, v_in_k,
+                window, softcap, sinks is not None)
     if require_cuda:
         devices = {t.device for t in (q, k, v)} | ({attn_mask.device} if attn_mask is not None else set())
         if any(d.type != "cuda" for d in devices):
@@ -189,6 +211,58 @@ def mask_alignment(attn_mask) -> int:
         return min(16, address_alignment(attn_mask.data_ptr()))
     except RuntimeError:  # fake/meta tensors while tracing: no address yet
         return 16
+
+
+def check_window(window, causal: bool = False) -> tuple[int, int] | None:
+    """A sliding window as FlashAttention's ``window_size``: ``(left, right)`` ints >= -1 (-1: unbounded), keys
+    [i' - left, i' + right] visible to query i, i' = i + Sk - Sq its bottom-right aligned diagonal. With ``causal``
+    the right edge is the causal one (stored -1). None for no window, or one that bounds nothing."""
+    if window is None:
+        return None
+    if isinstance(window, (str, bytes)) or not hasattr(window, "__len__") or len(window) != 2:
+        raise TypeError(f"window must be a (left, right) pair of ints (-1: unbounded), got {window!r}")
+    left, right = window
+    for name, edge in (("left", left), ("right", right)):
+        if isinstance(edge, bool) or not isinstance(edge, numbers.Integral):
+            raise TypeError(f"window's {name} edge must be an int (-1: unbounded), got {edge!r}")
+        if edge < -1 or edge >= 2**31 - 1:
+            raise ValueError(f"window's {name} edge must be in [-1, 2**31 - 1) (-1: unbounded), got {edge}")
+    left, right = int(left), -1 if causal else int(right)
+    return None if left == -1 and right == -1 else (left, right)
+
+
+def check_softcap(softcap) -> float:
+    """A logit softcap (scores become ``softcap * tanh(score / softcap)``): a finite positive number, or None / 0
+    for none."""
+    if softcap is None:
+        return 0.0
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"softcap must be a positive number or None, got {softcap!r}")
+    softcap = float(softcap)
+    if softcap != 0 and not (0 < softcap < math.inf):
+        raise ValueError(f"softcap must be positive and finite (or None), got {softcap}")
+    return softcap
+
+
+def check_sinks(sinks, Hq: int, device) -> None:
+    """Attention sinks: a float32 tensor of Hq logits (one a query head), contiguous, on ``device``."""
+    if not isinstance(sinks, torch.Tensor):
+        raise TypeError(f"sinks must be a torch.Tensor of {Hq} float32 logits, got {type(sinks).__name__}")
+    if sinks.dtype != torch.float32:
+        raise TypeError(f"sinks must be float32 (one logit a query head), got {sinks.dtype}")
+    if tuple(sinks.shape) != (Hq,) or (Hq > 1 and sinks.stride(0) != 1):
+        raise ValueError(f"sinks must be a contiguous ({Hq},) tensor, one logit a query head; got shape "
+                         f"{tuple(sinks.shape)}, strides {tuple(sinks.stride())}")
+    if sinks.device != device:
+        raise ValueError(f"sinks must be on q's device {device}, got {sinks.device}")
+
+
+def check_variants(window, softcap, sinks, causal: bool, q) -> tuple[tuple[int, int] | None, float]:
+    """The attention variants of a call on q (B, Hq, Sq, D): (window, softcap) as :class:`Case` holds them; sinks
+    checked (:func:`check_sinks`)."""
+    if sinks is not None:
+        check_sinks(sinks, q.shape[1], q.device)
+    return check_window(window, causal), check_softcap(softcap)
 
 
 def check_causal(causal) -> bool:

@@ -8,7 +8,7 @@
 #define ATTN_LT_H
 #include <stdint.h>
 
-#define ATTN_LT_ABI_VERSION 15
+#define ATTN_LT_ABI_VERSION 16
 
 #ifdef __cplusplus
 extern "C" {
@@ -29,7 +29,9 @@ enum attn_lt_status {
     ATTN_LT_ERR_SCALE = 10010,      /* scale not positive */
     ATTN_LT_ERR_TENSOR_MAP = 10011, /* the driver refused a TMA tensor map for this layout */
     ATTN_LT_ERR_LATENT = 10012,     /* MLA decode (head dims 576/512): not one query a head, or v not k's memory */
-    ATTN_LT_ERR_BATCH = 10013       /* a serving batch's metadata pointers, capacities or block size */
+    ATTN_LT_ERR_BATCH = 10013,      /* a serving batch's metadata pointers, capacities or block size */
+    ATTN_LT_ERR_WINDOW = 10014      /* a window edge below -1, a softcap that is negative or not finite, or an
+                                       attention variant (window, softcap, sinks) the kernel does not run */
 };
 
 enum attn_lt_dtype { ATTN_LT_NONE = 0, ATTN_LT_F16 = 1, ATTN_LT_BF16 = 2, ATTN_LT_F32 = 3, ATTN_LT_BOOL = 4 };
@@ -125,6 +127,14 @@ typedef struct attn_lt_flash_args {
                            (attn_lt_flash_sm90_fwd: MLA decode and the decode variant only) */
     int32_t Dv;         /* v's and o's head dim; 0: D (attn_lt_flash_fwd: D only; attn_lt_flash_sm90_fwd: also 128
                            with D = 192, and 512 with D = 576, without a mask) */
+    /* The attention variants (attn_lt_flash_fwd, the sm90 prefill kernel and the batch kernels; not MLA decode or
+     * the sm90 decode variant): */
+    const float* sinks;   /* FP32 (Hq,), or null: one logit per query head that joins every row's softmax
+                             denominator (softmax over [scores, sink], the sink's column dropped; the LSE includes it) */
+    float softcap;        /* > 0: each scaled score s becomes softcap * tanh(s / softcap), before masks; 0: none */
+    int32_t window_left;  /* >= 0: query i (bottom-right aligned: position i + Sk - Sq) sees no key before
+                             i + Sk - Sq - window_left; -1: unbounded */
+    int32_t window_right; /* >= 0: nor a key after i + Sk - Sq + window_right; -1: unbounded (causal: 0) */
 } attn_lt_flash_args;
 
 enum attn_lt_flash_sm90_variant {

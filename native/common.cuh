@@ -154,17 +154,74 @@ inline cudaError_t opt_in_smem(const void* kernel, size_t bytes) {
 // (b, query head) of (B, Hq)), and a request's part count follows from its keys.
 #include "batch.cuh"
 
-// Where a merged row goes: the output row, its LSE (or null), and how many parts it has (0: zeros and LSE -inf);
-// out null: no row to write.
+// Where a merged row goes: the output row, its LSE (or null), how many parts it has (0: zeros and LSE -inf), and the
+// row's attention sink (natural log; -inf: none) that joins the denominator; out null: no row to write.
 template <typename T>
 struct MergeTarget {
     T* out;
     float* lse;
     int parts;
+    float sink;
 };
+__device__ __forceinline__ float sink_of(const attn_lt_flash_args& a, int64_t head) {
+    return a.sinks != nullptr ? a.sinks[head] : -INFINITY;
+}
 
 __host__ __device__ __forceinline__ const attn_lt_flash_args& flash_of(const attn_lt_flash_args& a) { return a; }
 __host__ __device__ __forceinline__ const attn_lt_flash_args& flash_of(const attn_lt_batch_args& a) { return a.f; }
+
+// ---- the attention variants (attn_lt_flash_args: window, softcap, sinks) -------------------------------------------
+
+// The window's edges as the kernels apply them, relative to a row's bottom-right aligned diagonal (key i + Sk - Sq
+// for query i): keys in [diag - left, diag + right] are visible; -1: unbounded. Causal is the right edge 0. Edges
+// are capped at 2^30 (lengths stay below it: such a window holds every key), so that diag -/+ edge stays in int.
+struct Window {
+    int left, right;
+};
+__host__ __device__ __forceinline__ Window window_of(const attn_lt_flash_args& a) {
+    constexpr int kCap = 1 << 30;
+    return {a.window_left < kCap ? a.window_left : kCap, a.causal ? 0 : a.window_right < kCap ? a.window_right : kCap};
+}
+// Whether the launch arguments' variant fields are ones a kernel can take (edges >= -1, softcap >= 0 and finite).
+__host__ __forceinline__ bool variant_ok(const attn_lt_flash_args& a) {
+    return a.window_left >= -1 && a.window_right >= -1 && a.softcap >= 0.f && a.softcap < INFINITY &&
+           reinterpret_cast<uintptr_t>(a.sinks) % 4 == 0;
+}
+// Whether any variant is asked for (the kernels that run none refuse these arguments).
+__host__ __forceinline__ bool has_variant(const attn_lt_flash_args& a) {
+    return a.window_left >= 0 || (!a.causal && a.window_right >= 0) || a.softcap > 0.f || a.sinks != nullptr;
+}
+// A row's key tiles [lo, hi) of `tile` keys under the window, for a block of query rows [p_first, p_last] (bottom-right
+// aligned by shift = Sk - Sq) and n_tiles key tiles: hi from the last row's right edge, lo from the first row's left
+// edge (lo <= hi).
+__host__ __device__ __forceinline__ void window_tiles(Window w, int p_first, int p_last, int shift, int tile,
+                                                      int& lo, int& hi) {
+    if (w.right >= 0) {
+        const int last = p_last + shift + w.right;
+        hi = last < 0 ? 0 : min(hi, last / tile + 1);
+    }
+    lo = 0;
+    if (w.left >= 0) {
+        const int first = p_first + shift - w.left;
+        lo = first <= 0 ? 0 : min(hi, first / tile);
+    }
+}
+
+__device__ __forceinline__ float tanh_approx(float x) {
+    float y;
+    asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// A row's softmax finished with an attention sink: (1 / the denominator as it multiplies O, the LSE in natural log)
+// from the running max m and sum l in the exp2 domain and the sink s2 (exp2 domain; -inf: none). No visible key:
+// O 0 and the LSE the sink's (-inf without one).
+__device__ __forceinline__ float2 finish_row(float m, float l, float s2) {
+    if (s2 == -INFINITY) return l > 0.f ? make_float2(1.f / l, (m + log2f(l)) * kLn2) : make_float2(0.f, -INFINITY);
+    if (!(l > 0.f)) return make_float2(0.f, s2 * kLn2);
+    const float top = fmaxf(m, s2), a = ex2(m - top), t = fmaf(l, a, ex2(s2 - top));
+    return make_float2(a / t, (top + log2f(t)) * kLn2);
+}
 
 // The parts a dense call's keys run in: the plan's `splits` (which sized the grid and the partials' workspace for
 // long keys) cut to what Sk keys fill at kMinSplitTiles tiles of 64 keys a part, at least one. The key length is
@@ -184,7 +241,8 @@ __host__ __device__ __forceinline__ int64_t merge_rows(const attn_lt_batch_args&
 template <typename T>
 __device__ __forceinline__ MergeTarget<T> merge_target(const attn_lt_flash_args& a, int64_t row) {
     const int64_t pos = row % a.Sq, bh = row / a.Sq, h = bh % a.Hq, b = bh / a.Hq;
-    return {static_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh + pos * a.o_ss, a.lse ? a.lse + row : nullptr, a.splits};
+    return {static_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh + pos * a.o_ss, a.lse ? a.lse + row : nullptr, a.splits,
+            sink_of(a, h)};
 }
 // A batch row: decode-block row rr of kv head hk of request b (query row rr / g of head hk * g + rr % g), written
 // only for requests the decode blocks ran (at most 16 rows a kv head), with ceil(keys / split_keys) parts.
@@ -194,10 +252,11 @@ __device__ __forceinline__ MergeTarget<T> merge_target(const attn_lt_batch_args&
     const int rr = static_cast<int>(row % kBatchSmallRows);
     const int64_t bk = row / kBatchSmallRows, hk = bk % a.f.Hkv, b = bk / a.f.Hkv;
     const BatchRequest r = batch_request(a, static_cast<int>(b), false);
-    if (r.nq * g > kBatchSmallRows || rr >= r.nq * g) return {nullptr, nullptr, 0};
+    if (r.nq * g > kBatchSmallRows || rr >= r.nq * g) return {nullptr, nullptr, 0, -INFINITY};
     const int64_t head = hk * g + rr % g, q = r.q0 + rr / g;
     return {static_cast<T*>(a.f.o) + q * a.f.o_ss + head * a.f.o_sh,
-            a.f.lse ? a.f.lse + head * a.total_q + q : nullptr, static_cast<int>(batch_parts(r.nk, a.split_keys))};
+            a.f.lse ? a.f.lse + head * a.total_q + q : nullptr, static_cast<int>(batch_parts(r.nk, a.split_keys)),
+            sink_of(a.f, head)};
 }
 // The MLA decode of a paged batch (native/flash_sm90.cu, at most one query row a request): rows are (b, query head)
 // of (B, Hq); a request of one part wrote its output itself, one without a row has none (no row to merge).
@@ -212,9 +271,9 @@ __device__ __forceinline__ MergeTarget<T> merge_target(const MlaBatch& m, int64_
     const int64_t h = row % a.f.Hq, b = row / a.f.Hq;
     const BatchRequest r = batch_request(a, static_cast<int>(b), false);
     const int parts = static_cast<int>(batch_parts(r.nk, a.split_keys));
-    if (parts <= 1 || r.nq == 0) return {nullptr, nullptr, 0};
+    if (parts <= 1 || r.nq == 0) return {nullptr, nullptr, 0, -INFINITY};
     return {static_cast<T*>(a.f.o) + r.q0 * a.f.o_ss + h * a.f.o_sh, a.f.lse ? a.f.lse + h * a.total_q + r.q0 : nullptr,
-            parts};
+            parts, -INFINITY};
 }
 __device__ __forceinline__ float merged_lse(float mx, float wsum) {
     return wsum > 0.f ? mx + logf(wsum) : -INFINITY;
@@ -247,7 +306,7 @@ __global__ void __launch_bounds__(128) merge_partials(const A args) {
     for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     if (lane == 0) s_part[warp] = mx;
     __syncthreads();
-    mx = fmaxf(fmaxf(s_part[0], s_part[1]), fmaxf(s_part[2], s_part[3]));
+    mx = fmaxf(fmaxf(fmaxf(s_part[0], s_part[1]), fmaxf(s_part[2], s_part[3])), target.sink);
     __syncthreads();  // s_part is reused for the weights' sums
     float acc[kPer] = {};
     float wsum = 0.f;
@@ -296,6 +355,7 @@ __global__ void __launch_bounds__(128) merge_partials(const A args) {
 #pragma unroll
         for (int c = 0; c < kPer; ++c) acc[c] += s_acc[w][lane * kPer + c];
     wsum += s_part[1] + s_part[2] + s_part[3];
+    if (target.sink != -INFINITY) wsum += ex2((target.sink - mx) * kLog2e);  // the sink's column (no value)
     const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
     T* out = target.out + lane * kPer;
 #pragma unroll
@@ -329,11 +389,11 @@ __global__ void __launch_bounds__(D / 4) merge_partials_wide(const A args) {
         x[i] = i < n ? reinterpret_cast<const float4*>(a.o_part + (i * rows + row) * D)[threadIdx.x]
                      : make_float4(0.f, 0.f, 0.f, 0.f);
     }
-    float mx = -INFINITY;
+    float mx = target.sink;
 #pragma unroll
     for (int i = 0; i < N; ++i) mx = fmaxf(mx, l[i]);
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    float wsum = 0.f;
+    float wsum = target.sink == -INFINITY ? 0.f : ex2((target.sink - mx) * kLog2e);
     if (mx != -INFINITY) {
 #pragma unroll
         for (int i = 0; i < N; ++i) {

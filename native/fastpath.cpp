@@ -34,8 +34,9 @@ namespace {
 using Launch = int (*)(const attn_lt_flash_args*, void*);
 
 constexpr size_t kEntries = 8;       // families remembered (most recent first)
-constexpr Py_ssize_t kOptions = 8;  // causal, scale, backend, workspace_bytes, threshold, algo_policy,
-                                    // key_mass_window, out_layout (attention()'s arguments a plan depends on)
+constexpr Py_ssize_t kOptions = 10;  // causal, scale, backend, workspace_bytes, threshold, algo_policy,
+                                     // key_mass_window, out_layout, window, softcap (attention()'s arguments a
+                                     // plan depends on)
 
 // The call's tensors as the family sees them (what api.call_signature's family holds, with no mask and out=None).
 struct Family {
@@ -94,6 +95,7 @@ struct Entry {
     PyObject* options = nullptr;  // a tuple of kOptions objects (owned)
     PyObject* settings = nullptr; // the settings it was remembered under, a tuple (owned)
     int64_t sk_lo = 1, sk_hi = 0;
+    bool sinks = false;  // the calls pass attention sinks (FP32 (Hq,) on q's device, read per call)
     LaunchSpec spec;
 };
 
@@ -135,10 +137,18 @@ void clear_entries() {
     for (auto& e : old) drop(e);
 }
 
-// An object the fast path compares: None, or exactly bool, int, float, str or bytes (the options attention()'s
-// plans are keyed on). Their == runs no Python code (and never releases the GIL);
-// anything else (an array, a tensor, a subclass) is left to the Python path, which keys plans by hash and ==.
+// An object the fast path compares: None, or exactly bool, int, float, str or bytes, or a tuple of those (a
+// window) (the options attention()'s plans are keyed on). Their == runs no Python code (and never releases the
+// GIL); anything else (a list, an array, a tensor, a subclass) is left to the Python path, which keys plans by
+// hash and ==.
 bool simple(PyObject* o) {
+    if (PyTuple_CheckExact(o)) {
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(o); ++i) {
+            PyObject* x = PyTuple_GET_ITEM(o, i);
+            if (PyTuple_Check(x) || !simple(x)) return false;
+        }
+        return true;
+    }
     return o == Py_None || PyBool_Check(o) || PyLong_CheckExact(o) || PyFloat_CheckExact(o) ||
            PyUnicode_CheckExact(o) || PyBytes_CheckExact(o);
 }
@@ -148,7 +158,7 @@ bool simple(PyObject* o) {
 bool same(PyObject* a, PyObject* b) {
     if (a == b) return true;
     if (!simple(a) || !simple(b)) return false;
-    const int r = PyObject_RichCompareBool(a, b, Py_EQ);
+    const int r = PyObject_RichCompareBool(a, b, Py_EQ);  // (tuples of simple objects: element by element)
     if (r < 0) PyErr_Clear();
     return r == 1;
 }
@@ -236,7 +246,7 @@ enum class Outcome { kDone, kDeclined, kFailed };
 // Launch `s` for q, k, v (whose family the caller matched): the new output in *out, or kDeclined (grad; another
 // device or stream; a graph capture; the allocation failed) or kFailed (the launcher refused).
 Outcome launch(const LaunchSpec& s, uint64_t gen, int device, const at::Tensor& q, const at::Tensor& k,
-               const at::Tensor& v, PyObject** out) {
+               const at::Tensor& v, const float* sinks, PyObject** out) {
     if (c10::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad()))
         return Outcome::kDeclined;  // the Python path raises NotImplementedError
     if (device >= 0) {
@@ -260,6 +270,7 @@ Outcome launch(const LaunchSpec& s, uint64_t gen, int device, const at::Tensor& 
     args.o = o.data_ptr();
     args.lse = reinterpret_cast<float*>(s.lse);
     args.mask = nullptr;
+    args.sinks = sinks;
     args.o_part = reinterpret_cast<float*>(s.workspace);
     args.lse_part = reinterpret_cast<float*>(s.workspace + s.lse_part_offset);
     args.Sk = k.size(2);
@@ -292,62 +303,84 @@ PyObject* configure(PyObject*, PyObject* const* args, Py_ssize_t n) {
 // addresses, and take nothing if a clear() came in between.
 PyObject* current_generation(PyObject*, PyObject*) { return PyLong_FromUnsignedLongLong(generation); }
 
-// remember(q, k, v, options, settings, sk_lo, sk_hi, generation, <launch>): run attention()'s later calls of this family
-// (q, k, v's), options and settings with this launch (see parse_spec) while the key length stays within [sk_lo,
-// sk_hi] and the launcher accepts the K/V strides. Replaces the entry of the same family and options. Takes
-// nothing (returns None) for tensors `call` would not take, options that are not simple, or another generation.
+// The sinks of a call (None, or FP32 (Hq,) contiguous on q's device, as api.check_sinks takes them): their address
+// in *out (null for None); false for anything else.
+bool sinks_of(PyObject* o, const at::Tensor& q, const float** out) {
+    *out = nullptr;
+    if (o == Py_None) return true;
+    if (!tensor_arg(o)) return false;
+    const at::Tensor& s = THPVariable_Unpack(o);
+    if (!s.defined() || s.layout() != at::kStrided || s.is_nested() || !s.has_storage() || s.is_meta() ||
+        s.dim() != 1 || s.scalar_type() != at::kFloat || s.size(0) != q.size(1) || (s.size(0) > 1 && s.stride(0) != 1) ||
+        s.device() != q.device())
+        return false;
+    *out = static_cast<const float*>(s.data_ptr());
+    return true;
+}
+
+// remember(q, k, v, sinks, options, settings, sk_lo, sk_hi, generation, <launch>): run attention()'s later calls of
+// this family (q, k, v's), options and settings, with sinks or without as here, with this launch (see parse_spec)
+// while the key length stays within [sk_lo, sk_hi] and the launcher accepts the K/V strides. Replaces the entry of
+// the same family and options. Takes nothing (returns None) for tensors `call` would not take, options that are not
+// simple, or another generation.
 PyObject* remember(PyObject*, PyObject* const* a, Py_ssize_t n) {
-    if (n != 15 || !PyTuple_Check(a[3]) || PyTuple_GET_SIZE(a[3]) != kOptions || !PyTuple_Check(a[4])) {
-        PyErr_Format(PyExc_TypeError, "remember(q, k, v, options: tuple of %zd, settings: tuple, sk_lo, sk_hi, "
+    if (n != 16 || !PyTuple_Check(a[4]) || PyTuple_GET_SIZE(a[4]) != kOptions || !PyTuple_Check(a[5])) {
+        PyErr_Format(PyExc_TypeError, "remember(q, k, v, sinks, options: tuple of %zd, settings: tuple, sk_lo, sk_hi, "
                      "generation, <launch>)", kOptions);
         return nullptr;
     }
     const at::Tensor* t[3];
-    if (!unpack(a, t) || PyLong_AsUnsignedLongLong(a[7]) != generation) {
+    const float* sinks = nullptr;
+    if (!unpack(a, t) || !sinks_of(a[3], *t[0], &sinks) || PyLong_AsUnsignedLongLong(a[8]) != generation) {
         if (PyErr_Occurred()) PyErr_Clear();
         Py_RETURN_NONE;
     }
     for (Py_ssize_t j = 0; j < kOptions; ++j)
-        if (!simple(PyTuple_GET_ITEM(a[3], j))) Py_RETURN_NONE;
+        if (!simple(PyTuple_GET_ITEM(a[4], j))) Py_RETURN_NONE;
     Entry e;
     e.family = family_of(*t[0], *t[1], *t[2]);
-    e.sk_lo = PyLong_AsLongLong(a[5]);
-    const double hi = PyFloat_AsDouble(a[6]);  // math.inf for no upper bound
+    e.sinks = sinks != nullptr;
+    e.sk_lo = PyLong_AsLongLong(a[6]);
+    const double hi = PyFloat_AsDouble(a[7]);  // math.inf for no upper bound
     e.sk_hi = hi >= 9.2e18 ? INT64_MAX : int64_t(hi);
-    if (PyErr_Occurred() || !parse_spec(a + 8, e.spec)) return nullptr;
+    if (PyErr_Occurred() || !parse_spec(a + 9, e.spec)) return nullptr;
     for (size_t i = 0; i < entries.size(); ++i) {
         Entry& old = entries[i];
-        if (old.family == e.family && same_items(old.options, a[3]) && same_items(old.settings, a[4])) {
+        if (old.family == e.family && old.sinks == e.sinks && same_items(old.options, a[4]) &&
+            same_items(old.settings, a[5])) {
             erase_entry(i);
             break;
         }
     }
     if (entries.size() == kEntries) erase_entry(kEntries - 1);
-    Py_INCREF(a[3]);
     Py_INCREF(a[4]);
-    e.options = a[3];
-    e.settings = a[4];
+    Py_INCREF(a[5]);
+    e.options = a[4];
+    e.settings = a[5];
     entries.insert(entries.begin(), e);
     Py_RETURN_NONE;
 }
 
 // call(q, k, v, attn_mask, causal, scale, backend, return_lse, out, workspace_bytes, threshold, algo_policy,
-//      return_key_mass, key_mass_window, out_layout): attention()'s arguments; the output of a remembered plan's
-// launch, or None (not a remembered family, options or settings; a mask, out=, the LSE or the key mass asked
-// for; grad; another stream or device; a graph capture; a failed allocation or launch).
+//      return_key_mass, key_mass_window, out_layout, window, softcap, sinks): attention()'s arguments; the output of
+// a remembered plan's launch, or None (not a remembered family, options or settings; a mask, out=, the LSE or the
+// key mass asked for; sinks that are not FP32 (Hq,) on q's device; grad; another stream or device; a graph capture;
+// a failed allocation or launch).
 PyObject* call(PyObject*, PyObject* const* a, Py_ssize_t n) {
     const at::Tensor* t[3];
-    if (n != 15 || entries.empty() || a[3] != Py_None || a[8] != Py_None || !(a[7] == Py_False) ||
+    if (n != 18 || entries.empty() || a[3] != Py_None || a[8] != Py_None || !(a[7] == Py_False) ||
         !(a[12] == Py_False) || !unpack(a, t))
         Py_RETURN_NONE;
     const at::Tensor &q = *t[0], &k = *t[1], &v = *t[2];
+    const float* sinks = nullptr;
+    if (!sinks_of(a[17], q, &sinks)) Py_RETURN_NONE;
     const Family f = family_of(q, k, v);
     const int64_t Sk = k.size(2);
-    PyObject* const opts[kOptions] = {a[4], a[5], a[6], a[9], a[10], a[11], a[13], a[14]};
+    PyObject* const opts[kOptions] = {a[4], a[5], a[6], a[9], a[10], a[11], a[13], a[14], a[15], a[16]};
     const auto find = [&]() -> size_t {  // nothing in it runs Python code (see same)
         for (size_t i = 0; i < entries.size(); ++i) {
             const Entry& e = entries[i];
-            bool hit = e.family == f;
+            bool hit = e.family == f && e.sinks == (sinks != nullptr);
             for (Py_ssize_t j = 0; j < kOptions && hit; ++j) hit = same(PyTuple_GET_ITEM(e.options, j), opts[j]);
             if (hit) return i;
         }
@@ -362,7 +395,7 @@ PyObject* call(PyObject*, PyObject* const* a, Py_ssize_t n) {
     const LaunchSpec spec = e.spec;
     const uint64_t gen = generation;
     PyObject* out = nullptr;
-    switch (launch(spec, gen, f.device, q, k, v, &out)) {
+    switch (launch(spec, gen, f.device, q, k, v, sinks, &out)) {
         case Outcome::kDone:
             return out;
         case Outcome::kFailed: {  // K/V strides the kernel cannot read, or an error: the Python path plans the call
@@ -420,7 +453,7 @@ PyObject* run(PyObject*, PyObject* const* a, Py_ssize_t n) {
         if (k.stride(i) != b->k_strides[i] || v.stride(i) != b->v_strides[i]) Py_RETURN_NONE;
     if (!(family_of(q, k, v) == b->family)) Py_RETURN_NONE;
     PyObject* out = nullptr;  // b lives through the call: the caller's argument holds its capsule
-    switch (launch(b->spec, generation, b->family.device, q, k, v, &out)) {
+    switch (launch(b->spec, generation, b->family.device, q, k, v, nullptr, &out)) {
         case Outcome::kDone:
             return out;
         case Outcome::kFailed:

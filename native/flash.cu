@@ -290,20 +290,22 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 
-    // This block's key tiles (causal: up to the last position of its last row), then this split's share of them.
-    int n_tiles = (Sk + kBlockN - 1) / kBlockN;
-    if (a.causal) {
-        const int last = (m0 + m_valid - 1) / g + shift;
-        n_tiles = last < 0 ? 0 : min(n_tiles, last / kBlockN + 1);
-    }
+    // This block's key tiles [t_lo, n_tiles) under the window (causal: the right edge 0), then this split's share.
+    const Window win = window_of(a);
+    const int p_first = m0 / g, p_last = (m0 + m_valid - 1) / g;
+    int n_tiles = (Sk + kBlockN - 1) / kBlockN, t_lo = 0;
+    window_tiles(win, p_first, p_last, shift, kBlockN, t_lo, n_tiles);
     // Serving batches split by a fixed part size (the part count follows the request's keys, the grid the capacity).
-    const int per_split = BT && gridDim.z > 1 ? split_tiles(args) : (n_tiles + gridDim.z - 1) / gridDim.z;
+    const bool fixed_parts = BT && gridDim.z > 1;
+    const int per_split = fixed_parts ? split_tiles(args) : (n_tiles - t_lo + gridDim.z - 1) / gridDim.z;
     // A serving batch's parts run last part first: the parts only long requests have are scheduled before the
     // parts every request has, so that the grid ends on many CTAs of similar length, not on a long request's tail.
-    const int part = BT && gridDim.z > 1 ? static_cast<int>(gridDim.z - 1 - blockIdx.z) : static_cast<int>(blockIdx.z);
-    const int t_begin = min(n_tiles, part * per_split);
-    const int t_end = min(n_tiles, t_begin + per_split);
-    if (BT && gridDim.z > 1 && t_begin >= n_tiles) return;  // a part past the request's keys (the merge reads none)
+    const int part = fixed_parts ? static_cast<int>(gridDim.z - 1 - blockIdx.z) : static_cast<int>(blockIdx.z);
+    const int start = fixed_parts ? part * per_split : min(n_tiles, t_lo + part * per_split);
+    if (fixed_parts && start >= n_tiles) return;  // a part past the request's keys (the merge reads none)
+    // (a fixed part before the window's first tile runs no tile: its partial is empty, which the merge weighs 0)
+    const int t_end = min(n_tiles, start + per_split);
+    const int t_begin = min(t_end, max(start, t_lo));
     // Paged caches: log2 of the block size; a block id out of range seen by any thread (the softmax then hides the
     // keys of such blocks).
     int log2_bs = 0;
@@ -405,6 +407,9 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
         l[t][0] = l[t][1] = 0.f;
     }
     const float sl2 = a.scale * kLog2e;
+    // softcap: the scaled score s becomes cap * tanh(s / cap), here straight into the exp2 domain
+    const bool capped = a.softcap > 0.f;
+    const float cap_in = capped ? a.scale / a.softcap : 0.f, cap_out = a.softcap * kLog2e;
     const bool warp_active = W || warp * MT * 16 < m_valid;
     const int wrow = W ? 0 : warp * MT * 16;  // this warp's first row in the block
     const int wkey = W ? warp * kNW : 0;      // and first key in a tile
@@ -487,9 +492,11 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
                 }
             }
         }
-        // Scale to the exp2 domain, add the user mask, mask the key tail and the causal triangle, online softmax.
+        // Scale to the exp2 domain (softcapped), add the user mask, mask the key tail and the window's edges (causal:
+        // the triangle), online softmax.
         const bool bad_blocks = BT && log2_bs > 0 && s_bad;  // (paged: some block id out of range)
-        const bool need_mask = n0 + kBlockN > Sk || (a.causal && n0 + kBlockN - 1 > m0 / g + shift) || bad_blocks;
+        const bool need_mask = n0 + kBlockN > Sk || (win.right >= 0 && n0 + kBlockN - 1 > p_first + shift + win.right) ||
+                               (win.left >= 0 && n0 < p_last + shift - win.left) || bad_blocks;
         unsigned pf[MT][kNW / 16][4];
 #pragma unroll
         for (int t = 0; t < MT; ++t) {
@@ -498,9 +505,11 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
             for (int j = 0; j < kNW / 8; ++j) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    float x = s[t][j][e] * sl2;
+                    float x = capped ? cap_out * tanh_approx(s[t][j][e] * cap_in) : s[t][j][e] * sl2;
                     const int key = n0 + wkey + j * 8 + (lane % 4) * 2 + (e & 1);
-                    if (need_mask && (key >= Sk || (a.causal && key > pos[t][e >> 1] + shift) ||
+                    const int diag = pos[t][e >> 1] + shift;
+                    if (need_mask && (key >= Sk || (win.right >= 0 && key > diag + win.right) ||
+                                      (win.left >= 0 && key < diag - win.left) ||
                                       (bad_blocks && key_block_bad(args, static_cast<int>(b), key, log2_bs))))
                         x = -INFINITY;
                     else if (has_mask) x += mk[t][j][e];
@@ -601,9 +610,10 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
             wt[w] = mw == -INFINITY ? 0.f : ex2(mw - mx);
             lsum += wt[w] * red_l[w * 16 + row];
         }
-        const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
-        const float lse = lsum > 0.f ? (mx + log2f(lsum)) * kLn2 : -INFINITY;
         const int64_t head = hk * g + rr % g, p = rr / g;
+        // the attention sink joins the denominator here, or (split) in the merge
+        const float2 fin = finish_row(mx, lsum, split ? -INFINITY : sink_of(a, head) * kLog2e);
+        const float inv = fin.x, lse = fin.y;
         // the partials' row, and the LSE's: (b, h, position) of (B, Hq, Sq), or for a serving batch
         // (b, kv head, block row) of (B, Hkv, 16) and (h, packed row) of (Hq, total_q)
         const int64_t orow = BT ? bk * kBatchSmallRows + rr : (b * a.Hq + head) * a.Sq + p;
@@ -641,9 +651,9 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
         for (int r = 0; r < 2; ++r) {
             const int rr = m0 + (warp * MT + t) * 16 + lane / 4 + r * 8;
             if (rr >= rows_all) continue;
-            const float inv = l[t][r] > 0.f ? 1.f / l[t][r] : 0.f;
-            const float lse = l[t][r] > 0.f ? (m[t][r] + log2f(l[t][r])) * kLn2 : -INFINITY;
             const int64_t head = hk * g + rr % g;
+            const float2 fin = finish_row(m[t][r], l[t][r], split ? -INFINITY : sink_of(a, head) * kLog2e);
+            const float inv = fin.x, lse = fin.y;
             // (b, h, position) in (B, Hq, Sq); a serving batch's LSE: (h, packed row) in (Hq, total_q)
             const int64_t row =
                 BT ? head * batch_total_q(args) + q_row0 + pos[t][r] : (b * a.Hq + head) * a.Sq + pos[t][r];
@@ -753,6 +763,7 @@ int launch_batch(const attn_lt_batch_args& a, cudaStream_t stream) {
 
 extern "C" int attn_lt_batch_fwd(const attn_lt_batch_args* a, void* stream) {
     if (a == nullptr || a->error == nullptr) return ATTN_LT_ERR_ARGS;
+    if (!variant_ok(a->f)) return ATTN_LT_ERR_WINDOW;
     if (a->f.D == 576) return attn_lt_flash_sm90_batch(a, stream);  // MLA decode: the Hopper kernel only
     const attn_lt_flash_args& f = a->f;
     if (f.B <= 0 || f.Hq <= 0 || f.Hkv <= 0 || f.Sq <= 0 || f.Sk <= 0 || a->total_q <= 0 || a->total_k < 0 ||
@@ -811,6 +822,7 @@ extern "C" int attn_lt_flash_fwd(const attn_lt_flash_args* a, void* stream) {
     if (a->Sq >= (1LL << 30) || a->Sk >= (1LL << 30) || a->Sq * (a->Hq / a->Hkv) >= (1LL << 30))
         return ATTN_LT_ERR_LENGTH;
     if (!(a->scale > 0.f)) return ATTN_LT_ERR_SCALE;
+    if (!variant_ok(*a)) return ATTN_LT_ERR_WINDOW;
     if (!aligned16(a->q) || !aligned16(a->k) || !aligned16(a->v) || !aligned16(a->o)) return ATTN_LT_ERR_ALIGNMENT;
     if ((a->q_ss | a->k_ss | a->v_ss | a->q_sb | a->q_sh | a->k_sb | a->k_sh | a->v_sb | a->v_sh) % 8 != 0 ||
         (a->o_ss | a->o_sb | a->o_sh) % 2 != 0)

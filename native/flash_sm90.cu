@@ -152,6 +152,11 @@ struct Params : BaseParams {
     int m_blocks;      // query blocks of 128 rows
     int head_group;    // 0: grid (query blocks, Hq, B); else grid (Hq * query blocks, 1, B), head_group heads side
                        // by side over the query blocks, group after group (a mask shared by the heads)
+    // The attention variants (set_variant): softcap on the raw scores (s -> cap_out * tanh(s * cap_in); cap_in 0:
+    // none), the window's edges (window_of) and the sinks (FP32 (Hq,), or null).
+    float cap_in, cap_out;
+    Window win;
+    const float* sinks;
 };
 
 // The prefill kernel's varlen mode (a serving batch, attn_lt_flash_sm90_batch): Params with Sq, Sk the capacities
@@ -201,17 +206,17 @@ __device__ __forceinline__ void online_softmax(float (&sacc)[N], float (&m)[2], 
     }
 }
 
-// Scores of keys at or past lim0 (row rw) and lim1 (row rw + 8) to -inf; k0: the key of this thread's first column
-// (the tile's first key + 2 (lane % 4)).
+// Scores of keys outside [lo0, lim0) (row rw) and [lo1, lim1) (row rw + 8) to -inf; k0: the key of this thread's
+// first column (the tile's first key + 2 (lane % 4)).
 template <int N>
-__device__ __forceinline__ void hide_keys(float (&sacc)[N], int k0, int lim0, int lim1) {
+__device__ __forceinline__ void hide_keys(float (&sacc)[N], int k0, int lo0, int lim0, int lo1, int lim1) {
 #pragma unroll
     for (int j = 0; j < N / 4; ++j)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
             const int key = k0 + 8 * j + e;
-            sacc[4 * j + e] = key < lim0 ? sacc[4 * j + e] : -INFINITY;
-            sacc[4 * j + 2 + e] = key < lim1 ? sacc[4 * j + 2 + e] : -INFINITY;
+            sacc[4 * j + e] = key >= lo0 && key < lim0 ? sacc[4 * j + e] : -INFINITY;
+            sacc[4 * j + 2 + e] = key >= lo1 && key < lim1 ? sacc[4 * j + 2 + e] : -INFINITY;
         }
 }
 
@@ -284,7 +289,8 @@ __device__ __forceinline__ void hide_pages(float (&sacc)[N], int c0, uint32_t ba
 template <int D, int BN, int kStages>
 __device__ __forceinline__ void paged_producer(const CUtensorMap* tmq, const CUtensorMap* tmk, const CUtensorMap* tmv,
                                                const attn_lt_batch_args& a, uint32_t sQ, uint32_t sK, uint32_t sV,
-                                               uint32_t bars, int q_row, int h, int hk, int Sk, int n_tiles) {
+                                               uint32_t bars, int q_row, int h, int hk, int Sk, int top,
+                                               int n_tiles) {
     using L = Layout<D, D, kNoMask>;
     const int lane = threadIdx.x, b = blockIdx.z;
     const int log2_bs = paged_log2_bs(a), bs = 1 << log2_bs;
@@ -294,12 +300,12 @@ __device__ __forceinline__ void paged_producer(const CUtensorMap* tmq, const CUt
     auto full_v = [&](int s) { return bars + 8u * (1 + kStages + s); };
     auto empty_k = [&](int s) { return bars + 8u * (1 + 2 * kStages + s); };
     auto empty_v = [&](int s) { return bars + 8u * (1 + 3 * kStages + s); };
-    // lane j's block of tile t (visited from the last one down): the table's id (as paged_block reads it; checked
+    // lane j's block of tile t (visited from tile top - 1 down, n_tiles of them): the table's id (as paged_block reads it; checked
     // against [0, num_blocks) only where it is used, so that the load stays in flight), 0 for a page past the keys
     auto lookup = [&](int t) {
         int id = 0;
         if (t < n_tiles && lane < pages) {
-            const int key = (n_tiles - 1 - t) * BN + (lane << log2_bs);
+            const int key = (top - 1 - t) * BN + (lane << log2_bs);
             if (key < Sk) id = __ldg(a.block_table + b * a.bt_stride + (key >> log2_bs));
         }
         return id;
@@ -330,7 +336,7 @@ __device__ __forceinline__ void paged_producer(const CUtensorMap* tmq, const CUt
     int s = 0;
     uint32_t ph = 0;
     for (int i = 0; i < n_tiles; ++i) {
-        const int r0 = ((n_tiles - 1 - i) * BN) & (bs - 1);
+        const int r0 = ((top - 1 - i) * BN) & (bs - 1);
         const int id = next;
         next = lookup(i + 1);  // in flight during this tile's waits and copies
         mbar_wait(empty_k(s), ph ^ 1);
@@ -416,11 +422,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int m0 = m_block * kBlockM;  // lengths are below 2^30 (checked on the host)
     const int m_valid = min(kBlockM, Sq - m0);
     const int shift = Sk - Sq;  // causal: key j visible to query i iff j <= i + shift
-    int n_tiles = (Sk + BN - 1) / BN;
-    if (p.causal) {
-        const int last = m0 + m_valid - 1 + shift;  // the last key the block's last valid row sees
-        n_tiles = last < 0 ? 0 : min(n_tiles, last / BN + 1);
-    }
+    // The block's key tiles [lo, top) under the window (causal: the right edge 0), visited from top - 1 down.
+    const Window win = p.win;
+    int top = (Sk + BN - 1) / BN, lo = 0;
+    window_tiles(win, m0, m0 + m_valid - 1, shift, BN, lo, top);
+    const int n_tiles = top - lo;
 
     if (threadIdx.x == 0) {
         mbar_init(full_q, 1);
@@ -441,7 +447,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if constexpr (kPaged) {
             if (threadIdx.x < 32 && n_tiles > 0)
                 paged_producer<D, BN, kStages>(&tmq, &tmk, &tmv, p.batch, sQ, sK, sV, bars, q0 + m0, h, hk, Sk,
-                                               n_tiles);
+                                               top, n_tiles);
         } else if (threadIdx.x == 0 && n_tiles > 0) {
             prefetch_map(&tmq);
             prefetch_map(&tmk);
@@ -456,7 +462,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             int s = 0;
             uint32_t ph = 0;
             for (int i = 0; i < n_tiles; ++i) {
-                const int n0 = (n_tiles - 1 - i) * BN;  // key tiles from the last one down
+                const int n0 = (top - 1 - i) * BN;  // key tiles from the last one down
                 mbar_wait(empty_k(s), ph ^ 1);          // the consumers released this stage's previous use
                 mbar_expect_tx(full_k(s), k_bytes);
                 tma_load_5d(sK + s * L::kKBytes, &tmk, full_k(s), 0, k0 + n0, 0, hk, bz);
@@ -522,11 +528,24 @@ __global__ void __launch_bounds__(kThreads, 1)
         auto release = [&](uint32_t bar) {
             if (lane == 0) mbar_arrive(bar);
         };
-        auto needs_mask = [&](int n0) { return n0 + BN > Sk || (p.causal && n0 + BN - 1 > m0 + shift); };
+        auto needs_mask = [&](int n0) {
+            return n0 + BN > Sk || (win.right >= 0 && n0 + BN - 1 > m0 + shift + win.right) ||
+                   (win.left >= 0 && n0 < m0 + m_valid - 1 + shift - win.left);
+        };
+        // keys [lo_r, lim_r) are visible to row r: the window's edges (causal: the diagonal) and the key tail
+        const int lim0 = win.right >= 0 ? min(Sk, row0 + shift + win.right + 1) : Sk;
+        const int lim1 = win.right >= 0 ? min(Sk, row1 + shift + win.right + 1) : Sk;
+        const int lo0 = win.left >= 0 ? row0 + shift - win.left : 0;
+        const int lo1 = win.left >= 0 ? row1 + shift - win.left : 0;
+        const bool capped = p.cap_in > 0.f;
         // Add the user mask of stage st (masked kernels: every tile, scores then in the exp2 domain), mask the key
         // tail and the causal diagonal when `edge`, update the running max and sum, leave P = exp2(S * sc - max)
         // in sacc; corr: the factors that rescale what O holds.
         auto softmax = [&](int n0, bool edge, int st, float(&corr)[2]) {
+            if (capped) {
+#pragma unroll
+                for (int i = 0; i < BN / 2; ++i) sacc[i] = p.cap_out * tanh_approx(sacc[i] * p.cap_in);
+            }
             if constexpr (kMasked) {
                 const unsigned char* ms = smem_m + st * L::kMaskStage;
 #pragma unroll
@@ -541,11 +560,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                     sacc[4 * j + 3] = fmaf(sacc[4 * j + 3], sl2, v1.y);
                 }
             }
-            if (edge) {  // keys below lim_r are visible to row r (the key tail, then the causal diagonal)
-                const int lim0 = p.causal ? min(Sk, row0 + shift + 1) : Sk;
-                const int lim1 = p.causal ? min(Sk, row1 + shift + 1) : Sk;
-                hide_keys(sacc, n0 + 2 * (lane % 4), lim0, lim1);
-            }
+            if (edge) hide_keys(sacc, n0 + 2 * (lane % 4), lo0, lim0, lo1, lim1);
             online_softmax(sacc, m_r, l_r, sc, corr);
         };
         // The softmax of the tile in stage st; its K tile (and mask tile) is released as soon as nothing reads it:
@@ -577,7 +592,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             if constexpr (!kOverlap) {
                 // Plain: QK^T, wait, softmax, PV, wait — one tile at a time.
                 for (int i = 0; i < n_tiles; ++i) {
-                    const int n0 = (n_tiles - 1 - i) * BN;
+                    const int n0 = (top - 1 - i) * BN;
                     mbar_wait(full_k(s), ph);
                     wgmma_fence();
                     issue_qk(s);
@@ -602,7 +617,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             } else {
                 // Overlapped: step i issues QK^T of tile i and PV of tile i - 1, then runs the softmax of tile i
                 // while PV is still in flight; O is rescaled once PV has landed.
-                int n0 = (n_tiles - 1) * BN;
+                int n0 = (top - 1) * BN;
                 mbar_wait(full_k(s), ph);
                 wgmma_fence();
                 issue_qk(s);
@@ -663,7 +678,10 @@ __global__ void __launch_bounds__(kThreads, 1)
             l_r[r] += __shfl_xor_sync(0xffffffffu, l_r[r], 1);
             l_r[r] += __shfl_xor_sync(0xffffffffu, l_r[r], 2);
         }
-        const float inv0 = l_r[0] > 0.f ? 1.f / l_r[0] : 0.f, inv1 = l_r[1] > 0.f ? 1.f / l_r[1] : 0.f;
+        // the attention sink (exp2 domain) joins each row's denominator
+        const float s2 = p.sinks != nullptr ? p.sinks[h] * kLog2e : -INFINITY;
+        const float2 fin0 = finish_row(m_r[0] * sc, l_r[0], s2), fin1 = finish_row(m_r[1] * sc, l_r[1], s2);
+        const float inv0 = fin0.x, inv1 = fin1.x;
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         const uint32_t o_wg = q_wg;
 #pragma unroll
@@ -690,8 +708,8 @@ __global__ void __launch_bounds__(kThreads, 1)
             float* lse = p.lse;
             if constexpr (kVarlen) lse += int64_t(h) * p.batch.total_q + q0;  // (Hq, total_q)
             else lse += (int64_t(b) * p.Hq + h) * p.Sq;
-            if (row0 < Sq) lse[row0] = l_r[0] > 0.f ? (m_r[0] * sc + log2f(l_r[0])) * kLn2 : -INFINITY;
-            if (row1 < Sq) lse[row1] = l_r[1] > 0.f ? (m_r[1] * sc + log2f(l_r[1])) * kLn2 : -INFINITY;
+            if (row0 < Sq) lse[row0] = fin0.y;
+            if (row1 < Sq) lse[row1] = fin1.y;
         }
     }
 #else
@@ -885,7 +903,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
                     for (int j = 0; j < kMlaKeys / 2; ++j) sacc[j] = -INFINITY;
                 } else if (tail) {  // the key tail (dense: TMA gave zeros past the last key)
-                    hide_keys(sacc, n0 + 2 * (lane % 4), Sk, Sk);
+                    hide_keys(sacc, n0 + 2 * (lane % 4), 0, Sk, 0, Sk);
                 }
                 if (kPaged && (bad || tail)) {  // the hidden keys' V rows to zeros: [first, 64) of slabs 0-7
                     const int first = bad ? 0 : Sk - n0;
@@ -1157,7 +1175,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 sacc[4 * j + 3] = fmaf(sacc[4 * j + 3], p.sl2, v1.y);
             }
         }
-        if (n0 + kGqKeys > edge) hide_keys(sacc, n0 + 2 * (lane % 4), lim0, lim1);
+        if (n0 + kGqKeys > edge) hide_keys(sacc, n0 + 2 * (lane % 4), 0, lim0, 0, lim1);
         float corr[2];
         online_softmax(sacc, m_r, l_r, sc, corr);
         to_a_fragments<T>(sacc, pf);
@@ -1304,6 +1322,14 @@ BaseParams base_params(const attn_lt_flash_args& a) {
     return p;
 }
 
+// The prefill kernel's attention variants from the arguments (Params::cap_in ... sinks).
+void set_variant(Params& p, const attn_lt_flash_args& a) {
+    p.cap_in = a.softcap > 0.f ? a.scale / a.softcap : 0.f;
+    p.cap_out = a.softcap / a.scale;
+    p.win = window_of(a);
+    p.sinks = a.sinks;
+}
+
 // The decode kernels' key parts: a.splits of them (1 when not split), each of tiles_per_part tiles of `keys`.
 PartParams part_params(const attn_lt_flash_args& a, int keys) {
     PartParams p{};
@@ -1321,6 +1347,7 @@ cudaError_t launch(const attn_lt_flash_args& a, cudaStream_t stream) {
     constexpr CUtensorMapDataType dt = tma_dtype<T>();
     Params p{};
     static_cast<BaseParams&>(p) = base_params(a);
+    set_variant(p, a);
     const int64_t m_blocks = (a.Sq + kBlockM - 1) / kBlockM;
     alignas(64) CUtensorMap mq, mk, mv, mm;
     if (!make_map(&mq, dt, a.q, a.B, a.Hq, a.Sq, D, a.q_sb, a.q_sh, a.q_ss, kBlockM) ||
@@ -1474,6 +1501,7 @@ cudaError_t launch_batch(const attn_lt_batch_args& ba, cudaStream_t stream) {
     const bool paged = ba.block_table != nullptr;
     BatchParams p{};
     static_cast<BaseParams&>(p) = base_params(a);
+    set_variant(p, a);
     p.batch = ba;
     const int64_t m_blocks = (a.Sq + kBlockM - 1) / kBlockM;
     p.m_blocks = static_cast<int>(m_blocks);
@@ -1583,6 +1611,7 @@ extern "C" int attn_lt_flash_sm90_fwd(const attn_lt_flash_args* a, void* stream)
     const bool decode = a->variant == ATTN_LT_FLASH_SM90_DECODE;
     if (a->variant != ATTN_LT_FLASH_SM90_DEFAULT && a->variant != ATTN_LT_FLASH_SM90_PLAIN && !decode)
         return ATTN_LT_ERR_VARIANT;
+    if (!variant_ok(*a) || (has_variant(*a) && (decode || a->D == 576))) return ATTN_LT_ERR_WINDOW;
     const int mk = mask_kind(*a);
     if (mk < 0) return ATTN_LT_ERR_MASK;
     if (mk != kNoMask && a->variant == ATTN_LT_FLASH_SM90_PLAIN) return ATTN_LT_ERR_VARIANT;
@@ -1659,6 +1688,7 @@ extern "C" int attn_lt_flash_sm90_batch(const attn_lt_batch_args* args, void* st
     if (a.Sq >= (1LL << 30) || a.Sk >= (1LL << 30) || args->total_q >= (1LL << 31) ||
         (!paged && args->total_k >= (1LL << 31)))
         return ATTN_LT_ERR_LENGTH;
+    if (!variant_ok(a) || (latent && has_variant(a))) return ATTN_LT_ERR_WINDOW;
     if (latent) {  // MLA decode: a paged latent cache, v = k[..., :512] (the same memory), one query row a request
         if (a.v != a.k || a.v_sb != a.k_sb || a.v_sh != a.k_sh || a.v_ss != a.k_ss) return ATTN_LT_ERR_LATENT;
         if (!paged || args->block_size < kMlaKeys || a.Sq != 1 || args->split_keys < 0 || args->split_keys % kMlaKeys)

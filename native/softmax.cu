@@ -959,6 +959,9 @@ const char* attn_lt_error_string(int err) {
                    "columns of k (the same memory and strides)";
         case ATTN_LT_ERR_BATCH:
             return "precondition failed: a serving batch's metadata pointers, capacities, block size or split size";
+        case ATTN_LT_ERR_WINDOW:
+            return "precondition failed: a window edge below -1, a softcap negative or not finite, or an attention "
+                   "variant (window, softcap, sinks) this kernel does not run";
         default: return cudaGetErrorString(static_cast<cudaError_t>(err));
     }
 }

@@ -17,10 +17,10 @@ from attn_lt import api, config, fastpath, native
 pytestmark = pytest.mark.skipif(fastpath.call is None, reason=f"fast path not built here: {fastpath.status()}")
 
 LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(native.FlashArgs), ctypes.c_void_p)
-OPTIONS = (False, None, "auto", None, None, None, None, "bshd")  # causal ... out_layout, as attention()'s defaults
+OPTIONS = (False, None, "auto", None, None, None, None, "bshd", None, None)  # causal ... softcap: attention()'s defaults
 CALL_DEFAULTS = dict(attn_mask=None, causal=False, scale=None, backend="auto", return_lse=False, out=None,
                      workspace_bytes=None, threshold=None, algo_policy=None, return_key_mass=False,
-                     key_mass_window=None, out_layout="bshd")
+                     key_mass_window=None, out_layout="bshd", window=None, softcap=None, sinks=None)
 
 
 class Recorder:
@@ -68,10 +68,10 @@ def fp():
     fastpath.clear()
     rec = Recorder()
 
-    def remember(q, k, v, options=OPTIONS, keys=(64, 4096), launcher=None, stream=0, settings=None):
+    def remember(q, k, v, options=OPTIONS, keys=(64, 4096), launcher=None, stream=0, settings=None, sinks=None):
         settings = (config.current(),) if settings is None else settings
         out_shape = (q.shape[0], q.shape[2], q.shape[1], v.shape[3])
-        fastpath.remember(q, k, v, options, settings, keys, fastpath.generation(), out_shape, bytes(template()),
+        fastpath.remember(q, k, v, sinks, options, settings, keys, fastpath.generation(), out_shape, bytes(template()),
                           launcher or rec.address, 4096, stream, 1 << 20, 2 << 20)
 
     yield types.SimpleNamespace(rec=rec, remember=remember)
@@ -82,7 +82,7 @@ def fast(q, k, v, **kw):
     a = dict(CALL_DEFAULTS, **kw)
     return fastpath.call(q, k, v, a["attn_mask"], a["causal"], a["scale"], a["backend"], a["return_lse"], a["out"],
                          a["workspace_bytes"], a["threshold"], a["algo_policy"], a["return_key_mass"],
-                         a["key_mass_window"], a["out_layout"])
+                         a["key_mass_window"], a["out_layout"], a["window"], a["softcap"], a["sinks"])
 
 
 def test_hit_launches_with_the_call_addresses_lengths_and_strides(fp):
@@ -231,7 +231,7 @@ def test_switch_and_bad_arguments(fp):
     assert fastpath.set_enabled(True) is True and fastpath.call is not None and fastpath.stats()["entries"] == 1
     assert fast(q.float().numpy(), k, v) is None and fast(q[0], k, v) is None
     with pytest.raises(TypeError):
-        fastpath.remember(q, k, v, OPTIONS[:3], (), (1, 2), 0, (1, 1, 1, 1), b"", 1, 0, 0, 0, 0)
+        fastpath.remember(q, k, v, None, OPTIONS[:3], (), (1, 2), 0, (1, 1, 1, 1), b"", 1, 0, 0, 0, 0)
     assert "on" in fastpath.status()
 
 
@@ -292,7 +292,7 @@ def test_odd_tensors_and_options_are_left_to_the_python_path(fp):
     fp.remember(q.as_subclass(Sub), k, v)  # after the Python path ran a subclass: nothing remembered, no error
     fp.remember(q, k, v, options=(False, torch.tensor(0.5)) + OPTIONS[2:])
     assert fastpath.stats()["entries"] == n
-    fp.remember(q, k, v, options=(False, None, "auto", None, None, None, None, "bshd"))  # equal: replaced
+    fp.remember(q, k, v, options=(False, None, "auto", None, None, None, None, "bshd", None, None))  # equal: replaced
     assert fastpath.stats()["entries"] == n
 
 
@@ -306,3 +306,25 @@ def test_a_stale_or_missing_build_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(fastpath, "extension_path", lambda: tmp_path / "_fastpath-none.so")
     ext, why = fastpath._load()
     assert ext is None and "not built" in why
+
+
+def test_variants_window_softcap_and_sinks(fp):
+    """A window (a tuple, matched by value), a softcap and sinks: a call runs on an entry remembered with the same
+    window and softcap, and with sinks exactly when the entry was; the sinks' address reaches the launcher; sinks that
+    are not FP32 (Hq,) on q's device are declined."""
+    q, k, v = qkv()
+    sinks = torch.randn(8)
+    fp.remember(q, k, v, options=OPTIONS[:8] + ((128, 0), 30.0), sinks=sinks)
+    assert fast(q, k, v, window=(128, 0), softcap=30.0, sinks=torch.randn(8)) is not None
+    assert fp.rec.calls[-1][0].sinks is not None
+    assert fast(q, k, v, window=(int("128"), 0), softcap=30.0, sinks=sinks) is not None  # equal by value
+    for kw in (dict(window=(128, 0), softcap=30.0), dict(window=(64, 0), softcap=30.0, sinks=sinks),
+               dict(window=[128, 0], softcap=30.0, sinks=sinks), dict(window=(128, 0), sinks=sinks),
+               dict(window=(128, 0), softcap=30.0, sinks=torch.randn(8, dtype=torch.float64)),
+               dict(window=(128, 0), softcap=30.0, sinks=torch.randn(4)),
+               dict(window=(128, 0), softcap=30.0, sinks=torch.randn(8, 2)[:, 0])):
+        assert fast(q, k, v, **kw) is None, kw
+    fastpath.clear()
+    fp.remember(q, k, v)
+    assert fast(q, k, v, sinks=sinks) is None  # remembered without sinks
+    assert fast(q, k, v) is not None and fp.rec.calls[-1][0].sinks is None
