@@ -225,8 +225,6 @@ class AttentionPlan:
         if (sinks is not None) != self.case.sinks:
             raise ValueError(f"this plan was made {'with' if self.case.sinks else 'without'} sinks; pass them "
                              f"{'to every run' if self.case.sinks else 'to plan() first'}")
-        if sinks is not None:
-            check_sinks(sinks, self.case.Hq, self.device)
         # the fast path takes plain calls: no mask, output, LSE, workspace or sinks of the caller's
         plain = (fastpath.run is not None and attn_mask is None and out is None and not return_lse and workspace is None
                  and sinks is None)
@@ -245,6 +243,8 @@ class AttentionPlan:
                              f"{tuple(q.stride())}, k {tuple(k.shape)} {tuple(k.stride())}, v {tuple(v.shape)} "
                              f"{tuple(v.stride())}{mask} (shapes, strides, dtypes, device and alignment must match "
                              "the plan's)")
+        if sinks is not None:
+            check_sinks(sinks, self.case.Hq, self.device)
         res = self._execute(q, k, v, attn_mask, out, return_lse, workspace, sig, sinks=sinks)
         if plain:
             launch = self._fast_launch()
@@ -600,7 +600,7 @@ def _keep(key, p: AttentionPlan) -> None:
         del _plans[min(_plans, key=lambda k: _plans[k]._used)]
 
 
-def _attention_cupy(q, k, v, *, out=None, return_lse=False, attn_mask=None, **kw):
+def _attention_cupy(q, k, v, *, out=None, return_lse=False, attn_mask=None, sinks=None, **kw):
     import cupy
 
     def to_t(x):
@@ -608,7 +608,7 @@ def _attention_cupy(q, k, v, *, out=None, return_lse=False, attn_mask=None, **kw
 
     with _cupy_stream():
         res = attention(to_t(q), to_t(k), to_t(v), attn_mask=to_t(attn_mask), out=to_t(out),
-                        return_lse=return_lse, **kw)
+                        return_lse=return_lse, sinks=to_t(sinks), **kw)
     return tuple(cupy.from_dlpack(r) for r in res) if isinstance(res, tuple) else cupy.from_dlpack(res)
 
 

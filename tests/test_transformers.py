@@ -57,10 +57,12 @@ def mode(request, monkeypatch):
     calls = Calls()
     real = attn_lt.attention
 
-    def ref_attention(q, k, v, *, attn_mask=None, causal=False, scale=None, out_layout="bhsd", **options):
-        check_tensors(q, k, v, attn_mask, causal, scale, require_cuda=False)  # attn_lt's own argument rules
-        calls.record(q, k, v, attn_mask, causal, scale, options)
-        out = reference(q, k, v, attn_mask, causal, scale)[0].to(q.dtype)
+    def ref_attention(q, k, v, *, attn_mask=None, causal=False, scale=None, out_layout="bhsd", window=None,
+                      softcap=None, sinks=None, **options):
+        variants = dict(window=window, softcap=softcap, sinks=sinks)
+        check_tensors(q, k, v, attn_mask, causal, scale, require_cuda=False, **variants)  # attn_lt's argument rules
+        calls.record(q, k, v, attn_mask, causal, scale, dict(options, **variants))
+        out = reference(q, k, v, attn_mask, causal, scale, **variants)[0].to(q.dtype)
         return out.transpose(1, 2).contiguous() if out_layout == "bshd" else out
 
     def gpu_attention(q, k, v, *, attn_mask=None, causal=False, scale=None, out_layout="bhsd", **options):
@@ -177,16 +179,13 @@ def _qkv(B=1, Hq=4, Hkv=2, Sq=8, Sk=8, D=128):
 @pytest.mark.parametrize("kwargs,match", [
     ({"dropout": 0.1}, "dropout"),
     ({"output_attentions": True}, "output_attentions"),
-    ({"softcap": 50.0}, "softcap"),
     ({"head_mask": torch.ones(4)}, "head mask"),
     ({"position_bias": torch.zeros(1, 4, 8, 8)}, "position bias"),
-    ({"s_aux": torch.zeros(4)}, "sinks"),
     ({"cache": object()}, "paged cache"),
     ({"cu_seq_lens_q": object()}, "packed sequences"),
-    ({"sliding_window": 4}, "sliding window of 4 keys"),
+    ({"sliding_window": 0}, "sliding_window must be a positive int"),
     ({"attention_mask": torch.ones(1, 8, dtype=torch.bool)}, r"4-D attention mask .* got \(1, 8\)"),
-], ids=["dropout", "output_attentions", "softcap", "head_mask", "position_bias", "s_aux", "paged", "packed",
-        "window", "mask2d"])
+], ids=["dropout", "output_attentions", "head_mask", "position_bias", "paged", "packed", "window-0", "mask2d"])
 def test_unsupported_arguments_raise_before_any_work(kwargs, match, monkeypatch):
     monkeypatch.setattr(hf, "attention", lambda *a, **k: pytest.fail("attention must not be called"))
     q, k, v = _qkv()
@@ -210,13 +209,18 @@ def test_unset_arguments_are_accepted(monkeypatch):
     assert weights is None and out.shape == (1, 8, 4, 128) and seen[0]["causal"] and seen[0]["out_layout"] == "bshd"
 
 
-def test_sliding_window_with_mask_or_short_keys_is_accepted(monkeypatch):
+def test_variants_are_passed_on(monkeypatch):
+    """sliding_window W is attn_lt's window (W - 1, W - 1) (with a mask too: the tiles outside it are skipped),
+    softcap is passed as it is, s_aux (sinks, in the model's dtype) as float32."""
     seen = []
     monkeypatch.setattr(hf, "attention", lambda q, k, v, **kw: (seen.append(kw), _bshd_zeros(q, v))[1])
     q, k, v = _qkv()
     hf.attention_forward(_Layer(2), q, k, v, torch.ones(1, 1, 8, 8, dtype=torch.bool), sliding_window=4)
-    hf.attention_forward(_Layer(2), q, k, v, None, sliding_window=8)  # the window does not bite
+    hf.attention_forward(_Layer(2), q, k, v, None, sliding_window=8, softcap=50.0,
+                         s_aux=torch.zeros(4, dtype=BF16))
     assert [s["causal"] for s in seen] == [False, True]
+    assert seen[0]["window"] == (3, 3) and "softcap" not in seen[0] and "sinks" not in seen[0]
+    assert seen[1]["window"] == (7, 7) and seen[1]["softcap"] == 50.0 and seen[1]["sinks"].dtype == torch.float32
 
 
 def test_bad_dtype_and_shapes_name_the_shapes():
@@ -731,8 +735,6 @@ def test_dense_name_serves_continuous_batching_with_gathered_keys(fakes):
 @pytest.mark.parametrize("case,match", [
     ({"dropout": 0.1}, "dropout"),
     ({"output_attentions": True}, "output_attentions"),
-    ({"softcap": 30.0}, "softcap"),
-    ({"s_aux": torch.zeros(4)}, "sinks"),
     ({"module": {"sinks": torch.zeros(4)}}, "sinks"),
     ({"sliding_window": 4096}, "sliding-window"),
     ({"module": {"sliding_window": 512}}, "sliding-window"),
@@ -743,7 +745,7 @@ def test_dense_name_serves_continuous_batching_with_gathered_keys(fakes):
     ({"cache": {"block_size": 4}}, "power of two"),
     ({"cache": {"block_size": 24}}, "power of two"),
     ({"dtype": torch.float32}, "float16 and torch.bfloat16"),
-], ids=["dropout", "output_attentions", "softcap", "s_aux", "module-sinks", "window-kwarg", "window-module",
+], ids=["dropout", "output_attentions", "module-sinks", "window-kwarg", "window-module",
         "sliding-groups", "non-causal", "block_table", "head-dim", "block-4", "block-24", "fp32"])
 def test_continuous_batching_refusals_before_any_work(case, match, fakes):
     case = dict(case)
@@ -864,3 +866,67 @@ def test_generate_batch_end_to_end_matches_transformers(fakes, monkeypatch):
         assert kinds.count("run") == 2 * kinds.count("plan") > 0 and "varlen" not in kinds
     else:
         assert kinds.count("varlen") > 0 and "run" not in kinds
+
+
+# ---- model families with attention variants (random weights, configs in code) ---------------------------------
+
+def _family(name: str):
+    """(fp32 model, bf16 model) of a small random-weight model shaped like gpt-oss (sinks, alternating 64-key
+    windows and full layers, GQA, MoE), Gemma 2 (logit softcap 10 on alternating windows) or Mistral (a window on
+    every layer)."""
+    common = dict(vocab_size=256, hidden_size=256, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
+                  max_position_embeddings=4096, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    if name == "gpt-oss":
+        cfg = transformers.GptOssConfig(**common, head_dim=64, intermediate_size=256, sliding_window=64,
+                                        layer_types=["sliding_attention", "full_attention"], num_local_experts=4,
+                                        num_experts_per_tok=2)
+        cls = transformers.GptOssForCausalLM
+    elif name == "gemma2":
+        cfg = transformers.Gemma2Config(**common, head_dim=128, intermediate_size=512, sliding_window=64,
+                                        attn_logit_softcapping=10.0, final_logit_softcapping=30.0,
+                                        query_pre_attn_scalar=128)
+        cls = transformers.Gemma2ForCausalLM
+    else:
+        cfg = transformers.MistralConfig(**common, head_dim=128, intermediate_size=512, sliding_window=64)
+        cls = transformers.MistralForCausalLM
+    torch.manual_seed(7)
+    fp32 = cls(cfg).eval()
+    if name == "gpt-oss":  # sinks large enough to matter
+        for layer in fp32.model.layers:
+            layer.self_attn.sinks.data.normal_(0.0, 2.0)
+    return fp32, copy.deepcopy(fp32).to(BF16)
+
+
+@pytest.mark.parametrize("family", ["gpt-oss", "gemma2", "mistral"])
+def test_model_families_with_variants_match_eager(mode, family):
+    """Prefill logits and teacher-forced decode logits on a prompt longer than the window, against the model's own
+    eager attention (FP32 as the reference, bf16 as the error scale); greedy generate() equal to eager bf16's, or
+    diverging only at a near-tie of the FP32 logits. The adapter passes the window, softcap and sinks on."""
+    device, calls = mode
+    fp32, bf16 = (m.to(device) for m in _family(family))
+    ids = _prompt(device, 1, 200)
+    steps = _prompt(device, 1, 6, seed=5)[0]
+    ref = _decode_logits(_use(fp32, "eager"), ids, steps)
+    torch_bf16 = _decode_logits(_use(bf16, "eager"), ids, steps)
+    calls.items.clear()
+    ours = _decode_logits(_use(bf16, "attn_lt"), ids, steps)
+    assert not torch.isnan(ours).any()
+    err, torch_err = rel_error(ours, ref), rel_error(torch_bf16, ref)
+    assert err <= tolerance(torch_err), f"{family}: attn_lt {err:.3e}, eager bf16 {torch_err:.3e}"
+    first = calls.items[0]["options"]
+    if family == "gpt-oss":
+        assert first["window"] == (63, 63) and first["sinks"] is not None
+        assert calls.items[1]["options"].get("window") is None  # the full layer
+    elif family == "gemma2":
+        assert first["window"] == (63, 63) and first["softcap"] == 10.0
+    else:
+        assert all(c["options"]["window"] == (63, 63) for c in calls.items)
+    with torch.no_grad():
+        gen = dict(max_new_tokens=8, do_sample=False, pad_token_id=0)
+        ours_tokens = _use(bf16, "attn_lt").generate(ids, **gen)[0, ids.shape[1]:]
+        eager_tokens = _use(bf16, "eager").generate(ids, **gen)[0, ids.shape[1]:]
+        if not torch.equal(ours_tokens, eager_tokens):  # only a near-tie may flip a greedy choice
+            n = int((ours_tokens != eager_tokens).nonzero()[0])
+            prefix = torch.cat([ids[0], eager_tokens[:n]])[None]
+            top2 = _use(fp32, "eager")(prefix).logits[0, -1].float().topk(2).values
+            assert (top2[0] - top2[1]).item() < 0.05, f"{family}: greedy tokens differ at {n} without a near-tie"

@@ -36,8 +36,9 @@ Continuous batching (``model.generate_batch(...)``, ``ContinuousBatchingManager`
   5.17 would swap ``<name>`` for a flash implementation when one is installed. The manager then sets the form that
   version calls (``paged|<name>`` on 5.17, ``<name>`` on 5.24) and restores the original when it stops. Without
   the flag, 5.17 works with ``paged|<name>`` set explicitly.
+* ``softcap`` and attention sinks (``s_aux``) are passed on (:func:`attn_lt.attention`'s ``softcap`` and ``sinks``).
 * Refused with ``ValueError`` before any GPU work: sliding-window layers (or a 5.17 cache with sliding groups),
-  ``softcap``, attention sinks (``s_aux`` or a module's ``sinks``), dropout > 0, ``output_attentions``, head dims
+  dropout > 0, ``output_attentions``, head dims
   other than 64, 128 and 256 (or a value head dim unlike the query's), dtypes other than fp16/bf16, a non-causal
   layer, and transformers' flash-only decode fast path (a ``block_table`` argument; transformers enables it for
   flash implementations only). ``torch.compile`` of the step skips these functions (``torch.compiler.disable``).
@@ -59,11 +60,14 @@ transformers' own ``sdpa`` implementation (``transformers/integrations/sdpa_atte
   leaves the mask out only where Sq == Sk, or on the prefill of an empty static cache, where, like its ``sdpa``,
   the keys are cut to the first Sq so that top-left and bottom-right agree). Sq == 1 (decode) sees every key.
 * ``scaling`` is attn_lt's ``scale`` (None: D ** -0.5).
-* Refused with ``ValueError``, as ``sdpa`` refuses or cannot do them: dropout > 0 (training), ``softcap``,
-  ``output_attentions``, ``head_mask``, ``position_bias``, attention sinks (``s_aux``), packed sequences
-  (``cu_seq_lens_q`` without continuous batching's ``write_index``), a paged cache without continuous batching's
-  metadata, and a sliding window that no mask encodes (a window given with a mask is applied by the mask, as in
-  ``sdpa``).
+* The attention variants as the models pass them: ``sliding_window`` W (Mistral, Gemma 2/3, gpt-oss local layers:
+  a query sees its last W positions) is attn_lt's ``window=(W - 1, W - 1)`` (the right edge is the causal one, or,
+  in decode, past the last key), also where a mask encodes it, so that the key tiles outside the window are skipped
+  rather than masked; ``softcap`` (Gemma 2) and ``s_aux`` (gpt-oss's sinks, one logit a query head, read as
+  float32) are attn_lt's ``softcap`` and ``sinks``.
+* Refused with ``ValueError``, as ``sdpa`` refuses or cannot do them: dropout > 0 (training),
+  ``output_attentions``, ``head_mask``, ``position_bias``, packed sequences (``cu_seq_lens_q`` without continuous
+  batching's ``write_index``) and a paged cache without continuous batching's metadata.
 
 Returns ``(attn_output, None)``: attn_output (B, Sq, Hq, D) contiguous, in the input dtype.
 """
@@ -89,10 +93,11 @@ MIN_TRANSFORMERS = (4, 48)
 
 _MASK_FLOAT_DTYPES_READ = (torch.float32,)  # besides q's own dtype (see attn_lt.attention)
 #: Keyword arguments refused unless None, and what they ask for.
-_REFUSED_WHEN_SET = {"softcap": "logit softcapping", "head_mask": "a head mask", "position_bias": "a position bias",
-                     "s_aux": "attention sinks (s_aux)"}
+_REFUSED_WHEN_SET = {"head_mask": "a head mask", "position_bias": "a position bias"}
 #: Every keyword argument :func:`_refuse` looks at (a call without any of them and without dropout skips it).
 _CHECKED = frozenset(_REFUSED_WHEN_SET) | {"output_attentions", "cache", "cu_seq_lens_q", "write_index"}
+#: The attention variants' keyword arguments (see :func:`_variants`).
+_VARIANTS = frozenset({"sliding_window", "softcap", "s_aux"})
 
 
 def _shape(t) -> str:
@@ -119,6 +124,29 @@ def _refuse(kwargs: dict, dropout: float) -> None:
     if kwargs.get("cu_seq_lens_q") is not None:  # packed sequences (padding-free batches) outside continuous batching
         raise ValueError("this implementation takes padded (B, H, S, D) calls, not packed sequences (cu_seq_lens_q) "
                          "without continuous batching's write_index; use generate() with the default dynamic cache")
+
+
+def _variants(kwargs: dict, window_ok: bool = True) -> dict:
+    """attn_lt.attention's ``window``, ``softcap`` and ``sinks`` from transformers' ``sliding_window``, ``softcap``
+    and ``s_aux`` (the ones given); ``window_ok`` False: a sliding window is refused."""
+    out = {}
+    window = kwargs.get("sliding_window")
+    if window is not None:
+        if not window_ok:
+            raise ValueError(f"attn_lt's continuous batching does not support sliding-window layers "
+                             f"(sliding_window={window}): use 'paged|sdpa' / 'sdpa' or a flash implementation")
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValueError(f"sliding_window must be a positive int (keys a query sees), got {window!r}")
+        out["window"] = (window - 1, window - 1)
+    if kwargs.get("softcap") is not None:
+        out["softcap"] = kwargs["softcap"]
+    sinks = kwargs.get("s_aux")
+    if sinks is not None:
+        if not isinstance(sinks, torch.Tensor):
+            raise TypeError(f"s_aux (attention sinks) must be a tensor of one logit a query head, got "
+                            f"{type(sinks).__name__}")
+        out["sinks"] = sinks.detach().reshape(-1).float().contiguous()  # a parameter in the model's dtype
+    return out
 
 
 def attention_forward(module: torch.nn.Module | None, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -153,6 +181,7 @@ def attention_forward(module: torch.nn.Module | None, query: torch.Tensor, key: 
         if is_continuous_batching_call(kwargs):  # transformers 5.24: the same name serves continuous batching
             return _continuous_batching_forward(module, query, key, value, dropout, scaling, is_causal, kwargs)
         _refuse(kwargs, dropout)
+    variants = _variants(kwargs) if not _VARIANTS.isdisjoint(kwargs) else {}
     mask = attention_mask
     causal = False
     if mask is not None:
@@ -167,12 +196,7 @@ def attention_forward(module: torch.nn.Module | None, query: torch.Tensor, key: 
             mask = mask.to(torch.float32)  # exact for fp16/bf16 masks; attn_lt reads fp32 or q's dtype
     else:
         Sq, Sk = query.shape[2], key.shape[2]
-        window = kwargs.get("sliding_window")
-        if window is not None and Sk > window:
-            raise ValueError(f"a sliding window of {window} keys with no attention mask over Sk={Sk} keys: attn_lt "
-                             "applies windows only through the mask; register the adapter with attn_lt."
-                             "integrations.transformers.register() so that transformers builds it")
-        if Sq > 1:  # decode (Sq 1) sees every key
+        if Sq > 1:  # decode (Sq 1) sees every key (the window aside)
             causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
             if causal and Sk > Sq:
                 # transformers leaves the mask out with Sk > Sq > 1 only for the prefill of an empty static cache,
@@ -181,7 +205,7 @@ def attention_forward(module: torch.nn.Module | None, query: torch.Tensor, key: 
                 key, value = key[:, :, :Sq], value[:, :, :Sq]
     # (B, Sq, Hq, Dv) as transformers wants it, written so by the kernel: no transpose and no copy after the call
     out = attention(query, key, value, attn_mask=mask, causal=causal, scale=scaling, out_layout="bshd",
-                    **(attn_lt_options or {}))
+                    **variants, **(attn_lt_options or {}))
     return out, None
 
 
@@ -386,8 +410,8 @@ def _refuse_continuous_batching(module, query, key, value, dropout, is_causal, k
     for name, what in _REFUSED_WHEN_SET.items():
         if kwargs.get(name) is not None:
             no(f"{what} ({name}=...): use the model's eager attention ('paged|eager')")
-    if getattr(module, "sinks", None) is not None:
-        no("attention sinks (the layer's sinks): use 'paged|eager'")
+    if getattr(module, "sinks", None) is not None and kwargs.get("s_aux") is None:
+        no("a layer's attention sinks that the call does not pass (s_aux): use 'paged|eager'")
     window = kwargs.get("sliding_window")
     if window is None:
         window = getattr(module, "sliding_window", None)
@@ -452,7 +476,7 @@ def _paged_forward(module, query, key, value, scale, cache, kwargs: dict) -> tor
     step = planner.step(layer, cu_q, cu_k, slots, max_q, max_k, heads_q=Hq, heads_kv=Hkv, head_dim=D,
                         block_size=bs, dtype=query.dtype, device=query.device)
     return step.run(query[0].transpose(0, 1), k_rows.view(-1, bs, Hkv, D), v_rows.view(-1, bs, Hkv, D),
-                    scale=scale)
+                    scale=scale, **_variants(kwargs, window_ok=False))
 
 
 def _gathered_forward(query, key, value, scale, kwargs: dict) -> torch.Tensor:
@@ -465,7 +489,7 @@ def _gathered_forward(query, key, value, scale, kwargs: dict) -> torch.Tensor:
     cu_q = kwargs["cu_seq_lens_q"]
     return _varlen_attention(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1),
                              cu_q.to(torch.int32), cu_k.to(torch.int32), max_seqlen_q=max(1, max_q),
-                             max_seqlen_k=max(1, max_k), causal=True, scale=scale)
+                             max_seqlen_k=max(1, max_k), causal=True, scale=scale, **_variants(kwargs, False))
 
 
 @torch.compiler.disable  # host-side step state and native launches: not for dynamo to trace
