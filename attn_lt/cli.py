@@ -137,7 +137,18 @@ def _case(a):
     v_in_k = getattr(a, "v_in_k", False)
     if v_in_k and Dv >= a.dim:
         raise ValueError(f"--v-in-k takes v's head dim below k's: --dv {Dv} is not below --dim {a.dim}")
-    return Case.contiguous(a.batch, a.heads, Hkv, Sq, Sk, a.dim, a.dtype, a.causal, mask=mask, Dv=Dv, v_in_k=v_in_k)
+    return Case.contiguous(a.batch, a.heads, Hkv, Sq, Sk, a.dim, a.dtype, a.causal, mask=mask, Dv=Dv, v_in_k=v_in_k,
+                           window=getattr(a, "window", None), softcap=getattr(a, "softcap", None),
+                           sinks=getattr(a, "sinks", False))
+
+
+def _window(text: str) -> tuple[int, int]:
+    """--window LEFT,RIGHT (-1: unbounded)."""
+    try:
+        left, right = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LEFT,RIGHT (ints, -1 for unbounded), got {text!r}") from None
+    return left, right
 
 
 def _budget(a):
@@ -626,6 +637,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_info)
     s = sub.add_parser("explain", help="which path a case takes, why, and its chunk plan", parents=[common])
     _add_shape_args(s)
+    s.add_argument("--window", type=_window, default=None, metavar="LEFT,RIGHT",
+                   help="a sliding window (FlashAttention's window_size; -1 unbounded; with --causal, RIGHT is 0)")
+    s.add_argument("--softcap", type=float, default=None, help="logit softcapping (Gemma 2: 50)")
+    s.add_argument("--sinks", action="store_true", help="attention sinks, one logit a query head (gpt-oss)")
     s.add_argument("--chunks", type=_chunk_count, nargs="?", const=CHUNKS_SHOWN, default=False, metavar="N",
                    help=f"list the plan's chunks: the first N (default {CHUNKS_SHOWN}) or 'all' (streamed; a plan "
                         "of 10M keys has millions)")

@@ -311,3 +311,12 @@ def test_explain_batch(capsys):
     rc, out, _ = run(capsys, "explain-batch", "--requests", "64", "--heads-q", "128", "--heads-kv", "1", "--head-dim",
                      "576", "--head-dim-v", "512", "--max-seqlen-k", "8192", "--block-size", "64")
     assert rc == 0 and "MLA decode blocks" in out
+
+
+def test_explain_the_attention_variants(capsys):
+    code, out, _ = run(capsys, "explain", "-H", "64", "--kv-heads", "8", "-d", "64", "--sq", "1", "--sk", "32768",
+                       "--causal", "--window", "127,0", "--sinks")
+    assert code == 0 and "window(127, -1) sinks" in out and "backend: wmma" in out, out
+    assert "native/flash.cu" in out, out  # the decode blocks run the variants (not the sm90 decode kernel)
+    code, _, err = run(capsys, "explain", "--window", "a,b")
+    assert code != 0 and "LEFT,RIGHT" in err
