@@ -28,7 +28,7 @@ import torch
 from . import native
 from .device import stream_queries
 from .fused import ASSUMED_DEVICE, MLA_DECODE, MLA_ROWS, DeviceFacts, device_facts
-from .validate import check_causal, check_scale, check_sinks, check_softcap, check_window
+from .validate import check_causal, check_scale, check_variants
 
 log = logging.getLogger("attn_lt")
 
@@ -438,12 +438,10 @@ def _set_tensors(a, q, k, v, out, lse, paged: bool) -> None:
         a.total_k = k.shape[0]
 
 
-def _variant(window, softcap, sinks, causal: bool, Hq: int, latent: bool, device) -> tuple:
-    """The attention variants of a batch call, checked: (window, softcap, sinks) as :func:`_set_variant` takes
-    them (ValueError for MLA decode, which runs none)."""
-    window, softcap = check_window(window, causal), check_softcap(softcap)
-    if sinks is not None:
-        check_sinks(sinks, Hq, device)
+def _variant(window, softcap, sinks, causal: bool, q, latent: bool) -> tuple:
+    """The attention variants of a batch call on q (rows, Hq, D), checked: (window, softcap, sinks) as
+    :func:`_set_variant` takes them (ValueError for MLA decode, which runs none)."""
+    window, softcap = check_variants(window, softcap, sinks, causal, q)
     if latent and (window is not None or softcap or sinks is not None):
         raise ValueError("MLA decode (head dims 576/512) runs no window, softcap or sinks")
     return window, softcap, sinks
@@ -541,7 +539,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
     device = _check_devices({"q": q, "k": k, "v": v, "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k,
                              "out": out})
     out = _check_out(out, (q.shape[0], Hq, D), q.dtype, device)
-    variant = _variant(window, softcap, sinks, causal, Hq, False, device)
+    variant = _variant(window, softcap, sinks, causal, q, False)
     q, k, v = _readable("q", q, True), _readable("k", k, True), _readable("v", v, True)
     out, lse = _outputs(q, Hq, D, out, return_lse)
     if k.shape[0] == 0:  # no keys at all: every request's rows are zeros (only the lengths are not checked)
@@ -616,7 +614,7 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
     if block_table.stride(1) != 1 or block_table.stride(0) < max_blocks:  # (an expanded table: stride 0)
         block_table = block_table.contiguous()
     out, lse = _outputs(q, Hq, Dv, out, return_lse)
-    variant = _variant(window, softcap, sinks, causal, Hq, Dv != D, device)
+    variant = _variant(window, softcap, sinks, causal, q, Dv != D)
     plan = plan_batch(B, Hq, Hkv, D, max_seqlen_q=max_q, max_seqlen_k=max_k, block_size=block_size, Dv=Dv,
                       facts=facts)
     _launch(plan, q, k_cache, v_cache, out, lse, None if cu_seqlens_q is None else cu_seqlens_q.contiguous(), None,
@@ -776,7 +774,7 @@ class BatchStep:
         out, lse = _outputs(q, p.Hq, p.Dv, out, return_lse)
         variant = (None, 0.0, None)
         if window is not None or softcap is not None or sinks is not None:
-            variant = _variant(window, softcap, sinks, self.causal, p.Hq, p.latent, self.device)
+            variant = _variant(window, softcap, sinks, self.causal, q, p.latent)
         if not paged and k_cache.shape[0] == 0:
             _no_keys(out, lse, variant[2])
             return _finish(out, lse, return_lse)

@@ -242,8 +242,8 @@ def fused_launch(case: Case, facts: DeviceFacts | None = None, *, kernel: str | 
         facts = device_facts()
         if facts is None:
             facts, assumed = ASSUMED_DEVICE, True
-    # the key length does not enter (see MAX_SPLITS): a decode loop's steps share one launch. The mask rules of the Hopper kernels: the decode kernel's, and the prefill kernel's (for row blocks larger than
-    # a decode step's)
+    # the key length does not enter (see MAX_SPLITS): a decode loop's steps share one launch. The mask rules of the
+    # Hopper kernels: the decode kernel's, and the prefill kernel's (for row blocks larger than a decode step's)
     refusal = hopper_mask_refusal(case) if case.Sq * case.group > DECODE_ROWS else None
     return _fused_launch(case.B, case.Hq, case.Hkv, case.Sq, case.D, case.Dv, case.mask is not None, refusal,
                          decode_ok, facts, assumed, kernel, splits)

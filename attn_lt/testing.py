@@ -32,9 +32,7 @@ def random_qkv(B: int, Hq: int, Hkv: int, Sq: int, Sk: int, D: int, dtype: torch
 
 def causal_mask(Sq: int, Sk: int, device=None) -> torch.Tensor:
     """Bool (Sq, Sk), True where query i may see key j: j <= i + Sk - Sq (bottom-right aligned)."""
-    i = torch.arange(Sq, device=device)[:, None]
-    j = torch.arange(Sk, device=device)[None, :]
-    return j <= i + (Sk - Sq)
+    return window_mask(Sq, Sk, (-1, 0), device=device)
 
 
 def window_mask(Sq: int, Sk: int, window, causal: bool = False, device=None) -> torch.Tensor:
@@ -65,10 +63,7 @@ def reference(q, k, v, attn_mask=None, causal=False, scale=None, dtype=torch.flo
     rows = torch.arange(Sq, device=q.device) if rows is None else rows
     out = torch.empty(B, Hq, len(rows), v.shape[-1], dtype=dtype, device=q.device)
     lse = torch.empty(B, Hq, len(rows), dtype=dtype, device=q.device)
-    if window is not None:
-        cm = window_mask(Sq, Sk, window, causal, q.device)[rows]
-    else:
-        cm = causal_mask(Sq, Sk, q.device)[rows] if causal else None
+    cm = window_mask(Sq, Sk, window or (-1, -1), causal, q.device)[rows] if causal or window else None
     mask = None if attn_mask is None else attn_mask.expand(B, Hq, Sq, Sk)
     for b in range(B):
         for h in range(Hq):

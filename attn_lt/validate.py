@@ -258,8 +258,8 @@ def check_sinks(sinks, Hq: int, device) -> None:
 
 
 def check_variants(window, softcap, sinks, causal: bool, q) -> tuple[tuple[int, int] | None, float]:
-    """The attention variants of a call on q (B, Hq, Sq, D): (window, softcap) as :class:`Case` holds them; sinks
-    checked (:func:`check_sinks`)."""
+    """The attention variants of a call on q (its dim 1 the query heads: (B, Hq, Sq, D), or a batch's (rows, Hq, D)):
+    (window, softcap) as :class:`Case` holds them; sinks checked (:func:`check_sinks`)."""
     if sinks is not None:
         check_sinks(sinks, q.shape[1], q.device)
     return check_window(window, causal), check_softcap(softcap)

@@ -191,9 +191,9 @@ __host__ __forceinline__ bool variant_ok(const attn_lt_flash_args& a) {
 __host__ __forceinline__ bool has_variant(const attn_lt_flash_args& a) {
     return a.window_left >= 0 || (!a.causal && a.window_right >= 0) || a.softcap > 0.f || a.sinks != nullptr;
 }
-// A row's key tiles [lo, hi) of `tile` keys under the window, for a block of query rows [p_first, p_last] (bottom-right
-// aligned by shift = Sk - Sq) and n_tiles key tiles: hi from the last row's right edge, lo from the first row's left
-// edge (lo <= hi).
+// A row block's key tiles [lo, hi) of `tile` keys under the window, for query rows [p_first, p_last] (bottom-right
+// aligned by shift = Sk - Sq); hi comes in as the count of key tiles and is cut by the last row's right edge, lo is
+// set from the first row's left edge (lo <= hi).
 __host__ __device__ __forceinline__ void window_tiles(Window w, int p_first, int p_last, int shift, int tile,
                                                       int& lo, int& hi) {
     if (w.right >= 0) {

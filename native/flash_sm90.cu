@@ -300,8 +300,9 @@ __device__ __forceinline__ void paged_producer(const CUtensorMap* tmq, const CUt
     auto full_v = [&](int s) { return bars + 8u * (1 + kStages + s); };
     auto empty_k = [&](int s) { return bars + 8u * (1 + 2 * kStages + s); };
     auto empty_v = [&](int s) { return bars + 8u * (1 + 3 * kStages + s); };
-    // lane j's block of tile t (visited from tile top - 1 down, n_tiles of them): the table's id (as paged_block reads it; checked
-    // against [0, num_blocks) only where it is used, so that the load stays in flight), 0 for a page past the keys
+    // lane j's block of tile t (visited from tile top - 1 down, n_tiles of them): the table's id (as paged_block
+    // reads it; checked against [0, num_blocks) only where it is used, so that the load stays in flight), 0 for a
+    // page past the keys
     auto lookup = [&](int t) {
         int id = 0;
         if (t < n_tiles && lane < pages) {

@@ -221,6 +221,14 @@ def test_variants_are_passed_on(monkeypatch):
     assert [s["causal"] for s in seen] == [False, True]
     assert seen[0]["window"] == (3, 3) and "softcap" not in seen[0] and "sinks" not in seen[0]
     assert seen[1]["window"] == (7, 7) and seen[1]["softcap"] == 50.0 and seen[1]["sinks"].dtype == torch.float32
+    # a bf16 parameter is converted once, and again only once it changes
+    param = torch.nn.Parameter(torch.zeros(4, dtype=BF16))
+    first = hf._variants({"s_aux": param})["sinks"]
+    assert hf._variants({"s_aux": param})["sinks"] is first
+    with torch.no_grad():
+        param.add_(1)
+    again = hf._variants({"s_aux": param})["sinks"]
+    assert again is not first and torch.equal(again, torch.ones(4))
 
 
 def test_bad_dtype_and_shapes_name_the_shapes():

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import statistics
 import sys
 
 import torch
@@ -19,23 +17,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import attn_lt  # noqa: E402
-from attn_lt.testing import window_mask  # noqa: E402
-
-
-def timed(fn, reps: int) -> float:
-    """Median ms over ``reps`` calls, each between two CUDA events, after two warm-up calls."""
-    fn()
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e))
-    return statistics.median(times)
+from attn_lt.testing import events_ms, window_mask  # noqa: E402
 
 
 def flex_calls(q, k, v, window: int, softcap: float):
@@ -92,7 +74,7 @@ def main() -> None:
 
     def add(name, fn, reps=args.reps):
         try:
-            rows[name] = timed(fn, reps)
+            rows[name] = events_ms(fn, reps)
         except torch.OutOfMemoryError:
             rows[name] = None
         torch.cuda.empty_cache()
@@ -109,7 +91,7 @@ def main() -> None:
     mask = window_mask(S, S, win, causal=True, device="cuda")
     F = torch.nn.functional.scaled_dot_product_attention
     add("sdpa causal", lambda: F(q, k, v, is_causal=True, enable_gqa=gqa), 3)
-    add("sdpa window (dense bool mask)", lambda: F(q, k, v, attn_mask=mask, enable_gqa=gqa), 3)
+    add("sdpa window (dense bool mask)", lambda m=mask: F(q, k, v, attn_mask=m, enable_gqa=gqa), 3)
     del mask
     flex_why = "not asked (--no-flex)"
     if not args.no_flex:

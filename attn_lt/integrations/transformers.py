@@ -76,6 +76,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import weakref
 
 import torch
 
@@ -145,8 +146,27 @@ def _variants(kwargs: dict, window_ok: bool = True) -> dict:
         if not isinstance(sinks, torch.Tensor):
             raise TypeError(f"s_aux (attention sinks) must be a tensor of one logit a query head, got "
                             f"{type(sinks).__name__}")
-        out["sinks"] = sinks.detach().reshape(-1).float().contiguous()  # a parameter in the model's dtype
+        out["sinks"] = _float_sinks(sinks)
     return out
+
+
+#: FP32 copies of sinks given in another dtype, by the tensor's id: (a weak reference to it, its version, the copy).
+_FLOAT_SINKS: dict[int, tuple] = {}
+
+
+def _float_sinks(sinks: torch.Tensor) -> torch.Tensor:
+    """``s_aux`` as attn_lt reads sinks: FP32, contiguous (Hq,). A parameter in the model's dtype is converted once
+    and the copy reused while the parameter is unchanged (its version), not on every layer's call."""
+    if sinks.dtype == torch.float32 and sinks.dim() == 1 and sinks.is_contiguous():
+        return sinks.detach()
+    hit = _FLOAT_SINKS.get(id(sinks))  # the caller's object (a parameter: the same one every call)
+    if hit is not None and hit[0]() is sinks and hit[1] == sinks._version:
+        return hit[2]
+    copy = sinks.detach().reshape(-1).float().contiguous()
+    if len(_FLOAT_SINKS) >= 1024:  # models come and go: forget the old ones
+        _FLOAT_SINKS.clear()
+    _FLOAT_SINKS[id(sinks)] = (weakref.ref(sinks), sinks._version, copy)
+    return copy
 
 
 def attention_forward(module: torch.nn.Module | None, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
