@@ -321,28 +321,34 @@ class AttentionPlan:
         program = self._program or self._prepared(device)
         switch = _current_device() != device
         if self.backend == "wmma":
-            args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse_ptr, stream,
-                    0 if attn_mask is None else attn_mask.data_ptr(), ws_ptr, sig[1], sig[3], sig[4],
-                    0 if sinks is None else sinks.data_ptr())
+            mask_ptr = 0 if attn_mask is None else attn_mask.data_ptr()
+            args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse_ptr, stream, mask_ptr, ws_ptr,
+                    sig[1], sig[3], sig[4], 0 if sinks is None else sinks.data_ptr())
             if switch:
                 with torch.cuda.device(device):
                     program.run(*args)
             else:
                 program.run(*args)
-            return (out, lse) if return_lse else out
-        mass = program.key_mass_buffer(dev, self.key_mass_window) if self.key_mass else None
-        target = None
-        if self.out_layout == "bshd":  # the long path writes (B, Hq, Sq, Dv): the same memory when Sq is 1
-            target = out
-            shape = (case.B, case.Hq, case.Sq, case.Dv)
-            out = out.view(shape) if case.Sq == 1 else torch.empty(shape, dtype=out.dtype, device=dev)
-        with torch.cuda.device(device) if switch else contextlib.nullcontext():
-            program.run(q, k, v, attn_mask, out, lse, ws, stream, not capturing, tune_budget_ms, mass,
-                        self.key_mass_window)
-        if target is not None:
-            if case.Sq > 1:
-                target.copy_(out.transpose(1, 2))
-            out = target
+            if not self.key_mass:
+                return (out, lse) if return_lse else out
+            mass = torch.empty((case.B, case.Hq, case.Sk), dtype=torch.float32, device=dev)
+            first = 0 if self.key_mass_window is None else max(case.Sq - self.key_mass_window, 0)
+            with torch.cuda.device(device) if switch else contextlib.nullcontext():
+                program.run_mass(q.data_ptr(), k.data_ptr(), lse_ptr, mass.data_ptr(), first, stream, mask_ptr)
+        else:
+            mass = program.key_mass_buffer(dev, self.key_mass_window) if self.key_mass else None
+            target = None
+            if self.out_layout == "bshd":  # the long path writes (B, Hq, Sq, Dv): the same memory when Sq is 1
+                target = out
+                shape = (case.B, case.Hq, case.Sq, case.Dv)
+                out = out.view(shape) if case.Sq == 1 else torch.empty(shape, dtype=out.dtype, device=dev)
+            with torch.cuda.device(device) if switch else contextlib.nullcontext():
+                program.run(q, k, v, attn_mask, out, lse, ws, stream, not capturing, tune_budget_ms, mass,
+                            self.key_mass_window)
+            if target is not None:
+                if case.Sq > 1:
+                    target.copy_(out.transpose(1, 2))
+                out = target
         if mass is not None:
             return (out, lse, mass) if return_lse else (out, mass)
         return (out, lse) if return_lse else out
@@ -423,7 +429,7 @@ def _plan_case(case: Case, backend: str, workspace_bytes, threshold, algo_policy
                out_layout: str = "bhsd") -> AttentionPlan:
     check_options(case, workspace_bytes=workspace_bytes, threshold=threshold, return_key_mass=return_key_mass,
                   key_mass_window=key_mass_window, out_layout=out_layout)
-    decision = select(case, backend, threshold, key_mass=bool(return_key_mass))
+    decision = select(case, backend, threshold, key_mass=bool(return_key_mass), key_mass_window=key_mass_window)
     policy = config.algo_policy(algo_policy)
     chunks = None
     if decision.backend == "lt":
@@ -506,9 +512,13 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
         algo_policy: cuBLASLt algorithm choice: "tune" (tune a GEMM shape class on first use unless cached;
             default), "cache" (cached algorithms, never tune) or "heuristic" (default ``ATTN_LT_ALGO_POLICY``).
         return_key_mass: also return the attention mass per key, FP32 (B, Hq, Sk): the sum over the query rows
-            of the probabilities P (as the long path holds them, in the input dtype, summed in FP32) — what
-            score-based KV-cache compression (H2O, SnapKV, ...) needs. The call takes the long path.
-        key_mass_window: sum only over the last ``key_mass_window`` query rows (SnapKV's observation window).
+            of the probabilities P, 0 for keys a row does not see — what score-based KV-cache compression (H2O,
+            SnapKV, ...) needs. The fused path computes it after its call, in a pass over the keys that recomputes
+            the scores of the rows it sums and takes each row's P = exp(s - lse) in FP32 from the call's LSE (no
+            P·V, no score matrix in memory; q/k head dims 64, 128, 256); the long path sums the P it holds (in the
+            input dtype, summed in FP32).
+        key_mass_window: sum only over the last ``key_mass_window`` query rows (SnapKV's observation window):
+            the fused path's pass then reads those rows alone.
         out_layout: "bhsd" (default) or "bshd": the output as (B, Sq, Hq, Dv), contiguous — FlashAttention's and
             transformers' layout, written so by the fused path (no transpose after the call).
         window: a sliding window, FlashAttention's ``window_size``: ``(left, right)``, query i sees keys
@@ -614,20 +624,22 @@ def _attention_cupy(q, k, v, *, out=None, return_lse=False, attn_mask=None, sink
 
 def explain_case(case: Case, backend: str = "auto", workspace_bytes: int | None = None,
                  threshold: int | None = None, algo_policy: str | None = None,
-                 return_key_mass: bool = False, out_layout: str = "bhsd") -> Explanation:
+                 return_key_mass: bool = False, out_layout: str = "bhsd",
+                 key_mass_window: int | None = None) -> Explanation:
     """What a call of ``case`` would do (no GPU work)."""
     return _plan_case(case, backend, workspace_bytes, threshold, algo_policy, return_key_mass=return_key_mass,
-                      out_layout=out_layout).explain()
+                      key_mass_window=key_mass_window, out_layout=out_layout).explain()
 
 
 def explain(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | None = None, backend: str = "auto",
             workspace_bytes: int | None = None, threshold: int | None = None, algo_policy: str | None = None,
-            return_key_mass: bool = False, out_layout: str = "bhsd", window=None, softcap: float | None = None,
-            sinks=None) -> Explanation:
+            return_key_mass: bool = False, key_mass_window: int | None = None, out_layout: str = "bhsd",
+            window=None, softcap: float | None = None, sinks=None) -> Explanation:
     """What ``attention`` would do with these arguments (tensors on any device, "meta" included); no GPU work."""
     case = check_tensors(q, k, v, attn_mask, causal, scale, require_cuda=False, window=window, softcap=softcap,
                          sinks=sinks)
-    return explain_case(case, backend, workspace_bytes, threshold, algo_policy, return_key_mass, out_layout)
+    return explain_case(case, backend, workspace_bytes, threshold, algo_policy, return_key_mass, out_layout,
+                        key_mass_window)
 
 
 # torch.compile: attention() dispatches to this custom op while compiling; the fake implementation gives shapes

@@ -78,6 +78,21 @@ MLA_DECODE = (576, 512)
 HOPPER_HEAD_DIM_PAIRS = ((192, 128), MLA_DECODE)
 #: Query heads a block of the MLA decode kernel.
 MLA_ROWS = 64
+#: q/k head dims whose attention mass per key the fused path returns (native/flash.cu's attn_lt_key_mass: a pass
+#: over the keys after the call, from its LSE).
+MASS_HEAD_DIMS = (64, 128, 256)
+
+
+def prefers_fused_mass(case: Case, key_mass_window: int | None) -> bool:
+    """Whether the fused call and its mass pass are faster than the long path's mass for ``case`` summing the last
+    ``key_mass_window`` rows (None: all), both able to run it. The long path computes every row's scores, the pass
+    only the summed rows', against every key tile: for a decode step (at most :data:`DECODE_ROWS` rows a kv head)
+    the long path is faster (H100, B8 H32/8 Sk 32k: 0.56 ms against 0.78), and over every row at head dim 256 too
+    (B1 H32 S16k: 41.8 ms against 68.8); a window of rows at any head dim, or every row at 64 and 128, takes the
+    pass (B1 H32/8 S16k causal D 128, every row: 15.2 ms against 22.0; the last 64 rows: 3.5)."""
+    if case.Sq * case.group <= DECODE_ROWS:
+        return False
+    return (key_mass_window is not None and key_mass_window < case.Sq) or case.D <= 128
 
 
 def _device_index(device: int | None) -> int | None:
@@ -165,6 +180,8 @@ class FusedBackend(Backend):
             else:
                 pairs = ", ".join(map(str, same + tuple(f"{d}/{dv}" for d, dv in HOPPER_HEAD_DIM_PAIRS)))
                 reasons.append(f"head dims {case.D}/{case.Dv} (q·k/v) not in ({pairs})")
+        if key_mass and case.D not in MASS_HEAD_DIMS:
+            reasons.append(f"the attention mass per key at q/k head dim {case.D} (it takes {MASS_HEAD_DIMS})")
         if case.D == 256 and facts is not None and not facts.hopper and facts.smem_optin < SMEM_D256:
             reasons.append(f"head dim 256 needs {SMEM_D256} bytes of shared memory a block; this GPU allows "
                            f"{facts.smem_optin}")
@@ -173,7 +190,7 @@ class FusedBackend(Backend):
 
 #: What the fused kernels run (head dims: FusedBackend's pairs).
 WMMA = FusedBackend("wmma", ("fp16", "bf16"), None, 576, supports_mask=True, supports_value_dim=True,
-                    needs_aligned_rows=True, max_batch_heads=65535, supports_variants=True)
+                    needs_aligned_rows=True, max_batch_heads=65535, supports_variants=True, supports_key_mass=True)
 
 
 #: The fused path's kernels by the name :class:`FusedLaunch` gives them.
@@ -380,6 +397,7 @@ class Program:
         self.kernel = launch.kernel
         self._lse_part_offset = launch.splits * case.B * case.Hq * case.Sq * case.Dv * 4
         self._launch = native.flash if launch.kernel == "flash" else native.flash_sm90
+        self._mass = None  # the attention mass's arguments (native.MassArgs), made on the first call that asks
         self._lock = threading.Lock()
 
     def fast_launch(self) -> tuple[bytes, int, int]:
@@ -406,3 +424,17 @@ class Program:
                 a.k_sb, a.k_sh, a.k_ss = k_strides[:3]
                 a.v_sb, a.v_sh, a.v_ss = v_strides[:3]
             self._launch(a, stream)
+
+    def run_mass(self, q: int, k: int, lse: int, mass: int, q0: int, stream: int, mask: int = 0) -> None:
+        """After :meth:`run`: the attention mass per key of the query rows [q0, Sq) into ``mass`` (FP32 (B, Hq, Sk)
+        contiguous) from the call's LSE at ``lse`` (native/flash.cu's attn_lt_key_mass)."""
+        with self._lock:
+            m = self._mass
+            if m is None:
+                m = self._mass = native.MassArgs()
+            m.f = self.args  # a copy: the case, its variants and strides
+            f = m.f
+            f.q, f.k, f.lse, f.mask = q, k, lse, mask or None
+            f.v = f.o = f.o_part = f.lse_part = f.sinks = None
+            m.mass, m.q0 = mass, q0
+            native.key_mass(m, stream)

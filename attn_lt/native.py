@@ -18,7 +18,7 @@ from . import config
 
 log = logging.getLogger("attn_lt")
 
-ABI_VERSION = 16
+ABI_VERSION = 17
 _PKG = Path(__file__).resolve().parent
 _LIB_PATH = _PKG / "_native" / "libattn_lt.so"
 SOURCE_DIR = _PKG.parent / "native"
@@ -106,6 +106,12 @@ BATCH_ERRORS = {1: "cu_seqlens_q decreasing, negative or past the packed queries
                 16: "a block id outside [0, num_blocks)"}
 #: ``attn_lt_batch_variant``: which kernel runs a batch's row blocks.
 BATCH_VARIANTS = {"flash": 0, "sm90": 1}
+
+
+class MassArgs(ctypes.Structure):
+    """Mirror of ``attn_lt_mass_args`` in native/attn_lt.h."""
+
+    _fields_ = [("f", FlashArgs), ("mass", ctypes.c_void_p), ("q0", ctypes.c_int64)]
 
 
 class ScoresArgs(ctypes.Structure):
@@ -274,6 +280,14 @@ def batch(args: BatchArgs, stream: int) -> None:
             lambda a: f"requests={a.f.B} Hq={a.f.Hq} Hkv={a.f.Hkv} max_q={a.f.Sq} max_k={a.f.Sk} D={a.f.D} "
                       f"total_q={a.total_q} total_k={a.total_k} block_size={a.block_size} "
                       f"split_keys={a.split_keys} variant={a.f.variant}")
+
+
+def key_mass(args: MassArgs, stream: int) -> None:
+    """Launch the attention mass per key of a finished fused call (native/flash.cu's attn_lt_key_mass: column sums
+    of exp(s - lse) from the call's LSE); raises :class:`CudaError` on failure."""
+    _launch("attn_lt_key_mass", args, stream,
+            lambda a: f"B={a.f.B} Hq={a.f.Hq} Hkv={a.f.Hkv} Sq={a.f.Sq} Sk={a.f.Sk} D={a.f.D} q0={a.q0} "
+                      f"mask_dtype={a.f.mask_dtype}")
 
 
 #: ``FlashArgs.variant`` values of :func:`flash_sm90` (``attn_lt_flash_sm90_variant`` in native/attn_lt.h).

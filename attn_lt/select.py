@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from . import calibrate, config
 from .lt.path import LT
 from .validate import Case
-from .fused import WMMA
+from .fused import WMMA, prefers_fused_mass
 
 BACKENDS = ("lt", "wmma")
 DECLARATIONS = {"lt": LT, "wmma": WMMA}
@@ -116,9 +116,20 @@ class Decision:
         return "\n".join(lines)
 
 
-def select(case: Case, backend: str = "auto", threshold: int | None = None, key_mass: bool = False) -> Decision:
+#: Why a call that asks for the attention mass per key takes each path.
+KEY_MASS_WHY = {"wmma": "the attention mass per key: the fused call, then a pass over its keys that sums each row's "
+                        "probabilities from the call's LSE (native/flash.cu attn_lt_key_mass)",
+                "lt": "the attention mass per key comes from the long path's probabilities",
+                "lt_faster": "the attention mass per key: the long path's probabilities, faster here than the fused "
+                             "path's pass (a few rows a kv head, or every row at head dim 256: "
+                             "attn_lt.fused.prefers_fused_mass)"}
+
+
+def select(case: Case, backend: str = "auto", threshold: int | None = None, key_mass: bool = False,
+           key_mass_window: int | None = None) -> Decision:
     """Pick the path for ``case``. ``backend`` is "auto", "lt" or "wmma"; ``threshold`` overrides the
-    threshold; ``key_mass``: the call asks for the attention mass per key."""
+    threshold; ``key_mass``: the call asks for the attention mass per key (of the last ``key_mass_window`` rows,
+    None: all)."""
     if backend not in ("auto",) + BACKENDS:
         raise ValueError(f"backend must be 'auto', 'lt' or 'wmma', got {backend!r}")
     reasons = {name: b.not_supported_reasons(case, key_mass) for name, b in DECLARATIONS.items()}
@@ -128,8 +139,11 @@ def select(case: Case, backend: str = "auto", threshold: int | None = None, key_
             raise ValueError(f"backend={backend!r} cannot run {case}: " + "; ".join(reasons[backend]))
         return Decision(backend, ("forced by the caller",), rejected)
     prefer_lt, why = route(case, threshold)
-    if key_mass and not reasons["lt"]:
-        return Decision("lt", ("the attention mass per key comes from the long path's probabilities",), rejected)
+    if key_mass:
+        if not reasons["wmma"] and (reasons["lt"] or prefers_fused_mass(case, key_mass_window)):
+            return Decision("wmma", (KEY_MASS_WHY["wmma"],), rejected)
+        if not reasons["lt"]:
+            return Decision("lt", (KEY_MASS_WHY["lt" if reasons["wmma"] else "lt_faster"],), rejected)
     if prefer_lt:
         if not reasons["lt"]:
             return Decision("lt", (why,), rejected)

@@ -50,19 +50,13 @@ def window_mask(Sq: int, Sk: int, window, causal: bool = False, device=None) -> 
     return ok
 
 
-def reference(q, k, v, attn_mask=None, causal=False, scale=None, dtype=torch.float32, rows=None, window=None,
-              softcap=None, sinks=None):
-    """(out, lse) of attention computed in ``dtype``; fully masked rows give 0 and -inf (with sinks: 0 and the
-    sink). ``rows``: a 1-D index tensor of query rows to compute, alone (out (B, Hq, len(rows), Dv)), for shapes too
-    long to check in full. ``window``, ``softcap``, ``sinks``: the attention variants as attn_lt.attention takes
-    them."""
+def _probabilities(q, k, attn_mask, causal, scale, dtype, rows, window, softcap, sinks):
+    """Per (b, h): (b, h, P, LSE) of the query rows ``rows`` computed in ``dtype``, P (rows, Sk) and 0 where a row
+    sees no key (the sink's column, which joins each row's denominator, dropped)."""
     B, Hq, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     g = Hq // Hkv
     scale = D**-0.5 if scale is None else scale
-    rows = torch.arange(Sq, device=q.device) if rows is None else rows
-    out = torch.empty(B, Hq, len(rows), v.shape[-1], dtype=dtype, device=q.device)
-    lse = torch.empty(B, Hq, len(rows), dtype=dtype, device=q.device)
     cm = window_mask(Sq, Sk, window or (-1, -1), causal, q.device)[rows] if causal or window else None
     mask = None if attn_mask is None else attn_mask.expand(B, Hq, Sq, Sk)
     for b in range(B):
@@ -79,9 +73,36 @@ def reference(q, k, v, attn_mask=None, causal=False, scale=None, dtype=torch.flo
                 s = torch.cat([s, sinks[h].to(dtype).expand(s.shape[0], 1)], dim=1)
             l = torch.logsumexp(s, dim=-1)
             p = torch.exp(s - torch.where(torch.isinf(l), torch.zeros_like(l), l)[:, None])
-            out[b, h] = p[:, :Sk] @ v[b, h // g].to(dtype)
-            lse[b, h] = l
+            yield b, h, p[:, :Sk], l
+
+
+def reference(q, k, v, attn_mask=None, causal=False, scale=None, dtype=torch.float32, rows=None, window=None,
+              softcap=None, sinks=None):
+    """(out, lse) of attention computed in ``dtype``; fully masked rows give 0 and -inf (with sinks: 0 and the
+    sink). ``rows``: a 1-D index tensor of query rows to compute, alone (out (B, Hq, len(rows), Dv)), for shapes too
+    long to check in full. ``window``, ``softcap``, ``sinks``: the attention variants as attn_lt.attention takes
+    them."""
+    B, Hq, Sq, _ = q.shape
+    rows = torch.arange(Sq, device=q.device) if rows is None else rows
+    out = torch.empty(B, Hq, len(rows), v.shape[-1], dtype=dtype, device=q.device)
+    lse = torch.empty(B, Hq, len(rows), dtype=dtype, device=q.device)
+    g = Hq // k.shape[1]
+    for b, h, p, l in _probabilities(q, k, attn_mask, causal, scale, dtype, rows, window, softcap, sinks):
+        out[b, h] = p @ v[b, h // g].to(dtype)
+        lse[b, h] = l
     return out, lse
+
+
+def key_mass_reference(q, k, attn_mask=None, causal=False, scale=None, key_mass_window=None, window=None,
+                       softcap=None, sinks=None, dtype=torch.float64):
+    """The attention mass per key as ``attention(..., return_key_mass=True)`` defines it, computed in ``dtype``:
+    (B, Hq, Sk), the sum over the query rows (the last ``key_mass_window``) of the probabilities."""
+    B, Hq, Sq, _ = q.shape
+    rows = torch.arange(0 if key_mass_window is None else max(0, Sq - key_mass_window), Sq, device=q.device)
+    mass = torch.empty(B, Hq, k.shape[2], dtype=dtype, device=q.device)
+    for b, h, p, _ in _probabilities(q, k, attn_mask, causal, scale, dtype, rows, window, softcap, sinks):
+        mass[b, h] = p.sum(dim=0)
+    return mass
 
 
 def sdpa(q, k, v, attn_mask=None, causal=False, scale=None, backend=None):

@@ -8,7 +8,7 @@
 #define ATTN_LT_H
 #include <stdint.h>
 
-#define ATTN_LT_ABI_VERSION 16
+#define ATTN_LT_ABI_VERSION 17
 
 #ifdef __cplusplus
 extern "C" {
@@ -199,6 +199,20 @@ typedef struct attn_lt_batch_args {
     int32_t pad_;
     int64_t workspace_bytes;    /* bytes at o_part (with more than one part) */
 } attn_lt_batch_args;
+
+/* The attention mass per key of a finished fused call (native/flash.cu, sm_80 and later): mass[b][h][j] (FP32
+ * (B, Hq, Sk) contiguous, every element written) = the sum over query rows i in [q0, Sq) of head h of
+ * P = exp(s(i, j) - lse(i)), s the scaled score after softcap and mask, and P 0 for keys the row does not see
+ * (causal, window, bool mask, the key tail). f carries the forward call's arguments: q, k, their strides, the
+ * mask, scale, causal, window, softcap, dtype, and f.lse, that call's LSE (FP32 (B, Hq, Sq) contiguous; it
+ * includes the sinks, so P is the share of the row's denominator). A row whose LSE is -inf adds nothing. D 64,
+ * 128 or 256; q and k as attn_lt_flash_fwd takes them; f.v, f.o, the partials and f.splits are not read. */
+typedef struct attn_lt_mass_args {
+    attn_lt_flash_args f;
+    float* mass;
+    int64_t q0;           /* the first query row summed, 0 <= q0 < Sq */
+} attn_lt_mass_args;
+int attn_lt_key_mass(const attn_lt_mass_args* args, void* stream);
 
 /* native/flash.cu: every request of the batch (the decode blocks, their merge, and the row blocks, the latter by
  * attn_lt_flash_sm90_batch with f.variant ATTN_LT_BATCH_SM90; MLA decode, D 576, by attn_lt_flash_sm90_batch). */

@@ -8,26 +8,9 @@ import torch
 
 import attn_lt
 from attn_lt import config, native
-from attn_lt.testing import causal_mask, reference, rel_error, sdpa, tolerance
+from attn_lt.testing import key_mass_reference, reference, rel_error, sdpa, tolerance
 
 pytestmark = pytest.mark.gpu
-
-
-def mass_reference(q, k, attn_mask=None, causal=False, window=None):
-    """FP64 sum over (the last ``window``) query rows of softmax(scale q k^T + mask), (B, Hq, Sk)."""
-    B, Hq, Sq, D = q.shape
-    g = Hq // k.shape[1]
-    kk = k.double().repeat_interleave(g, dim=1)
-    s = q.double() @ kk.transpose(-1, -2) * D**-0.5
-    if attn_mask is not None:
-        m = attn_mask.expand(B, Hq, Sq, k.shape[2])
-        s = s.masked_fill(~m, -math.inf) if m.dtype == torch.bool else s + m.double()
-    if causal:
-        s = s.masked_fill(~causal_mask(Sq, k.shape[2], q.device), -math.inf)
-    p = torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0)
-    if window is not None:
-        p = p[:, :, max(0, Sq - window):]
-    return p.sum(dim=2)
 
 
 @pytest.mark.parametrize("D", [80, 96, 160, 192, 256, 512, 576, 1024])
@@ -86,7 +69,7 @@ def test_decode_mass_takes_the_lean_loop_once_resolved(monkeypatch):
     o2, m2 = p.run(q, k, v)
     assert not general, "a resolved decode call with the mass took the general loop"
     assert torch.equal(o1, o2) and torch.equal(m1, m2)
-    ref = mass_reference(q, k)
+    ref = key_mass_reference(q, k)
     assert ((m2.double() - ref).abs() <= 4e-3 * ref + 1e-6).all()
     # the softmax arguments, which other launches of the program reuse, keep no pointer to the caller's mass
     assert not any(s.args.mass for s in p.program.steps)  # a NULL c_void_p reads None
@@ -122,10 +105,10 @@ def test_key_mass_matches_the_reference(case, monkeypatch):
         mask = torch.rand(1, 1, c["Sq"], c["Sk"], device="cuda") > 0.3
     elif c["mask"] == "float":
         mask = torch.randn(c["B"], 1, c["Sq"], c["Sk"], device="cuda")
-    o, lse, mass = attn_lt.attention(q, k, v, attn_mask=mask, causal=c["causal"], return_lse=True,
+    o, lse, mass = attn_lt.attention(q, k, v, attn_mask=mask, causal=c["causal"], return_lse=True, backend="lt",
                                      return_key_mass=True, key_mass_window=c["window"], **ws)
     assert mass.shape == (c["B"], c["Hq"], c["Sk"]) and mass.dtype == torch.float32
-    ref = mass_reference(q, k, mask, c["causal"], c["window"])
+    ref = key_mass_reference(q, k, mask, c["causal"], key_mass_window=c["window"])
     assert not torch.isnan(mass).any()
     # each row's P sums to 1, so each head's total is the number of rows that see a key, to rounding;
     # elementwise the bound is P's rounding to bf16 (2^-8 relative), summed in FP32

@@ -52,6 +52,21 @@ def test_masks_run_on_both_paths():
     assert select(masked, backend="lt").backend == "lt"
 
 
+@pytest.mark.parametrize("Sk", [100, 131072])
+def test_key_mass_takes_the_fused_pass_where_it_is_faster(Sk):
+    d = select(case(Sk), key_mass=True)
+    assert d.backend == "wmma" and "attn_lt_key_mass" in d.reasons[0]
+    mla = select(case(Sk, D=192, Dv=128), key_mass=True)  # MLA prefill: the fused path runs it, but not its mass
+    assert mla.backend == "lt" and "long path's probabilities" in mla.reasons[0]
+    assert any("mass per key at q/k head dim 192" in r for r in dict(mla.rejected)["wmma"])
+    # every row at head dim 256, and a decode step's few rows: the long path's mass is faster
+    assert select(case(Sk, D=256), key_mass=True).backend == "lt"
+    assert select(case(Sk, D=256), key_mass=True, key_mass_window=64).backend == "wmma"
+    decode = select(case(Sk, Sq=1), key_mass=True)
+    assert decode.backend == "lt" and "prefers_fused_mass" in decode.reasons[0]
+    assert select(case(Sk, Sq=1), backend="wmma", key_mass=True).backend == "wmma"
+
+
 def test_wmma_needs_aligned_layouts():
     import dataclasses
 

@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""The attention mass per key (``return_key_mass``) against the same call without it: the fused call and its mass
+pass over every query row and over the last 64 rows (SnapKV's observation window), the long path's mass, and eager
+PyTorch where it fits (softmax(q kᵀ) summed over the rows: its time and peak memory). ``auto`` takes the faster of
+the first and the long path by ``attn_lt.fused.prefers_fused_mass``. Prints a table; ``--out DIR`` writes
+key_mass.json.
+
+    python tools/bench_key_mass.py [--quick] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import attn_lt  # noqa: E402
+from attn_lt.testing import causal_mask, events_ms  # noqa: E402
+
+#: (name, B, Hq, Hkv, Sq, Sk, D, causal)
+CASES = [("S16k causal D128", 1, 32, 8, 16384, 16384, 128, True),
+         ("S64k causal D128", 1, 32, 8, 65536, 65536, 128, True),
+         ("S16k full D64 MHA", 1, 32, 32, 16384, 16384, 64, False),
+         ("S16k full D256 MHA", 1, 32, 32, 16384, 16384, 256, False),
+         ("decode B8 Sk32k D128", 8, 32, 8, 1, 32768, 128, False)]
+WINDOW = 64
+
+
+def eager_mass(q, k, causal: bool, rows: int | None):
+    """softmax(scale q kᵀ) summed over the (last ``rows``) query rows, as eager PyTorch code writes it."""
+    Sq, Sk = q.shape[2], k.shape[2]
+    qq = q if rows is None else q[:, :, -rows:]
+    kk = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    s = (qq @ kk.transpose(-1, -2)).float() * q.shape[-1] ** -0.5
+    if causal:
+        s = s.masked_fill(~causal_mask(Sq, Sk, q.device)[-qq.shape[2]:], -math.inf)
+    return s.softmax(-1).sum(2)
+
+
+def measure(fn, reps: int) -> tuple[float, float]:
+    """(median ms, peak GiB above the memory in use before), or (nan, nan) when it runs out of memory."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    try:
+        ms = events_ms(fn, reps)
+    except torch.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        return math.nan, math.nan
+    return ms, (torch.cuda.max_memory_allocated() - base) / 2**30
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="the first and last cases only")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--no-lt", action="store_true", help="skip the long path's mass")
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("needs a CUDA GPU")
+    cases = [CASES[0], CASES[-1]] if a.quick else CASES
+    rows = []
+    for name, B, Hq, Hkv, Sq, Sk, D, causal in cases:
+        torch.manual_seed(0)
+        q = torch.randn(B, Hq, Sq, D, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(B, Hkv, Sk, D, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        calls = {
+            "plain": lambda: attn_lt.attention(q, k, v, causal=causal),
+            "fused, all rows": lambda: attn_lt.attention(q, k, v, causal=causal, return_key_mass=True,
+                                                         backend="wmma"),
+            f"fused, last {WINDOW}": lambda: attn_lt.attention(q, k, v, causal=causal, return_key_mass=True,
+                                                              key_mass_window=WINDOW, backend="wmma"),
+        }
+        if not a.no_lt:
+            calls["lt, all rows"] = lambda: attn_lt.attention(q, k, v, causal=causal, backend="lt",
+                                                                  return_key_mass=True)
+        calls["eager, all rows"] = lambda: eager_mass(q, k, causal, None)
+        calls[f"eager, last {WINDOW}"] = lambda: eager_mass(q, k, causal, WINDOW)
+        row = {"case": name, "shape": f"B{B} Hq{Hq} Hkv{Hkv} Sq{Sq} Sk{Sk} D{D}{' causal' if causal else ''}"}
+        for label, fn in calls.items():
+            ms, gib = measure(fn, a.reps)
+            row[label] = {"ms": ms, "peak_gib": gib}
+        plain = row["plain"]["ms"]
+        for label in calls:
+            row[label]["over_plain"] = row[label]["ms"] / plain
+        rows.append(row)
+        del q, k, v
+        torch.cuda.empty_cache()
+    gpu = torch.cuda.get_device_name()
+    meta = {"gpu": gpu, "torch": torch.__version__, "dtype": "bf16", "reps": a.reps}
+    if a.out:
+        os.makedirs(a.out, exist_ok=True)
+        with open(os.path.join(a.out, "key_mass.json"), "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    labels = [lbl for lbl in rows[0] if lbl not in ("case", "shape")]
+    print(f"{gpu}, bf16; ms (over the plain call); eager: ms, peak GiB")
+    print("| case | " + " | ".join(labels) + " |")
+    print("|---" * (len(labels) + 1) + "|")
+    for r in rows:
+        cells = []
+        for lbl in labels:
+            c = r[lbl]
+            if math.isnan(c["ms"]):
+                cells.append("out of memory")
+            elif lbl.startswith("eager"):
+                cells.append(f"{c['ms']:.3f} ({c['over_plain']:.2f}x), {c['peak_gib']:.1f} GiB")
+            else:
+                cells.append(f"{c['ms']:.3f} ({c['over_plain']:.3f}x)")
+        print(f"| {r['case']} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
