@@ -56,6 +56,33 @@ def measure(fn, reps: int) -> tuple[float, float]:
     return ms, (torch.cuda.max_memory_allocated() - base) / 2**30
 
 
+def run_case(name: str, B: int, Hq: int, Hkv: int, Sq: int, Sk: int, D: int, causal: bool, *, reps: int,
+             with_lt: bool) -> dict:
+    """One case's row: each call's median ms, peak GiB and ratio to the plain call."""
+    torch.manual_seed(0)
+    q = torch.randn(B, Hq, Sq, D, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(B, Hkv, Sk, D, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+
+    def call(**kw):
+        return lambda: attn_lt.attention(q, k, v, causal=causal, **kw)
+
+    calls = {"plain": call(),
+             "fused, all rows": call(return_key_mass=True, backend="wmma"),
+             f"fused, last {WINDOW}": call(return_key_mass=True, key_mass_window=WINDOW, backend="wmma")}
+    if with_lt:
+        calls["lt, all rows"] = call(return_key_mass=True, backend="lt")
+    calls["eager, all rows"] = lambda: eager_mass(q, k, causal, None)
+    calls[f"eager, last {WINDOW}"] = lambda: eager_mass(q, k, causal, WINDOW)
+    row = {"case": name, "shape": f"B{B} Hq{Hq} Hkv{Hkv} Sq{Sq} Sk{Sk} D{D}{' causal' if causal else ''}"}
+    for label, fn in calls.items():
+        ms, gib = measure(fn, reps)
+        row[label] = {"ms": ms, "peak_gib": gib}
+    for label in calls:
+        row[label]["over_plain"] = row[label]["ms"] / row["plain"]["ms"]
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="the first and last cases only")
@@ -67,32 +94,8 @@ def main() -> None:
         sys.exit("needs a CUDA GPU")
     cases = [CASES[0], CASES[-1]] if a.quick else CASES
     rows = []
-    for name, B, Hq, Hkv, Sq, Sk, D, causal in cases:
-        torch.manual_seed(0)
-        q = torch.randn(B, Hq, Sq, D, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(B, Hkv, Sk, D, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn_like(k)
-        calls = {
-            "plain": lambda: attn_lt.attention(q, k, v, causal=causal),
-            "fused, all rows": lambda: attn_lt.attention(q, k, v, causal=causal, return_key_mass=True,
-                                                         backend="wmma"),
-            f"fused, last {WINDOW}": lambda: attn_lt.attention(q, k, v, causal=causal, return_key_mass=True,
-                                                              key_mass_window=WINDOW, backend="wmma"),
-        }
-        if not a.no_lt:
-            calls["lt, all rows"] = lambda: attn_lt.attention(q, k, v, causal=causal, backend="lt",
-                                                                  return_key_mass=True)
-        calls["eager, all rows"] = lambda: eager_mass(q, k, causal, None)
-        calls[f"eager, last {WINDOW}"] = lambda: eager_mass(q, k, causal, WINDOW)
-        row = {"case": name, "shape": f"B{B} Hq{Hq} Hkv{Hkv} Sq{Sq} Sk{Sk} D{D}{' causal' if causal else ''}"}
-        for label, fn in calls.items():
-            ms, gib = measure(fn, a.reps)
-            row[label] = {"ms": ms, "peak_gib": gib}
-        plain = row["plain"]["ms"]
-        for label in calls:
-            row[label]["over_plain"] = row[label]["ms"] / plain
-        rows.append(row)
-        del q, k, v
+    for case in cases:
+        rows.append(run_case(*case, reps=a.reps, with_lt=not a.no_lt))
         torch.cuda.empty_cache()
     gpu = torch.cuda.get_device_name()
     meta = {"gpu": gpu, "torch": torch.__version__, "dtype": "bf16", "reps": a.reps}
