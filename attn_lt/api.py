@@ -21,7 +21,7 @@ from .select import Decision, route_of, select
 from .validate import (Case, address_alignment, check_options, check_out, check_sinks, check_tensors, mask_alignment,
                        out_shape)
 from .device import stream_queries
-from .fused import FusedLaunch, device_facts, fused_launch
+from .fused import FusedLaunch, device_facts, fused_launch, stores_scores
 
 log = logging.getLogger("attn_lt")
 
@@ -322,19 +322,23 @@ class AttentionPlan:
         switch = _current_device() != device
         if self.backend == "wmma":
             mask_ptr = 0 if attn_mask is None else attn_mask.data_ptr()
+            mass = torch.empty((case.B, case.Hq, case.Sk), dtype=torch.float32, device=dev) if self.key_mass else None
+            # a decode step's mass from the scores the call stores, not from K read again
+            from_scores = mass is not None and stores_scores(case, program.kernel)
             args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse_ptr, stream, mask_ptr, ws_ptr,
-                    sig[1], sig[3], sig[4], 0 if sinks is None else sinks.data_ptr())
+                    sig[1], sig[3], sig[4], 0 if sinks is None else sinks.data_ptr(),
+                    mass.data_ptr() if from_scores else 0)
             if switch:
                 with torch.cuda.device(device):
                     program.run(*args)
             else:
                 program.run(*args)
-            if not self.key_mass:
+            if mass is None:
                 return (out, lse) if return_lse else out
-            mass = torch.empty((case.B, case.Hq, case.Sk), dtype=torch.float32, device=dev)
             first = 0 if self.key_mass_window is None else max(case.Sq - self.key_mass_window, 0)
             with torch.cuda.device(device) if switch else contextlib.nullcontext():
-                program.run_mass(q.data_ptr(), k.data_ptr(), lse_ptr, mass.data_ptr(), first, stream, mask_ptr)
+                program.run_mass(q.data_ptr(), k.data_ptr(), lse_ptr, mass.data_ptr(), first, stream, mask_ptr,
+                                 from_scores)
         else:
             mass = program.key_mass_buffer(dev, self.key_mass_window) if self.key_mass else None
             target = None

@@ -28,7 +28,7 @@ import torch
 from . import native
 from .device import stream_queries
 from .fused import ASSUMED_DEVICE, MLA_DECODE, MLA_ROWS, DeviceFacts, device_facts
-from .validate import check_causal, check_scale, check_variants
+from .validate import check_causal, check_options, check_scale, check_variants
 
 log = logging.getLogger("attn_lt")
 
@@ -465,7 +465,8 @@ def _set_metadata(a, cu_q, cu_k, seqlens_k, block_table) -> None:
 
 
 def _launch(plan: BatchPlan, q, k, v, out, lse, cu_q, cu_k, seqlens_k, block_table, dtype: str, scale: float,
-            causal: bool, device: torch.device, check: bool, variant: tuple = (None, 0.0, None)):
+            causal: bool, device: torch.device, check: bool, variant: tuple = (None, 0.0, None), mass=None,
+            mass_window: int | None = None):
     current_device, raw_stream, is_capturing = stream_queries()
     with torch.cuda.device(device) if current_device() != device.index else contextlib.nullcontext():
         capturing = is_capturing()
@@ -479,7 +480,16 @@ def _launch(plan: BatchPlan, q, k, v, out, lse, cu_q, cu_k, seqlens_k, block_tab
         _set_tensors(a, q, k, v, out, lse, block_table is not None)
         _set_metadata(a, cu_q, cu_k, seqlens_k, block_table)
         _set_variant(a, *variant)
-        native.batch(a, raw_stream(device.index))
+        if mass is not None:  # one-row requests' scores from the decode blocks, laid out as the mass
+            a.f.scores, a.f.s_sh = mass.data_ptr(), mass.stride(-2)
+            a.f.s_sb = mass.stride(0) if block_table is not None else 0
+        stream = raw_stream(device.index)
+        native.batch(a, stream)
+        if mass is not None:
+            m = native.BatchMassArgs()
+            m.b, m.mass, m.from_scores = a, mass.data_ptr(), 1
+            m.window = plan.max_seqlen_q if mass_window is None else min(mass_window, plan.max_seqlen_q)
+            native.batch_key_mass(m, stream)
         if check:
             check_batch_errors(device)
 
@@ -501,13 +511,24 @@ def _outputs(q, Hq: int, D: int, out, return_lse: bool) -> tuple:
     return out, torch.empty((Hq, q.shape[0]), dtype=torch.float32, device=q.device) if return_lse else None
 
 
-def _finish(out, lse, return_lse: bool):
-    return (out, lse) if return_lse else out
+def _mass_options(return_key_mass, key_mass_window, latent: bool) -> bool:
+    """Whether the call returns the mass per key; its options checked (ValueError for MLA decode)."""
+    check_options(return_key_mass=return_key_mass, key_mass_window=key_mass_window)
+    if return_key_mass and latent:
+        raise ValueError("return_key_mass is not available for MLA decode (head dims 576/512)")
+    return bool(return_key_mass)
+
+
+def _finish(out, lse, return_lse: bool, mass=None):
+    """out, then lse when asked for, then the mass when asked for (as :func:`attn_lt.attention` returns them)."""
+    got = (out,) + ((lse,) if return_lse else ()) + ((mass,) if mass is not None else ())
+    return got if len(got) > 1 else out
 
 
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, max_seqlen_k: int,
                      causal: bool = False, scale: float | None = None, return_lse: bool = False, out=None,
-                     check: bool = False, window=None, softcap: float | None = None, sinks=None):
+                     check: bool = False, window=None, softcap: float | None = None, sinks=None,
+                     return_key_mass: bool = False, key_mass_window: int | None = None):
     """Attention over packed sequences (FlashAttention's ``flash_attn_varlen_func`` conventions).
 
     q: (total_q, Hq, D); k: (total_k, Hkv, D); v: (total_k, Hkv, D); fp16 or bf16, D 64, 128 or 256, Hq a
@@ -518,14 +539,21 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
     ``window``, ``softcap``, ``sinks``: the attention variants, as :func:`attn_lt.attention` takes them (the window
     within each request).
 
-    Returns out (total_q, Hq, D) in q's dtype; with ``return_lse``, ``(out, lse)``, lse FP32 (Hq, total_q). A
-    request with no keys gives zeros and LSE -inf; rows no request owns are left as they were (with no keys at all,
-    total_k = 0, every row is zeros and the offsets are not read). ``check=True`` synchronises after the call and
-    raises ``ValueError`` if this or an earlier unchecked call on the GPU met bad lengths (:func:`check_batch_errors`).
+    ``return_key_mass``: also return the attention mass per key, FP32 (Hq, total_k): for each request and query
+    head, the sum over its query rows (its last ``key_mass_window`` rows, when given) of the probabilities P of
+    each of its keys, at that key's packed column (what KV-cache eviction during serving needs; computed after the
+    call from its LSE by a pass over each request's keys, as :func:`attn_lt.attention` does on the fused path).
+
+    Returns out (total_q, Hq, D) in q's dtype; with ``return_lse``, ``(out, lse)``, lse FP32 (Hq, total_q); with
+    ``return_key_mass`` the mass comes last. A request with no keys gives zeros and LSE -inf; rows no request owns
+    are left as they were (with no keys at all, total_k = 0, every row is zeros and the offsets are not read).
+    ``check=True`` synchronises after the call and raises ``ValueError`` if this or an earlier unchecked call on the
+    GPU met bad lengths (:func:`check_batch_errors`).
     """
     dtype, Hq, Hkv, D, _ = _check_data(q, k, v, ("q", "k", "v"), 3)
     causal = check_causal(causal)
     scale = D ** -0.5 if scale is None else check_scale(scale)
+    want_mass = _mass_options(return_key_mass, key_mass_window, False)
     max_q, max_k = _positive_int("max_seqlen_q", max_seqlen_q), _positive_int("max_seqlen_k", max_seqlen_k)
     _check_index("cu_seqlens_q", cu_seqlens_q, "(B + 1,) with B >= 1", 1)
     B = cu_seqlens_q.shape[0] - 1
@@ -541,20 +569,22 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
     out = _check_out(out, (q.shape[0], Hq, D), q.dtype, device)
     variant = _variant(window, softcap, sinks, causal, q, False)
     q, k, v = _readable("q", q, True), _readable("k", k, True), _readable("v", v, True)
-    out, lse = _outputs(q, Hq, D, out, return_lse)
+    out, lse = _outputs(q, Hq, D, out, return_lse or want_mass)
+    mass = torch.zeros((Hq, k.shape[0]), dtype=torch.float32, device=device) if want_mass else None
     if k.shape[0] == 0:  # no keys at all: every request's rows are zeros (only the lengths are not checked)
         _no_keys(out, lse, variant[2])
-        return _finish(out, lse, return_lse)
+        return _finish(out, lse, return_lse, mass)
     plan = plan_batch(B, Hq, Hkv, D, max_seqlen_q=max_q, max_seqlen_k=max_k, facts=device_facts(device.index))
     _launch(plan, q, k, v, out, lse, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), None, None, dtype,
-            scale, causal, device, check, variant)
-    return _finish(out, lse, return_lse)
+            scale, causal, device, check, variant, mass, key_mass_window)
+    return _finish(out, lse, return_lse, mass)
 
 
 def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q=None, max_seqlen_q: int | None = None,
                     max_seqlen_k: int | None = None, causal: bool = True, scale: float | None = None,
                     return_lse: bool = False, out=None, check: bool = False, window=None,
-                    softcap: float | None = None, sinks=None):
+                    softcap: float | None = None, sinks=None, return_key_mass: bool = False,
+                    key_mass_window: int | None = None):
     """Attention against a paged KV cache (FlashAttention's ``flash_attn_with_kvcache`` / vLLM's layout).
 
     k_cache, v_cache: (num_blocks, block_size, Hkv, D), block_size a power of two from 8 (vLLM's 16 ... 256 and
@@ -570,7 +600,12 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
     ``k_cache[..., :512]`` (the same memory, read once), block_size >= 64 (FlashMLA's 64), q (B, Hq, 576) one row a
     request; out (B, Hq, 512). ``scale`` defaults to 576 ** -0.5; DeepSeek's models pass their own.
 
-    Returns out (rows, Hq, Dv); with ``return_lse``, ``(out, lse)``, lse FP32 (Hq, rows). A request with no keys
+    ``return_key_mass``: also return the attention mass per key, FP32 (B, Hq, max_seqlen_k): request b's key j at
+    ``[b, h, j]``, the sum over its query rows (its last ``key_mass_window`` rows, when given) of the probabilities
+    P; zeros past its length and for keys of a block id outside the cache (not with MLA decode).
+
+    Returns out (rows, Hq, Dv); with ``return_lse``, ``(out, lse)``, lse FP32 (Hq, rows); with ``return_key_mass``
+    the mass comes last. A request with no keys
     gives zeros and LSE -inf; a block id outside the cache is never read past the cache (MLA decode reads block 0 in
     its place), its keys are not attended, and it is recorded (``check=True``, or :func:`check_batch_errors`). Prefill rows on Hopper read a request's last block whole (the
     slots past its length are masked, not skipped): keep unused cache slots finite, e.g. allocate the cache with
@@ -579,6 +614,7 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
     dtype, Hq, Hkv, D, Dv = _check_data(q, k_cache, v_cache, ("q", "k_cache", "v_cache"), 4)
     causal = check_causal(causal)
     scale = D ** -0.5 if scale is None else check_scale(scale)
+    want_mass = _mass_options(return_key_mass, key_mass_window, Dv != D)
     _check_index("block_table", block_table, "(B, max_blocks_per_seq)", 2)
     B, max_blocks = block_table.shape
     block_size = k_cache.shape[1]
@@ -613,13 +649,14 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
     k_cache, v_cache = _readable("k_cache", k_cache, False), _readable("v_cache", v_cache, False)
     if block_table.stride(1) != 1 or block_table.stride(0) < max_blocks:  # (an expanded table: stride 0)
         block_table = block_table.contiguous()
-    out, lse = _outputs(q, Hq, Dv, out, return_lse)
     variant = _variant(window, softcap, sinks, causal, q, Dv != D)
+    out, lse = _outputs(q, Hq, Dv, out, return_lse or want_mass)
+    mass = torch.empty((B, Hq, max_k), dtype=torch.float32, device=device) if want_mass else None
     plan = plan_batch(B, Hq, Hkv, D, max_seqlen_q=max_q, max_seqlen_k=max_k, block_size=block_size, Dv=Dv,
                       facts=facts)
     _launch(plan, q, k_cache, v_cache, out, lse, None if cu_seqlens_q is None else cu_seqlens_q.contiguous(), None,
-            seqlens_k.contiguous(), block_table, dtype, scale, causal, device, check, variant)
-    return _finish(out, lse, return_lse)
+            seqlens_k.contiguous(), block_table, dtype, scale, causal, device, check, variant, mass, key_mass_window)
+    return _finish(out, lse, return_lse, mass)
 
 
 class BatchStep:

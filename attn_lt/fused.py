@@ -87,12 +87,20 @@ def prefers_fused_mass(case: Case, key_mass_window: int | None) -> bool:
     """Whether the fused call and its mass pass are faster than the long path's mass for ``case`` summing the last
     ``key_mass_window`` rows (None: all), both able to run it. The long path computes every row's scores, the pass
     only the summed rows', against every key tile: for a decode step (at most :data:`DECODE_ROWS` rows a kv head)
-    the long path is faster (H100, B8 H32/8 Sk 32k: 0.56 ms against 0.78), and over every row at head dim 256 too
+    the long path is faster (H100, B8 H32/8 Sk 32k: 0.56 ms against 0.78; H200, where the decode blocks store the
+    scores (:func:`stores_scores`): 0.338 against 0.363, the plain call 0.299), and over every row at head dim 256 too
     (B1 H32 S16k: 41.8 ms against 68.8); a window of rows at any head dim, or every row at 64 and 128, takes the
     pass (B1 H32/8 S16k causal D 128, every row: 15.2 ms against 22.0; the last 64 rows: 3.5)."""
     if case.Sq * case.group <= DECODE_ROWS:
         return False
     return (key_mass_window is not None and key_mass_window < case.Sq) or case.D <= 128
+
+
+def stores_scores(case: Case, kernel: str) -> bool:
+    """Whether ``kernel`` runs ``case`` on native/flash.cu's decode blocks for a one-row sequence, which can store
+    each head's scores for the mass pass to turn into the mass in place (``attn_lt_flash_args::scores``): a decode
+    step's mass then costs a write and a read of it, not a second read of K."""
+    return kernel == "flash" and case.Sq == 1 and case.group <= WARP_SPLIT_ROWS
 
 
 def _device_index(device: int | None) -> int | None:
@@ -410,11 +418,12 @@ class Program:
 
     def run(self, q: int, k: int, v: int, o: int, lse: int, stream: int, mask: int = 0, workspace: int = 0,
             Sk: int | None = None, k_strides: tuple | None = None, v_strides: tuple | None = None,
-            sinks: int = 0) -> None:
+            sinks: int = 0, scores: int = 0) -> None:
         """Launch on ``stream`` with the device addresses of q, k, v, the output, the FP32 LSE, the mask (0: none),
         the workspace (the split partials; ``launch.workspace_bytes``) and the sinks (a case with sinks); ``Sk`` and
         the K/V element strides, when given, replace the case's (another key length of the same launch, e.g. a
-        decode step)."""
+        decode step). ``scores``: where this call stores its scores for :meth:`run_mass` (FP32 (B, Hq, Sk); only
+        where :func:`stores_scores` holds)."""
         a = self.args
         with self._lock:  # the partials' addresses are read only with splits > 1
             self._addresses[:] = (q, k, v, o, lse, mask, workspace, workspace + self._lse_part_offset)
@@ -423,11 +432,18 @@ class Program:
                 a.Sk = Sk
                 a.k_sb, a.k_sh, a.k_ss = k_strides[:3]
                 a.v_sb, a.v_sh, a.v_ss = v_strides[:3]
-            self._launch(a, stream)
+            if scores:
+                a.scores, a.s_sb, a.s_sh = scores, a.Hq * a.Sk, a.Sk
+            try:
+                self._launch(a, stream)
+            finally:
+                a.scores = None  # this call's only (the arguments serve later calls, the fast path's too)
 
-    def run_mass(self, q: int, k: int, lse: int, mass: int, q0: int, stream: int, mask: int = 0) -> None:
+    def run_mass(self, q: int, k: int, lse: int, mass: int, q0: int, stream: int, mask: int = 0,
+                 from_scores: bool = False) -> None:
         """After :meth:`run`: the attention mass per key of the query rows [q0, Sq) into ``mass`` (FP32 (B, Hq, Sk)
-        contiguous) from the call's LSE at ``lse`` (native/flash.cu's attn_lt_key_mass)."""
+        contiguous) from the call's LSE at ``lse`` (native/flash.cu's attn_lt_key_mass); ``from_scores``: that
+        call stored its scores in ``mass`` (``run(..., scores=mass)``)."""
         with self._lock:
             m = self._mass
             if m is None:
@@ -436,5 +452,5 @@ class Program:
             f = m.f
             f.q, f.k, f.lse, f.mask = q, k, lse, mask or None
             f.v = f.o = f.o_part = f.lse_part = f.sinks = None
-            m.mass, m.q0 = mass, q0
+            m.mass, m.q0, m.from_scores = mass, q0, int(from_scores)
             native.key_mass(m, stream)

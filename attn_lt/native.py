@@ -18,7 +18,7 @@ from . import config
 
 log = logging.getLogger("attn_lt")
 
-ABI_VERSION = 17
+ABI_VERSION = 18
 _PKG = Path(__file__).resolve().parent
 _LIB_PATH = _PKG / "_native" / "libattn_lt.so"
 SOURCE_DIR = _PKG.parent / "native"
@@ -73,7 +73,8 @@ class FlashArgs(ctypes.Structure):
         ("scale", ctypes.c_float)] + [
         (n, ctypes.c_int32) for n in ("causal", "dtype", "variant", "mask_dtype", "splits", "Dv")] + [
         ("sinks", ctypes.c_void_p), ("softcap", ctypes.c_float), ("window_left", ctypes.c_int32),
-        ("window_right", ctypes.c_int32)]
+        ("window_right", ctypes.c_int32), ("scores", ctypes.c_void_p), ("s_sb", ctypes.c_int64),
+        ("s_sh", ctypes.c_int64)]
 
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
@@ -111,7 +112,14 @@ BATCH_VARIANTS = {"flash": 0, "sm90": 1}
 class MassArgs(ctypes.Structure):
     """Mirror of ``attn_lt_mass_args`` in native/attn_lt.h."""
 
-    _fields_ = [("f", FlashArgs), ("mass", ctypes.c_void_p), ("q0", ctypes.c_int64)]
+    _fields_ = [("f", FlashArgs), ("mass", ctypes.c_void_p), ("q0", ctypes.c_int64), ("from_scores", ctypes.c_int64)]
+
+
+class BatchMassArgs(ctypes.Structure):
+    """Mirror of ``attn_lt_batch_mass_args`` in native/attn_lt.h."""
+
+    _fields_ = [("b", BatchArgs), ("mass", ctypes.c_void_p), ("window", ctypes.c_int64),
+                ("from_scores", ctypes.c_int64)]
 
 
 class ScoresArgs(ctypes.Structure):
@@ -208,6 +216,10 @@ def load() -> ctypes.CDLL:
         lib.attn_lt_flash_sm90_supported.argtypes = []
         lib.attn_lt_scores_sm90.restype = ctypes.c_int
         lib.attn_lt_scores_sm90.argtypes = [ctypes.POINTER(ScoresArgs), ctypes.c_void_p]
+        for name, args in (("attn_lt_batch_fwd", BatchArgs), ("attn_lt_key_mass", MassArgs),
+                           ("attn_lt_batch_key_mass", BatchMassArgs)):
+            getattr(lib, name).restype = ctypes.c_int
+            getattr(lib, name).argtypes = [ctypes.POINTER(args), ctypes.c_void_p]  # a stream is 64 bits, not an int
     except AttributeError as e:  # the right ABI number but not our symbols
         raise NativeLibraryError(f"{path} is not a complete attn_lt library ({e}); {_BUILD_HINT}") from None
     built = lib.attn_lt_source_hash().decode()
@@ -288,6 +300,14 @@ def key_mass(args: MassArgs, stream: int) -> None:
     _launch("attn_lt_key_mass", args, stream,
             lambda a: f"B={a.f.B} Hq={a.f.Hq} Hkv={a.f.Hkv} Sq={a.f.Sq} Sk={a.f.Sk} D={a.f.D} q0={a.q0} "
                       f"mask_dtype={a.f.mask_dtype}")
+
+
+def batch_key_mass(args: BatchMassArgs, stream: int) -> None:
+    """Launch the attention mass per key of a finished serving batch (native/flash.cu's attn_lt_batch_key_mass: each
+    request's last ``window`` rows, from the batch call's LSE); raises :class:`CudaError` on failure."""
+    _launch("attn_lt_batch_key_mass", args, stream,
+            lambda a: f"requests={a.b.f.B} Hq={a.b.f.Hq} Hkv={a.b.f.Hkv} max_q={a.b.f.Sq} max_k={a.b.f.Sk} "
+                      f"D={a.b.f.D} block_size={a.b.block_size} window={a.window}")
 
 
 #: ``FlashArgs.variant`` values of :func:`flash_sm90` (``attn_lt_flash_sm90_variant`` in native/attn_lt.h).

@@ -285,6 +285,21 @@ def paged_gather(k_cache, v_cache, block_table, seqlens_k) -> tuple:
     return torch.cat(ks), torch.cat(vs), torch.tensor(cu, dtype=torch.int32, device=k_cache.device)
 
 
+def varlen_key_mass_reference(q, k, cu_seqlens_q, cu_seqlens_k, *, causal=False, scale=None, key_mass_window=None,
+                              window=None, softcap=None, sinks=None, dtype=torch.float64):
+    """The mass per key of ``attn_lt.varlen_attention(..., return_key_mass=True)`` in ``dtype``, request by request
+    with :func:`key_mass_reference`: (Hq, total_k); columns no request owns are 0. Offsets read on the host."""
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    mass = torch.zeros((q.shape[1], k.shape[0]), dtype=dtype, device=q.device)
+    for b in range(len(cq) - 1):
+        q0, q1, k0, k1 = cq[b], cq[b + 1], ck[b], ck[b + 1]
+        if q1 > q0 and k1 > k0:
+            mass[:, k0:k1] = key_mass_reference(q[q0:q1].transpose(0, 1)[None], k[k0:k1].transpose(0, 1)[None],
+                                                causal=causal, scale=scale, key_mass_window=key_mass_window,
+                                                window=window, softcap=softcap, sinks=sinks, dtype=dtype)[0]
+    return mass
+
+
 def paged_reference(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q=None, causal=True, scale=None,
                     dtype=torch.float64):
     """(out, lse) of ``attn_lt.paged_attention`` in ``dtype``: the cache gathered per request

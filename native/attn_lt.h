@@ -8,7 +8,7 @@
 #define ATTN_LT_H
 #include <stdint.h>
 
-#define ATTN_LT_ABI_VERSION 17
+#define ATTN_LT_ABI_VERSION 18
 
 #ifdef __cplusplus
 extern "C" {
@@ -135,6 +135,14 @@ typedef struct attn_lt_flash_args {
     int32_t window_left;  /* >= 0: query i (bottom-right aligned: position i + Sk - Sq) sees no key before
                              i + Sk - Sq - window_left; -1: unbounded */
     int32_t window_right; /* >= 0: nor a key after i + Sk - Sq + window_right; -1: unbounded (causal: 0) */
+    /* attn_lt_flash_fwd's and attn_lt_batch_fwd's decode blocks (at most 16 rows a kv head), for a sequence of one
+     * query row (Sq = 1; a batch: a request of one row), when not null: each head's scaled score of every key its
+     * row's tiles visit, in the exp2 domain (log2(e) x the scaled score after softcap, plus the mask; -inf for a key
+     * the row does not see), FP32 at scores[b * s_sb + h * s_sh + j] (a packed-keys batch: cu_k[b] + h * s_sh + j).
+     * Keys of tiles outside the row's window are not written. attn_lt_key_mass / attn_lt_batch_key_mass turn them
+     * into the mass per key in place (from_scores). */
+    float* scores;
+    int64_t s_sb, s_sh;
 } attn_lt_flash_args;
 
 enum attn_lt_flash_sm90_variant {
@@ -211,8 +219,26 @@ typedef struct attn_lt_mass_args {
     attn_lt_flash_args f;
     float* mass;
     int64_t q0;           /* the first query row summed, 0 <= q0 < Sq */
+    int64_t from_scores;  /* 1 (Sq = 1 only): the forward call's decode blocks stored the row's scores in mass
+                             (attn_lt_flash_args::scores, s_sb = Hq Sk, s_sh = Sk): P from them, in place */
 } attn_lt_mass_args;
 int attn_lt_key_mass(const attn_lt_mass_args* args, void* stream);
+
+/* The attention mass per key of a finished serving batch (attn_lt_batch_fwd with b.f.lse set, FP32 (Hq, total_q)):
+ * for each request and query head, the sum over its last `window` query rows (all of them when it has fewer) of
+ * exp(s - lse), as attn_lt_key_mass defines it (no mask: batches take none). mass, FP32, every element written:
+ * packed keys (b.cu_k) (Hq, total_k), request b's key j at column cu_k[b] + j (columns no request owns are not
+ * written); a paged cache (B, Hq, b.f.Sk), request b's key j at [b][h][j], zeros past its length and for keys of a
+ * block id out of range. The metadata is read as attn_lt_batch_fwd reads it (a bad request: zeros; reported by the
+ * forward call, not again). D 64, 128 or 256; b.f.v, b.f.o and the workspace are not read. */
+typedef struct attn_lt_batch_mass_args {
+    attn_lt_batch_args b;
+    float* mass;
+    int64_t window;      /* >= 1 */
+    int64_t from_scores; /* 1: the batch call stored the scores of its one-row requests on decode blocks in mass
+                            (attn_lt_flash_args::scores, laid out as mass): their P from them, in place */
+} attn_lt_batch_mass_args;
+int attn_lt_batch_key_mass(const attn_lt_batch_mass_args* args, void* stream);
 
 /* native/flash.cu: every request of the batch (the decode blocks, their merge, and the row blocks, the latter by
  * attn_lt_flash_sm90_batch with f.variant ATTN_LT_BATCH_SM90; MLA decode, D 576, by attn_lt_flash_sm90_batch). */

@@ -45,11 +45,14 @@ __host__ __device__ __forceinline__ int64_t batch_parts(int64_t keys, int64_t sp
     return split_keys > 0 ? (keys + split_keys - 1) / split_keys : (keys > 0 ? 1 : 0);
 }
 
-// The block of a paged cache that holds key j of request b, or -1 when the table's id is outside [0, num_blocks)
-// (log2_bs: log2 of the block size; key j is row j % block_size of that block).
+// Whether a block id read from the table names a block of the cache: [0, num_blocks).
+__device__ __forceinline__ bool paged_id_ok(const attn_lt_batch_args& a, int id) { return id >= 0 && id < a.num_blocks; }
+
+// The block of a paged cache that holds key j of request b, or -1 when the table's id is out of range (log2_bs: log2
+// of the block size; key j is row j % block_size of that block).
 __device__ __forceinline__ int paged_block(const attn_lt_batch_args& a, int b, int j, int log2_bs) {
     const int id = __ldg(a.block_table + b * a.bt_stride + (j >> log2_bs));
-    return id >= 0 && id < a.num_blocks ? id : -1;
+    return paged_id_ok(a, id) ? id : -1;
 }
 
 #endif

@@ -110,26 +110,35 @@ __device__ __forceinline__ bool key_block_bad(const attn_lt_batch_args& a, int b
     return paged_block(a, b, key, log2_bs) < 0;
 }
 
-// Paged caches (serving batches). A thread copies rows r0, r0 + kRowStep, ... of one column of each key tile; their
-// block ids are fetched a tile ahead (paged_ids, into registers) so that the table's latency hides under the
-// current tile's work, and paged_copy issues the tile's K and V rows from them.
+// Paged caches (serving batches). A thread copies rows r0, r0 + kRowStep, ... of one column of each key tile. The
+// table entries of a tile are loaded when the tile before it is issued (paged_fetch: one entry a lane, nothing waits
+// on it), so that their latency hides under a tile's work; paged_ids checks and distributes them when the tile is
+// issued, and paged_copy issues its K and V rows.
 template <int D>
 struct PagedRows {
     static constexpr int kChunks = D / 8, kRowStep = kThreads / kChunks, kPasses = kBlockN / kRowStep;
-    int blk[kPasses];  // block ids of this thread's rows of the next tile; -1: out of range, -2: no row
+    int raw;           // the table entry of block `lane` of the tile fetched (-2: none)
+    int blk[kPasses];  // block ids of this thread's rows of the tile being issued; -1: out of range, -2: no row
 };
 
-// Block ids of this thread's rows [n0, n0 + valid) of request b (valid >= 1): lane L of each warp reads the table
-// entry of the tile's L-th block (a tile spans at most 64 / 8 blocks) and the rows take theirs by shuffle, one
-// table load a lane. An id out of range is recorded (a.error and *bad: the softmax then hides the keys of such
-// blocks) and its rows are not read.
+// Lane L of each warp loads the table entry of block L of request b's tile [n0, n0 + valid) (valid >= 1; a tile spans
+// at most 64 / 8 blocks).
 template <int D>
-__device__ __forceinline__ void paged_ids(PagedRows<D>& p, const attn_lt_batch_args& a, int b, int n0, int valid,
+__device__ __forceinline__ void paged_fetch(PagedRows<D>& p, const attn_lt_batch_args& a, int b, int n0, int valid,
+                                            int log2_bs) {
+    const int lane = threadIdx.x % 32, first = n0 >> log2_bs, blocks = ((n0 + valid - 1) >> log2_bs) - first + 1;
+    p.raw = lane < blocks ? __ldg(a.block_table + b * a.bt_stride + first + lane) : -2;
+}
+
+// The block ids of this thread's rows of the tile [n0, n0 + valid) from the entries paged_fetch loaded, by shuffle.
+// An id out of range is recorded (a.error and *bad: the softmax then hides the keys of such blocks) and its rows are
+// not read.
+template <int D>
+__device__ __forceinline__ void paged_ids(PagedRows<D>& p, const attn_lt_batch_args& a, int n0, int valid,
                                           int log2_bs, int* bad) {
     using P = PagedRows<D>;
-    const int r0 = threadIdx.x / P::kChunks, lane = threadIdx.x % 32;
-    const int first = n0 >> log2_bs, blocks = ((n0 + valid - 1) >> log2_bs) - first + 1;
-    const int id = lane < blocks ? paged_block(a, b, (first + lane) << log2_bs, log2_bs) : -2;
+    const int r0 = threadIdx.x / P::kChunks, first = n0 >> log2_bs;
+    const int id = p.raw == -2 ? -2 : paged_id_ok(a, p.raw) ? p.raw : -1;
     if (id == -1) {
         *bad = 1;
         atomicOr(a.error, ATTN_LT_BATCH_BAD_BLOCK);
@@ -284,6 +293,18 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
     const int m_valid = min(kBlockM, rows_all - m0);
     const int shift = Sk - Sq;  // causal: key j visible to query position i iff j <= i + shift
     const T* qb = static_cast<const T*>(a.q) + (BT ? q_row0 * a.q_ss : b * a.q_sb) + hk * g * a.q_sh;
+    // Decode blocks of a one-row sequence store their rows' scores (attn_lt_flash_args::scores) here: head hk g + r
+    // at s_out[r * s_sh + key].
+    float* s_out = nullptr;
+    if constexpr (W) {
+        if (a.scores != nullptr && Sq == 1) {
+            int64_t at = b * a.s_sb;
+            if constexpr (BT) {
+                if (args.cu_k != nullptr) at = req.k0;
+            }
+            s_out = a.scores + at + hk * g * a.s_sh;
+        }
+    }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     // The merge of the splits (a dependent grid, see merge) launches once every CTA of this grid got here or
     // exited; it waits in griddepcontrol.wait until this grid has finished and its writes are visible.
@@ -310,14 +331,14 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
     // keys of such blocks).
     int log2_bs = 0;
     __shared__ int s_bad;
-    PagedRows<D> pages;  // (paged caches) the block ids of the next tile to load
+    PagedRows<D> pages;  // (paged caches) the table entries of the next tile to issue, then its rows' block ids
     if constexpr (BT) {
         if (args.block_table != nullptr) log2_bs = __ffsll(args.block_size) - 1;
         if (threadIdx.x == 0) s_bad = 0;
         __syncthreads();
         if (log2_bs > 0 && t_begin < t_end)
-            paged_ids(pages, args, static_cast<int>(b), t_begin * kBlockN, min(kBlockN, Sk - t_begin * kBlockN),
-                      log2_bs, &s_bad);
+            paged_fetch(pages, args, static_cast<int>(b), t_begin * kBlockN, min(kBlockN, Sk - t_begin * kBlockN),
+                        log2_bs);
     }
 
     // Rows of this thread: for m tile t, tile row (warp * MT + t) * 16 + lane / 4 and that + 8; their query
@@ -377,10 +398,10 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
             const int n0 = tile * kBlockN, valid = min(kBlockN, Sk - n0);
             if (log2_bs > 0) {  // (paged: BT only)
                 if constexpr (BT) {
+                    paged_ids(pages, args, n0, valid, log2_bs, &s_bad);
                     paged_copy<D>(sK + slot * kBlockN * D, sV + slot * kBlockN * D, k, v, pages, a, n0, log2_bs);
                     const int n1 = n0 + kBlockN;
-                    if (tile + 1 < t_end)
-                        paged_ids(pages, args, static_cast<int>(b), n1, min(kBlockN, Sk - n1), log2_bs, &s_bad);
+                    if (tile + 1 < t_end) paged_fetch(pages, args, static_cast<int>(b), n1, min(kBlockN, Sk - n1), log2_bs);
                 }
             } else if (valid == kBlockN && (D <= 128 || W)) {  // (D 256 row blocks: the unrolled copy spills there)
                 load_key_tile<D>(sK + slot * kBlockN * D, k + int64_t(n0) * a.k_ss, a.k_ss);
@@ -514,6 +535,10 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
                         x = -INFINITY;
                     else if (has_mask) x += mk[t][j][e];
                     s[t][j][e] = x;
+                    if constexpr (W) {
+                        const int row = lane / 4 + (e >> 1) * 8;
+                        if (s_out != nullptr && row < g && key < Sk) s_out[row * a.s_sh + key] = x;
+                    }
                 }
                 mx[0] = fmaxf(mx[0], fmaxf(s[t][j][0], s[t][j][1]));
                 mx[1] = fmaxf(mx[1], fmaxf(s[t][j][2], s[t][j][3]));
@@ -778,6 +803,8 @@ __host__ __device__ constexpr int mass_mt() { return D == 64 ? 2 : 1; }  // m16 
 template <int D>
 __host__ __device__ constexpr int mass_stages() { return D == 64 ? 3 : 2; }  // stages in the ring
 template <int D>
+constexpr int mass_min_ctas() { return D == 128 ? 4 : D == 64 ? 3 : 1; }  // CTAs an SM the registers leave room for
+template <int D>
 __host__ __device__ constexpr int mass_keys() { return 16 * mass_mt<D>() * kWarps; }
 template <int D>
 __host__ __device__ constexpr size_t mass_smem() {
@@ -813,8 +840,24 @@ __device__ __noinline__ float mass_logit(float x, float sc, float cap_in, float 
     return mask != nullptr ? x + mask_value(mask, mask_dtype, m) : x;
 }
 
-template <int D, typename T>
-__global__ void __launch_bounds__(kThreads) key_mass_kernel(const attn_lt_mass_args a) {
+// Whether the mass of a sequence of Sq rows comes from the scores its forward call's decode blocks stored
+// (attn_lt_flash_args::scores: one-row sequences on decode blocks), by mass_from_scores, not key_mass_kernel.
+__device__ __forceinline__ bool from_stored_scores(int64_t from_scores, int Sq, int g) {
+    return from_scores && Sq == 1 && g <= kBatchSmallRows;
+}
+
+// The mass kernel's arguments: a dense call's (attn_lt_mass_args) or a serving batch's (BT).
+template <bool BT>
+using MassKernelArgs = std::conditional_t<BT, attn_lt_batch_mass_args, attn_lt_mass_args>;
+__host__ __device__ __forceinline__ const attn_lt_flash_args& flash_of(const attn_lt_mass_args& a) { return a.f; }
+__host__ __device__ __forceinline__ const attn_lt_flash_args& flash_of(const attn_lt_batch_mass_args& a) {
+    return a.b.f;
+}
+
+// Grid (key blocks of mass_keys, Hkv, B): a CTA sums its keys' mass over the summed query rows of the g heads of
+// its kv head. Serving batches (BT): B and the key blocks are the capacity's; each CTA reads its request's lengths.
+template <int D, typename T, bool BT>
+__global__ void __launch_bounds__(kThreads, mass_min_ctas<D>()) key_mass_kernel(const MassKernelArgs<BT> a) {
     constexpr int MT = mass_mt<D>(), kKeys = mass_keys<D>(), KK = D / 16, kChunks = D / 8;
     constexpr int kMassStages = mass_stages<D>();
     constexpr int kColStep = kThreads / kChunks;  // a thread's Q chunks: one column every kColStep
@@ -822,30 +865,59 @@ __global__ void __launch_bounds__(kThreads) key_mass_kernel(const attn_lt_mass_a
     T* sK = reinterpret_cast<T*>(smem);
     T* sQ = sK + kKeys * D;
     float* sL = reinterpret_cast<float*>(sQ + kMassStages * kMassCols * D);
-    const attn_lt_flash_args& f = a.f;
+    const attn_lt_flash_args& f = flash_of(a);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int n0 = blockIdx.x * kKeys, hk = blockIdx.y, b = blockIdx.z;
-    const int g = static_cast<int>(f.Hq / f.Hkv), Sq = static_cast<int>(f.Sq), Sk = static_cast<int>(f.Sk);
+    const int g = static_cast<int>(f.Hq / f.Hkv);
+    const int64_t head0 = int64_t(hk) * g;
+    // The rows and keys of this CTA's sequence; q, lse and mass at its head0, their head strides (lse_hs, mass_hs),
+    // the keys its mass row holds (n_out >= Sk: a paged batch's row is the capacity's), the first row summed (first),
+    // the K rows (paged: log2_bs > 0, rows looked up in the table).
+    int Sq, Sk, n_out, first, log2_bs = 0;
+    int64_t lse_hs, mass_hs;
+    const T* q;
+    const T* k = static_cast<const T*>(f.k) + hk * f.k_sh;
+    const float* lse;
+    float* mass;
+    if constexpr (BT) {
+        const attn_lt_batch_args& ba = a.b;
+        const BatchRequest req = batch_request(ba, b, false);
+        const bool paged = ba.block_table != nullptr;
+        Sq = req.nq, Sk = req.nk;
+        n_out = paged ? static_cast<int>(f.Sk) : Sk;
+        first = Sq > a.window ? static_cast<int>(Sq - a.window) : 0;
+        lse_hs = ba.total_q;
+        mass_hs = paged ? f.Sk : ba.total_k;
+        q = static_cast<const T*>(f.q) + int64_t(req.q0) * f.q_ss + head0 * f.q_sh;
+        lse = f.lse + head0 * ba.total_q + req.q0;
+        mass = a.mass + (paged ? (int64_t(b) * f.Hq + head0) * f.Sk : head0 * ba.total_k + req.k0);
+        if (paged) log2_bs = __ffsll(ba.block_size) - 1;
+        else k += int64_t(req.k0) * f.k_ss;
+    } else {
+        Sq = static_cast<int>(f.Sq), Sk = static_cast<int>(f.Sk), n_out = Sk;
+        first = static_cast<int>(a.q0);
+        lse_hs = Sq, mass_hs = Sk;
+        q = static_cast<const T*>(f.q) + b * f.q_sb + head0 * f.q_sh;
+        lse = f.lse + (int64_t(b) * f.Hq + head0) * Sq;
+        mass = a.mass + (int64_t(b) * f.Hq + head0) * Sk;
+        k += b * f.k_sb;
+    }
     const int shift = Sk - Sq;
     const Window w = window_of(f);
+    if (from_stored_scores(a.from_scores, Sq, g)) return;  // mass_from_scores's
     // the query rows that see any key of this CTA: key j is visible to rows [j - shift - right, j - shift + left]
-    int r0 = static_cast<int>(a.q0), r1 = Sq;
+    int r0 = first, r1 = Sq;
     if (w.right >= 0) r0 = max(r0, n0 - shift - w.right);
     if (w.left >= 0) r1 = min(r1, n0 + kKeys - 1 - shift + w.left + 1);
-    const int R = max(r1 - r0, 0);
+    const int R = n0 < Sk ? max(r1 - r0, 0) : 0;
     const int P = R <= 2 ? 2 : R <= 4 ? 4 : (R + 7) / 8 * 8;
     const int C = R > 0 ? g * P : 0, stages = (C + kMassCols - 1) / kMassCols;
-    const int64_t head0 = int64_t(hk) * g;
-    const T* q = static_cast<const T*>(f.q) + b * f.q_sb + head0 * f.q_sh;
-    const float* lse = f.lse + (int64_t(b) * f.Hq + head0) * Sq;
-    float* mass = a.mass + (int64_t(b) * f.Hq + head0) * Sk;
-    if (stages == 0) {  // no row sees these keys
-        for (int i = threadIdx.x; i < g * kKeys; i += kThreads) {
-            const int j = n0 + i % kKeys;
-            if (j < Sk) mass[int64_t(i / kKeys) * Sk + j] = 0.f;
-        }
-        return;
+    // keys [n0, n0 + kKeys) that no row sees, or past the sequence within its mass row: zeros
+    for (int i = threadIdx.x; i < g * kKeys; i += kThreads) {
+        const int j = n0 + i % kKeys;
+        if (j < n_out && (stages == 0 || j >= Sk)) mass[int64_t(i / kKeys) * mass_hs + j] = 0.f;
     }
+    if (stages == 0) return;
     // stage s: its columns' Q rows (zeros for padding) and LSEs (natural log, raw; read below)
     auto load_stage = [&](int s) {
         T* dq = sQ + (s % kMassStages) * kMassCols * D;
@@ -860,12 +932,21 @@ __global__ void __launch_bounds__(kThreads) key_mass_kernel(const attn_lt_mass_a
         if (threadIdx.x < kMassCols) {
             const MassColumn c(s * kMassCols + threadIdx.x, P);
             const bool ok = c.head < g && r0 + c.rem < r1;
-            cp_async4(sL + (s % kMassStages) * kMassCols + threadIdx.x, ok ? lse + int64_t(c.head) * Sq + r0 + c.rem : lse,
-                      ok ? 4 : 0);
+            cp_async4(sL + (s % kMassStages) * kMassCols + threadIdx.x,
+                      ok ? lse + int64_t(c.head) * lse_hs + r0 + c.rem : lse, ok ? 4 : 0);
         }
     };
-    load_tile<D>(sK, static_cast<const T*>(f.k) + b * f.k_sb + hk * f.k_sh + int64_t(n0) * f.k_ss, f.k_ss, kKeys,
-                 min(kKeys, Sk - n0));
+    if constexpr (BT) {
+        if (log2_bs > 0) {  // a paged cache: each row from its block; a block id out of range reads zeros
+            for (int i = threadIdx.x; i < kKeys * kChunks; i += kThreads) {
+                const int r = i / kChunks, c = (i % kChunks) * 8, key = n0 + r;
+                const int blk = key < Sk ? paged_block(a.b, b, key, log2_bs) : -1;
+                const int64_t at = blk >= 0 ? int64_t(blk) * f.k_sb + (key & ((1 << log2_bs) - 1)) * f.k_ss : 0;
+                cp_async16(sK + swz<D>(r, c), k + at + c, blk >= 0 ? 16 : 0);
+            }
+        }
+    }
+    if (log2_bs == 0) load_tile<D>(sK, k + int64_t(n0) * f.k_ss, f.k_ss, kKeys, min(kKeys, Sk - n0));
 #pragma unroll
     for (int s = 0; s < kMassStages - 1; ++s) {  // the K tile travels with stage 0
         if (s < stages) load_stage(s);
@@ -875,7 +956,7 @@ __global__ void __launch_bounds__(kThreads) key_mass_kernel(const attn_lt_mass_a
     const float sc = f.scale * kLog2e;
     const bool capped = f.softcap > 0.f;
     const float cap_in = capped ? f.scale / f.softcap : 0.f, cap_out = f.softcap / f.scale;
-    const bool masked = f.mask_dtype != ATTN_LT_NONE;
+    const bool masked = !BT && f.mask_dtype != ATTN_LT_NONE;
     const int seg = min(P, 8) / 2;  // lanes of a quad that hold one head's columns of a tile
     const int kw = n0 + warp * 16 * MT;  // this warp's first key
     // this thread's keys kw + 16 t + lane / 4 (+ 8): the first and the last
@@ -959,7 +1040,12 @@ __global__ void __launch_bounds__(kThreads) key_mass_kernel(const attn_lt_mass_a
                         if (seg >= 2) v += __shfl_xor_sync(0xffffffffu, v, 1);
                         if (seg >= 4) v += __shfl_xor_sync(0xffffffffu, v, 2);
                         const int key = kw + 16 * t + lane / 4 + e * 8;
-                        if ((lane % 4) % seg == 0 && head < g && key < Sk) mass[int64_t(head) * Sk + key] = v;
+                        if ((lane % 4) % seg == 0 && head < g && key < Sk) {
+                            if constexpr (BT) {  // the keys of a block id out of range: none (the forward hid them)
+                                if (log2_bs > 0 && key_block_bad(a.b, b, key, log2_bs)) v = 0.f;
+                            }
+                            mass[int64_t(head) * mass_hs + key] = v;
+                        }
                         acc[t][e] = 0.f;
                     }
             }
@@ -968,23 +1054,126 @@ __global__ void __launch_bounds__(kThreads) key_mass_kernel(const attn_lt_mass_a
     }
 }
 
-template <int D, typename T>
-cudaError_t launch_mass(const attn_lt_mass_args& a, cudaStream_t stream) {
+// Keys of one head a CTA of mass_from_scores turns into the mass.
+constexpr int kFixKeys = 2048, kFixThreads = 256;
+
+// The mass of the one-row sequences whose forward stored their scores (from_stored_scores): P = exp2(s - lse
+// log2(e)) in place, 0 for keys outside the row's window and past the sequence (within its mass row). Grid (keys of
+// the capacity / kFixKeys, Hq, B); no shared memory, coalesced, so that it runs at the copy rate.
+template <bool BT>
+__global__ void __launch_bounds__(kFixThreads) mass_from_scores(const MassKernelArgs<BT> a) {
+    const attn_lt_flash_args& f = flash_of(a);
+    const int h = blockIdx.y, b = blockIdx.z, g = static_cast<int>(f.Hq / f.Hkv);
+    int Sk, n_out;
+    const float* lse;
+    float* mass;
+    if constexpr (BT) {
+        const attn_lt_batch_args& ba = a.b;
+        const BatchRequest req = batch_request(ba, b, false);
+        if (!from_stored_scores(a.from_scores, req.nq, g)) return;  // key_mass_kernel's
+        const bool paged = ba.block_table != nullptr;
+        Sk = req.nk, n_out = paged ? static_cast<int>(f.Sk) : Sk;
+        lse = f.lse + int64_t(h) * ba.total_q + req.q0;
+        mass = a.mass + (paged ? (int64_t(b) * f.Hq + h) * f.Sk : int64_t(h) * ba.total_k + req.k0);
+    } else {
+        Sk = n_out = static_cast<int>(f.Sk);
+        lse = f.lse + int64_t(b) * f.Hq + h;  // Sq = 1
+        mass = a.mass + (int64_t(b) * f.Hq + h) * Sk;
+    }
+    const Window w = window_of(f);
+    const int shift = Sk - 1, lo = w.left >= 0 ? max(0, shift - w.left) : 0;
+    const int hi = min(Sk, w.right >= 0 ? shift + w.right + 1 : Sk);  // the row sees keys [lo, hi)
+    const float l = *lse;
+    const float l2 = l * kLog2e;
+    constexpr int kEach = kFixKeys / kFixThreads;
+    const int j0 = blockIdx.x * kFixKeys + threadIdx.x;
+    float s[kEach];  // every load in flight before the first store
+#pragma unroll
+    for (int e = 0; e < kEach; ++e) {
+        const int j = j0 + e * kFixThreads;
+        s[e] = j >= lo && j < hi && l != -INFINITY ? mass[j] : -INFINITY;
+    }
+#pragma unroll
+    for (int e = 0; e < kEach; ++e) {
+        const int j = j0 + e * kFixThreads;
+        if (j < n_out) mass[j] = s[e] == -INFINITY ? 0.f : ex2(s[e] - l2);
+    }
+}
+
+template <int D, typename T, bool BT>
+cudaError_t launch_mass(const MassKernelArgs<BT>& a, cudaStream_t stream) {
     constexpr int kKeys = mass_keys<D>();
-    const auto kernel = key_mass_kernel<D, T>;
+    const auto kernel = key_mass_kernel<D, T, BT>;
     const cudaError_t err = opt_in_smem(reinterpret_cast<const void*>(kernel), mass_smem<D>());
     if (err != cudaSuccess) return err;
-    const dim3 grid(static_cast<unsigned>((a.f.Sk + kKeys - 1) / kKeys), static_cast<unsigned>(a.f.Hkv),
-                    static_cast<unsigned>(a.f.B));
+    const attn_lt_flash_args& f = flash_of(a);
+    const dim3 grid(static_cast<unsigned>((f.Sk + kKeys - 1) / kKeys), static_cast<unsigned>(f.Hkv),
+                    static_cast<unsigned>(f.B));
     kernel<<<grid, kThreads, mass_smem<D>(), stream>>>(a);
     return cudaGetLastError();
 }
 
-template <typename T>
-cudaError_t launch_mass_type(const attn_lt_mass_args& a, cudaStream_t stream) {
-    if (a.f.D == 64) return launch_mass<64, T>(a, stream);
-    if (a.f.D == 128) return launch_mass<128, T>(a, stream);
-    return launch_mass<256, T>(a, stream);
+// launch_mass for the arguments' dtype and head dim (checked by the caller: fp16 or bf16, D 64, 128 or 256), after
+// mass_from_scores where the forward stored scores (a dense call: for all of it).
+template <bool BT>
+int launch_mass_of(const MassKernelArgs<BT>& a, cudaStream_t s) {
+    const attn_lt_flash_args& f = flash_of(a);
+    if (a.from_scores) {
+        const dim3 grid(static_cast<unsigned>((f.Sk + kFixKeys - 1) / kFixKeys), static_cast<unsigned>(f.Hq),
+                        static_cast<unsigned>(f.B));
+        mass_from_scores<BT><<<grid, kFixThreads, 0, s>>>(a);
+        const cudaError_t err = cudaGetLastError();
+        // a batch whose requests have one row each (and at most 16 a kv head) needs no more
+        if (err != cudaSuccess || !BT || (f.Sq == 1 && f.Hq / f.Hkv <= kBatchSmallRows)) return static_cast<int>(err);
+    }
+    const bool bf = f.dtype == ATTN_LT_BF16;
+    switch (f.D) {
+        case 64: return bf ? launch_mass<64, __nv_bfloat16, BT>(a, s) : launch_mass<64, __half, BT>(a, s);
+        case 128: return bf ? launch_mass<128, __nv_bfloat16, BT>(a, s) : launch_mass<128, __half, BT>(a, s);
+        default: return bf ? launch_mass<256, __nv_bfloat16, BT>(a, s) : launch_mass<256, __half, BT>(a, s);
+    }
+}
+
+// What attn_lt_flash_fwd and attn_lt_key_mass check alike (0: it holds): the shape, q and k (addresses, strides),
+// scale, variant, mask and dtype.
+int qk_status(const attn_lt_flash_args& a) {
+    if (a.B <= 0 || a.Hq <= 0 || a.Hkv <= 0 || a.Sq <= 0 || a.Sk <= 0 || a.q == nullptr || a.k == nullptr)
+        return ATTN_LT_ERR_ARGS;
+    if (a.Hq % a.Hkv || a.B * a.Hkv > 65535) return ATTN_LT_ERR_HEADS;
+    if (a.D != 64 && a.D != 128 && a.D != 256) return ATTN_LT_ERR_HEAD_DIM;
+    if (a.Sq >= (1LL << 30) || a.Sk >= (1LL << 30) || a.Sq * (a.Hq / a.Hkv) >= (1LL << 30)) return ATTN_LT_ERR_LENGTH;
+    if (!(a.scale > 0.f)) return ATTN_LT_ERR_SCALE;
+    if (!variant_ok(a)) return ATTN_LT_ERR_WINDOW;
+    if (!aligned16(a.q) || !aligned16(a.k)) return ATTN_LT_ERR_ALIGNMENT;
+    if ((a.q_ss | a.k_ss | a.q_sb | a.q_sh | a.k_sb | a.k_sh) % 8 != 0) return ATTN_LT_ERR_STRIDES;
+    if (a.mask_dtype != ATTN_LT_NONE && a.mask == nullptr) return ATTN_LT_ERR_MASK;
+    if (a.mask_dtype < ATTN_LT_NONE || a.mask_dtype > ATTN_LT_BOOL) return ATTN_LT_ERR_MASK;
+    if (a.dtype != ATTN_LT_BF16 && a.dtype != ATTN_LT_F16) return ATTN_LT_ERR_DTYPE;
+    return 0;
+}
+
+// What attn_lt_batch_fwd and attn_lt_batch_key_mass check alike (0: it holds): qk_status's, no mask, and the
+// metadata's pointers and layout.
+int batch_status(const attn_lt_batch_args& a) {
+    const attn_lt_flash_args& f = a.f;
+    if (a.error == nullptr || a.total_q <= 0 || a.total_k < 0) return ATTN_LT_ERR_ARGS;
+    if (const int status = qk_status(f)) return status;
+    if (f.Hq > 65535) return ATTN_LT_ERR_HEADS;
+    if (f.Dv != 0 && f.Dv != f.D) return ATTN_LT_ERR_HEAD_DIM;
+    if (a.total_q >= (1LL << 31) || a.total_k >= (1LL << 31)) return ATTN_LT_ERR_LENGTH;
+    if (f.mask_dtype != ATTN_LT_NONE || f.mask != nullptr) return ATTN_LT_ERR_MASK;
+    const bool paged = a.block_table != nullptr;
+    if (paged == (a.cu_k != nullptr) || (paged && a.seqlens_k == nullptr)) return ATTN_LT_ERR_BATCH;
+    if (a.cu_q == nullptr && a.total_q < f.B) return ATTN_LT_ERR_BATCH;  // one query row a request
+    for (const void* p : {static_cast<const void*>(a.cu_q), static_cast<const void*>(a.cu_k),
+                          static_cast<const void*>(a.seqlens_k), static_cast<const void*>(a.block_table),
+                          static_cast<const void*>(a.error)})
+        if (reinterpret_cast<uintptr_t>(p) % 4) return ATTN_LT_ERR_ALIGNMENT;
+    if (paged && (a.block_size < 8 || a.block_size > (1 << 20) || (a.block_size & (a.block_size - 1)) ||
+                  a.num_blocks <= 0 || a.num_blocks >= (1LL << 31) || a.max_blocks <= 0 ||
+                  a.bt_stride < a.max_blocks || f.B * a.bt_stride >= (1LL << 31)))
+        return ATTN_LT_ERR_BATCH;
+    return 0;
 }
 
 }  // namespace
@@ -993,31 +1182,11 @@ extern "C" int attn_lt_batch_fwd(const attn_lt_batch_args* a, void* stream) {
     if (a == nullptr || a->error == nullptr) return ATTN_LT_ERR_ARGS;
     if (!variant_ok(a->f)) return ATTN_LT_ERR_WINDOW;
     if (a->f.D == 576) return attn_lt_flash_sm90_batch(a, stream);  // MLA decode: the Hopper kernel only
+    if (const int status = batch_status(*a)) return status;
     const attn_lt_flash_args& f = a->f;
-    if (f.B <= 0 || f.Hq <= 0 || f.Hkv <= 0 || f.Sq <= 0 || f.Sk <= 0 || a->total_q <= 0 || a->total_k < 0 ||
-        f.q == nullptr || f.k == nullptr || f.v == nullptr || f.o == nullptr)
-        return ATTN_LT_ERR_ARGS;
-    if (f.Hq % f.Hkv || f.B * f.Hkv > 65535 || f.Hq > 65535) return ATTN_LT_ERR_HEADS;
-    if ((f.D != 64 && f.D != 128 && f.D != 256) || (f.Dv != 0 && f.Dv != f.D)) return ATTN_LT_ERR_HEAD_DIM;
-    if (f.Sq >= (1LL << 30) || f.Sk >= (1LL << 30) || f.Sq * (f.Hq / f.Hkv) >= (1LL << 30) ||
-        a->total_q >= (1LL << 31) || a->total_k >= (1LL << 31))
-        return ATTN_LT_ERR_LENGTH;
-    if (!(f.scale > 0.f)) return ATTN_LT_ERR_SCALE;
-    if (f.mask_dtype != ATTN_LT_NONE || f.mask != nullptr) return ATTN_LT_ERR_MASK;
-    if (!aligned16(f.q) || !aligned16(f.k) || !aligned16(f.v) || !aligned16(f.o)) return ATTN_LT_ERR_ALIGNMENT;
-    if ((f.q_ss | f.q_sh | f.k_ss | f.k_sh | f.v_ss | f.v_sh | f.k_sb | f.v_sb) % 8 != 0 || (f.o_ss | f.o_sh) % 2 != 0)
-        return ATTN_LT_ERR_STRIDES;
-    const bool paged = a->block_table != nullptr;
-    if (paged == (a->cu_k != nullptr) || (paged && a->seqlens_k == nullptr)) return ATTN_LT_ERR_BATCH;
-    if (a->cu_q == nullptr && a->total_q < f.B) return ATTN_LT_ERR_BATCH;  // one query row a request
-    for (const void* p : {static_cast<const void*>(a->cu_q), static_cast<const void*>(a->cu_k),
-                          static_cast<const void*>(a->seqlens_k), static_cast<const void*>(a->block_table),
-                          static_cast<const void*>(a->error)})
-        if (reinterpret_cast<uintptr_t>(p) % 4) return ATTN_LT_ERR_ALIGNMENT;
-    if (paged && (a->block_size < 8 || a->block_size > (1 << 20) || (a->block_size & (a->block_size - 1)) ||
-                  a->num_blocks <= 0 || a->num_blocks >= (1LL << 31) || a->max_blocks <= 0 ||
-                  a->bt_stride < a->max_blocks || f.B * a->bt_stride >= (1LL << 31)))
-        return ATTN_LT_ERR_BATCH;
+    if (f.v == nullptr || f.o == nullptr) return ATTN_LT_ERR_ARGS;
+    if (!aligned16(f.v) || !aligned16(f.o)) return ATTN_LT_ERR_ALIGNMENT;
+    if ((f.v_ss | f.v_sh | f.v_sb) % 8 != 0 || (f.o_ss | f.o_sh) % 2 != 0) return ATTN_LT_ERR_STRIDES;
     if (a->split_keys < 0 || a->split_keys % kBlockN) return ATTN_LT_ERR_BATCH;
     const int64_t parts = batch_parts(f.Sk, a->split_keys);
     if (parts > 65535) return ATTN_LT_ERR_BATCH;
@@ -1033,7 +1202,6 @@ extern "C" int attn_lt_batch_fwd(const attn_lt_batch_args* a, void* stream) {
         return ATTN_LT_ERR_ALIGNMENT;
     if (f.variant != ATTN_LT_BATCH_SM80 && f.variant != ATTN_LT_BATCH_SM90) return ATTN_LT_ERR_VARIANT;
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
-    if (f.dtype != ATTN_LT_BF16 && f.dtype != ATTN_LT_F16) return ATTN_LT_ERR_DTYPE;
     const bool bf = f.dtype == ATTN_LT_BF16;
     switch (f.D) {
         case 64: return bf ? launch_batch<64, __nv_bfloat16>(*a, s) : launch_batch<64, __half>(*a, s);
@@ -1043,20 +1211,11 @@ extern "C" int attn_lt_batch_fwd(const attn_lt_batch_args* a, void* stream) {
 }
 
 extern "C" int attn_lt_flash_fwd(const attn_lt_flash_args* a, void* stream) {
-    if (a == nullptr || a->B <= 0 || a->Hq <= 0 || a->Hkv <= 0 || a->Sq <= 0 || a->Sk <= 0 || a->o == nullptr)
-        return ATTN_LT_ERR_ARGS;
-    if (a->Hq % a->Hkv || a->B * a->Hkv > 65535) return ATTN_LT_ERR_HEADS;
-    if ((a->D != 64 && a->D != 128 && a->D != 256) || (a->Dv != 0 && a->Dv != a->D)) return ATTN_LT_ERR_HEAD_DIM;
-    if (a->Sq >= (1LL << 30) || a->Sk >= (1LL << 30) || a->Sq * (a->Hq / a->Hkv) >= (1LL << 30))
-        return ATTN_LT_ERR_LENGTH;
-    if (!(a->scale > 0.f)) return ATTN_LT_ERR_SCALE;
-    if (!variant_ok(*a)) return ATTN_LT_ERR_WINDOW;
-    if (!aligned16(a->q) || !aligned16(a->k) || !aligned16(a->v) || !aligned16(a->o)) return ATTN_LT_ERR_ALIGNMENT;
-    if ((a->q_ss | a->k_ss | a->v_ss | a->q_sb | a->q_sh | a->k_sb | a->k_sh | a->v_sb | a->v_sh) % 8 != 0 ||
-        (a->o_ss | a->o_sb | a->o_sh) % 2 != 0)
-        return ATTN_LT_ERR_STRIDES;
-    if (a->mask_dtype != ATTN_LT_NONE && a->mask == nullptr) return ATTN_LT_ERR_MASK;
-    if (a->mask_dtype < ATTN_LT_NONE || a->mask_dtype > ATTN_LT_BOOL) return ATTN_LT_ERR_MASK;
+    if (a == nullptr || a->o == nullptr || a->v == nullptr) return ATTN_LT_ERR_ARGS;
+    if (const int status = qk_status(*a)) return status;
+    if (a->Dv != 0 && a->Dv != a->D) return ATTN_LT_ERR_HEAD_DIM;
+    if (!aligned16(a->v) || !aligned16(a->o)) return ATTN_LT_ERR_ALIGNMENT;
+    if ((a->v_ss | a->v_sb | a->v_sh) % 8 != 0 || (a->o_ss | a->o_sb | a->o_sh) % 2 != 0) return ATTN_LT_ERR_STRIDES;
     if (a->splits < 0 || a->splits > 65535 || (a->splits > 1 && (a->o_part == nullptr || a->lse_part == nullptr)))
         return ATTN_LT_ERR_VARIANT;
     if (a->splits > 1 && (reinterpret_cast<uintptr_t>(a->o_part) % 8 ||
@@ -1066,30 +1225,30 @@ extern "C" int attn_lt_flash_fwd(const attn_lt_flash_args* a, void* stream) {
     c.splits = dense_parts(a->Sk, a->splits);
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     if (c.dtype == ATTN_LT_BF16) return static_cast<int>(launch_type<__nv_bfloat16>(c, s));
-    if (c.dtype == ATTN_LT_F16) return static_cast<int>(launch_type<__half>(c, s));
-    return ATTN_LT_ERR_DTYPE;
+    return static_cast<int>(launch_type<__half>(c, s));
 }
 
 extern "C" int attn_lt_key_mass(const attn_lt_mass_args* m, void* stream) {
     if (m == nullptr || m->mass == nullptr) return ATTN_LT_ERR_ARGS;
     const attn_lt_flash_args* a = &m->f;
-    if (a->B <= 0 || a->Hq <= 0 || a->Hkv <= 0 || a->Sq <= 0 || a->Sk <= 0 || a->q == nullptr || a->k == nullptr ||
-        a->lse == nullptr || m->q0 < 0 || m->q0 >= a->Sq)
+    if (a->lse == nullptr || m->q0 < 0 || m->q0 >= a->Sq || m->from_scores < 0 || m->from_scores > 1 ||
+        (m->from_scores && a->Sq != 1))
         return ATTN_LT_ERR_ARGS;
-    if (a->Hq % a->Hkv || a->B > 65535 || a->Hkv > 65535) return ATTN_LT_ERR_HEADS;
-    if (a->D != 64 && a->D != 128 && a->D != 256) return ATTN_LT_ERR_HEAD_DIM;
-    if (a->Sq >= (1LL << 30) || a->Sk >= (1LL << 30) || (a->Sq + 8) * (a->Hq / a->Hkv) >= (1LL << 30))
-        return ATTN_LT_ERR_LENGTH;
-    if (!(a->scale > 0.f)) return ATTN_LT_ERR_SCALE;
-    if (!variant_ok(*a)) return ATTN_LT_ERR_WINDOW;
-    if (!aligned16(a->q) || !aligned16(a->k) || reinterpret_cast<uintptr_t>(a->lse) % 4 ||
-        reinterpret_cast<uintptr_t>(m->mass) % 4)
-        return ATTN_LT_ERR_ALIGNMENT;
-    if ((a->q_ss | a->k_ss | a->q_sb | a->q_sh | a->k_sb | a->k_sh) % 8 != 0) return ATTN_LT_ERR_STRIDES;
+    if (const int status = qk_status(*a)) return status;
+    if (a->B > 65535 || a->Hkv > 65535) return ATTN_LT_ERR_HEADS;  // the grid's (B, Hkv)
+    if ((a->Sq + 8) * (a->Hq / a->Hkv) >= (1LL << 30)) return ATTN_LT_ERR_LENGTH;
+    if (reinterpret_cast<uintptr_t>(a->lse) % 4 || reinterpret_cast<uintptr_t>(m->mass) % 4) return ATTN_LT_ERR_ALIGNMENT;
     if ((a->mask_dtype != ATTN_LT_NONE) != (a->mask != nullptr)) return ATTN_LT_ERR_MASK;
-    if (a->mask_dtype < ATTN_LT_NONE || a->mask_dtype > ATTN_LT_BOOL) return ATTN_LT_ERR_MASK;
-    const cudaStream_t s = static_cast<cudaStream_t>(stream);
-    if (a->dtype == ATTN_LT_BF16) return static_cast<int>(launch_mass_type<__nv_bfloat16>(*m, s));
-    if (a->dtype == ATTN_LT_F16) return static_cast<int>(launch_mass_type<__half>(*m, s));
-    return ATTN_LT_ERR_DTYPE;
+    return launch_mass_of<false>(*m, static_cast<cudaStream_t>(stream));
+}
+
+extern "C" int attn_lt_batch_key_mass(const attn_lt_batch_mass_args* m, void* stream) {
+    if (m == nullptr || m->mass == nullptr || m->b.f.lse == nullptr || m->window < 1 || m->from_scores < 0 ||
+        m->from_scores > 1)
+        return ATTN_LT_ERR_ARGS;
+    if (!variant_ok(m->b.f)) return ATTN_LT_ERR_WINDOW;
+    if (const int status = batch_status(m->b)) return status;
+    if (reinterpret_cast<uintptr_t>(m->b.f.lse) % 4 || reinterpret_cast<uintptr_t>(m->mass) % 4)
+        return ATTN_LT_ERR_ALIGNMENT;
+    return launch_mass_of<true>(*m, static_cast<cudaStream_t>(stream));
 }

@@ -341,7 +341,7 @@ __device__ __forceinline__ void paged_producer(const CUtensorMap* tmq, const CUt
         const int id = next;
         next = lookup(i + 1);  // in flight during this tile's waits and copies
         mbar_wait(empty_k(s), ph ^ 1);
-        const bool out = id < 0 || id >= a.num_blocks;  // paged_block's -1
+        const bool out = !paged_id_ok(a, id);
         const uint32_t bad = __ballot_sync(0xffffffffu, out);
         const int blk = out ? 0 : id;
         if (lane == 0) {
@@ -486,7 +486,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int warp = tid / 32, lane = tid % 32;
         const int rw = 16 * warp + lane / 4;  // row (within the warpgroup's 64) of d[4j + 0..1]; d[4j + 2..3]: rw + 8
         const int row0 = m0 + 64 * c + rw, row1 = row0 + 8;
-        const float sl2 = p.sl2;
+        // softcap: S becomes tanh(S * cap_in), and cap_out joins the exp2-domain scale
+        const bool capped = p.cap_in > 0.f;
+        const float sl2 = capped ? p.sl2 * p.cap_out : p.sl2;
         // Masked kernels keep the scores in the exp2 domain (scaled, mask added) from the softmax on: sc = 1.
         const float sc = kMasked ? 1.f : sl2;
         // This thread's mask rows in a stage (row 0 when all rows read one), as byte offsets and swizzle phases:
@@ -538,14 +540,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int lim1 = win.right >= 0 ? min(Sk, row1 + shift + win.right + 1) : Sk;
         const int lo0 = win.left >= 0 ? row0 + shift - win.left : 0;
         const int lo1 = win.left >= 0 ? row1 + shift - win.left : 0;
-        const bool capped = p.cap_in > 0.f;
         // Add the user mask of stage st (masked kernels: every tile, scores then in the exp2 domain), mask the key
         // tail and the causal diagonal when `edge`, update the running max and sum, leave P = exp2(S * sc - max)
         // in sacc; corr: the factors that rescale what O holds.
         auto softmax = [&](int n0, bool edge, int st, float(&corr)[2]) {
             if (capped) {
 #pragma unroll
-                for (int i = 0; i < BN / 2; ++i) sacc[i] = p.cap_out * tanh_approx(sacc[i] * p.cap_in);
+                for (int i = 0; i < BN / 2; ++i) sacc[i] = tanh_approx(sacc[i] * p.cap_in);
             }
             if constexpr (kMasked) {
                 const unsigned char* ms = smem_m + st * L::kMaskStage;
@@ -844,7 +845,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 for (int i = 0; i < n_tiles; ++i) {
                     const int id = next;
                     next = lookup(i + 1);  // in flight during this tile's wait and copy
-                    const bool bad = id < 0 || id >= a.num_blocks;
+                    const bool bad = !paged_id_ok(a, id);
                     mbar_wait(empty_k(s), ph ^ 1);
                     if (bad) atomicOr(a.error, ATTN_LT_BATCH_BAD_BLOCK);
                     st_shared_u32(base + L::kBad + 4u * s, bad ? 1u : 0u);  // before the arrival that releases it

@@ -46,13 +46,15 @@ def test_public_names():
     (dict(max_seqlen_k=0), ValueError, "max_seqlen_k must be >= 1"),
     (dict(scale=-1.0), ValueError, "scale"),
     (dict(causal=1), TypeError, "causal must be a bool"),
+    (dict(key_mass_window=4), ValueError, "return_key_mass is False"),
+    (dict(return_key_mass=True, key_mass_window=0), ValueError, "key_mass_window must be a positive int"),
     (dict(), ValueError, "CUDA device"),  # valid shapes on the CPU: refused at the device check, last
 ])
 def test_varlen_validation(change, error, match):
     q, k, v = qkv()
     args = dict(q=q, k=k, v=v, cu_q=cu([5, 5]), cu_k=cu([12, 8]), max_seqlen_q=5, max_seqlen_k=12)
     args.update(change)
-    kw = {n: args.pop(n) for n in ("scale", "causal") if n in args}
+    kw = {n: args.pop(n) for n in ("scale", "causal", "return_key_mass", "key_mass_window") if n in args}
     with pytest.raises(error, match=match):
         attn_lt.varlen_attention(args["q"], args["k"], args["v"], args["cu_q"], args["cu_k"],
                                  max_seqlen_q=args["max_seqlen_q"], max_seqlen_k=args["max_seqlen_k"], **kw)
@@ -158,6 +160,8 @@ def test_mla_paged_validation():
     with pytest.raises(ValueError, match="head dims must agree"):  # 576/512 only from one latent cache
         attn_lt.varlen_attention(q, k_cache[:, 0], k_cache[:, 0, :, :512], cu([1, 1]), cu([1, 1]), max_seqlen_q=1,
                                  max_seqlen_k=1)
+    with pytest.raises(ValueError, match="not available for MLA decode"):
+        attn_lt.paged_attention(q, k_cache, k_cache[..., :512], table, seqlens, return_key_mass=True)
     with pytest.raises(ValueError, match="CUDA device"):
         attn_lt.paged_attention(q, k_cache, k_cache[..., :512], table, seqlens)
 
@@ -242,6 +246,38 @@ def test_batch_launcher_refuses_bad_arguments_without_touching_the_gpu():
                            (dict(cu_k=0x50101), 10005), (dict(workspace_bytes=100), 10013),
                            (dict(lse_part=0x100010), 10013), (dict(split_keys=100), 10013), (dict(D=96), 10003),
                            (dict(block_table=0x60000), 10013)):
+        assert args(**change) == status, change
+
+
+@pytest.mark.native
+def test_batch_mass_launcher_refuses_bad_arguments_without_touching_the_gpu():
+    """attn_lt_batch_key_mass's host-side checks (fake addresses: nothing is read before they pass)."""
+    import ctypes
+
+    from attn_lt import native
+
+    lib = native.load()
+
+    def args(**change):
+        m = native.BatchMassArgs()
+        a, f = m.b, m.b.f
+        f.q, f.k, f.lse = 0x10000, 0x20000, 0x30000
+        f.B, f.Hq, f.Hkv, f.Sq, f.Sk, f.D, f.Dv = 2, 8, 2, 1, 4096, 128, 128
+        f.q_ss, f.q_sh, f.k_ss, f.k_sh = 1024, 128, 256, 128
+        f.scale, f.dtype = 0.1, native.DTYPE_CODES["bf16"]
+        a.cu_q, a.cu_k, a.error = 0x50000, 0x50100, 0x50200
+        a.total_q, a.total_k = 2, 100
+        m.mass, m.window = 0x70000, 1
+        for name, value in change.items():
+            obj = m if hasattr(native.BatchMassArgs, name) else f if not hasattr(native.BatchArgs, name) else a
+            setattr(obj, name, value)
+        return lib.attn_lt_batch_key_mass(ctypes.byref(m), None)
+
+    if not torch.cuda.is_available():
+        assert args() < 10000  # every check passes: the launch then fails for want of a GPU (a CUDA error)
+    for change, status in ((dict(mass=None), 10001), (dict(lse=None), 10001), (dict(window=0), 10001),
+                           (dict(error=None), 10001), (dict(cu_k=0x50101), 10005), (dict(D=96), 10003),
+                           (dict(block_table=0x60000), 10013), (dict(mass=0x70002), 10005)):
         assert args(**change) == status, change
 
 

@@ -62,9 +62,10 @@ def test_key_mass_takes_the_fused_pass_where_it_is_faster(Sk):
     # every row at head dim 256, and a decode step's few rows: the long path's mass is faster
     assert select(case(Sk, D=256), key_mass=True).backend == "lt"
     assert select(case(Sk, D=256), key_mass=True, key_mass_window=64).backend == "wmma"
-    decode = select(case(Sk, Sq=1), key_mass=True)
-    assert decode.backend == "lt" and "prefers_fused_mass" in decode.reasons[0]
-    assert select(case(Sk, Sq=1), backend="wmma", key_mass=True).backend == "wmma"
+    for Sq in (1, 4):
+        decode = select(case(Sk, Sq=Sq), key_mass=True)
+        assert decode.backend == "lt" and "prefers_fused_mass" in decode.reasons[0]
+        assert select(case(Sk, Sq=Sq), backend="wmma", key_mass=True).backend == "wmma"
 
 
 def test_wmma_needs_aligned_layouts():

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The attention mass per key (``return_key_mass``) against the same call without it: the fused call and its mass
 pass over every query row and over the last 64 rows (SnapKV's observation window), the long path's mass, and eager
-PyTorch where it fits (softmax(q kᵀ) summed over the rows: its time and peak memory). ``auto`` takes the faster of
+PyTorch where it fits (softmax(q kᵀ) summed over the rows: its time and peak memory); then serving batches
+(:func:`run_serving`). ``auto`` takes the faster of
 the first and the long path by ``attn_lt.fused.prefers_fused_mass``. Prints a table; ``--out DIR`` writes
 key_mass.json.
 
@@ -83,6 +84,41 @@ def run_case(name: str, B: int, Hq: int, Hkv: int, Sq: int, Sk: int, D: int, cau
     return row
 
 
+def run_serving(reps: int) -> list[dict]:
+    """Serving batches (varlen_attention / paged_attention with ``return_key_mass``) against the same call without
+    it: ragged decode (B64, lengths U[256, 8192], Hq 32 / Hkv 8, D 128) on packed keys and on a paged cache of
+    16-key blocks (permuted), and a packed prefill of 8 documents of 1k-8k tokens with the mass of each one's last
+    64 rows (SnapKV during serving)."""
+    from attn_lt.testing import random_pages
+
+    g = torch.Generator().manual_seed(0)
+    lens = torch.randint(256, 8193, (64,), generator=g).tolist()
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    ones = torch.arange(65, dtype=torch.int32, device="cuda")
+    q = torch.randn(64, 32, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(sum(lens), 8, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    kc, vc, table, seqlens = random_pages(lens, 16, 8, 128, torch.bfloat16, generator=g)
+    docs = torch.randint(1024, 8193, (8,), generator=g).tolist()
+    cd = torch.tensor([0] + torch.tensor(docs).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    pq = torch.randn(sum(docs), 32, 128, device="cuda", dtype=torch.bfloat16)
+    pk = torch.randn(sum(docs), 8, 128, device="cuda", dtype=torch.bfloat16)
+    pv = torch.randn_like(pk)
+    cases = {
+        "ragged decode B64, varlen": lambda **kw: attn_lt.varlen_attention(
+            q, k, v, ones, cu, max_seqlen_q=1, max_seqlen_k=8192, **kw),
+        "ragged decode B64, paged 16": lambda **kw: attn_lt.paged_attention(q, kc, vc, table, seqlens, **kw),
+        "packed prefill 8 docs, causal": lambda **kw: attn_lt.varlen_attention(
+            pq, pk, pv, cd, cd, max_seqlen_q=8192, max_seqlen_k=8192, causal=True, **kw),
+    }
+    rows = []
+    for name, fn in cases.items():
+        plain = events_ms(fn, reps)
+        mass = events_ms(lambda: fn(return_key_mass=True, key_mass_window=WINDOW), reps)
+        rows.append({"case": name, "plain_ms": plain, "mass_ms": mass, "over_plain": mass / plain})
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="the first and last cases only")
@@ -97,12 +133,13 @@ def main() -> None:
     for case in cases:
         rows.append(run_case(*case, reps=a.reps, with_lt=not a.no_lt))
         torch.cuda.empty_cache()
+    serving = run_serving(max(a.reps, 20))
     gpu = torch.cuda.get_device_name()
     meta = {"gpu": gpu, "torch": torch.__version__, "dtype": "bf16", "reps": a.reps}
     if a.out:
         os.makedirs(a.out, exist_ok=True)
         with open(os.path.join(a.out, "key_mass.json"), "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+            json.dump({"meta": meta, "rows": rows, "serving": serving}, f, indent=1)
     labels = [lbl for lbl in rows[0] if lbl not in ("case", "shape")]
     print(f"{gpu}, bf16; ms (over the plain call); eager: ms, peak GiB")
     print("| case | " + " | ".join(labels) + " |")
@@ -118,6 +155,10 @@ def main() -> None:
             else:
                 cells.append(f"{c['ms']:.3f} ({c['over_plain']:.3f}x)")
         print(f"| {r['case']} | " + " | ".join(cells) + " |")
+    print(f"serving batches, mass of each request's last {WINDOW} rows (decode: its one row):")
+    for r in serving:
+        print(f"  {r['case']:<32} plain {r['plain_ms']:.3f} ms, with the mass {r['mass_ms']:.3f} ms "
+              f"({r['over_plain']:.3f}x)")
 
 
 if __name__ == "__main__":

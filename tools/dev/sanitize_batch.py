@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A few small serving batches (varlen and paged, the decode blocks split and merged, the row blocks on each kernel,
-a block id past the cache and lengths past the table) run once each, for compute-sanitizer. Exits 1 when an output
-is wrong or a bad block id is not reported, 2 without a GPU.
+the mass per key, a block id past the cache and lengths past the table) run once each, for compute-sanitizer.
+Exits 1 when an output is wrong or a bad block id is not reported, 2 without a GPU.
 
     compute-sanitizer --tool memcheck  python3 tools/dev/sanitize_batch.py
     compute-sanitizer --tool racecheck python3 tools/dev/sanitize_batch.py
@@ -57,10 +57,16 @@ def main() -> int:
         err = rel_error(o, ref)
         print(f"paged D{D}: error {err:.2e}")
         bad += err > 2e-2
+        # the mass per key of both (a window of 8 rows; every row), then with the bad metadata below
+        attn_lt.varlen_attention(q, k, v, cu(q_lens), cu(k_lens), max_seqlen_q=130, max_seqlen_k=700, causal=True,
+                                 return_key_mass=True, key_mass_window=8)
+        attn_lt.paged_attention(qp, kc, vc, table, sk, return_key_mass=True)
         table[0, 5] = kc.shape[0] + 7  # past the cache: not read, reported
         sk[2] = table.shape[1] * 16 + 3  # past the table
         attn_lt.paged_attention(qp, kc, vc, table, sk)
         bad += reported("bad metadata")
+        attn_lt.paged_attention(qp, kc, vc, table, sk, return_key_mass=True)
+        bad += reported("bad metadata (with the mass)")
     from attn_lt.fused import device_facts
     if device_facts().hopper:  # MLA decode on a paged latent cache: one part, several parts, a bad block
         kc, _, table, sk = random_pages([2100, 1, 0, 70], 64, 1, 576, dt)

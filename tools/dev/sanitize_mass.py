@@ -23,7 +23,8 @@ def main() -> int:
         return 2
     torch.manual_seed(0)
     bad = 0
-    cases = [dict(D=64, Sq=1, Sk=97), dict(D=128, Sq=3, Sk=300, causal=True), dict(D=256, Sq=7, Sk=129),
+    cases = [dict(D=64, Sq=1, Sk=97), dict(D=128, Sq=1, Sk=300, causal=True, window=(50, 0)),
+             dict(D=128, Sq=3, Sk=300, causal=True), dict(D=256, Sq=7, Sk=129),
              dict(D=128, Sq=70, Sk=200, causal=True, window=(20, 0), sinks=True, kmw=33),
              dict(D=64, Sq=150, Sk=100, causal=True, softcap=5.0), dict(D=128, Sq=40, Sk=190, mask=True)]
     for c in cases:
