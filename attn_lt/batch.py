@@ -206,12 +206,30 @@ def _plan(requests, Hq, Hkv, D, Dv, max_q, max_k, block_size, facts, assumed) ->
 
 
 def explain_batch(requests: int, heads_q: int, heads_kv: int, head_dim: int, *, max_seqlen_q: int,
-                  max_seqlen_k: int, block_size: int = 0, head_dim_v: int | None = None) -> str:
+                  max_seqlen_k: int, block_size: int = 0, head_dim_v: int | None = None,
+                  return_key_mass: bool = False) -> str:
     """How a varlen (``block_size`` 0) or paged batch of this capacity runs on the current GPU (or, without one, an
-    H100): the kernels, the split of the keys and why. ``head_dim_v`` 512 with ``head_dim`` 576: MLA decode on a
-    paged latent cache. No GPU work."""
-    return str(plan_batch(requests, heads_q, heads_kv, head_dim, max_seqlen_q=max_seqlen_q,
-                          max_seqlen_k=max_seqlen_k, block_size=block_size, Dv=head_dim_v))
+    H100): the kernels, the split of the keys and why; with ``return_key_mass``, how the mass per key is made.
+    ``head_dim_v`` 512 with ``head_dim`` 576: MLA decode on a paged latent cache. No GPU work."""
+    plan = plan_batch(requests, heads_q, heads_kv, head_dim, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                      block_size=block_size, Dv=head_dim_v)
+    return str(plan) + ("\n" + _mass_line(plan) if return_key_mass else "")
+
+
+def _mass_line(plan: BatchPlan) -> str:
+    """How ``return_key_mass`` runs for a batch of ``plan``'s capacity (what varlen_attention / paged_attention do)."""
+    if plan.latent:
+        return "mass per key: not available for MLA decode"
+    layout = (f"FP32 (B, Hq, max_seqlen_k), {plan.requests * plan.Hq * plan.max_seqlen_k * 4 / 2**20:.1f} MiB"
+              if plan.kind == "paged" else "FP32 (Hq, total_k), at each key's packed column")
+    ways = []
+    if plan.decode_blocks:
+        ways.append("one-row requests from the scores their decode blocks store (4 bytes a head and key written, "
+                    "then read and written once more: no second read of K)")
+    if plan.max_seqlen_q > 1 or not plan.decode_blocks:
+        ways.append("the other requests by a pass over their keys that recomputes the summed rows' scores from the "
+                    "call's LSE (native/flash.cu attn_lt_batch_key_mass; key_mass_window: each request's last rows)")
+    return f"mass per key ({layout}): " + "; ".join(ways)
 
 
 # ---- validation (no GPU work) -----------------------------------------------------------------------------------

@@ -614,7 +614,8 @@ def cmd_explain_batch(a) -> int:
     from .batch import explain_batch, plan_batch
 
     text = explain_batch(a.requests, a.heads_q, a.heads_kv, a.head_dim, max_seqlen_q=a.max_seqlen_q,
-                         max_seqlen_k=a.max_seqlen_k, block_size=a.block_size, head_dim_v=a.head_dim_v)
+                         max_seqlen_k=a.max_seqlen_k, block_size=a.block_size, head_dim_v=a.head_dim_v,
+                         return_key_mass=a.key_mass)
     if a.json:
         plan = plan_batch(a.requests, a.heads_q, a.heads_kv, a.head_dim, max_seqlen_q=a.max_seqlen_q,
                           max_seqlen_k=a.max_seqlen_k, block_size=a.block_size, Dv=a.head_dim_v)
@@ -658,6 +659,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 ("block-size", 0, "keys a block of a paged cache (0: packed keys)")):
         s.add_argument(f"--{name}", type=int, default=default, required=default is None and name != "head-dim-v",
                        help=what)
+    s.add_argument("--key-mass", action="store_true", help="say how return_key_mass=True runs for this batch")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_explain_batch)
     s = sub.add_parser("demo", help="run one attention call, check it against PyTorch and time both",

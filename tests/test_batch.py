@@ -120,6 +120,14 @@ def test_explain_batch_says_what_runs():
     assert "paged batch" in text and "decode blocks" in text and "parts of" in text
     text = attn_lt.explain_batch(16, 32, 8, 128, max_seqlen_q=4096, max_seqlen_k=16384)
     assert "row blocks" in text and "varlen batch" in text
+    text = attn_lt.explain_batch(64, 32, 8, 128, max_seqlen_q=1, max_seqlen_k=8192, block_size=16,
+                                 return_key_mass=True)
+    assert "(B, Hq, max_seqlen_k), 64.0 MiB" in text and "scores their decode blocks store" in text
+    assert "recomputes" not in text  # one-row requests only
+    text = attn_lt.explain_batch(16, 32, 8, 128, max_seqlen_q=4096, max_seqlen_k=16384, return_key_mass=True)
+    assert "(Hq, total_k)" in text and "recomputes the summed rows' scores" in text
+    assert "not available" in attn_lt.explain_batch(8, 128, 1, 576, max_seqlen_q=1, max_seqlen_k=4096, block_size=64,
+                                                     head_dim_v=512, return_key_mass=True)
     with pytest.raises(ValueError, match="block_size 24"):
         attn_lt.explain_batch(4, 8, 8, 64, max_seqlen_q=1, max_seqlen_k=100, block_size=24)
     with pytest.raises(ValueError, match="head dim 80"):

@@ -301,7 +301,9 @@ def test_the_real_entry_point_never_prints_a_traceback(tmp_path):
 
 def test_explain_batch(capsys):
     rc, out, _ = run(capsys, "explain-batch", "--requests", "64", "--max-seqlen-k", "8192", "--block-size", "16")
-    assert rc == 0 and "paged batch" in out and "decode blocks" in out
+    assert rc == 0 and "paged batch" in out and "decode blocks" in out and "mass per key" not in out
+    rc, out, _ = run(capsys, "explain-batch", "--requests", "64", "--max-seqlen-k", "8192", "--key-mass")
+    assert rc == 0 and "mass per key (FP32 (Hq, total_k)" in out
     rc, out, _ = run(capsys, "explain-batch", "--requests", "16", "--max-seqlen-q", "4096", "--max-seqlen-k", "16384",
                      "--json")
     d = json.loads(out)
