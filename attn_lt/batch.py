@@ -669,7 +669,9 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
         block_table = block_table.contiguous()
     variant = _variant(window, softcap, sinks, causal, q, Dv != D)
     out, lse = _outputs(q, Hq, Dv, out, return_lse or want_mass)
-    mass = torch.empty((B, Hq, max_k), dtype=torch.float32, device=device) if want_mass else None
+    # every row of the mass is written, but that of a request without query rows (possible with cu_seqlens_q): zeros
+    alloc = torch.empty if cu_seqlens_q is None else torch.zeros
+    mass = alloc((B, Hq, max_k), dtype=torch.float32, device=device) if want_mass else None
     plan = plan_batch(B, Hq, Hkv, D, max_seqlen_q=max_q, max_seqlen_k=max_k, block_size=block_size, Dv=Dv,
                       facts=facts)
     _launch(plan, q, k_cache, v_cache, out, lse, None if cu_seqlens_q is None else cu_seqlens_q.contiguous(), None,

@@ -226,11 +226,12 @@ int attn_lt_key_mass(const attn_lt_mass_args* args, void* stream);
 
 /* The attention mass per key of a finished serving batch (attn_lt_batch_fwd with b.f.lse set, FP32 (Hq, total_q)):
  * for each request and query head, the sum over its last `window` query rows (all of them when it has fewer) of
- * exp(s - lse), as attn_lt_key_mass defines it (no mask: batches take none). mass, FP32, every element written:
- * packed keys (b.cu_k) (Hq, total_k), request b's key j at column cu_k[b] + j (columns no request owns are not
- * written); a paged cache (B, Hq, b.f.Sk), request b's key j at [b][h][j], zeros past its length and for keys of a
- * block id out of range. The metadata is read as attn_lt_batch_fwd reads it (a bad request: zeros; reported by the
- * forward call, not again). D 64, 128 or 256; b.f.v, b.f.o and the workspace are not read. */
+ * exp(s - lse), as attn_lt_key_mass defines it (no mask: batches take none). mass, FP32: packed keys (b.cu_k)
+ * (Hq, total_k), request b's key j at column cu_k[b] + j (columns no request owns are not written); a paged cache
+ * (B, Hq, b.f.Sk), request b's key j at [b][h][j], zeros past its length and for keys of a block id out of range,
+ * every element written except the rows of a request without query rows when b.f.Sq is 1. The metadata is read
+ * as attn_lt_batch_fwd reads it (a bad request: zeros, or not written as above; reported by the forward call, not
+ * again). D 64, 128 or 256; b.f.v, b.f.o and the workspace are not read. */
 typedef struct attn_lt_batch_mass_args {
     attn_lt_batch_args b;
     float* mass;
