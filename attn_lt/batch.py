@@ -559,8 +559,9 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
 
     ``return_key_mass``: also return the attention mass per key, FP32 (Hq, total_k): for each request and query
     head, the sum over its query rows (its last ``key_mass_window`` rows, when given) of the probabilities P of
-    each of its keys, at that key's packed column (what KV-cache eviction during serving needs; computed after the
-    call from its LSE by a pass over each request's keys, as :func:`attn_lt.attention` does on the fused path).
+    each of its keys, at that key's packed column (what KV-cache eviction during serving needs; a one-row request's
+    from the scores its decode blocks store, the others' by a pass over their keys from the call's LSE; see
+    :func:`explain_batch`).
 
     Returns out (total_q, Hq, D) in q's dtype; with ``return_lse``, ``(out, lse)``, lse FP32 (Hq, total_q); with
     ``return_key_mass`` the mass comes last. A request with no keys gives zeros and LSE -inf; rows no request owns

@@ -619,7 +619,10 @@ def cmd_explain_batch(a) -> int:
     if a.json:
         plan = plan_batch(a.requests, a.heads_q, a.heads_kv, a.head_dim, max_seqlen_q=a.max_seqlen_q,
                           max_seqlen_k=a.max_seqlen_k, block_size=a.block_size, Dv=a.head_dim_v)
-        print(json.dumps(plan.to_dict(), indent=2))
+        d = plan.to_dict()
+        if a.key_mass:
+            d["key_mass"] = text.splitlines()[-1]
+        print(json.dumps(d, indent=2))
     else:
         print("\n".join(safe(line) for line in text.splitlines()))
     return EXIT_OK

@@ -117,7 +117,7 @@ __device__ __forceinline__ bool key_block_bad(const attn_lt_batch_args& a, int b
 template <int D>
 struct PagedRows {
     static constexpr int kChunks = D / 8, kRowStep = kThreads / kChunks, kPasses = kBlockN / kRowStep;
-    int raw;           // the table entry of block `lane` of the tile fetched (-2: none)
+    int raw;           // the table entry of block `lane` of the tile fetched (lanes past its blocks: none)
     int blk[kPasses];  // block ids of this thread's rows of the tile being issued; -1: out of range, -2: no row
 };
 
@@ -127,7 +127,7 @@ template <int D>
 __device__ __forceinline__ void paged_fetch(PagedRows<D>& p, const attn_lt_batch_args& a, int b, int n0, int valid,
                                             int log2_bs) {
     const int lane = threadIdx.x % 32, first = n0 >> log2_bs, blocks = ((n0 + valid - 1) >> log2_bs) - first + 1;
-    p.raw = lane < blocks ? __ldg(a.block_table + b * a.bt_stride + first + lane) : -2;
+    p.raw = lane < blocks ? __ldg(a.block_table + b * a.bt_stride + first + lane) : 0;
 }
 
 // The block ids of this thread's rows of the tile [n0, n0 + valid) from the entries paged_fetch loaded, by shuffle.
@@ -137,8 +137,9 @@ template <int D>
 __device__ __forceinline__ void paged_ids(PagedRows<D>& p, const attn_lt_batch_args& a, int n0, int valid,
                                           int log2_bs, int* bad) {
     using P = PagedRows<D>;
-    const int r0 = threadIdx.x / P::kChunks, first = n0 >> log2_bs;
-    const int id = p.raw == -2 ? -2 : paged_id_ok(a, p.raw) ? p.raw : -1;
+    const int r0 = threadIdx.x / P::kChunks, lane = threadIdx.x % 32, first = n0 >> log2_bs;
+    const int blocks = ((n0 + valid - 1) >> log2_bs) - first + 1;  // the lanes paged_fetch loaded an entry for
+    const int id = lane >= blocks ? -2 : paged_id_ok(a, p.raw) ? p.raw : -1;
     if (id == -1) {
         *bad = 1;
         atomicOr(a.error, ATTN_LT_BATCH_BAD_BLOCK);
@@ -1134,18 +1135,18 @@ int launch_mass_of(const MassKernelArgs<BT>& a, cudaStream_t s) {
     }
 }
 
-// What attn_lt_flash_fwd and attn_lt_key_mass check alike (0: it holds): the shape, q and k (addresses, strides),
-// scale, variant, mask and dtype.
+// What the dense and batch forward and mass launchers check alike (0: it holds): the shape, q and k (addresses,
+// strides but q's batch stride, which batches do not use), scale, variant, mask and dtype.
 int qk_status(const attn_lt_flash_args& a) {
     if (a.B <= 0 || a.Hq <= 0 || a.Hkv <= 0 || a.Sq <= 0 || a.Sk <= 0 || a.q == nullptr || a.k == nullptr)
         return ATTN_LT_ERR_ARGS;
-    if (a.Hq % a.Hkv || a.B * a.Hkv > 65535) return ATTN_LT_ERR_HEADS;
+    if (a.Hq % a.Hkv) return ATTN_LT_ERR_HEADS;
     if (a.D != 64 && a.D != 128 && a.D != 256) return ATTN_LT_ERR_HEAD_DIM;
     if (a.Sq >= (1LL << 30) || a.Sk >= (1LL << 30) || a.Sq * (a.Hq / a.Hkv) >= (1LL << 30)) return ATTN_LT_ERR_LENGTH;
     if (!(a.scale > 0.f)) return ATTN_LT_ERR_SCALE;
     if (!variant_ok(a)) return ATTN_LT_ERR_WINDOW;
     if (!aligned16(a.q) || !aligned16(a.k)) return ATTN_LT_ERR_ALIGNMENT;
-    if ((a.q_ss | a.k_ss | a.q_sb | a.q_sh | a.k_sb | a.k_sh) % 8 != 0) return ATTN_LT_ERR_STRIDES;
+    if ((a.q_ss | a.k_ss | a.q_sh | a.k_sb | a.k_sh) % 8 != 0) return ATTN_LT_ERR_STRIDES;
     if (a.mask_dtype != ATTN_LT_NONE && a.mask == nullptr) return ATTN_LT_ERR_MASK;
     if (a.mask_dtype < ATTN_LT_NONE || a.mask_dtype > ATTN_LT_BOOL) return ATTN_LT_ERR_MASK;
     if (a.dtype != ATTN_LT_BF16 && a.dtype != ATTN_LT_F16) return ATTN_LT_ERR_DTYPE;
@@ -1158,7 +1159,7 @@ int batch_status(const attn_lt_batch_args& a) {
     const attn_lt_flash_args& f = a.f;
     if (a.error == nullptr || a.total_q <= 0 || a.total_k < 0) return ATTN_LT_ERR_ARGS;
     if (const int status = qk_status(f)) return status;
-    if (f.Hq > 65535) return ATTN_LT_ERR_HEADS;
+    if (f.Hq > 65535 || f.B * f.Hkv > 65535) return ATTN_LT_ERR_HEADS;
     if (f.Dv != 0 && f.Dv != f.D) return ATTN_LT_ERR_HEAD_DIM;
     if (a.total_q >= (1LL << 31) || a.total_k >= (1LL << 31)) return ATTN_LT_ERR_LENGTH;
     if (f.mask_dtype != ATTN_LT_NONE || f.mask != nullptr) return ATTN_LT_ERR_MASK;
@@ -1213,7 +1214,9 @@ extern "C" int attn_lt_batch_fwd(const attn_lt_batch_args* a, void* stream) {
 extern "C" int attn_lt_flash_fwd(const attn_lt_flash_args* a, void* stream) {
     if (a == nullptr || a->o == nullptr || a->v == nullptr) return ATTN_LT_ERR_ARGS;
     if (const int status = qk_status(*a)) return status;
+    if (a->B * a->Hkv > 65535) return ATTN_LT_ERR_HEADS;  // the grid's y
     if (a->Dv != 0 && a->Dv != a->D) return ATTN_LT_ERR_HEAD_DIM;
+    if (a->q_sb % 8 != 0) return ATTN_LT_ERR_STRIDES;
     if (!aligned16(a->v) || !aligned16(a->o)) return ATTN_LT_ERR_ALIGNMENT;
     if ((a->v_ss | a->v_sb | a->v_sh) % 8 != 0 || (a->o_ss | a->o_sb | a->o_sh) % 2 != 0) return ATTN_LT_ERR_STRIDES;
     if (a->splits < 0 || a->splits > 65535 || (a->splits > 1 && (a->o_part == nullptr || a->lse_part == nullptr)))
@@ -1231,11 +1234,13 @@ extern "C" int attn_lt_flash_fwd(const attn_lt_flash_args* a, void* stream) {
 extern "C" int attn_lt_key_mass(const attn_lt_mass_args* m, void* stream) {
     if (m == nullptr || m->mass == nullptr) return ATTN_LT_ERR_ARGS;
     const attn_lt_flash_args* a = &m->f;
-    if (a->lse == nullptr || m->q0 < 0 || m->q0 >= a->Sq || m->from_scores < 0 || m->from_scores > 1 ||
-        (m->from_scores && a->Sq != 1))
+    if (a->lse == nullptr || m->q0 < 0 || m->q0 >= a->Sq || m->from_scores < 0 || m->from_scores > 1)
         return ATTN_LT_ERR_ARGS;
     if (const int status = qk_status(*a)) return status;
-    if (a->B > 65535 || a->Hkv > 65535) return ATTN_LT_ERR_HEADS;  // the grid's (B, Hkv)
+    // scores are stored by decode blocks only: one row, at most 16 rows a kv head
+    if (m->from_scores && !(a->Sq == 1 && a->Hq / a->Hkv <= kBatchSmallRows)) return ATTN_LT_ERR_ARGS;
+    if (a->B > 65535 || a->Hkv > 65535 || a->Hq > 65535) return ATTN_LT_ERR_HEADS;  // the grids' (B, Hkv or Hq)
+    if (a->q_sb % 8 != 0) return ATTN_LT_ERR_STRIDES;
     if ((a->Sq + 8) * (a->Hq / a->Hkv) >= (1LL << 30)) return ATTN_LT_ERR_LENGTH;
     if (reinterpret_cast<uintptr_t>(a->lse) % 4 || reinterpret_cast<uintptr_t>(m->mass) % 4) return ATTN_LT_ERR_ALIGNMENT;
     if ((a->mask_dtype != ATTN_LT_NONE) != (a->mask != nullptr)) return ATTN_LT_ERR_MASK;

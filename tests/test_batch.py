@@ -285,8 +285,11 @@ def test_batch_mass_launcher_refuses_bad_arguments_without_touching_the_gpu():
         assert args() < 10000  # every check passes: the launch then fails for want of a GPU (a CUDA error)
     for change, status in ((dict(mass=None), 10001), (dict(lse=None), 10001), (dict(window=0), 10001),
                            (dict(error=None), 10001), (dict(cu_k=0x50101), 10005), (dict(D=96), 10003),
-                           (dict(block_table=0x60000), 10013), (dict(mass=0x70002), 10005)):
+                           (dict(block_table=0x60000), 10013), (dict(mass=0x70002), 10005),
+                           (dict(from_scores=2), 10001)):
         assert args(**change) == status, change
+    if not torch.cuda.is_available():
+        assert args(q_sb=3) < 10000  # a batch's q has no batch stride: not checked
 
 
 def test_batch_struct_matches_header():

@@ -304,6 +304,8 @@ def test_explain_batch(capsys):
     assert rc == 0 and "paged batch" in out and "decode blocks" in out and "mass per key" not in out
     rc, out, _ = run(capsys, "explain-batch", "--requests", "64", "--max-seqlen-k", "8192", "--key-mass")
     assert rc == 0 and "mass per key (FP32 (Hq, total_k)" in out
+    rc, out, _ = run(capsys, "explain-batch", "--requests", "64", "--max-seqlen-k", "8192", "--key-mass", "--json")
+    assert rc == 0 and json.loads(out)["key_mass"].startswith("mass per key")
     rc, out, _ = run(capsys, "explain-batch", "--requests", "16", "--max-seqlen-q", "4096", "--max-seqlen-k", "16384",
                      "--json")
     d = json.loads(out)

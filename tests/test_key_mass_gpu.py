@@ -185,11 +185,12 @@ def test_paged_key_mass_matches_fp64_per_request(block_size):
         _close(m8[b, :, :n], ref8[:, ck[b]:ck[b] + n])
 
 
-def test_paged_key_mass_of_a_bad_block_is_zero_and_reported():
+@pytest.mark.parametrize("bad", ["past", -1, -2])
+def test_paged_key_mass_of_a_bad_block_is_zero_and_reported(bad):
     from attn_lt.testing import random_pages
 
     k_cache, v_cache, table, seqlens = random_pages([100, 100], 16, 2, 64, torch.float16)
-    table[1, 2] = k_cache.shape[0] + 5  # keys 32..47 of request 1: a block past the cache
+    table[1, 2] = k_cache.shape[0] + 5 if bad == "past" else bad  # keys 32..47 of request 1: no block of the cache
     q = torch.randn(2, 8, 64, device="cuda", dtype=torch.float16)
     out, mass = attn_lt.paged_attention(q, k_cache, v_cache, table, seqlens, return_key_mass=True)
     with pytest.raises(ValueError, match="block id"):

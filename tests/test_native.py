@@ -41,6 +41,33 @@ def test_invalid_arguments_refused_without_touching_the_gpu():
 
 
 @pytest.mark.native
+def test_mass_launcher_refuses_stored_scores_where_no_decode_block_stores_them():
+    """attn_lt_key_mass with from_scores: one query row and at most 16 rows a kv head, else refused (fake addresses:
+    nothing is read before the checks pass)."""
+    import torch
+
+    lib = native.load()
+
+    def status(**change):
+        m = native.MassArgs()
+        f = m.f
+        f.q, f.k, f.lse, m.mass = 0x10000, 0x20000, 0x30000, 0x40000
+        f.B, f.Hq, f.Hkv, f.Sq, f.Sk, f.D = 2, 8, 2, 1, 4096, 128
+        f.q_sh, f.q_ss, f.k_sh, f.k_ss, f.q_sb, f.k_sb = 128, 1024, 128, 256, 1024, 1048576
+        f.scale, f.dtype = 0.1, native.DTYPE_CODES["bf16"]
+        m.from_scores = 1
+        for name, value in change.items():
+            setattr(m if hasattr(native.MassArgs, name) and name != "f" else f, name, value)
+        return lib.attn_lt_key_mass(ctypes.byref(m), None)
+
+    if not torch.cuda.is_available():
+        assert status() < 10000  # every check passes: the launch then fails for want of a GPU (a CUDA error)
+    assert status(Sq=2) == 10001
+    assert status(Hq=64, Hkv=2) == 10001  # 32 rows a kv head: the sm90 decode kernel, which stores none
+    assert status(from_scores=3) == 10001
+
+
+@pytest.mark.native
 @pytest.mark.skipif(shutil.which("cuobjdump") is None, reason="cuobjdump not on PATH")
 def test_built_for_sm80_and_sm90():
     out = subprocess.run(["cuobjdump", "--list-elf", str(native.library_path())], capture_output=True,
