@@ -13,6 +13,8 @@
 #   probe      the long path's key tiles under several caps (probe_long_rows $PROBE_ARGS)
 #   scores     Q@K^T alone: cuBLASLt against native/scores_sm90.cu (bench_scores $SCORES_ARGS)
 #   sanitize-scores  compute-sanitizer on native/scores_sm90.cu
+#   batch      serving batches (bench_batch $BATCH_ARGS)          variants  window, sinks, softcap (bench_variants)
+#   mass       the attention mass per key (bench_key_mass)        sanitize-serving  memcheck: batches, mass, variants
 set -uo pipefail
 OUT=${OUT:-results}
 mkdir -p "$OUT"
@@ -66,6 +68,14 @@ for p in ${PHASES:-tests}; do
     masked) phase masked 400 python3 tools/bench.py run --groups fa3,long --providers auto,lt,wmma,cudnn \
       --cases mask --rep-ms 60 --rounds 3 --out "$OUT/masked" ;;
     generate) phase generate 300 python3 tools/bench_generate.py ${GENERATE_ARGS:-} --out "$OUT/generate" ;;
+    batch) phase batch 200 python3 tools/bench_batch.py ${BATCH_ARGS:-} --out "$OUT/batch" ;;
+    variants) phase variants 200 python3 tools/bench_variants.py --out "$OUT/variants" ;;
+    mass) phase mass 200 python3 tools/bench_key_mass.py --reps 5 --out "$OUT/mass" ;;
+    sanitize-serving)
+      phase memcheck-batch 120 compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/dev/sanitize_batch.py
+      phase memcheck-mass 120 compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/dev/sanitize_mass.py
+      phase memcheck-variants 120 compute-sanitizer --tool memcheck --error-exitcode 9 \
+        python3 tools/dev/sanitize_variants.py ;;
     cp)
       n=$(python3 -c 'import torch; print(torch.cuda.device_count())')
       phase cp-tests 200 python3 -m pytest -q -m gpu -rfs tests/test_distributed.py
