@@ -8,8 +8,8 @@ section; cases, formulas and writers: tools/bench_suite.py.
                               [--time-limit-s N] [--lt-details] [--flush read|write] [--no-clock]
                               [--settle-ms 100]
     python tools/bench.py list [--quick] [--groups ...]        the cases of a run, with FLOPs and bytes (no GPU)
-    python tools/bench.py report DIR/results.json [--readme README.md]   summary.md, plots (and the README's
-                                                               results block) again from a results file (no GPU)
+    python tools/bench.py report DIR/results.json [--readme docs/performance.md]   summary.md, plots (and that
+                                                               file's results block) again (no GPU)
     python tools/bench.py compare A/results.json B/results.json [--tolerance-pct 5]
 
 ``run`` writes DIR/results.json, results.csv and summary.md after every case (a run stopped early keeps what it
@@ -725,7 +725,7 @@ def read_results(path) -> tuple[dict, list[dict]]:
 
 
 def cmd_report(a) -> int:
-    """summary.md and the plots again from a results file; with --readme, the README's results block too."""
+    """summary.md and the plots again from a results file; with --readme, that file's results block too."""
     meta, rows = read_results(a.results)
     try:
         import matplotlib  # noqa: F401
