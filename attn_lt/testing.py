@@ -285,6 +285,13 @@ def paged_gather(k_cache, v_cache, block_table, seqlens_k) -> tuple:
     return torch.cat(ks), torch.cat(vs), torch.tensor(cu, dtype=torch.int32, device=k_cache.device)
 
 
+def cu_seqlens(lengths, device="cuda") -> torch.Tensor:
+    """The int32 (B + 1,) offsets of requests of ``lengths`` rows packed one after another, as ``cu_seqlens_q`` and
+    ``cu_seqlens_k`` take them."""
+    return torch.tensor([0] + torch.tensor(lengths, dtype=torch.int64).cumsum(0).tolist(), dtype=torch.int32,
+                        device=device)
+
+
 def varlen_key_mass_reference(q, k, cu_seqlens_q, cu_seqlens_k, *, causal=False, scale=None, key_mass_window=None,
                               window=None, softcap=None, sinks=None, dtype=torch.float64):
     """The mass per key of ``attn_lt.varlen_attention(..., return_key_mass=True)`` in ``dtype``, request by request

@@ -9,14 +9,14 @@ import torch
 import attn_lt
 from attn_lt import batch
 from attn_lt.fused import DeviceFacts
-from attn_lt.testing import paged_gather, paged_reference, random_pages, reference, varlen_reference
+from attn_lt.testing import cu_seqlens, paged_gather, paged_reference, random_pages, reference, varlen_reference
 
 H100 = DeviceFacts(132, True, 232448)
 A100 = DeviceFacts(108, False, 166912)
 
 
 def cu(lengths):
-    return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
+    return cu_seqlens(lengths, device="cpu")
 
 
 def qkv(total_q=10, total_k=20, Hq=8, Hkv=2, D=64, dtype=torch.bfloat16):

@@ -11,7 +11,7 @@ import torch
 import attn_lt
 from attn_lt import batch
 from attn_lt.fused import DeviceFacts, device_facts
-from attn_lt.testing import (paged_gather, paged_reference, random_pages, rel_error, sdpa, tolerance,
+from attn_lt.testing import (cu_seqlens, paged_gather, paged_reference, random_pages, rel_error, sdpa, tolerance,
                              varlen_reference)
 
 pytestmark = pytest.mark.gpu
@@ -19,8 +19,7 @@ pytestmark = pytest.mark.gpu
 DTYPES = [torch.bfloat16, torch.float16]
 
 
-def cu(lengths, device="cuda"):
-    return torch.tensor([0] + list(torch.tensor(lengths).cumsum(0).tolist()), dtype=torch.int32, device=device)
+cu = cu_seqlens
 
 
 def torch_varlen(q, k, v, cu_q, cu_k, causal):

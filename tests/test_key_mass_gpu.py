@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import attn_lt
-from attn_lt.testing import key_mass_reference, window_mask
+from attn_lt.testing import cu_seqlens, key_mass_reference, window_mask
 
 pytestmark = pytest.mark.gpu
 
@@ -111,10 +111,6 @@ def test_key_mass_refusals_name_the_reason():
 
 # ---- serving batches: varlen_attention / paged_attention with return_key_mass ----------------------------------
 
-def _cu(lengths):
-    return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
-
-
 def _close(mass, ref, softcap=None):
     rel = 5e-3 if softcap else 2e-4
     assert not torch.isnan(mass).any()
@@ -139,7 +135,7 @@ def test_varlen_key_mass_matches_fp64_per_request(case, dtype):
 
     c = dict(causal=False, kmw=None, window=None, softcap=None, sinks=False) | case
     D, Hq, Hkv = c["D"], c["Hq"], c["Hkv"]
-    cq, ck = _cu(c["q"]), _cu(c["k"])
+    cq, ck = cu_seqlens(c["q"]), cu_seqlens(c["k"])
     q = torch.randn(sum(c["q"]), Hq, D, device="cuda", dtype=dtype)
     k = torch.randn(sum(c["k"]), Hkv, D, device="cuda", dtype=dtype)
     v = torch.randn_like(k)
@@ -165,7 +161,7 @@ def test_paged_key_mass_matches_fp64_per_request(block_size):
     lens = [0, 1, block_size - 1, block_size + 1, 3000, 777]
     rows = [1, 1, 1, 40, 1, 300]
     k_cache, v_cache, table, seqlens = random_pages(lens, block_size, Hkv, D, dtype)
-    cq = _cu(rows)
+    cq = cu_seqlens(rows)
     q = torch.randn(sum(rows), Hq, D, device="cuda", dtype=dtype)
     out, lse, mass = attn_lt.paged_attention(q, k_cache, v_cache, table, seqlens, cu_seqlens_q=cq,
                                              max_seqlen_q=max(rows), return_lse=True, return_key_mass=True,

@@ -10,7 +10,7 @@ import torch
 
 import attn_lt
 from attn_lt.fused import device_facts
-from attn_lt.testing import forced_flash, reference, rel_error, tolerance, window_mask
+from attn_lt.testing import cu_seqlens, forced_flash, reference, rel_error, tolerance, window_mask
 
 pytestmark = pytest.mark.gpu
 
@@ -143,8 +143,7 @@ def test_decode_loop_with_variants_runs_on_one_plan():
         assert attn_lt.api.cached_plans() == 1 and fastpath.stats()["hits"] - hits == 19
 
 
-def cu(lengths):
-    return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+cu = cu_seqlens
 
 
 @pytest.mark.parametrize("paged", [False, True], ids=["varlen", "paged"])

@@ -35,7 +35,7 @@ import torch  # noqa: E402
 
 import attn_lt  # noqa: E402
 from attn_lt.fused import device_facts  # noqa: E402
-from attn_lt.testing import random_pages, time_ms  # noqa: E402
+from attn_lt.testing import cu_seqlens, random_pages, time_ms  # noqa: E402
 
 DT = torch.bfloat16
 HQ, HKV, D = 32, 8, 128
@@ -49,8 +49,7 @@ def copy_rate_tbs() -> float:
     return 2 * src.numel() / ms / 1e9
 
 
-def cu(lengths):
-    return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+cu = cu_seqlens
 
 
 def torch_varlen():

@@ -89,18 +89,18 @@ def run_serving(reps: int) -> list[dict]:
     it: ragged decode (B64, lengths U[256, 8192], Hq 32 / Hkv 8, D 128) on packed keys and on a paged cache of
     16-key blocks (permuted), and a packed prefill of 8 documents of 1k-8k tokens with the mass of each one's last
     64 rows (SnapKV during serving)."""
-    from attn_lt.testing import random_pages
+    from attn_lt.testing import cu_seqlens, random_pages
 
     g = torch.Generator().manual_seed(0)
     lens = torch.randint(256, 8193, (64,), generator=g).tolist()
-    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    cu = cu_seqlens(lens)
     ones = torch.arange(65, dtype=torch.int32, device="cuda")
     q = torch.randn(64, 32, 128, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(sum(lens), 8, 128, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
     kc, vc, table, seqlens = random_pages(lens, 16, 8, 128, torch.bfloat16, generator=g)
     docs = torch.randint(1024, 8193, (8,), generator=g).tolist()
-    cd = torch.tensor([0] + torch.tensor(docs).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    cd = cu_seqlens(docs)
     pq = torch.randn(sum(docs), 32, 128, device="cuda", dtype=torch.bfloat16)
     pk = torch.randn(sum(docs), 8, 128, device="cuda", dtype=torch.bfloat16)
     pv = torch.randn_like(pk)

@@ -14,11 +14,10 @@ import sys
 import torch
 
 import attn_lt
-from attn_lt.testing import paged_reference, random_pages, rel_error, varlen_reference
+from attn_lt.testing import cu_seqlens, paged_reference, random_pages, rel_error, varlen_reference
 
 
-def cu(lengths):
-    return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+cu = cu_seqlens
 
 
 def reported(what: str) -> int:

@@ -14,7 +14,7 @@ import sys
 import torch
 
 import attn_lt
-from attn_lt.testing import forced_flash, reference, rel_error
+from attn_lt.testing import cu_seqlens, forced_flash, reference, rel_error
 
 
 def main() -> int:
@@ -44,7 +44,7 @@ def main() -> int:
     kw = dict(window=(70, 70), softcap=5.0, sinks=torch.randn(4, device="cuda"))
     report("attention() prefill", attn_lt.attention(q, k, v, **kw), reference(q, k, v, **kw)[0])
     lens = [130, 1, 0, 64]
-    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    cu = cu_seqlens(lens)
     qp = torch.randn(sum(lens), 4, 128, dtype=torch.bfloat16, device="cuda")
     kp, vp = (torch.randn(sum(lens), 2, 128, dtype=torch.bfloat16, device="cuda") for _ in range(2))
     sinks = torch.randn(4, device="cuda")
