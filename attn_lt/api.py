@@ -7,6 +7,7 @@ Data flows one way: validate → select → plan (chunks, GEMM descriptors, algo
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
 import math
@@ -18,10 +19,10 @@ import torch
 from . import config, fastpath
 from .chunks import ChunkPlan, plan_chunks, out_strides
 from .select import Decision, route_of, select
-from .validate import (Case, address_alignment, check_options, check_out, check_sinks, check_tensors, mask_alignment,
-                       out_shape)
+from .validate import (FP8_KV_DTYPE, Case, address_alignment, check_kv_descale, check_options, check_out, check_sinks,
+                       check_tensors, mask_alignment, out_shape)
 from .device import stream_queries
-from .fused import FusedLaunch, device_facts, fused_launch, stores_scores
+from .fused import FusedLaunch, Program as FusedProgram, device_facts, fp8_decode_launch, fused_launch, stores_scores
 
 log = logging.getLogger("attn_lt")
 
@@ -188,8 +189,6 @@ class AttentionPlan:
                 p = self._program
                 if p is None:
                     if self.backend == "wmma":
-                        from .fused import Program as FusedProgram
-
                         p = FusedProgram(self.case, out_strides(self.case, self.out_layout), self.fused)
                     else:
                         from .lt.path import Program as LtProgram
@@ -490,7 +489,7 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
               backend: str = "auto", return_lse: bool = False, out=None, workspace_bytes: int | None = None,
               threshold: int | None = None, algo_policy: str | None = None, return_key_mass: bool = False,
               key_mass_window: int | None = None, out_layout: str = "bhsd", window=None,
-              softcap: float | None = None, sinks=None):
+              softcap: float | None = None, sinks=None, k_descale=None, v_descale=None):
     """Scaled dot-product attention, ``softmax(scale * q @ k^T + mask) @ v``.
 
     Args:
@@ -533,6 +532,10 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
             masks and the softmax.
         sinks: attention sinks (gpt-oss): FP32 (Hq,), one logit a query head that joins every row's softmax
             denominator (softmax over [scores, sink], the sink's column dropped); the LSE includes it.
+        k_descale, v_descale: with k and v an FP8 KV cache (both torch.float8_e4m3fn; q and the output stay fp16 or
+            bf16): the factors their elements are multiplied by, None (1), a number, or FP32 one value or (Hkv,)
+            on q's device. Decode only (at most 16 query rows a kv head, Sq x Hq / Hkv), D = Dv in 64/128/256, on
+            the fused decode blocks (``backend`` "auto" or "wmma"); no ``return_key_mass``.
 
     Returns:
         out: (B, Hq, Sq, Dv) in the input dtype, contiguous ((B, Sq, Hq, Dv) with ``out_layout="bshd"``); with ``return_lse``, ``(out, lse)`` with lse FP32
@@ -550,6 +553,11 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
     (the same tensors but the key length and the K/V strides: a decode loop's steps) on the same plan, as the fused
     kernels take the key length as data. Use :func:`plan` to hold a plan yourself.
     """
+    if k_descale is not None or v_descale is not None or getattr(k, "dtype", None) == FP8_KV_DTYPE:
+        return _attention_fp8(q, k, v, attn_mask=attn_mask, causal=causal, scale=scale, backend=backend,
+                              return_lse=return_lse, out=out, return_key_mass=return_key_mass,
+                              key_mass_window=key_mass_window, out_layout=out_layout, window=window, softcap=softcap,
+                              sinks=sinks, k_descale=k_descale, v_descale=v_descale)
     if isinstance(q, torch.Tensor):
         if torch.compiler.is_compiling():
             if out is not None:
@@ -604,6 +612,59 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
         p._remember_fast(q, k, v, sinks, (causal, scale, backend, workspace_bytes, threshold, algo_policy,
                                           key_mass_window, out_layout, window, softcap), settings, backend, threshold)
     return res
+
+
+#: Rows a kv head (Sq x Hq / Hkv) up to which native/flash.cu runs decode blocks, which alone read FP8 caches.
+FP8_MAX_ROWS = 16
+
+
+def _attention_fp8(q, k, v, *, attn_mask, causal, scale, backend, return_lse, out, return_key_mass, key_mass_window,
+                   out_layout, window, softcap, sinks, k_descale, v_descale):
+    """:func:`attention` against an FP8 KV cache: native/flash.cu's decode blocks, which read the cache's bytes and
+    convert them to fp16 in registers, the keys split as :func:`attn_lt.fused.fused_launch` plans them."""
+    case = check_tensors(q, k, v, attn_mask, causal, scale, window=window, softcap=softcap, sinks=sinks, kv_fp8=True)
+    check_options(out_layout=out_layout, return_key_mass=return_key_mass, key_mass_window=key_mass_window)
+    if backend not in ("auto", "wmma"):
+        raise ValueError(f"an FP8 KV cache runs on the fused decode blocks (backend 'auto' or 'wmma'), not {backend!r}")
+    if return_key_mass:
+        raise ValueError("return_key_mass is not available with an FP8 KV cache in attention() (paged_attention and "
+                         "varlen_attention give it for one-row requests)")
+    rows = case.Sq * (case.Hq // case.Hkv)
+    if rows > FP8_MAX_ROWS or case.Dv != case.D or case.D not in (64, 128, 256):
+        raise ValueError(f"an FP8 KV cache runs on the decode blocks: at most {FP8_MAX_ROWS} query rows a kv head "
+                         f"(Sq x Hq / Hkv) and D = Dv in 64, 128, 256; got {case}")
+    for name, t in (("k", k), ("v", v)):
+        if any(st % 16 for st in t.stride()[:3]) or t.data_ptr() % 16:
+            raise ValueError(f"{name} {tuple(t.shape)} (FP8) with strides {tuple(t.stride())} is not a layout the "
+                             "kernels read: strides of whole 16-byte chunks (multiples of 16 elements), 16-byte "
+                             "aligned")
+    if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
+        raise NotImplementedError(_NO_BACKWARD)
+    dev = q.device
+    descale = check_kv_descale(k_descale, v_descale, True, case.Hkv, dev)
+    program = _fp8_program(case, out_layout, dev.index)
+    if out is None:
+        out = torch.empty(out_shape(case, out_layout), dtype=q.dtype, device=dev)
+    else:
+        check_out(out, case, q, out_layout)
+    lse = torch.empty((case.B, case.Hq, case.Sq), dtype=torch.float32, device=dev) if return_lse else None
+    need = program.launch.workspace_bytes
+    ws = torch.empty(need, dtype=torch.uint8, device=dev) if need else None
+    kd, vd, sh = descale
+    with torch.cuda.device(dev) if _current_device() != dev.index else contextlib.nullcontext():
+        program.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(),
+                    _raw_stream(dev.index), 0 if attn_mask is None else attn_mask.data_ptr(),
+                    0 if ws is None else ws.data_ptr(), sinks=0 if sinks is None else sinks.data_ptr(),
+                    descale=(0 if kd is None else kd.data_ptr(), 0 if vd is None else vd.data_ptr(), sh))
+    return (out, lse) if return_lse else out
+
+
+@functools.lru_cache(maxsize=64)
+def _fp8_program(case: Case, out_layout: str, device: int) -> FusedProgram:
+    """The launch of an FP8-cache case (arguments built once; each run sets the addresses and factors)."""
+    launch = fp8_decode_launch(case, device_facts(device))
+    log.debug("attention: FP8 KV cache %s -> %s", case, launch)
+    return FusedProgram(case, out_strides(case, out_layout), launch, fp8_kv=True)
 
 
 def _keep(key, p: AttentionPlan) -> None:

@@ -28,7 +28,7 @@ import torch
 from . import native
 from .device import stream_queries
 from .fused import ASSUMED_DEVICE, MLA_DECODE, MLA_ROWS, DeviceFacts, device_facts
-from .validate import check_causal, check_options, check_scale, check_variants
+from .validate import FP8_KV_DTYPE, check_causal, check_kv_descale, check_options, check_scale, check_variants
 
 log = logging.getLogger("attn_lt")
 
@@ -207,13 +207,25 @@ def _plan(requests, Hq, Hkv, D, Dv, max_q, max_k, block_size, facts, assumed) ->
 
 def explain_batch(requests: int, heads_q: int, heads_kv: int, head_dim: int, *, max_seqlen_q: int,
                   max_seqlen_k: int, block_size: int = 0, head_dim_v: int | None = None,
-                  return_key_mass: bool = False) -> str:
+                  return_key_mass: bool = False, kv_dtype: torch.dtype | None = None) -> str:
     """How a varlen (``block_size`` 0) or paged batch of this capacity runs on the current GPU (or, without one, an
-    H100): the kernels, the split of the keys and why; with ``return_key_mass``, how the mass per key is made.
-    ``head_dim_v`` 512 with ``head_dim`` 576: MLA decode on a paged latent cache. No GPU work."""
+    H100): the kernels, the split of the keys and why; with ``kv_dtype`` torch.float8_e4m3fn, how an FP8 cache is
+    read; with ``return_key_mass``, how the mass per key is made. ``head_dim_v`` 512 with ``head_dim`` 576: MLA
+    decode on a paged latent cache. No GPU work."""
     plan = plan_batch(requests, heads_q, heads_kv, head_dim, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                       block_size=block_size, Dv=head_dim_v)
-    return str(plan) + ("\n" + _mass_line(plan) if return_key_mass else "")
+    fp8 = kv_dtype is not None and kv_dtype == FP8_KV_DTYPE
+    if kv_dtype is not None and not fp8 and kv_dtype not in _DTYPES:
+        raise TypeError(f"kv_dtype must be torch.float16, torch.bfloat16 or {FP8_KV_DTYPE}, got {kv_dtype}")
+    _check_fp8(fp8, max_seqlen_q, heads_q, heads_kv, plan.D, plan.Dv, return_key_mass)
+    return (str(plan) + ("\n" + FP8_LINE if fp8 else "")
+            + ("\n" + _mass_line(plan) if return_key_mass else ""))
+
+
+#: How the decode blocks read an FP8 KV cache (what explain says).
+FP8_LINE = ("K/V: an FP8 cache (e4m3, descale factors one a kv head or one for all): the decode blocks read its bytes "
+            "(half a 16-bit cache's) and convert them to fp16 in registers on their way into the MMAs (q staged in "
+            "fp16 under a power-of-two scale, FP32 sums)")
 
 
 def _mass_line(plan: BatchPlan) -> str:
@@ -287,14 +299,16 @@ def _check_latent_device(facts: DeviceFacts, device) -> None:
 
 
 def _check_data(q, k, v, names: tuple[str, str, str], kv_dims: int) -> tuple[str, int, int, int, int]:
-    """Types, dtypes and dims of q, k, v; returns (dtype, Hq, Hkv, D, Dv)."""
+    """Types, dtypes and dims of q, k, v (k and v in q's dtype, or both FP8: :func:`_kv_fp8`); returns (q's dtype,
+    Hq, Hkv, D, Dv)."""
     for name, t in zip(names, (q, k, v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype not in _DTYPES:
-            raise TypeError(f"{name} has dtype {t.dtype}; the batch kernels take torch.float16 and torch.bfloat16")
-    if not q.dtype == k.dtype == v.dtype:
-        raise TypeError(f"{', '.join(names)} must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.dtype not in _DTYPES:
+        raise TypeError(f"{names[0]} has dtype {q.dtype}; the batch kernels take torch.float16 and torch.bfloat16")
+    if k.dtype != v.dtype or k.dtype not in (q.dtype, FP8_KV_DTYPE):
+        raise TypeError(f"{names[1]} and {names[2]} must have {names[0]}'s dtype, or both {FP8_KV_DTYPE} (an FP8 KV "
+                        f"cache); got {q.dtype}, {k.dtype}, {v.dtype}")
     shapes = f"{names[0]} {_shape(q)}, {names[1]} {_shape(k)}, {names[2]} {_shape(v)}"
     if q.dim() != 3 or k.dim() != kv_dims or v.dim() != kv_dims:
         layout = "(total_k, Hkv, D)" if kv_dims == 3 else "(num_blocks, block_size, Hkv, D)"
@@ -319,6 +333,26 @@ def _check_data(q, k, v, names: tuple[str, str, str], kv_dims: int) -> tuple[str
     return _DTYPES[q.dtype], Hq, Hkv, D, Dv
 
 
+def _kv_fp8(k) -> bool:
+    """Whether k (and v, checked alike) is an FP8 KV cache."""
+    return k.dtype == FP8_KV_DTYPE
+
+
+def _check_fp8(fp8: bool, max_q: int, Hq: int, Hkv: int, D: int, Dv: int, want_mass: bool = False) -> None:
+    """An FP8 KV cache runs on the decode blocks only: at most SMALL_ROWS query rows a kv head at capacity, not MLA
+    decode, and the mass per key only from one-row requests' stored scores (ValueError otherwise)."""
+    if not fp8:
+        return
+    if Dv != D:
+        raise ValueError(f"an FP8 KV cache is not available for MLA decode (head dims {D}/{Dv})")
+    if max_q * (Hq // Hkv) > SMALL_ROWS:
+        raise ValueError(f"an FP8 KV cache runs on the decode blocks: at most {SMALL_ROWS} query rows a kv head "
+                         f"(max_seqlen_q x Hq / Hkv); got max_seqlen_q {max_q} x {Hq // Hkv} (prefill against an FP8 "
+                         "cache is not supported yet)")
+    if want_mass and max_q != 1:
+        raise ValueError("return_key_mass with an FP8 KV cache needs one query row a request (max_seqlen_q 1)")
+
+
 def _check_index(name: str, t, shape_hint: str, dims: int, length: int | None = None) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor (int32, on the device), got {type(t).__name__}")
@@ -339,9 +373,9 @@ def _check_devices(named: dict) -> torch.device:
 
 
 def _rows_ok(t, dims_major: int) -> bool:
-    """The layout the kernels read: last dim contiguous, the other strides multiples of 8 elements, 16-byte
-    aligned."""
-    return (t.stride(-1) == 1 and all(s % 8 == 0 for s in t.stride()[:dims_major])
+    """The layout the kernels read: last dim contiguous, the other strides whole 16-byte chunks (8 elements of fp16,
+    16 of FP8), 16-byte aligned."""
+    return (t.stride(-1) == 1 and all(s * t.element_size() % 16 == 0 for s in t.stride()[:dims_major])
             and t.data_ptr() % 16 == 0)
 
 
@@ -351,7 +385,7 @@ def _readable(name: str, t, copy: bool):
         return t
     if not copy:
         raise ValueError(f"{name} {_shape(t)} with strides {t.stride()} is not a layout the kernels read (last dim "
-                         "contiguous, other strides multiples of 8 elements, 16-byte aligned); a cache is never copied")
+                         "contiguous, other strides whole 16-byte chunks, 16-byte aligned); a cache is never copied")
     log.debug("%s %s with strides %s copied to a contiguous tensor", name, _shape(t), t.stride())
     return t.clone(memory_format=torch.contiguous_format)  # (a fresh, aligned copy even of a contiguous view)
 
@@ -473,6 +507,19 @@ def _set_variant(a, window, softcap: float, sinks) -> None:
     f.sinks = None if sinks is None else sinks.data_ptr()
 
 
+def _set_kv(a, kv) -> None:
+    """The launch arguments' K/V format: ``kv`` None (q's dtype), or an FP8 cache's descale factors as
+    :func:`attn_lt.validate.check_kv_descale` returns them."""
+    f = a.f
+    if kv is None:
+        f.kv_dtype, f.k_descale, f.v_descale, f.descale_sh = 0, None, None, 0
+        return
+    kd, vd, f.descale_sh = kv
+    f.kv_dtype = native.DTYPE_CODES["e4m3"]
+    f.k_descale = None if kd is None else kd.data_ptr()
+    f.v_descale = None if vd is None else vd.data_ptr()
+
+
 def _set_metadata(a, cu_q, cu_k, seqlens_k, block_table) -> None:
     a.cu_q = cu_q.data_ptr() if cu_q is not None else None
     a.cu_k = cu_k.data_ptr() if cu_k is not None else None
@@ -484,7 +531,7 @@ def _set_metadata(a, cu_q, cu_k, seqlens_k, block_table) -> None:
 
 def _launch(plan: BatchPlan, q, k, v, out, lse, cu_q, cu_k, seqlens_k, block_table, dtype: str, scale: float,
             causal: bool, device: torch.device, check: bool, variant: tuple = (None, 0.0, None), mass=None,
-            mass_window: int | None = None):
+            mass_window: int | None = None, kv=None):
     current_device, raw_stream, is_capturing = stream_queries()
     with torch.cuda.device(device) if current_device() != device.index else contextlib.nullcontext():
         capturing = is_capturing()
@@ -498,6 +545,7 @@ def _launch(plan: BatchPlan, q, k, v, out, lse, cu_q, cu_k, seqlens_k, block_tab
         _set_tensors(a, q, k, v, out, lse, block_table is not None)
         _set_metadata(a, cu_q, cu_k, seqlens_k, block_table)
         _set_variant(a, *variant)
+        _set_kv(a, kv)
         if mass is not None:  # one-row requests' scores from the decode blocks, laid out as the mass
             a.f.scores, a.f.s_sh = mass.data_ptr(), mass.stride(-2)
             a.f.s_sb = mass.stride(0) if block_table is not None else 0
@@ -546,12 +594,15 @@ def _finish(out, lse, return_lse: bool, mass=None):
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, max_seqlen_k: int,
                      causal: bool = False, scale: float | None = None, return_lse: bool = False, out=None,
                      check: bool = False, window=None, softcap: float | None = None, sinks=None,
-                     return_key_mass: bool = False, key_mass_window: int | None = None):
+                     return_key_mass: bool = False, key_mass_window: int | None = None, k_descale=None,
+                     v_descale=None):
     """Attention over packed sequences (FlashAttention's ``flash_attn_varlen_func`` conventions).
 
     q: (total_q, Hq, D); k: (total_k, Hkv, D); v: (total_k, Hkv, D); fp16 or bf16, D 64, 128 or 256, Hq a
-    multiple of Hkv (GQA read in place). ``cu_seqlens_q`` / ``cu_seqlens_k``: int32 (B + 1,) on q's device,
-    request b owning rows [cu[b], cu[b + 1]). ``max_seqlen_q`` / ``max_seqlen_k``: host ints, the capacity the
+    multiple of Hkv (GQA read in place). k and v may be an FP8 KV cache (torch.float8_e4m3fn, both) with
+    ``k_descale`` / ``v_descale`` (None, a number, or FP32 one value or (Hkv,) on the device: k's values are its
+    elements times k_descale): decode rows only, at most 16 query rows a kv head (max_seqlen_q x Hq / Hkv).
+    ``cu_seqlens_q`` / ``cu_seqlens_k``: int32 (B + 1,) on q's device, request b owning rows [cu[b], cu[b + 1]). ``max_seqlen_q`` / ``max_seqlen_k``: host ints, the capacity the
     launch is planned for (any lengths up to them run without re-planning; a CUDA graph captured with them replays
     for any such lengths). ``causal``: bottom-right within each request. ``out``: (total_q, Hq, D) to write into.
     ``window``, ``softcap``, ``sinks``: the attention variants, as :func:`attn_lt.attention` takes them (the window
@@ -574,6 +625,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
     scale = D ** -0.5 if scale is None else check_scale(scale)
     want_mass = _mass_options(return_key_mass, key_mass_window, False)
     max_q, max_k = _positive_int("max_seqlen_q", max_seqlen_q), _positive_int("max_seqlen_k", max_seqlen_k)
+    _check_fp8(_kv_fp8(k), max_q, Hq, Hkv, D, D, want_mass)
     _check_index("cu_seqlens_q", cu_seqlens_q, "(B + 1,) with B >= 1", 1)
     B = cu_seqlens_q.shape[0] - 1
     if B < 1:
@@ -587,6 +639,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
                              "out": out})
     out = _check_out(out, (q.shape[0], Hq, D), q.dtype, device)
     variant = _variant(window, softcap, sinks, causal, q, False)
+    kv = check_kv_descale(k_descale, v_descale, _kv_fp8(k), Hkv, device)
     q, k, v = _readable("q", q, True), _readable("k", k, True), _readable("v", v, True)
     out, lse = _outputs(q, Hq, D, out, return_lse or want_mass)
     mass = torch.zeros((Hq, k.shape[0]), dtype=torch.float32, device=device) if want_mass else None
@@ -595,7 +648,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
         return _finish(out, lse, return_lse, mass)
     plan = plan_batch(B, Hq, Hkv, D, max_seqlen_q=max_q, max_seqlen_k=max_k, facts=device_facts(device.index))
     _launch(plan, q, k, v, out, lse, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), None, None, dtype,
-            scale, causal, device, check, variant, mass, key_mass_window)
+            scale, causal, device, check, variant, mass, key_mass_window, kv)
     return _finish(out, lse, return_lse, mass)
 
 
@@ -603,7 +656,7 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
                     max_seqlen_k: int | None = None, causal: bool = True, scale: float | None = None,
                     return_lse: bool = False, out=None, check: bool = False, window=None,
                     softcap: float | None = None, sinks=None, return_key_mass: bool = False,
-                    key_mass_window: int | None = None):
+                    key_mass_window: int | None = None, k_descale=None, v_descale=None):
     """Attention against a paged KV cache (FlashAttention's ``flash_attn_with_kvcache`` / vLLM's layout).
 
     k_cache, v_cache: (num_blocks, block_size, Hkv, D), block_size a power of two from 8 (vLLM's 16 ... 256 and
@@ -614,6 +667,11 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
     planned for (default: max_blocks × block_size). ``causal``: bottom-right within each request (a request's
     query rows are its last keys' positions). ``window``, ``softcap``, ``sinks``: the attention variants, as
     :func:`attn_lt.attention` takes them (not with MLA decode).
+
+    FP8 KV cache: k_cache and v_cache torch.float8_e4m3fn (e4m3, q and out stay fp16/bf16) with ``k_descale`` /
+    ``v_descale`` (None, a number, or FP32 one value or (Hkv,) on the device: a key's values are its elements times
+    k_descale), as vLLM and FlashInfer store it; decode rows only (at most 16 query rows a kv head: max_seqlen_q x
+    Hq / Hkv), not MLA; the bytes read are half those of a bf16 cache.
 
     MLA decode (DeepSeek's latent cache, Hopper): k_cache (num_blocks, block_size, Hkv, 576), v_cache =
     ``k_cache[..., :512]`` (the same memory, read once), block_size >= 64 (FlashMLA's 64), q (B, Hq, 576) one row a
@@ -655,6 +713,7 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
         max_q = _positive_int("max_seqlen_q", max_seqlen_q)
     max_k = max_blocks * block_size if max_seqlen_k is None else _positive_int("max_seqlen_k", max_seqlen_k)
     _check_capacity(B, Hq, Hkv, D, max_q, max_k, block_size, Dv)
+    _check_fp8(_kv_fp8(k_cache), max_q, Hq, Hkv, D, Dv, want_mass)
     if q.shape[0] < 1 or k_cache.shape[0] < 1:
         raise ValueError(f"q {_shape(q)} and k_cache {_shape(k_cache)} must not be empty")
     _check_out_type(out, q.dtype)
@@ -669,6 +728,7 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
     if block_table.stride(1) != 1 or block_table.stride(0) < max_blocks:  # (an expanded table: stride 0)
         block_table = block_table.contiguous()
     variant = _variant(window, softcap, sinks, causal, q, Dv != D)
+    kv = check_kv_descale(k_descale, v_descale, _kv_fp8(k_cache), Hkv, device)
     out, lse = _outputs(q, Hq, Dv, out, return_lse or want_mass)
     # every row of the mass is written, but that of a request without query rows (possible with cu_seqlens_q): zeros
     alloc = torch.empty if cu_seqlens_q is None else torch.zeros
@@ -676,7 +736,8 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
     plan = plan_batch(B, Hq, Hkv, D, max_seqlen_q=max_q, max_seqlen_k=max_k, block_size=block_size, Dv=Dv,
                       facts=facts)
     _launch(plan, q, k_cache, v_cache, out, lse, None if cu_seqlens_q is None else cu_seqlens_q.contiguous(), None,
-            seqlens_k.contiguous(), block_table, dtype, scale, causal, device, check, variant, mass, key_mass_window)
+            seqlens_k.contiguous(), block_table, dtype, scale, causal, device, check, variant, mass, key_mass_window,
+            kv)
     return _finish(out, lse, return_lse, mass)
 
 
@@ -695,17 +756,24 @@ class BatchStep:
     :meth:`plan` copies the metadata into the step's buffers in stream order (requests past the given ones get no
     rows and no keys), so a CUDA graph captured over :meth:`run` once replays correctly after every later
     :meth:`plan` with new lengths, new requests and new block tables. MLA decode: ``head_dim`` 576 with
-    ``head_dim_v`` 512 and v_cache = ``k_cache[..., :512]`` (Hopper). Metadata is checked on the device as in
-    :func:`paged_attention` (:func:`check_batch_errors` reports it).
+    ``head_dim_v`` 512 and v_cache = ``k_cache[..., :512]`` (Hopper). ``kv_dtype`` torch.float8_e4m3fn: an FP8 KV
+    cache (decode rows only, see :func:`paged_attention`; :meth:`run` takes its descale factors). Metadata is
+    checked on the device as in :func:`paged_attention` (:func:`check_batch_errors` reports it).
     """
 
     def __init__(self, max_requests: int, heads_q: int, heads_kv: int, head_dim: int, *, max_seqlen_k: int,
                  max_seqlen_q: int = 1, block_size: int = 0, head_dim_v: int | None = None,
-                 dtype: torch.dtype = torch.bfloat16, device=None, causal: bool = True, scale: float | None = None):
+                 dtype: torch.dtype = torch.bfloat16, device=None, causal: bool = True, scale: float | None = None,
+                 kv_dtype: torch.dtype | None = None):
         Dv = head_dim if head_dim_v is None else head_dim_v
         _check_capacity(max_requests, heads_q, heads_kv, head_dim, max_seqlen_q, max_seqlen_k, block_size, Dv)
         if dtype not in _DTYPES:
             raise TypeError(f"dtype must be torch.float16 or torch.bfloat16, got {dtype}")
+        kv_dtype = dtype if kv_dtype is None else kv_dtype
+        if kv_dtype not in (dtype, FP8_KV_DTYPE):
+            raise TypeError(f"kv_dtype must be dtype ({dtype}) or {FP8_KV_DTYPE} (an FP8 KV cache), got {kv_dtype}")
+        self.fp8 = kv_dtype == FP8_KV_DTYPE
+        _check_fp8(self.fp8, max_seqlen_q, heads_q, heads_kv, head_dim, Dv)
         device = torch.device("cuda" if device is None else device)
         if device.type != "cuda":
             raise ValueError(f"a BatchStep runs on a CUDA device, got {device}")
@@ -714,7 +782,7 @@ class BatchStep:
         facts = device_facts(device.index)
         if Dv != head_dim:
             _check_latent_device(facts, device)
-        self.device, self.dtype, self.block_size = device, dtype, block_size
+        self.device, self.dtype, self.kv_dtype, self.block_size = device, dtype, kv_dtype, block_size
         self.causal = check_causal(causal)
         self.scale = head_dim ** -0.5 if scale is None else check_scale(scale)
         self._plan = plan_batch(max_requests, heads_q, heads_kv, head_dim, max_seqlen_q=max_seqlen_q,
@@ -744,7 +812,7 @@ class BatchStep:
 
     def explain(self) -> str:
         """How the step's calls run: the kernels, the split of the keys and why (no GPU work)."""
-        return str(self._plan)
+        return str(self._plan) + ("\n" + FP8_LINE if self.fp8 else "")
 
     def _index(self, name: str, t, shape: tuple) -> None:
         if not isinstance(t, torch.Tensor) or t.dtype != torch.int32:
@@ -807,12 +875,14 @@ class BatchStep:
         self._requests = B
 
     def run(self, q, k_cache, v_cache, *, out=None, scale: float | None = None, return_lse: bool = False,
-            window=None, softcap: float | None = None, sinks=None):
+            window=None, softcap: float | None = None, sinks=None, k_descale=None, v_descale=None):
         """Attention of the planned requests: q (total_q, Hq, D) packed as planned; k_cache, v_cache
-        (num_blocks, block_size, Hkv, D / Dv) (varlen: k, v (total_k, Hkv, D)); ``out`` (total_q, Hq, Dv) to write
-        into; ``scale`` (default: the step's); ``window``, ``softcap``, ``sinks``: this layer's attention variants
-        (as :func:`attn_lt.attention` takes them). Launch only (no sync, no allocation but out and lse when not
-        given). Returns out, or ``(out, lse)`` with lse FP32 (Hq, total_q)."""
+        (num_blocks, block_size, Hkv, D / Dv) (varlen: k, v (total_k, Hkv, D)) in the step's ``kv_dtype``; ``out``
+        (total_q, Hq, Dv) to write into; ``scale`` (default: the step's); ``window``, ``softcap``, ``sinks``: this
+        layer's attention variants (as :func:`attn_lt.attention` takes them); ``k_descale`` / ``v_descale``: an FP8
+        cache's factors (as :func:`paged_attention` takes them; tensors keep a captured graph valid when they
+        change). Launch only (no sync, no allocation but out and lse when not given). Returns out, or
+        ``(out, lse)`` with lse FP32 (Hq, total_q)."""
         if not self._requests:
             raise ValueError("BatchStep.run() before plan(): plan the step's requests first")
         paged = self.block_size > 0
@@ -833,6 +903,7 @@ class BatchStep:
         variant = (None, 0.0, None)
         if window is not None or softcap is not None or sinks is not None:
             variant = _variant(window, softcap, sinks, self.causal, q, p.latent)
+        kv = check_kv_descale(k_descale, v_descale, self.fp8, p.Hkv, self.device)
         if not paged and k_cache.shape[0] == 0:
             _no_keys(out, lse, variant[2])
             return _finish(out, lse, return_lse)
@@ -840,6 +911,7 @@ class BatchStep:
         a.f.scale = self.scale if scale is None else check_scale(scale)
         _set_tensors(a, q, k_cache, v_cache, out, lse, paged)
         _set_variant(a, *variant)
+        _set_kv(a, kv)
         if self._current_device() == self.device.index:
             native.batch(a, self._raw_stream(self.device.index))
         else:
@@ -851,9 +923,10 @@ class BatchStep:
         """run()'s checks of q and the caches: TypeError / ValueError, or the tensors as the kernels read them (q
         copied when its layout is not one they read)."""
         p = self._plan
-        for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-            if not isinstance(t, torch.Tensor) or t.dtype != self.dtype:
-                raise TypeError(f"{name} must be a {self.dtype} tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+        for name, t, dtype in (("q", q, self.dtype), ("k_cache", k_cache, self.kv_dtype),
+                               ("v_cache", v_cache, self.kv_dtype)):
+            if not isinstance(t, torch.Tensor) or t.dtype != dtype:
+                raise TypeError(f"{name} must be a {dtype} tensor, got {getattr(t, 'dtype', type(t).__name__)}")
             if t.device != self.device:
                 raise ValueError(f"{name} is on {t.device}; the step runs on {self.device}")
         kv = (self.block_size, p.Hkv) if paged else (p.Hkv,)

@@ -613,13 +613,19 @@ class _Parser(argparse.ArgumentParser):
 def cmd_explain_batch(a) -> int:
     from .batch import explain_batch, plan_batch
 
+    import torch
+
+    from .batch import FP8_LINE
+
     text = explain_batch(a.requests, a.heads_q, a.heads_kv, a.head_dim, max_seqlen_q=a.max_seqlen_q,
                          max_seqlen_k=a.max_seqlen_k, block_size=a.block_size, head_dim_v=a.head_dim_v,
-                         return_key_mass=a.key_mass)
+                         return_key_mass=a.key_mass, kv_dtype=torch.float8_e4m3fn if a.fp8_kv else None)
     if a.json:
         plan = plan_batch(a.requests, a.heads_q, a.heads_kv, a.head_dim, max_seqlen_q=a.max_seqlen_q,
                           max_seqlen_k=a.max_seqlen_k, block_size=a.block_size, Dv=a.head_dim_v)
         d = plan.to_dict()
+        if a.fp8_kv:
+            d["kv"] = FP8_LINE
         if a.key_mass:
             d["key_mass"] = text.splitlines()[-1]
         print(json.dumps(d, indent=2))
@@ -663,6 +669,7 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument(f"--{name}", type=int, default=default, required=default is None and name != "head-dim-v",
                        help=what)
     s.add_argument("--key-mass", action="store_true", help="say how return_key_mass=True runs for this batch")
+    s.add_argument("--fp8-kv", action="store_true", help="the cache in FP8 (e4m3): how the decode blocks read it")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_explain_batch)
     s = sub.add_parser("demo", help="run one attention call, check it against PyTorch and time both",

@@ -231,18 +231,38 @@ class FusedLaunch:
 
 
 @functools.lru_cache(maxsize=1024)
-def split_count(blocks: int, slots: int) -> int:
+def split_count(blocks: int, slots: int, fill_first: bool = True) -> int:
     """How many parts (at most :data:`MAX_SPLITS`) to cut each row block's keys into for ``blocks`` CTAs on ``slots``
     (SMs × CTAs an SM): 1 when the blocks already fill 80 % of the slots, else the fewest parts whose critical path —
     the key tiles of a part, ceil(tiles / s), times the waves, ceil(blocks · s / slots) — is within
     :data:`SPLIT_FILL` of the shortest (FlashAttention-2's rule, counted in key tiles so that short last parts and
     empty CTAs count), for keys of :data:`PLANNED_TILES` tiles. The key length does not enter: shorter keys run fewer
-    of these parts (see :data:`MAX_SPLITS`)."""
-    if blocks >= 0.8 * slots:
+    of these parts (see :data:`MAX_SPLITS`). ``fill_first=False``: the critical path decides even when the blocks
+    fill the slots (a partial last wave of long blocks)."""
+    if fill_first and blocks >= 0.8 * slots:
         return 1
     path = [math.ceil(PLANNED_TILES / s) * math.ceil(blocks * s / slots) for s in range(1, MAX_SPLITS + 1)]
     shortest = min(path)
     return next(s for s, p in enumerate(path, 1) if SPLIT_FILL * p <= shortest)
+
+
+#: CTAs an SM native/flash.cu's FP8-cache decode blocks run (its flash_min_ctas: D <= 128; D 256 two).
+FP8_CTAS_PER_SM = 3
+
+
+def fp8_decode_launch(case: Case, facts: DeviceFacts | None = None) -> FusedLaunch:
+    """The launch of a dense call against an FP8 KV cache (at most 16 rows a kv head: native/flash.cu's decode
+    blocks): its keys split by :func:`split_count`'s critical path for the CTAs those blocks run an SM, even where
+    the blocks fill the SMs, since a partial last wave of whole-key blocks costs as much as a full one (B64 H32/8
+    with one part each: 512 blocks are 1.3 waves of 396 slots)."""
+    facts = facts or device_facts() or ASSUMED_DEVICE
+    per_sm = FP8_CTAS_PER_SM if case.D <= 128 else 2
+    blocks = case.B * case.Hkv
+    part = case.B * case.Hq * case.Sq * (case.Dv + 1) * 4
+    splits = split_count(blocks, facts.sms * per_sm, fill_first=False)
+    while splits > 1 and splits * part > MAX_SPLIT_BYTES:
+        splits //= 2
+    return fused_launch(case, facts, kernel="flash", splits=splits)
 
 
 def fused_launch(case: Case, facts: DeviceFacts | None = None, *, kernel: str | None = None,
@@ -384,8 +404,9 @@ class Program:
     One program serves one call at a time (a lock guards its argument struct, which the library reads while other
     Python threads run)."""
 
-    def __init__(self, case: Case, out_strides: tuple[int, ...], launch: FusedLaunch):
+    def __init__(self, case: Case, out_strides: tuple[int, ...], launch: FusedLaunch, fp8_kv: bool = False):
         a = self.args = native.FlashArgs()
+        a.kv_dtype = native.DTYPE_CODES["e4m3"] if fp8_kv else 0  # (FP8: native/flash.cu's decode blocks only)
         a.B, a.Hq, a.Hkv, a.Sq, a.Sk, a.D, a.Dv = case.B, case.Hq, case.Hkv, case.Sq, case.Sk, case.D, case.Dv
         a.q_sb, a.q_sh, a.q_ss = case.q_strides[:3]
         a.k_sb, a.k_sh, a.k_ss = case.k_strides[:3]
@@ -418,16 +439,18 @@ class Program:
 
     def run(self, q: int, k: int, v: int, o: int, lse: int, stream: int, mask: int = 0, workspace: int = 0,
             Sk: int | None = None, k_strides: tuple | None = None, v_strides: tuple | None = None,
-            sinks: int = 0, scores: int = 0) -> None:
+            sinks: int = 0, scores: int = 0, descale: tuple = (0, 0, 0)) -> None:
         """Launch on ``stream`` with the device addresses of q, k, v, the output, the FP32 LSE, the mask (0: none),
         the workspace (the split partials; ``launch.workspace_bytes``) and the sinks (a case with sinks); ``Sk`` and
         the K/V element strides, when given, replace the case's (another key length of the same launch, e.g. a
         decode step). ``scores``: where this call stores its scores for :meth:`run_mass` (FP32 (B, Hq, Sk); only
-        where :func:`stores_scores` holds)."""
+        where :func:`stores_scores` holds). ``descale``: an FP8 program's (k_descale, v_descale, head stride), the
+        factors' addresses (0: 1)."""
         a = self.args
         with self._lock:  # the partials' addresses are read only with splits > 1
             self._addresses[:] = (q, k, v, o, lse, mask, workspace, workspace + self._lse_part_offset)
             a.sinks = sinks or None
+            a.k_descale, a.v_descale, a.descale_sh = descale[0] or None, descale[1] or None, descale[2]
             if Sk is not None:
                 a.Sk = Sk
                 a.k_sb, a.k_sh, a.k_ss = k_strides[:3]

@@ -18,7 +18,7 @@ from . import config
 
 log = logging.getLogger("attn_lt")
 
-ABI_VERSION = 18
+ABI_VERSION = 19
 _PKG = Path(__file__).resolve().parent
 _LIB_PATH = _PKG / "_native" / "libattn_lt.so"
 SOURCE_DIR = _PKG.parent / "native"
@@ -26,7 +26,7 @@ _BUILD_HINT = "reinstall with nvcc on PATH (`pip install .`), run `make native` 
 #: What native/build.py built and skipped, and why, one line a part (beside the library).
 BUILD_RECORD = "BUILD.txt"
 
-DTYPE_CODES = {"none": 0, "fp16": 1, "bf16": 2, "fp32": 3, "bool": 4}
+DTYPE_CODES = {"none": 0, "fp16": 1, "bf16": 2, "fp32": 3, "bool": 4, "e4m3": 5}
 #: Softmax kernels (``SoftmaxArgs.variant``, names from config.SOFTMAX_VARIANTS); "auto" picks by row length and GPU.
 SOFTMAX_VARIANTS = dict(zip(config.SOFTMAX_VARIANTS, range(len(config.SOFTMAX_VARIANTS))))
 
@@ -74,7 +74,8 @@ class FlashArgs(ctypes.Structure):
         (n, ctypes.c_int32) for n in ("causal", "dtype", "variant", "mask_dtype", "splits", "Dv")] + [
         ("sinks", ctypes.c_void_p), ("softcap", ctypes.c_float), ("window_left", ctypes.c_int32),
         ("window_right", ctypes.c_int32), ("scores", ctypes.c_void_p), ("s_sb", ctypes.c_int64),
-        ("s_sh", ctypes.c_int64)]
+        ("s_sh", ctypes.c_int64), ("k_descale", ctypes.c_void_p), ("v_descale", ctypes.c_void_p),
+        ("descale_sh", ctypes.c_int64), ("kv_dtype", ctypes.c_int32), ("pad_kv_", ctypes.c_int32)]
 
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)

@@ -336,6 +336,25 @@ def random_pages(seqlens: list[int], block_size: int, Hkv: int, D: int, dtype: t
     return k_cache, v_cache, table.to(device), torch.tensor(seqlens, dtype=torch.int32, device=device)
 
 
+def fp8_kv(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (..., Hkv, D) stored as an FP8 KV cache the way serving engines store one: e4m3 elements and FP32 descale
+    factors, one a kv head, the head's largest magnitude mapped to e4m3's largest (448). Returns (x8, descale
+    (Hkv,)); x8's values are x8 * descale[:, None] (:func:`fp8_values`)."""
+    amax = x.float().abs().amax(dim=tuple(range(x.dim() - 2)) + (x.dim() - 1,)).clamp_min(1e-12)
+    descale = amax / 448.0
+    return (x.float() / descale[:, None]).to(torch.float8_e4m3fn), descale
+
+
+def fp8_values(x8: torch.Tensor, descale) -> torch.Tensor:
+    """The FP32 values of an FP8 KV cache x8 (..., Hkv, D): elements times ``descale`` (None: 1; a number; one
+    value; or (Hkv,), one a kv head)."""
+    x = x8.float()
+    if descale is None:
+        return x
+    d = torch.as_tensor(descale, dtype=torch.float32, device=x.device)
+    return x * (d[:, None] if d.numel() > 1 else d.reshape(()))
+
+
 def forced_flash(q, k, v, attn_mask=None, causal=False, splits: int = 1, kernel: str = "flash", window=None,
                  softcap=None, sinks=None):
     """The fused ``kernel`` forced — native/flash.cu ("flash", its keys split ``splits`` ways) or

@@ -112,9 +112,10 @@ def _shape(t) -> str:
 
 
 def check_tensors(q, k, v, attn_mask=None, causal=False, scale=None, require_cuda=True, *, window=None,
-                  softcap=None, sinks=None) -> Case:
+                  softcap=None, sinks=None, kv_fp8: bool = False) -> Case:
     """Validate q, k, v (torch tensors), the options and the attention variants (:func:`check_variants`); return
-    the :class:`Case`.
+    the :class:`Case` (its dtype q's). ``kv_fp8``: k and v are an FP8 KV cache (:data:`FP8_KV_DTYPE`), not q's
+    dtype.
 
     Raises ``TypeError`` for wrong types or dtypes and ``ValueError`` for wrong shapes, head counts, masks,
     strides or devices, each message naming the shapes involved. ``require_cuda=False`` skips the device checks
@@ -123,11 +124,14 @@ def check_tensors(q, k, v, attn_mask=None, causal=False, scale=None, require_cud
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor or cupy.ndarray, got {type(t).__name__}")
-    for name, t in (("q", q), ("k", k), ("v", v)):
+    for name, t in (("q", q),) if kv_fp8 else (("q", q), ("k", k), ("v", v)):
         if t.dtype not in _DTYPES:
             raise TypeError(f"{name} has dtype {t.dtype}; attn_lt supports torch.float16 and torch.bfloat16")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if kv_fp8 and not k.dtype == v.dtype == FP8_KV_DTYPE:
+        raise TypeError(f"k and v of an FP8 KV cache must both be {FP8_KV_DTYPE}, got {k.dtype}, {v.dtype}")
+    if not kv_fp8 and not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share one dtype (or k and v both {FP8_KV_DTYPE}, an FP8 KV cache), got "
+                        f"{q.dtype}, {k.dtype}, {v.dtype}")
     shapes = f"q {_shape(q)}, k {_shape(k)}, v {_shape(v)}"
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"q, k, v must be 4-D: q (B, Hq, Sq, D), k and v (B, Hkv, Sk, D); got {shapes}")
@@ -255,6 +259,47 @@ def check_sinks(sinks, Hq: int, device) -> None:
                          f"{tuple(sinks.shape)}, strides {tuple(sinks.stride())}")
     if sinks.device != device:
         raise ValueError(f"sinks must be on q's device {device}, got {sinks.device}")
+
+
+#: The element type of an FP8 KV cache (e4m3, as vLLM's, FlashInfer's and FlashAttention-3's FP8 caches store it).
+FP8_KV_DTYPE = torch.float8_e4m3fn
+
+
+def check_kv_descale(k_descale, v_descale, fp8: bool, Hkv: int, device) -> tuple | None:
+    """The descale factors of an FP8 KV cache (k's values are its elements times ``k_descale``, v's likewise): each
+    None (1), a Python number, or an FP32 tensor of one value or of ``Hkv`` (one a kv head, contiguous) on
+    ``device``. Returns ``(k_descale, v_descale, head_stride)`` as the kernels read them (tensors or None; stride 1
+    for per-head factors, 0 for one value), or None for a cache in q's dtype, which takes no factors."""
+    if not fp8:
+        if k_descale is not None or v_descale is not None:
+            raise ValueError("k_descale / v_descale apply to an FP8 KV cache (torch.float8_e4m3fn k and v) only")
+        return None
+    got, per_head = [], set()
+    for name, x in (("k_descale", k_descale), ("v_descale", v_descale)):
+        if x is None:
+            got.append(None)
+            continue
+        if isinstance(x, numbers.Real) and not isinstance(x, bool):
+            if not (0 < float(x) < math.inf):
+                raise ValueError(f"{name} must be positive and finite, got {x}")
+            x = torch.full((1,), float(x), dtype=torch.float32, device=device)
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be None, a number or a float32 tensor, got {type(x).__name__}")
+        if x.dtype != torch.float32:
+            raise TypeError(f"{name} must be float32, got {x.dtype}")
+        if x.device != device:
+            raise ValueError(f"{name} must be on q's device {device}, got {x.device}")
+        if x.numel() == 1:
+            per_head.add(False)
+        elif tuple(x.shape) == (Hkv,) and x.stride(0) == 1:
+            per_head.add(True)
+        else:
+            raise ValueError(f"{name} must hold one factor, or one a kv head as a contiguous ({Hkv},) tensor; got "
+                             f"shape {tuple(x.shape)}, strides {tuple(x.stride())}")
+        got.append(x)
+    if len(per_head) > 1:
+        raise ValueError("k_descale and v_descale must both be per kv head or both one value")
+    return got[0], got[1], int(per_head == {True})
 
 
 def check_variants(window, softcap, sinks, causal: bool, q) -> tuple[tuple[int, int] | None, float]:

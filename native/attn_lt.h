@@ -8,7 +8,7 @@
 #define ATTN_LT_H
 #include <stdint.h>
 
-#define ATTN_LT_ABI_VERSION 18
+#define ATTN_LT_ABI_VERSION 19
 
 #ifdef __cplusplus
 extern "C" {
@@ -34,7 +34,10 @@ enum attn_lt_status {
                                        attention variant (window, softcap, sinks) the kernel does not run */
 };
 
-enum attn_lt_dtype { ATTN_LT_NONE = 0, ATTN_LT_F16 = 1, ATTN_LT_BF16 = 2, ATTN_LT_F32 = 3, ATTN_LT_BOOL = 4 };
+enum attn_lt_dtype {
+    ATTN_LT_NONE = 0, ATTN_LT_F16 = 1, ATTN_LT_BF16 = 2, ATTN_LT_F32 = 3, ATTN_LT_BOOL = 4,
+    ATTN_LT_E4M3 = 5 /* float8 e4m3 (FP8 KV caches: attn_lt_flash_args::kv_dtype) */
+};
 
 /* One chunk of the long path: `batch` score blocks of `rows` x `cols` FP32 scores (already scaled).
  * Row r of block e is query position (row0 + r) % Sq of query head (hkv*g + gi0 + (row0 + r) / Sq), where
@@ -143,6 +146,16 @@ typedef struct attn_lt_flash_args {
      * into the mass per key in place (from_scores). */
     float* scores;
     int64_t s_sb, s_sh;
+    /* FP8 KV caches (attn_lt_flash_fwd's and attn_lt_batch_fwd's decode blocks only: at most 16 rows a kv head, D
+     * 64, 128 or 256; every other kernel refuses them with ATTN_LT_ERR_DTYPE): with kv_dtype ATTN_LT_E4M3, k and v
+     * hold float8 e4m3 elements (their strides multiples of 16 elements, 16-byte aligned) and the value of an element
+     * of kv head hk is the element times k_descale[hk * descale_sh] (v_descale likewise; a null pointer: 1). q, o
+     * and the math stay in `dtype` (q rounded to fp16 under a power-of-two scale, the MMAs in fp16, FP32 sums). */
+    const float* k_descale;
+    const float* v_descale;
+    int64_t descale_sh;   /* 1: one factor a kv head, (Hkv,) contiguous; 0: one factor for all heads */
+    int32_t kv_dtype;     /* ATTN_LT_NONE: k and v in `dtype`; ATTN_LT_E4M3 */
+    int32_t pad_kv_;
 } attn_lt_flash_args;
 
 enum attn_lt_flash_sm90_variant {
@@ -161,7 +174,8 @@ enum attn_lt_flash_sm90_variant {
  * f.B is the number of requests, f.Sq the most query rows a request may have (capacity), f.Sk the most keys.
  * Keys, varlen (cu_k set): k (total_k rows, Hkv, D) with k_ss, k_sh (v likewise); request b owns rows
  * [cu_k[b], cu_k[b+1]). Keys, paged (block_table set): k_cache (num_blocks, block_size, Hkv, D): block n's row r
- * at n * k_sb + r * k_ss (v likewise); request b's key j lies in block block_table[b * bt_stride + j / block_size].
+ * at n * k_sb + r * k_ss (v likewise; k_sb, v_sb and block_size x (k_ss + v_ss) below 2^31, else
+ * ATTN_LT_ERR_STRIDES); request b's key j lies in block block_table[b * bt_stride + j / block_size].
  * Queries: request b owns q rows [cu_q[b], cu_q[b+1]), or row b alone when cu_q is null. Causal is bottom-right
  * within each request. D = Dv = 64, 128 or 256; fp16/bf16; no dense mask. MLA decode (Hopper only): D 576 with
  * Dv 512, a paged latent cache read as K and V (v = k: the same address and strides, V its first 512 columns),

@@ -10,6 +10,8 @@
 // additive mask: aligned masks are staged with the K/V tile (see mask_stage_rows), others read by strides),
 // online softmax in the exp2 domain, P converted in registers to the A operand of O += P V (V read with
 // ldmatrix.trans).
+// FP8 KV caches (decode blocks only): K and V tiles stream in as e4m3 bytes and are converted to fp16 in registers
+// on their way into the MMAs (see "FP8 K and V" below); q is staged as fp16 under a power-of-two scale.
 // Split over the keys (flash-decoding). With splits > 1, grid.z cuts each row block's key tiles into `splits`
 // ranges; each writes its normalised FP32 partial output and LSE, and merge_partials joins them by LSE (the same
 // merge context parallelism uses), so a decode step with a few rows per kv head still fills every SM.
@@ -17,6 +19,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -114,17 +117,17 @@ __device__ __forceinline__ bool key_block_bad(const attn_lt_batch_args& a, int b
 // table entries of a tile are loaded when the tile before it is issued (paged_fetch: one entry a lane, nothing waits
 // on it), so that their latency hides under a tile's work; paged_ids checks and distributes them when the tile is
 // issued, and paged_copy issues its K and V rows.
-template <int D>
+template <int D, bool F8 = false>
 struct PagedRows {
-    static constexpr int kChunks = D / 8, kRowStep = kThreads / kChunks, kPasses = kBlockN / kRowStep;
+    static constexpr int kChunks = D / (F8 ? 16 : 8), kRowStep = kThreads / kChunks, kPasses = kBlockN / kRowStep;
     int raw;           // the table entry of block `lane` of the tile fetched (lanes past its blocks: none)
     int blk[kPasses];  // block ids of this thread's rows of the tile being issued; -1: out of range, -2: no row
 };
 
 // Lane L of each warp loads the table entry of block L of request b's tile [n0, n0 + valid) (valid >= 1; a tile spans
 // at most 64 / 8 blocks).
-template <int D>
-__device__ __forceinline__ void paged_fetch(PagedRows<D>& p, const attn_lt_batch_args& a, int b, int n0, int valid,
+template <int D, bool F8>
+__device__ __forceinline__ void paged_fetch(PagedRows<D, F8>& p, const attn_lt_batch_args& a, int b, int n0, int valid,
                                             int log2_bs) {
     const int lane = threadIdx.x % 32, first = n0 >> log2_bs, blocks = ((n0 + valid - 1) >> log2_bs) - first + 1;
     p.raw = lane < blocks ? __ldg(a.block_table + b * a.bt_stride + first + lane) : 0;
@@ -133,10 +136,10 @@ __device__ __forceinline__ void paged_fetch(PagedRows<D>& p, const attn_lt_batch
 // The block ids of this thread's rows of the tile [n0, n0 + valid) from the entries paged_fetch loaded, by shuffle.
 // An id out of range is recorded (a.error and *bad: the softmax then hides the keys of such blocks) and its rows are
 // not read.
-template <int D>
-__device__ __forceinline__ void paged_ids(PagedRows<D>& p, const attn_lt_batch_args& a, int n0, int valid,
+template <int D, bool F8>
+__device__ __forceinline__ void paged_ids(PagedRows<D, F8>& p, const attn_lt_batch_args& a, int n0, int valid,
                                           int log2_bs, int* bad) {
-    using P = PagedRows<D>;
+    using P = PagedRows<D, F8>;
     const int r0 = threadIdx.x / P::kChunks, lane = threadIdx.x % 32, first = n0 >> log2_bs;
     const int blocks = ((n0 + valid - 1) >> log2_bs) - first + 1;  // the lanes paged_fetch loaded an entry for
     const int id = lane >= blocks ? -2 : paged_id_ok(a, p.raw) ? p.raw : -1;
@@ -152,6 +155,13 @@ __device__ __forceinline__ void paged_ids(PagedRows<D>& p, const attn_lt_batch_a
     }
 }
 
+// The element offset of block blk's element row_col (its row times the row stride, plus the column): a paged cache's
+// block stride, and a block's rows, are below 2^31 elements (batch_status), so that each row costs one 32 x 32-bit
+// multiply-add into 64 bits.
+__device__ __forceinline__ int64_t paged_offset(int blk, int64_t sb, int row_col) {
+    return static_cast<int64_t>(blk) * static_cast<int32_t>(sb) + row_col;
+}
+
 // The K and V rows of a key tile starting at key n0 from the block ids paged_ids fetched; rows without a block
 // (past the keys, or out of range) are zero-filled.
 template <int D, typename T>
@@ -164,9 +174,148 @@ __device__ __forceinline__ void paged_copy(T* dK, T* dV, const T* k, const T* v,
     for (int i = 0; i < P::kPasses; ++i) {
         const int r = r0 + i * P::kRowStep, j = (n0 + r) & mask;
         const bool ok = p.blk[i] >= 0;
-        cp_async16(dK + swz<D>(r, c), k + (ok ? int64_t(p.blk[i]) * a.k_sb + j * a.k_ss : 0) + c, ok ? 16 : 0);
-        cp_async16(dV + swz<D>(r, c), v + (ok ? int64_t(p.blk[i]) * a.v_sb + j * a.v_ss : 0) + c, ok ? 16 : 0);
+        const int blk = ok ? p.blk[i] : 0;  // (nothing is read without ok: block 0 keeps the address in the cache)
+        cp_async16(dK + swz<D>(r, c), k + paged_offset(blk, a.k_sb, j * int(a.k_ss) + c), ok ? 16 : 0);
+        cp_async16(dV + swz<D>(r, c), v + paged_offset(blk, a.v_sb, j * int(a.v_ss) + c), ok ? 16 : 0);
     }
+}
+
+// ---- FP8 K and V (decode blocks) -----------------------------------------------------------------------------------
+// A key tile of e4m3 bytes: rows of D bytes in 16-byte chunks. K goes straight from shared memory into MMA B
+// fragments: for k step kk = 4 kq + i, thread (n = lane / 4, t = lane % 4) takes bytes 4 i .. 4 i + 3 of chunk
+// 4 kq + t of key row n (one 16-byte load a row and kq), its pairs converted to fp16 (cvt e4m3x2). The dot product
+// does not care which physical columns make up a k step as long as Q's A fragments take the same ones: Q is staged
+// in that order (stage_q_f16). V goes through ldmatrix.trans on 8 keys x 16 bytes: a thread gets keys 2t, 2t+1 of
+// byte columns 2c and 2c + 1 (c = lane / 4), a byte permute splits them into the B fragments of two n8 output
+// tiles, "even" (physical column 2c of the chunk) and "odd" (2c + 1); the output tiles are thus interleaved, which
+// the final store undoes (a thread's columns 16 u + 4 t .. + 3). Chunks are swizzled so that both reads are free of
+// bank conflicts: K by the row's parity (a read phase takes two rows), V by row % 8 (D 64: row / 2 % 4).
+template <int D>
+__device__ __forceinline__ int swz8_k(int row, int chunk) {
+    return row * D + ((D >= 128 ? chunk ^ ((row & 1) << 2) : chunk) << 4);
+}
+template <int D>
+__device__ __forceinline__ int swz8_v(int row, int chunk) {
+    return row * D + ((D >= 128 ? chunk ^ (row & 7) : chunk ^ ((row >> 1) & 3)) << 4);
+}
+
+// Rows [0, valid) of an e4m3 key tile (K row r at k + r * k_ss, V likewise) into the ring, rows past valid zeroed.
+// A thread copies chunk c of rows r0, r0 + kRowStep, ...: kRowStep is a multiple of 8, so the rows share their
+// swizzle and each pass is one pointer step.
+template <int D>
+__device__ __forceinline__ void load_tile8(uint8_t* dK, uint8_t* dV, const uint8_t* k, const uint8_t* v, int64_t k_ss,
+                                           int64_t v_ss, int valid) {
+    using P = PagedRows<D, true>;
+    static_assert(P::kRowStep % 8 == 0, "one swizzle for a thread's rows");
+    const int r0 = threadIdx.x / P::kChunks, c = threadIdx.x % P::kChunks;
+    const int sk = swz8_k<D>(r0, c), sv = swz8_v<D>(r0, c);
+    const uint8_t* pk = k + r0 * k_ss + c * 16;
+    const uint8_t* pv = v + r0 * v_ss + c * 16;
+#pragma unroll
+    for (int i = 0; i < P::kPasses; ++i) {
+        const bool ok = r0 + i * P::kRowStep < valid;
+        cp_async16(dK + sk + i * P::kRowStep * D, ok ? pk + i * P::kRowStep * k_ss : k, ok ? 16 : 0);
+        cp_async16(dV + sv + i * P::kRowStep * D, ok ? pv + i * P::kRowStep * v_ss : v, ok ? 16 : 0);
+    }
+}
+
+// paged_copy for e4m3 caches.
+template <int D>
+__device__ __forceinline__ void paged_copy8(uint8_t* dK, uint8_t* dV, const uint8_t* k, const uint8_t* v,
+                                            const PagedRows<D, true>& p, const attn_lt_flash_args& a, int n0,
+                                            int log2_bs) {
+    using P = PagedRows<D, true>;
+    const int r0 = threadIdx.x / P::kChunks, c = threadIdx.x % P::kChunks;
+    const int mask = (1 << log2_bs) - 1;
+    const int sk = swz8_k<D>(r0, c), sv = swz8_v<D>(r0, c);  // (load_tile8: one swizzle for the thread's rows)
+    const bool same = a.k_sb == a.v_sb && a.k_ss == a.v_ss;  // (vLLM's caches: one offset serves K and V)
+    // blocks of at most kRowStep keys: every pass's row lies at the same place in its block
+    const bool fixed_row = mask < P::kRowStep;
+    const int kr0 = ((n0 + r0) & mask) * int(a.k_ss) + c * 16, vr0 = ((n0 + r0) & mask) * int(a.v_ss) + c * 16;
+#pragma unroll
+    for (int i = 0; i < P::kPasses; ++i) {
+        const int r = r0 + i * P::kRowStep, j = (n0 + r) & mask;
+        const bool ok = p.blk[i] >= 0;
+        const int blk = ok ? p.blk[i] : 0;  // (nothing is read without ok: block 0 keeps the address in the cache)
+        const int64_t ok_ = paged_offset(blk, a.k_sb, fixed_row ? kr0 : j * int(a.k_ss) + c * 16);
+        const int64_t ov = same ? ok_ : paged_offset(blk, a.v_sb, fixed_row ? vr0 : j * int(a.v_ss) + c * 16);
+        cp_async16(dK + sk + i * P::kRowStep * D, k + ok_, ok ? 16 : 0);
+        cp_async16(dV + sv + i * P::kRowStep * D, v + ov, ok ? 16 : 0);
+    }
+}
+
+// Four e4m3 values (the low byte first) as two fp16 pairs: lo from bytes 0 and 1, hi from bytes 2 and 3 (the low
+// byte in the low half). sm_89 and later convert in hardware, reading each half of x in place.
+__device__ __forceinline__ void f16x2x2_of_e4m3x4(uint32_t x, uint32_t& lo, uint32_t& hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+        : "=r"(lo), "=r"(hi)
+        : "r"(x));
+#else
+    const __half2_raw l = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(x & 0xffffu), __NV_E4M3);
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(x >> 16), __NV_E4M3);
+    lo = uint32_t(l.x) | (uint32_t(l.y) << 16);
+    hi = uint32_t(h.x) | (uint32_t(h.y) << 16);
+#endif
+}
+
+// O += P V for one k16 step and one 16-byte chunk u of V: lo / hi are ldmatrix.trans's registers of keys 0-7 and
+// 8-15 of the step; the even tile oe gets the chunk's even byte columns, the odd tile oo its odd ones.
+__device__ __forceinline__ void mma_v8(float* oe, float* oo, const unsigned* p, unsigned lo, unsigned hi) {
+    uint32_t le, lo_, he, ho;  // (keys 0-7, keys 8-15) x (even, odd columns)
+    f16x2x2_of_e4m3x4(__byte_perm(lo, 0, 0x3120), le, lo_);
+    f16x2x2_of_e4m3x4(__byte_perm(hi, 0, 0x3120), he, ho);
+    mma<__half>(oe, p, le, he);
+    mma<__half>(oo, p, lo_, ho);
+}
+
+// A decode block's 16 rows of Q (rows past m_valid zero) staged as fp16 in the order of the FP8 QK^T's A fragments:
+// word ((kk * 16 + row) * 4 + t) * 2 + h holds the pair of physical columns 16 (4 (kk / 4) + t) + 4 (kk % 4) + 2 h
+// and + 1. Q is scaled by 2^-e (exact) so that its largest element is below 2^14 (fp16 holds it with room); returns
+// 2^e, which the caller folds into the softmax scale. Every thread of the block calls it (a block-wide max).
+template <int D, typename T>
+__device__ __forceinline__ float stage_q_f16(uint32_t* sQw, const T* qb, int m0, int m_valid, int g, int64_t q_sh,
+                                             int64_t q_ss, float* red) {
+    constexpr int kChunks = D / 8, kEach = 16 * kChunks / kThreads;  // 8-element chunks a thread
+    static_assert(kEach >= 1 && 16 * kChunks % kThreads == 0, "whole chunks a thread");
+    float x[kEach][8];
+    float amax = 0.f;
+#pragma unroll
+    for (int u = 0; u < kEach; ++u) {
+        const int i = threadIdx.x + u * kThreads, r = i / kChunks, c = (i % kChunks) * 8, rr = m0 + r;
+        uint4 raw = make_uint4(0, 0, 0, 0);
+        if (r < m_valid) raw = *reinterpret_cast<const uint4*>(qb + (rr % g) * q_sh + int64_t(rr / g) * q_ss + c);
+        const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            x[u][j] = static_cast<float>(e[j]);
+            amax = fmaxf(amax, fabsf(x[u][j]));
+        }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = amax;
+    __syncthreads();
+    amax = fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
+    const int e = amax > 16384.f ? ((__float_as_int(amax) >> 23) & 0xff) - 127 - 13 : 0;  // (inf: e 115)
+    const float mul = __int_as_float((127 - e) << 23);
+#pragma unroll
+    for (int u = 0; u < kEach; ++u) {
+        const int i = threadIdx.x + u * kThreads, r = i / kChunks, c = (i % kChunks) * 8;
+#pragma unroll
+        for (int j = 0; j < 8; j += 2) {
+            const int d = c + j, ch = d / 16, kk = 4 * (ch / 4) + (d % 16) / 4;
+            sQw[((kk * 16 + r) * 4 + ch % 4) * 2 + (d % 4) / 2] = pack2<__half>(x[u][j] * mul, x[u][j + 1] * mul);
+        }
+    }
+    return __int_as_float((127 + e) << 23);
+}
+
+// The FP8 QK^T's A fragment of k step kk (rows lane / 4 and + 8) from the staged Q (stage_q_f16).
+__device__ __forceinline__ void q_frag_f16(unsigned* qf, const uint32_t* sQw, int kk, int lane) {
+    const uint2 lo = *reinterpret_cast<const uint2*>(sQw + ((kk * 16 + lane / 4) * 4 + lane % 4) * 2);
+    const uint2 hi = *reinterpret_cast<const uint2*>(sQw + ((kk * 16 + lane / 4 + 8) * 4 + lane % 4) * 2);
+    qf[0] = lo.x, qf[1] = hi.x, qf[2] = lo.y, qf[3] = hi.y;
 }
 
 // One element of the user mask in the exp2 domain: 0 or -inf for a bool mask (true = attend), else the additive
@@ -250,8 +399,12 @@ __device__ __forceinline__ void load_mask_tile(unsigned char* dst, const unsigne
 // Stages of the K/V ring: three where two CTAs an SM still fit (one m16 tile a warp, D <= 128; a 64-row block
 // staging its mask tiles has no room left for a third), so that a memory-bound block (decode) keeps two tiles in
 // flight; else two.
-template <int D, int MT, bool W, bool SM>
-constexpr int stages() { return MT == 1 && D <= 128 && (W || !SM) ? 3 : 2; }
+// FP8 K/V (decode blocks): a stage holds half the bytes, so four (D 256: three) keep as many in flight.
+template <int D, int MT, bool W, bool SM, bool F8 = false>
+constexpr int stages() {
+    if constexpr (F8) return D <= 128 ? 4 : 3;
+    return MT == 1 && D <= 128 && (W || !SM) ? 3 : 2;
+}
 
 // W (decode, at most 16 rows a block): the four warps share the block's 16 rows and split each 64-key tile into four
 // 16-key slices, each warp with its own online softmax; the warps' (max, sum, O) are joined through shared memory at
@@ -259,22 +412,36 @@ constexpr int stages() { return MT == 1 && D <= 128 && (W || !SM) ? 3 : 2; }
 // SM: shared memory holds mask stages (the launcher reserves them where mask_stage_rows says so).
 // BT: a serving batch (attn_lt_batch_args): the block's request and its lengths come from device memory; W blocks
 // run the requests of at most kBatchSmallRows rows a kv head (their keys in parts of split_keys), the others the rest.
+// F8 (W blocks only): k and v hold e4m3 (attn_lt_flash_args::kv_dtype), the MMAs run in fp16.
 template <bool BT>
 using KernelArgs = std::conditional_t<BT, attn_lt_batch_args, attn_lt_flash_args>;
 
-template <int D, typename T, int MT, bool W, bool SM, bool BT = false>
-__global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_fwd(const KernelArgs<BT> args) {
+// CTAs an SM the registers must leave room for: FP8 decode blocks (D <= 128) three, so that a memory-bound decode
+// has twelve warps an SM to hide its latencies (their stages are half as large; four CTAs would spill at D 64);
+// else two where one m16 tile a warp (or D 64), one otherwise.
+template <int D, int MT, bool F8>
+constexpr int flash_min_ctas() { return F8 && D <= 128 ? 3 : (D == 64 || MT == 1) ? 2 : 1; }
+
+template <int D, typename T, int MT, bool W, bool SM, bool BT = false, bool F8 = false>
+__global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_fwd(const KernelArgs<BT> args) {
     static_assert(!BT || !SM, "serving batches take no dense mask");
+    static_assert(!F8 || (W && !SM), "FP8 K/V: decode blocks, masks read by strides");
+    using KV = std::conditional_t<F8, uint8_t, T>;  // K/V elements in memory
+    using C = std::conditional_t<F8, __half, T>;    // the MMAs' operands
     const attn_lt_flash_args& a = flash_of(args);
     static_assert(!W || MT == 1, "the warp-split mode has one m16 tile");
     static_assert(!SM || MT == 1, "masks run with one m16 tile a warp");
     constexpr int kBlockM = W ? 16 : kWarps * 16 * MT;
     constexpr int kNW = W ? kBlockN / kWarps : kBlockN;  // keys of a tile a warp takes
-    constexpr int kStages = stages<D, MT, W, SM>();
+    constexpr int kStages = stages<D, MT, W, SM, F8>();
     extern __shared__ __align__(128) unsigned char smem[];
     T* sQ = reinterpret_cast<T*>(smem);
     T* sK = sQ + kBlockM * D;            // [kStages][kBlockN * D]
     T* sV = sK + kStages * kBlockN * D;  // [kStages][kBlockN * D]
+    // FP8: Q as fp16 words (stage_q_f16) where sQ is, then the e4m3 K and V rings ([kStages][kBlockN * D] bytes each)
+    uint32_t* sQw = reinterpret_cast<uint32_t*>(smem);
+    uint8_t* sK8 = reinterpret_cast<uint8_t*>(sK);
+    uint8_t* sV8 = sK8 + kStages * kBlockN * D;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int m_block = gridDim.x - 1 - blockIdx.x;  // heaviest (causal) blocks first
     const int64_t bk = blockIdx.y, b = bk / a.Hkv, hk = bk % a.Hkv;
@@ -286,8 +453,8 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
     const int Sq = req.nq, Sk = req.nk;
     const int64_t q_row0 = req.q0;  // serving batches: the request's first packed query row
     // (paged caches: rows addressed by paged_copy)
-    const T* k = static_cast<const T*>(a.k) + (BT ? req.k0 * a.k_ss : b * a.k_sb) + hk * a.k_sh;  // paged: k0 = 0
-    const T* v = static_cast<const T*>(a.v) + (BT ? req.k0 * a.v_ss : b * a.v_sb) + hk * a.v_sh;
+    const KV* k = static_cast<const KV*>(a.k) + (BT ? req.k0 * a.k_ss : b * a.k_sb) + hk * a.k_sh;  // paged: k0 = 0
+    const KV* v = static_cast<const KV*>(a.v) + (BT ? req.k0 * a.v_ss : b * a.v_sb) + hk * a.v_sh;
     const int rows_all = g * Sq;  // below 2^31 (checked on the host)
     const int m0 = m_block * kBlockM;
     if (BT && m0 >= rows_all) return;  // past the request's rows (a request without rows writes nothing)
@@ -332,7 +499,7 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
     // keys of such blocks).
     int log2_bs = 0;
     __shared__ int s_bad;
-    PagedRows<D> pages;  // (paged caches) the table entries of the next tile to issue, then its rows' block ids
+    PagedRows<D, F8> pages;  // (paged caches) the table entries of the next tile to issue, then its rows' block ids
     if constexpr (BT) {
         if (args.block_table != nullptr) log2_bs = __ffsll(args.block_size) - 1;
         if (threadIdx.x == 0) s_bad = 0;
@@ -383,7 +550,7 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
             if (kMaskable) moff[t][e] = mask_row(r);
         }
 
-    {  // Q rows (folded heads), zero past the last row.
+    if constexpr (!F8) {  // Q rows (folded heads), zero past the last row (FP8: staged after the prologue)
         constexpr int kChunks = D / 8;
         for (int i = threadIdx.x; i < kBlockM * kChunks; i += kThreads) {
             const int r = i / kChunks, c = (i % kChunks) * 8;
@@ -397,7 +564,20 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
     auto load_stage = [&](int slot, int tile) {
         if (tile < t_end) {
             const int n0 = tile * kBlockN, valid = min(kBlockN, Sk - n0);
-            if (log2_bs > 0) {  // (paged: BT only)
+            if constexpr (F8) {
+                uint8_t* dK = sK8 + slot * kBlockN * D;
+                uint8_t* dV = sV8 + slot * kBlockN * D;
+                if (log2_bs > 0) {
+                    if constexpr (BT) {
+                        paged_ids(pages, args, n0, valid, log2_bs, &s_bad);
+                        paged_copy8<D>(dK, dV, k, v, pages, a, n0, log2_bs);
+                        const int n1 = n0 + kBlockN;
+                        if (tile + 1 < t_end) paged_fetch(pages, args, static_cast<int>(b), n1, min(kBlockN, Sk - n1), log2_bs);
+                    }
+                } else {
+                    load_tile8<D>(dK, dV, k + int64_t(n0) * a.k_ss, v + int64_t(n0) * a.v_ss, a.k_ss, a.v_ss, valid);
+                }
+            } else if (log2_bs > 0) {  // (paged: BT only)
                 if constexpr (BT) {
                     paged_ids(pages, args, n0, valid, log2_bs, &s_bad);
                     paged_copy<D>(sK + slot * kBlockN * D, sV + slot * kBlockN * D, k, v, pages, a, n0, log2_bs);
@@ -415,9 +595,18 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
         }
         cp_async_commit();
     };
-    // Prologue: tiles t_begin .. t_begin + kStages - 2 (the first group also holds Q).
+    // Prologue: tiles t_begin .. t_begin + kStages - 2 (the first group also holds Q, but FP8's).
 #pragma unroll
     for (int st = 0; st < kStages - 1; ++st) load_stage(st, t_begin + st);
+    // FP8: Q staged as fp16 while the first tiles are in flight (the factor 2^e it was scaled by joins the softmax
+    // scale); the K/V descale factors.
+    float q_mul = 1.f, k_desc = 1.f, v_desc = 1.f;
+    if constexpr (F8) {
+        __shared__ float s_qmax[kWarps];
+        q_mul = stage_q_f16<D, T>(sQw, qb, m0, m_valid, g, a.q_sh, a.q_ss, s_qmax);
+        if (a.k_descale != nullptr) k_desc = a.k_descale[hk * a.descale_sh];
+        if (a.v_descale != nullptr) v_desc = a.v_descale[hk * a.descale_sh];
+    }
 
     float o[MT][D / 8][4];
     float m[MT][2], l[MT][2];
@@ -428,10 +617,12 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
         m[t][0] = m[t][1] = -INFINITY;
         l[t][0] = l[t][1] = 0.f;
     }
-    const float sl2 = a.scale * kLog2e;
+    // (FP8: the raw dot products carry Q's 2^-e and K's descale factor)
+    const float qk_scale = a.scale * q_mul * k_desc;
+    const float sl2 = qk_scale * kLog2e;
     // softcap: the scaled score s becomes cap * tanh(s / cap), here straight into the exp2 domain
     const bool capped = a.softcap > 0.f;
-    const float cap_in = capped ? a.scale / a.softcap : 0.f, cap_out = a.softcap * kLog2e;
+    const float cap_in = capped ? qk_scale / a.softcap : 0.f, cap_out = a.softcap * kLog2e;
     const bool warp_active = W || warp * MT * 16 < m_valid;
     const int wrow = W ? 0 : warp * MT * 16;  // this warp's first row in the block
     const int wkey = W ? warp * kNW : 0;      // and first key in a tile
@@ -448,9 +639,11 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
         if constexpr (kQRegs) {
             if (it == t_begin) {
 #pragma unroll
-                for (int kk = 0; kk < D / 16; ++kk)
-                    ldsm_x4(qr[kk][0], qr[kk][1], qr[kk][2], qr[kk][3],
-                            sQ + swz<D>(lane % 16, kk * 16 + (lane / 16) * 8));
+                for (int kk = 0; kk < D / 16; ++kk) {
+                    if constexpr (F8) q_frag_f16(qr[kk], sQw, kk, lane);
+                    else ldsm_x4(qr[kk][0], qr[kk][1], qr[kk][2], qr[kk][3],
+                                 sQ + swz<D>(lane % 16, kk * 16 + (lane / 16) * 8));
+                }
             }
         }
         if (!warp_active) continue;  // this warp's rows are all past the end (decode: a few rows a block)
@@ -490,8 +683,31 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
         for (int t = 0; t < MT; ++t)
 #pragma unroll
             for (int j = 0; j < kNW / 8; ++j) s[t][j][0] = s[t][j][1] = s[t][j][2] = s[t][j][3] = 0.f;
+        if constexpr (F8) {  // K from the e4m3 ring straight into B fragments (see "FP8 K and V")
+            const uint8_t* tK8 = sK8 + buf * kBlockN * D;
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
+            for (int kq = 0; kq < D / 64; ++kq) {
+                uint4 w[kNW / 8];
+#pragma unroll
+                for (int j = 0; j < kNW / 8; ++j)
+                    w[j] = *reinterpret_cast<const uint4*>(tK8 + swz8_k<D>(wkey + j * 8 + lane / 4, 4 * kq + lane % 4));
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    unsigned qf[4];
+                    if constexpr (kQRegs) qf[0] = qr[4 * kq + i][0], qf[1] = qr[4 * kq + i][1],
+                                          qf[2] = qr[4 * kq + i][2], qf[3] = qr[4 * kq + i][3];
+                    else q_frag_f16(qf, sQw, 4 * kq + i, lane);
+#pragma unroll
+                    for (int j = 0; j < kNW / 8; ++j) {
+                        uint32_t b0, b1;
+                        f16x2x2_of_e4m3x4((&w[j].x)[i], b0, b1);
+                        mma<__half>(s[0][j], qf, b0, b1);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int kk = 0; kk < (F8 ? 0 : D / 16); ++kk) {
             unsigned qf[MT][4];
 #pragma unroll
             for (int t = 0; t < MT; ++t) {
@@ -519,14 +735,23 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
         const bool bad_blocks = BT && log2_bs > 0 && s_bad;  // (paged: some block id out of range)
         const bool need_mask = n0 + kBlockN > Sk || (win.right >= 0 && n0 + kBlockN - 1 > p_first + shift + win.right) ||
                                (win.left >= 0 && n0 < p_last + shift - win.left) || bad_blocks;
+        // (the common tile, nothing to mask, cap or store: one multiply a score)
+        const bool plain = !capped && !need_mask && !has_mask && (!W || s_out == nullptr);
         unsigned pf[MT][kNW / 16][4];
 #pragma unroll
         for (int t = 0; t < MT; ++t) {
             float mx[2] = {m[t][0], m[t][1]};
+            if (plain) {
+#pragma unroll
+                for (int j = 0; j < kNW / 8; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) s[t][j][e] *= sl2;
+            }
 #pragma unroll
             for (int j = 0; j < kNW / 8; ++j) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
+                    if (plain) break;
                     float x = capped ? cap_out * tanh_approx(s[t][j][e] * cap_in) : s[t][j][e] * sl2;
                     const int key = n0 + wkey + j * 8 + (lane % 4) * 2 + (e & 1);
                     const int diag = pos[t][e >> 1] + shift;
@@ -576,13 +801,27 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
                 const float p2 = ex2(s[t][j][2] - ref[1]), p3 = ex2(s[t][j][3] - ref[1]);
                 l[t][0] += p0 + p1;
                 l[t][1] += p2 + p3;
-                pf[t][j / 2][(j % 2) * 2 + 0] = pack2<T>(p0, p1);
-                pf[t][j / 2][(j % 2) * 2 + 1] = pack2<T>(p2, p3);
+                pf[t][j / 2][(j % 2) * 2 + 0] = pack2<C>(p0, p1);
+                pf[t][j / 2][(j % 2) * 2 + 1] = pack2<C>(p2, p3);
             }
         }
         // O += P V: V as the B operand, transposed by ldmatrix; each fragment feeds MT row tiles.
+        if constexpr (F8) {  // (tiles 2u and 2u + 1: chunk u's even and odd columns, see "FP8 K and V")
+            const uint8_t* tV8 = sV8 + buf * kBlockN * D;
 #pragma unroll
-        for (int kk = 0; kk < kNW / 16; ++kk) {
+            for (int kk = 0; kk < kNW / 16; ++kk) {
+                const int key = wkey + kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
+#pragma unroll
+                for (int u = 0; u < D / 16; u += 2) {
+                    unsigned x0, x1, x2, x3;
+                    ldsm_x4_t(x0, x1, x2, x3, tV8 + swz8_v<D>(key, u + lane / 16));
+                    mma_v8(o[0][2 * u], o[0][2 * u + 1], pf[0][kk], x0, x1);
+                    mma_v8(o[0][2 * u + 2], o[0][2 * u + 3], pf[0][kk], x2, x3);
+                }
+            }
+        }
+#pragma unroll
+        for (int kk = 0; kk < (F8 ? 0 : kNW / 16); ++kk) {
 #pragma unroll
             for (int d = 0; d < D / 8; d += 2) {
                 unsigned b0, b1, b2, b3;
@@ -616,10 +855,18 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
                 red_m[warp * 16 + row] = m[0][r];
                 red_l[warp * 16 + row] = l[0][r];
             }
+            if constexpr (F8) {  // the interleaved tiles back in column order
 #pragma unroll
-            for (int d = 0; d < D / 8; ++d)
-                *reinterpret_cast<float2*>(red_o + (warp * 16 + row) * D + d * 8 + (lane % 4) * 2) =
-                    make_float2(o[0][d][2 * r], o[0][d][2 * r + 1]);
+                for (int u = 0; u < D / 16; ++u)
+                    *reinterpret_cast<float4*>(red_o + (warp * 16 + row) * D + u * 16 + (lane % 4) * 4) =
+                        make_float4(o[0][2 * u][2 * r], o[0][2 * u + 1][2 * r], o[0][2 * u][2 * r + 1],
+                                    o[0][2 * u + 1][2 * r + 1]);
+            } else {
+#pragma unroll
+                for (int d = 0; d < D / 8; ++d)
+                    *reinterpret_cast<float2*>(red_o + (warp * 16 + row) * D + d * 8 + (lane % 4) * 2) =
+                        make_float2(o[0][d][2 * r], o[0][d][2 * r + 1]);
+            }
         }
         __syncthreads();
         constexpr int kCols = D / 8;
@@ -639,7 +886,7 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
         const int64_t head = hk * g + rr % g, p = rr / g;
         // the attention sink joins the denominator here, or (split) in the merge
         const float2 fin = finish_row(mx, lsum, split ? -INFINITY : sink_of(a, head) * kLog2e);
-        const float inv = fin.x, lse = fin.y;
+        const float inv = fin.x * v_desc, lse = fin.y;
         // the partials' row, and the LSE's: (b, h, position) of (B, Hq, Sq), or for a serving batch
         // (b, kv head, block row) of (B, Hkv, 16) and (h, packed row) of (Hq, total_q)
         const int64_t orow = BT ? bk * kBatchSmallRows + rr : (b * a.Hq + head) * a.Sq + p;
@@ -702,27 +949,27 @@ __global__ void __launch_bounds__(kThreads, (D == 64 || MT == 1) ? 2 : 1) flash_
 }
 
 // Launch flash_fwd on `grid`: shared memory for Q, the K/V ring and the mask stages (mask_stage_rows), opted in.
-template <int D, typename T, int MT, bool W, bool SM, bool BT>
+template <int D, typename T, int MT, bool W, bool SM, bool BT, bool F8 = false>
 cudaError_t launch_kernel(const KernelArgs<BT>& args, dim3 grid, cudaStream_t stream) {
     constexpr int kBlockM = W ? 16 : kWarps * 16 * MT;
-    constexpr int kStages = stages<D, MT, W, SM>();
+    constexpr int kStages = stages<D, MT, W, SM, F8>();
     const attn_lt_flash_args& a = flash_of(args);
     const size_t mask = SM ? size_t(kStages) * mask_stage_rows(a, W, D) * mask_pitch(mask_elem_bytes(a.mask_dtype)) : 0;
-    const size_t smem = size_t(kBlockM + 2 * kStages * kBlockN) * D * sizeof(T) + mask;
-    const auto kernel = flash_fwd<D, T, MT, W, SM, BT>;
+    const size_t smem = size_t(kBlockM) * D * sizeof(T) + size_t(2 * kStages * kBlockN) * D * (F8 ? 1 : sizeof(T)) + mask;
+    const auto kernel = flash_fwd<D, T, MT, W, SM, BT, F8>;
     const cudaError_t err = opt_in_smem(reinterpret_cast<const void*>(kernel), smem);
     if (err != cudaSuccess) return err;
     kernel<<<grid, kThreads, smem, stream>>>(args);
     return cudaGetLastError();
 }
 
-template <int D, typename T, int MT, bool W = false, bool SM = false>
+template <int D, typename T, int MT, bool W = false, bool SM = false, bool F8 = false>
 cudaError_t launch(const attn_lt_flash_args& a, cudaStream_t stream) {
     constexpr int kBlockM = W ? 16 : kWarps * 16 * MT;
     const int64_t rows = a.Sq * (a.Hq / a.Hkv);
     const dim3 grid(static_cast<unsigned>((rows + kBlockM - 1) / kBlockM), static_cast<unsigned>(a.B * a.Hkv),
                     static_cast<unsigned>(a.splits));
-    const cudaError_t err = launch_kernel<D, T, MT, W, SM, false>(a, grid, stream);
+    const cudaError_t err = launch_kernel<D, T, MT, W, SM, false, F8>(a, grid, stream);
     if (err != cudaSuccess || a.splits == 1) return err;
     return merge<D, T>(a, stream);
 }
@@ -730,11 +977,13 @@ cudaError_t launch(const attn_lt_flash_args& a, cudaStream_t stream) {
 // The tiling (attn_lt/fused.py's fused_launch mirrors it): at most 16 rows a kv head (decode), 16-row blocks whose
 // warps split the keys; else one m16 tile a warp (64 rows a CTA, 2 CTAs an SM) for row counts up to 64, dense
 // masks, and D = 256 (whose shared memory allows no more); else two (128 rows), each K/V fragment feeding two MMAs.
-// Masked blocks reserve mask stages where they stage the mask (mask_stage_rows).
+// Masked blocks reserve mask stages where they stage the mask (mask_stage_rows). FP8 K/V: decode blocks (the caller
+// checked the rows), their masks read by strides.
 template <int D, typename T>
 cudaError_t launch_dim(const attn_lt_flash_args& a, cudaStream_t stream) {
     const int64_t rows = a.Sq * (a.Hq / a.Hkv);
     const bool masked = a.mask_dtype != ATTN_LT_NONE;
+    if (a.kv_dtype == ATTN_LT_E4M3) return launch<D, T, 1, true, false, true>(a, stream);
     if (rows <= 16) {
         if (masked && mask_stage_rows(a, true, D)) return launch<D, T, 1, true, true>(a, stream);
         return launch<D, T, 1, true>(a, stream);
@@ -780,7 +1029,9 @@ int launch_batch(const attn_lt_batch_args& a, cudaStream_t stream) {
     }
     if (g > kBatchSmallRows) return 0;
     const int64_t parts = batch_parts(a.f.Sk, a.split_keys);
-    cudaError_t err = launch_kernel<D, T, 1, true, false, true>(a, dim3(1, bk, unsigned(parts)), stream);
+    const dim3 grid(1, bk, unsigned(parts));
+    cudaError_t err = a.f.kv_dtype == ATTN_LT_E4M3 ? launch_kernel<D, T, 1, true, false, true, true>(a, grid, stream)
+                                                   : launch_kernel<D, T, 1, true, false, true>(a, grid, stream);
     if (err == cudaSuccess && parts > 1) err = merge<D, T>(a, stream);
     return static_cast<int>(err);
 }
@@ -1135,6 +1386,18 @@ int launch_mass_of(const MassKernelArgs<BT>& a, cudaStream_t s) {
     }
 }
 
+// Whether FP8 K/V arguments are ones the decode blocks read: e4m3, k's and v's strides whole 16-byte chunks, the
+// descale factors 4-byte aligned with a head stride of 0 or 1.
+bool fp8_ok(const attn_lt_flash_args& a) {
+    return a.kv_dtype == ATTN_LT_E4M3 && (a.k_ss | a.k_sh | a.k_sb | a.v_ss | a.v_sh | a.v_sb) % 16 == 0 &&
+           (a.descale_sh == 0 || a.descale_sh == 1) &&
+           (reinterpret_cast<uintptr_t>(a.k_descale) | reinterpret_cast<uintptr_t>(a.v_descale)) % 4 == 0;
+}
+
+// Whether the rows a kv head (query rows x Hq / Hkv; a batch: at capacity) run on decode blocks, which alone take
+// FP8 K/V.
+bool decode_rows(const attn_lt_flash_args& a) { return a.Sq * (a.Hq / a.Hkv) <= kBatchSmallRows; }
+
 // What the dense and batch forward and mass launchers check alike (0: it holds): the shape, q and k (addresses,
 // strides but q's batch stride, which batches do not use), scale, variant, mask and dtype.
 int qk_status(const attn_lt_flash_args& a) {
@@ -1150,8 +1413,10 @@ int qk_status(const attn_lt_flash_args& a) {
     if (a.mask_dtype != ATTN_LT_NONE && a.mask == nullptr) return ATTN_LT_ERR_MASK;
     if (a.mask_dtype < ATTN_LT_NONE || a.mask_dtype > ATTN_LT_BOOL) return ATTN_LT_ERR_MASK;
     if (a.dtype != ATTN_LT_BF16 && a.dtype != ATTN_LT_F16) return ATTN_LT_ERR_DTYPE;
+    if (a.kv_dtype != ATTN_LT_NONE && !fp8_ok(a)) return ATTN_LT_ERR_DTYPE;
     return 0;
 }
+
 
 // What attn_lt_batch_fwd and attn_lt_batch_key_mass check alike (0: it holds): qk_status's, no mask, and the
 // metadata's pointers and layout.
@@ -1174,6 +1439,9 @@ int batch_status(const attn_lt_batch_args& a) {
                   a.num_blocks <= 0 || a.num_blocks >= (1LL << 31) || a.max_blocks <= 0 ||
                   a.bt_stride < a.max_blocks || f.B * a.bt_stride >= (1LL << 31)))
         return ATTN_LT_ERR_BATCH;
+    // paged_offset: a block's stride and its rows below 2^31 elements
+    if (paged && (f.k_sb >= (1LL << 31) || f.v_sb >= (1LL << 31) || a.block_size * (f.k_ss + f.v_ss) >= (1LL << 31)))
+        return ATTN_LT_ERR_STRIDES;
     return 0;
 }
 
@@ -1185,6 +1453,7 @@ extern "C" int attn_lt_batch_fwd(const attn_lt_batch_args* a, void* stream) {
     if (a->f.D == 576) return attn_lt_flash_sm90_batch(a, stream);  // MLA decode: the Hopper kernel only
     if (const int status = batch_status(*a)) return status;
     const attn_lt_flash_args& f = a->f;
+    if (f.kv_dtype != ATTN_LT_NONE && !decode_rows(f)) return ATTN_LT_ERR_DTYPE;  // FP8 K/V: decode blocks only
     if (f.v == nullptr || f.o == nullptr) return ATTN_LT_ERR_ARGS;
     if (!aligned16(f.v) || !aligned16(f.o)) return ATTN_LT_ERR_ALIGNMENT;
     if ((f.v_ss | f.v_sh | f.v_sb) % 8 != 0 || (f.o_ss | f.o_sh) % 2 != 0) return ATTN_LT_ERR_STRIDES;
@@ -1214,6 +1483,7 @@ extern "C" int attn_lt_batch_fwd(const attn_lt_batch_args* a, void* stream) {
 extern "C" int attn_lt_flash_fwd(const attn_lt_flash_args* a, void* stream) {
     if (a == nullptr || a->o == nullptr || a->v == nullptr) return ATTN_LT_ERR_ARGS;
     if (const int status = qk_status(*a)) return status;
+    if (a->kv_dtype != ATTN_LT_NONE && !decode_rows(*a)) return ATTN_LT_ERR_DTYPE;  // FP8 K/V: decode blocks only
     if (a->B * a->Hkv > 65535) return ATTN_LT_ERR_HEADS;  // the grid's y
     if (a->Dv != 0 && a->Dv != a->D) return ATTN_LT_ERR_HEAD_DIM;
     if (a->q_sb % 8 != 0) return ATTN_LT_ERR_STRIDES;
@@ -1239,6 +1509,7 @@ extern "C" int attn_lt_key_mass(const attn_lt_mass_args* m, void* stream) {
     if (const int status = qk_status(*a)) return status;
     // scores are stored by decode blocks only: one row, at most 16 rows a kv head
     if (m->from_scores && !(a->Sq == 1 && a->Hq / a->Hkv <= kBatchSmallRows)) return ATTN_LT_ERR_ARGS;
+    if (a->kv_dtype != ATTN_LT_NONE && !m->from_scores) return ATTN_LT_ERR_DTYPE;  // (key_mass_kernel reads K)
     if (a->B > 65535 || a->Hkv > 65535 || a->Hq > 65535) return ATTN_LT_ERR_HEADS;  // the grids' (B, Hkv or Hq)
     if (a->q_sb % 8 != 0) return ATTN_LT_ERR_STRIDES;
     if ((a->Sq + 8) * (a->Hq / a->Hkv) >= (1LL << 30)) return ATTN_LT_ERR_LENGTH;
@@ -1253,6 +1524,9 @@ extern "C" int attn_lt_batch_key_mass(const attn_lt_batch_mass_args* m, void* st
         return ATTN_LT_ERR_ARGS;
     if (!variant_ok(m->b.f)) return ATTN_LT_ERR_WINDOW;
     if (const int status = batch_status(m->b)) return status;
+    const attn_lt_flash_args& f = m->b.f;  // FP8 K/V: one-row requests on decode blocks, from their stored scores
+    if (f.kv_dtype != ATTN_LT_NONE && !(m->from_scores && f.Sq == 1 && f.Hq / f.Hkv <= kBatchSmallRows))
+        return ATTN_LT_ERR_DTYPE;
     if (reinterpret_cast<uintptr_t>(m->b.f.lse) % 4 || reinterpret_cast<uintptr_t>(m->mass) % 4)
         return ATTN_LT_ERR_ALIGNMENT;
     return launch_mass_of<true>(*m, static_cast<cudaStream_t>(stream));

@@ -1609,7 +1609,7 @@ extern "C" int attn_lt_flash_sm90_fwd(const attn_lt_flash_args* a, void* stream)
     if (a->Sq >= (1LL << 30) || a->Sk >= (1LL << 30)) return ATTN_LT_ERR_LENGTH;
     if (!(a->scale > 0.f)) return ATTN_LT_ERR_SCALE;
     if (!aligned16(a->q) || !aligned16(a->k) || !aligned16(a->v) || !aligned16(a->o)) return ATTN_LT_ERR_ALIGNMENT;
-    if (a->dtype != ATTN_LT_F16 && a->dtype != ATTN_LT_BF16) return ATTN_LT_ERR_DTYPE;
+    if ((a->dtype != ATTN_LT_F16 && a->dtype != ATTN_LT_BF16) || a->kv_dtype != ATTN_LT_NONE) return ATTN_LT_ERR_DTYPE;
     const bool decode = a->variant == ATTN_LT_FLASH_SM90_DECODE;
     if (a->variant != ATTN_LT_FLASH_SM90_DEFAULT && a->variant != ATTN_LT_FLASH_SM90_PLAIN && !decode)
         return ATTN_LT_ERR_VARIANT;
@@ -1708,7 +1708,7 @@ extern "C" int attn_lt_flash_sm90_batch(const attn_lt_batch_args* args, void* st
     }
     if (!(a.scale > 0.f)) return ATTN_LT_ERR_SCALE;
     if (!aligned16(a.q) || !aligned16(a.k) || !aligned16(a.v) || !aligned16(a.o)) return ATTN_LT_ERR_ALIGNMENT;
-    if (a.dtype != ATTN_LT_F16 && a.dtype != ATTN_LT_BF16) return ATTN_LT_ERR_DTYPE;
+    if ((a.dtype != ATTN_LT_F16 && a.dtype != ATTN_LT_BF16) || a.kv_dtype != ATTN_LT_NONE) return ATTN_LT_ERR_DTYPE;
     if (a.mask_dtype != ATTN_LT_NONE) return ATTN_LT_ERR_MASK;
     const int64_t tq = args->total_q, tk = args->total_k, bs = args->block_size, nb = args->num_blocks;
     if (!stride_ok(a.Hq, a.q_sh) || !stride_ok(tq, a.q_ss) || !stride_ok(a.Hkv, a.k_sh) ||

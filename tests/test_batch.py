@@ -32,7 +32,7 @@ def test_public_names():
 @pytest.mark.parametrize("change,error,match", [
     (dict(q=[1, 2]), TypeError, "q must be a torch.Tensor"),
     (dict(q=torch.randn(10, 8, 64)), TypeError, "float32"),
-    (dict(k=torch.randn(20, 2, 64, dtype=torch.float16)), TypeError, "share one dtype"),
+    (dict(k=torch.randn(20, 2, 64, dtype=torch.float16)), TypeError, "k and v must have q.s dtype"),
     (dict(q=torch.randn(1, 10, 8, 64, dtype=torch.bfloat16)), ValueError, r"q \(1, 10, 8, 64\)"),
     (dict(v=torch.randn(20, 2, 128, dtype=torch.bfloat16)), ValueError, r"v \(20, 2, 128\)"),
     (dict(q=torch.randn(10, 8, 96, dtype=torch.bfloat16), k=torch.randn(20, 2, 96, dtype=torch.bfloat16),
@@ -300,3 +300,100 @@ def test_batch_struct_matches_header():
     # the flash arguments, 5 pointers, 6 int64, 2 int32, 1 int64
     assert ctypes.sizeof(native.BatchArgs) == ctypes.sizeof(native.FlashArgs) + 5 * 8 + 6 * 8 + 2 * 4 + 8
     assert native.BatchArgs.workspace_bytes.offset == ctypes.sizeof(native.BatchArgs) - 8
+
+
+# ---- FP8 KV caches ------------------------------------------------------------------------------------------------
+
+F8 = torch.float8_e4m3fn
+
+
+@pytest.mark.parametrize("change,error,match", [
+    (dict(v=torch.randn(20, 2, 64).to(F8)), TypeError, "both torch.float8_e4m3fn"),
+    (dict(k=torch.randn(20, 2, 64).to(F8), v=torch.randn(20, 2, 64).to(F8), max_seqlen_q=5), ValueError,
+     r"at most 16 query rows a kv head .*max_seqlen_q 5 x 4"),
+    (dict(k=torch.randn(20, 2, 64).to(F8), v=torch.randn(20, 2, 64).to(F8), max_seqlen_q=2, return_key_mass=True),
+     ValueError, "one query row a request"),
+    (dict(q=torch.randn(10, 8, 64).to(F8)), TypeError, "q has dtype"),
+    (dict(k=torch.randn(20, 2, 64).to(F8), v=torch.randn(20, 2, 64).to(F8), max_seqlen_q=4), ValueError,
+     "CUDA device"),  # 16 rows a kv head: valid, refused at the device check
+])
+def test_fp8_cache_validation(change, error, match):
+    q, k, v = qkv()
+    args = dict(q=q, k=k, v=v, cu_q=cu([5, 5]), cu_k=cu([12, 8]), max_seqlen_q=1, max_seqlen_k=12)
+    args.update(change)
+    kw = {n: args.pop(n) for n in ("return_key_mass",) if n in args}
+    with pytest.raises(error, match=match):
+        attn_lt.varlen_attention(args["q"], args["k"], args["v"], args["cu_q"], args["cu_k"],
+                                 max_seqlen_q=args["max_seqlen_q"], max_seqlen_k=args["max_seqlen_k"], **kw)
+
+
+def test_fp8_cache_refused_for_mla_and_steps_check_it():
+    q = torch.randn(2, 16, 576, dtype=torch.bfloat16)
+    cache = torch.randn(4, 64, 1, 576).to(F8)
+    with pytest.raises(ValueError, match="not available for MLA"):
+        attn_lt.paged_attention(q, cache, cache[..., :512], torch.zeros(2, 1, dtype=torch.int32),
+                                torch.ones(2, dtype=torch.int32))
+    with pytest.raises(ValueError, match="at most 16 query rows"):
+        attn_lt.BatchStep(4, 32, 8, 128, max_seqlen_k=4096, max_seqlen_q=8, block_size=16, kv_dtype=F8,
+                          device="cpu")
+    with pytest.raises(TypeError, match="kv_dtype"):
+        attn_lt.BatchStep(4, 32, 8, 128, max_seqlen_k=4096, block_size=16, kv_dtype=torch.float32, device="cpu")
+
+
+def test_attention_fp8_cache_validation():
+    q = torch.randn(1, 8, 1, 128, dtype=torch.bfloat16)
+    k = torch.randn(1, 2, 16, 128).to(F8)
+    with pytest.raises(TypeError, match="must both be torch.float8_e4m3fn"):
+        attn_lt.attention(q, k, k.to(torch.bfloat16))
+    with pytest.raises(TypeError, match="k and v both torch.float8_e4m3fn"):
+        attn_lt.attention(q, k.to(torch.float16), k.to(torch.float16))
+    with pytest.raises(ValueError, match="CUDA device"):  # valid otherwise
+        attn_lt.attention(q, k, k, k_descale=0.5)
+
+
+def test_check_kv_descale():
+    from attn_lt.validate import check_kv_descale
+
+    cpu = torch.device("cpu")
+    assert check_kv_descale(None, None, False, 4, cpu) is None
+    assert check_kv_descale(None, None, True, 4, cpu) == (None, None, 0)
+    kd, vd, sh = check_kv_descale(0.5, torch.tensor([2.0]), True, 4, cpu)
+    assert sh == 0 and kd.item() == 0.5 and vd.item() == 2.0
+    assert check_kv_descale(torch.ones(4), torch.ones(4), True, 4, cpu)[2] == 1
+    for k, v, error, match in ((1.0, None, ValueError, "FP8 KV cache"), ):
+        with pytest.raises(error, match=match):
+            check_kv_descale(k, v, False, 4, cpu)
+    for k, v, error, match in ((torch.ones(4), torch.ones(1), ValueError, "per kv head or both one value"),
+                               (torch.ones(3), None, ValueError, r"\(4,\)"),
+                               (torch.ones(8)[::2], None, ValueError, "contiguous"),
+                               (torch.ones(4, dtype=torch.float16), None, TypeError, "float32"),
+                               (-1.0, None, ValueError, "positive"), ("2", None, TypeError, "number")):
+        with pytest.raises(error, match=match):
+            check_kv_descale(k, v, True, 4, cpu)
+
+
+@pytest.mark.native
+def test_fp8_launch_refusals_without_touching_the_gpu():
+    """The C side refuses FP8 K/V where the decode blocks do not run it (ATTN_LT_ERR_DTYPE, 10007)."""
+    import ctypes
+
+    from attn_lt import native
+
+    lib = native.load()
+
+    def flash(**change):
+        a = native.FlashArgs()
+        a.q, a.k, a.v, a.o = 0x10000, 0x20000, 0x30000, 0x40000
+        a.B, a.Hq, a.Hkv, a.Sq, a.Sk, a.D = 2, 8, 2, 1, 4096, 128
+        a.q_sb, a.q_sh, a.q_ss, a.o_sb, a.o_sh, a.o_ss = 1024, 128, 128, 1024, 128, 128
+        a.k_sb, a.k_sh, a.k_ss = a.v_sb, a.v_sh, a.v_ss = 2 * 4096 * 128, 4096 * 128, 128
+        a.scale, a.dtype, a.kv_dtype = 0.1, native.DTYPE_CODES["bf16"], native.DTYPE_CODES["e4m3"]
+        for name, value in change.items():
+            setattr(a, name, value)
+        return lib.attn_lt_flash_fwd(ctypes.byref(a), None), lib.attn_lt_flash_sm90_fwd(ctypes.byref(a), None)
+
+    if not torch.cuda.is_available():
+        assert flash()[0] < 10000  # every check passes: the launch then fails for want of a GPU
+    for change in (dict(Sq=5), dict(k_ss=136), dict(descale_sh=2), dict(kv_dtype=3), dict(k_descale=0x70002)):
+        assert flash(**change)[0] == 10007, change
+    assert flash()[1] == 10007  # the Hopper prefill kernel takes no FP8 K/V

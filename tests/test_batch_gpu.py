@@ -11,8 +11,8 @@ import torch
 import attn_lt
 from attn_lt import batch
 from attn_lt.fused import DeviceFacts, device_facts
-from attn_lt.testing import (cu_seqlens, paged_gather, paged_reference, random_pages, rel_error, sdpa, tolerance,
-                             varlen_reference)
+from attn_lt.testing import (cu_seqlens, fp8_kv, fp8_values, paged_gather, paged_reference, random_pages, rel_error,
+                             sdpa, tolerance, varlen_key_mass_reference, varlen_reference)
 
 pytestmark = pytest.mark.gpu
 
@@ -437,4 +437,169 @@ def test_step_mla_below_capacity():
     out, lse = step.run(q, k_cache, v_cache, return_lse=True)
     ref, ref_lse = paged_reference(q, k_cache, v_cache, table, seqlens_k, causal=False)
     check_against(out, lse, ref, ref_lse, mla_torch(q, k_cache, v_cache, table, seqlens_k))
+    attn_lt.check_batch_errors()
+
+
+# ---- FP8 KV caches ---------------------------------------------------------------------------------------------
+
+def fp8_pages(seqlens, block_size, Hkv, D, dtype):
+    """A random paged cache stored in FP8 (per-head factors): (k8, v8, table, seqlens_k, k_desc, v_desc, kf, vf),
+    kf / vf the caches' FP32 values (what the reference attends)."""
+    k, v, table, seqlens_k = random_pages(seqlens, block_size, Hkv, D, dtype)
+    k8, kd = fp8_kv(k)
+    v8, vd = fp8_kv(v * 3)
+    return k8, v8, table, seqlens_k, kd, vd, fp8_values(k8, kd), fp8_values(v8, vd)
+
+
+def check_fp8_against(out, lse, q, kf, vf, cq, ck, causal, ref, ref_lse):
+    """The FP8 call against the FP64 reference of the cache's values; PyTorch's error bound from SDPA on those
+    values rounded to q's dtype (e4m3 elements are exact in fp16 and bf16; the factor's rounding only widens it)."""
+    check_against(out, lse, ref, ref_lse, torch_varlen(q, kf.to(q.dtype), vf.to(q.dtype), cq, ck, causal))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block_size", [16, 64])
+@pytest.mark.parametrize("Hq,Hkv,D", [(32, 8, 128), (8, 8, 64), (16, 2, 256), (4, 1, 128)])
+def test_fp8_paged_decode(dtype, block_size, Hq, Hkv, D):
+    bs = block_size
+    seqlens = [0, 1, bs - 1, bs, bs + 1, 5000, 3 * bs + 7, 777, 20000]
+    k8, v8, table, seqlens_k, kd, vd, kf, vf = fp8_pages(seqlens, bs, Hkv, D, dtype)
+    q = torch.randn(len(seqlens), Hq, D, dtype=dtype, device="cuda")
+    out = torch.full_like(q, math.nan)
+    out, lse = attn_lt.paged_attention(q, k8, v8, table, seqlens_k, k_descale=kd, v_descale=vd, return_lse=True,
+                                       out=out, check=True)
+    ref, ref_lse = paged_reference(q, kf, vf, table, seqlens_k)
+    k, v, cu_k = paged_gather(kf, vf, table, seqlens_k)
+    cq = torch.arange(q.shape[0] + 1, dtype=torch.int32, device="cuda")
+    check_fp8_against(out, lse, q, k, v, cq, cu_k, True, ref, ref_lse)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_fp8_varlen_decode_rows(dtype, causal):
+    """Decode and speculative rows (up to 4 rows x 4 heads a kv head) with long, empty and one-key requests."""
+    Hq, Hkv, D = 32, 8, 128
+    q_lens, k_lens = [1, 1, 4, 1, 2, 1], [4097, 0, 33000, 1, 63, 65]
+    q = torch.randn(sum(q_lens), Hq, D, dtype=dtype, device="cuda")
+    k8, kd = fp8_kv(torch.randn(sum(k_lens), Hkv, D, dtype=dtype, device="cuda"))
+    v8, vd = fp8_kv(torch.randn(sum(k_lens), Hkv, D, dtype=dtype, device="cuda"))
+    kf, vf = fp8_values(k8, kd), fp8_values(v8, vd)
+    cq, ck = cu(q_lens), cu(k_lens)
+    out = torch.full_like(q, math.nan)
+    out, lse = attn_lt.varlen_attention(q, k8, v8, cq, ck, max_seqlen_q=4, max_seqlen_k=33000, causal=causal,
+                                        k_descale=kd, v_descale=vd, return_lse=True, out=out, check=True)
+    ref, ref_lse = varlen_reference(q, kf, vf, cq, ck, causal=causal)
+    check_fp8_against(out, lse, q, kf, vf, cq, ck, causal, ref, ref_lse)
+
+
+def run_fp8_varlen(q, k8, v8, k_lens, kd, vd):
+    cq, ck = cu([1] * len(k_lens)), cu(k_lens)
+    out = torch.full_like(q, math.nan)
+    out, lse = attn_lt.varlen_attention(q, k8, v8, cq, ck, max_seqlen_q=1, max_seqlen_k=max(k_lens), k_descale=kd,
+                                        v_descale=vd, return_lse=True, out=out, check=True)
+    kf, vf = fp8_values(k8, kd), fp8_values(v8, vd)
+    ref, ref_lse = varlen_reference(q, kf, vf, cq, ck)
+    check_fp8_against(out, lse, q, kf, vf, cq, ck, False, ref, ref_lse)
+
+
+@pytest.mark.parametrize("descale", ["none", "number", "one", "per_head"])
+def test_fp8_descale_forms(descale):
+    """Descale factors as None (1), a number, a one-value tensor and one a kv head."""
+    dtype, Hq, Hkv, D = torch.bfloat16, 16, 4, 128
+    k_lens = [300, 4000, 1]
+    q = torch.randn(len(k_lens), Hq, D, dtype=dtype, device="cuda")
+    k8 = (torch.randn(sum(k_lens), Hkv, D, device="cuda") * 4).to(torch.float8_e4m3fn)
+    v8 = (torch.randn(sum(k_lens), Hkv, D, device="cuda") * 4).to(torch.float8_e4m3fn)
+    kd = {"none": None, "number": 0.1, "one": torch.tensor([0.2], device="cuda"),
+          "per_head": torch.rand(Hkv, device="cuda") / 5 + 0.05}[descale]
+    vd = {"none": None, "number": 0.5, "one": torch.tensor(0.25, device="cuda"),
+          "per_head": torch.rand(Hkv, device="cuda") + 0.1}[descale]
+    run_fp8_varlen(q, k8, v8, k_lens, kd, vd)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fp8_query_beyond_fp16_range(dtype):
+    """q as large as bf16 allows past fp16's range (the decode blocks stage it in fp16 under a power-of-two scale),
+    with small K factors, so that the scores stay moderate."""
+    Hq, Hkv, D = 8, 2, 64
+    k_lens = [1000, 17]
+    big = 3e5 if dtype == torch.bfloat16 else 2e4
+    q = (torch.randn(len(k_lens), Hq, D, device="cuda") * big).clamp(-6e4, 6e4).to(dtype)
+    k8, v8 = (torch.randn(sum(k_lens), Hkv, D, device="cuda") * 8).to(torch.float8_e4m3fn), \
+        torch.randn(sum(k_lens), Hkv, D, device="cuda").to(torch.float8_e4m3fn)
+    run_fp8_varlen(q, k8, v8, k_lens, torch.full((Hkv,), 0.5 / big, device="cuda"), None)
+
+
+def test_fp8_variants_and_mass():
+    """gpt-oss's decode (a window and sinks) and softcap on an FP8 cache; the mass per key of one-row requests from
+    the stored scores."""
+    dtype, Hq, Hkv, D, bs = torch.bfloat16, 32, 8, 64, 16
+    seqlens = [700, 0, 129, 3000]
+    k8, v8, table, seqlens_k, kd, vd, kf, vf = fp8_pages(seqlens, bs, Hkv, D, dtype)
+    q = torch.randn(len(seqlens), Hq, D, dtype=dtype, device="cuda")
+    sinks = torch.randn(Hq, device="cuda")
+    k, v, cu_k = paged_gather(kf, vf, table, seqlens_k)
+    cq = torch.arange(len(seqlens) + 1, dtype=torch.int32, device="cuda")
+    for kw in (dict(window=(128, 0), sinks=sinks), dict(softcap=30.0)):
+        out = attn_lt.paged_attention(q, k8, v8, table, seqlens_k, k_descale=kd, v_descale=vd, check=True, **kw)
+        plain = attn_lt.varlen_attention(q, k.to(dtype), v.to(dtype), cq, cu_k, max_seqlen_q=1, max_seqlen_k=3000,
+                                         causal=True, **kw)
+        assert rel_error(out, plain) < 3e-2, kw  # against the bf16 call on the same values
+    out, mass = attn_lt.paged_attention(q, k8, v8, table, seqlens_k, k_descale=kd, v_descale=vd,
+                                        return_key_mass=True)
+    ref = varlen_key_mass_reference(q, k, cq, cu_k, causal=True)
+    for b, n in enumerate(seqlens):
+        got = mass[b, :, :n].double()
+        want = ref[:, cu_k[b]:cu_k[b] + n]
+        assert torch.allclose(got, want, rtol=2e-2, atol=1e-4), b
+        assert (mass[b, :, n:] == 0).all()
+
+
+def test_fp8_bad_block_reported_and_refusals():
+    dtype, Hq, Hkv, D, bs = torch.float16, 16, 4, 128, 16
+    k8, v8, table, seqlens_k, kd, vd, kf, vf = fp8_pages([100, 200], bs, Hkv, D, dtype)
+    q = torch.randn(2, Hq, D, dtype=dtype, device="cuda")
+    bad = table.clone()
+    bad[1, 3] = k8.shape[0] + 5
+    out = attn_lt.paged_attention(q, k8, v8, bad, seqlens_k, k_descale=kd, v_descale=vd)
+    assert not torch.isnan(out).any()
+    with pytest.raises(ValueError, match="block id outside"):
+        attn_lt.check_batch_errors()
+    with pytest.raises(ValueError, match="decode blocks"):  # prefill rows against an FP8 cache
+        attn_lt.paged_attention(torch.randn(40, Hq, D, dtype=dtype, device="cuda"), k8, v8, table, seqlens_k,
+                                cu_seqlens_q=cu([20, 20]), max_seqlen_q=20)
+    with pytest.raises(ValueError, match="FP8 KV cache"):  # factors for a 16-bit cache
+        attn_lt.paged_attention(q, kf.to(dtype), vf.to(dtype), table, seqlens_k, k_descale=kd)
+    with pytest.raises(ValueError, match=r"\(4,\)"):
+        attn_lt.paged_attention(q, k8, v8, table, seqlens_k, k_descale=torch.ones(3, device="cuda"))
+
+
+def test_fp8_step_graph_replay():
+    """BatchStep with an FP8 cache: one capture, replays after new plans and new descale values equal eager calls."""
+    rng = random.Random(3)
+    dtype, cap, Hq, Hkv, D, bs, max_blocks = torch.bfloat16, 8, 32, 8, 128, 16, 64
+    num_blocks = cap * max_blocks
+    k8, kd = fp8_kv(torch.randn(num_blocks, bs, Hkv, D, dtype=dtype, device="cuda"))
+    v8, vd = fp8_kv(torch.randn(num_blocks, bs, Hkv, D, dtype=dtype, device="cuda"))
+    step = attn_lt.BatchStep(cap, Hq, Hkv, D, max_seqlen_k=max_blocks * bs, block_size=bs, dtype=dtype,
+                             kv_dtype=torch.float8_e4m3fn)
+    q = torch.randn(cap, Hq, D, dtype=dtype, device="cuda")
+    out = torch.empty_like(q)
+    table = torch.randperm(num_blocks).to(torch.int32).view(cap, max_blocks).cuda()
+    step.plan(None, torch.full((cap,), 100, dtype=torch.int32, device="cuda"), table)
+    step.run(q, k8, v8, out=out, k_descale=kd, v_descale=vd)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step.run(q, k8, v8, out=out, k_descale=kd, v_descale=vd)
+    for it in range(20):
+        lens = torch.tensor([rng.randrange(0, max_blocks * bs + 1) for _ in range(cap)], dtype=torch.int32).cuda()
+        tab = torch.randperm(num_blocks).to(torch.int32).view(cap, max_blocks).cuda()
+        step.plan(None, lens, tab)
+        kd.mul_(1.01)
+        q.copy_(torch.randn_like(q))
+        out.fill_(math.nan)
+        graph.replay()
+        eager = attn_lt.paged_attention(q, k8, v8, tab, lens, k_descale=kd, v_descale=vd)
+        assert rel_error(out, eager) < 1e-2, f"iteration {it}"
     attn_lt.check_batch_errors()

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A few small serving batches (varlen and paged, the decode blocks split and merged, the row blocks on each kernel,
-the mass per key, a block id past the cache and lengths past the table) run once each, for compute-sanitizer.
+the mass per key, FP8 caches, a block id past the cache and lengths past the table) run once each, for compute-sanitizer.
 Exits 1 when an output is wrong or a bad block id is not reported, 2 without a GPU.
 
     compute-sanitizer --tool memcheck  python3 tools/dev/sanitize_batch.py
@@ -14,7 +14,8 @@ import sys
 import torch
 
 import attn_lt
-from attn_lt.testing import cu_seqlens, paged_reference, random_pages, rel_error, varlen_reference
+from attn_lt.testing import (cu_seqlens, fp8_kv, fp8_values, paged_reference, random_pages, rel_error,
+                             varlen_reference)
 
 
 cu = cu_seqlens
@@ -66,6 +67,21 @@ def main() -> int:
         bad += reported("bad metadata")
         attn_lt.paged_attention(qp, kc, vc, table, sk, return_key_mass=True)
         bad += reported("bad metadata (with the mass)")
+        # an FP8 cache: decode and speculative rows (varlen), paged decode with a bad block
+        k8, kd = fp8_kv(k)
+        v8, vd = fp8_kv(v)
+        q8_lens = [1, 1, 0, 2, 1]
+        q8 = torch.randn(sum(q8_lens), Hq, D, dtype=dt, device="cuda")
+        o = attn_lt.varlen_attention(q8, k8, v8, cu(q8_lens), cu(k_lens), max_seqlen_q=2, max_seqlen_k=700,
+                                     causal=True, k_descale=kd, v_descale=vd)
+        ref, _ = varlen_reference(q8, fp8_values(k8, kd), fp8_values(v8, vd), cu(q8_lens), cu(k_lens), causal=True)
+        owned = ~torch.isnan(ref[:, 0, 0])
+        err = rel_error(o[owned], ref[owned])
+        print(f"varlen FP8 D{D}: error {err:.2e}")
+        bad += err > 2e-2
+        kc8, kcd = fp8_kv(kc)
+        attn_lt.paged_attention(qp, kc8, fp8_kv(vc)[0], table, sk, k_descale=kcd, return_key_mass=True)
+        bad += reported("bad metadata (FP8 cache)")
     from attn_lt.fused import device_facts
     if device_facts().hopper:  # MLA decode on a paged latent cache: one part, several parts, a bad block
         kc, _, table, sk = random_pages([2100, 1, 0, 70], 64, 1, 576, dt)

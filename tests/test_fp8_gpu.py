@@ -1,0 +1,84 @@
+"""attention() against an FP8 KV cache on the GPU (k and v float8 e4m3 with descale factors, q and the output
+fp16/bf16): native/flash.cu's decode blocks against an FP64 reference of the cache's values, PyTorch SDPA on those
+values at q's precision giving the error bound; outputs poisoned first. The serving batches' FP8 tests are in
+test_batch_gpu.py."""
+
+import math
+
+import pytest
+import torch
+
+import attn_lt
+from attn_lt.testing import fp8_kv, fp8_values, reference, rel_error, sdpa, tolerance
+
+pytestmark = pytest.mark.gpu
+
+
+def dense_fp8(B, Hkv, Sk, D, dtype, scale_v=1.0):
+    """A dense (B, Hkv, Sk, D) cache in FP8, per-head factors, laid out (B, Sk, Hkv, D) as transformers keeps it:
+    (k8, v8, kd, vd, kf, vf), kf / vf its FP32 values."""
+    k8, kd = fp8_kv(torch.randn(B, Sk, Hkv, D, dtype=dtype, device="cuda"))
+    v8, vd = fp8_kv(torch.randn(B, Sk, Hkv, D, dtype=dtype, device="cuda") * scale_v)
+    kf, vf = fp8_values(k8, kd), fp8_values(v8, vd)
+    return (k8.transpose(1, 2), v8.transpose(1, 2), kd, vd, kf.transpose(1, 2), vf.transpose(1, 2))
+
+
+def check(out, q, kf, vf, ref, **kw):
+    torch_out = sdpa(q, kf.to(q.dtype), vf.to(q.dtype), **kw)
+    assert not torch.isnan(out).any()
+    err, torch_err = rel_error(out, ref), rel_error(torch_out, ref)
+    assert err <= tolerance(torch_err), f"error {err:.3e}, PyTorch {torch_err:.3e}"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("Sq,causal", [(1, False), (4, True), (2, False)])
+def test_fp8_dense_decode(dtype, D, Sq, causal):
+    B, Hq, Hkv, Sk = 2, 16, 4, 4097
+    k8, v8, kd, vd, kf, vf = dense_fp8(B, Hkv, Sk, D, dtype, 2.0)
+    q = torch.randn(B, Hq, Sq, D, dtype=dtype, device="cuda")
+    out = torch.full((B, Hq, Sq, D), math.nan, dtype=dtype, device="cuda")
+    out, lse = attn_lt.attention(q, k8, v8, causal=causal, k_descale=kd, v_descale=vd, out=out, return_lse=True)
+    ref, ref_lse = reference(q, kf, vf, causal=causal, dtype=torch.float64)
+    check(out, q, kf, vf, ref, causal=causal)
+    assert (lse.double() - ref_lse).abs().max().item() < 1e-3 * (1 + ref_lse.abs().max().item())
+
+
+def test_fp8_dense_mask_variants_and_layout():
+    """A key-padding mask, gpt-oss's window and sinks, softcap, the (B, Sq, Hq, D) output, a one-value factor."""
+    dtype, B, Hq, Hkv, Sk, D = torch.bfloat16, 3, 32, 8, 3000, 64
+    k8, v8, kd, vd, kf, vf = dense_fp8(B, Hkv, Sk, D, dtype)
+    q = torch.randn(B, Hq, 1, D, dtype=dtype, device="cuda")
+    mask = torch.rand(B, 1, 1, Sk, device="cuda") > 0.3
+    out = attn_lt.attention(q, k8, v8, attn_mask=mask, k_descale=kd, v_descale=vd)
+    check(out, q, kf, vf, reference(q, kf, vf, attn_mask=mask, dtype=torch.float64)[0], attn_mask=mask)
+    sinks = torch.randn(Hq, device="cuda")
+    out = attn_lt.attention(q, k8, v8, causal=True, window=(128, 0), sinks=sinks, k_descale=kd, v_descale=vd,
+                            out_layout="bshd")
+    ref = reference(q, kf, vf, causal=True, window=(128, 0), sinks=sinks, dtype=torch.float64)[0]
+    assert rel_error(out.transpose(1, 2), ref) < 1e-2
+    out = attn_lt.attention(q, k8, v8, softcap=20.0, k_descale=kd, v_descale=vd)
+    assert rel_error(out, reference(q, kf, vf, softcap=20.0, dtype=torch.float64)[0]) < 1e-2
+    one = torch.tensor([0.05], device="cuda")
+    out = attn_lt.attention(q, k8, v8, k_descale=one, v_descale=0.5)
+    ref = reference(q, fp8_values(k8, one), fp8_values(v8, 0.5), dtype=torch.float64)[0]
+    assert rel_error(out, ref) < 1e-2
+
+
+def test_fp8_dense_refusals():
+    dtype, B, Hq, Hkv, Sk, D = torch.bfloat16, 1, 8, 2, 256, 128
+    k8, v8, kd, vd, _, _ = dense_fp8(B, Hkv, Sk, D, dtype)
+    q = torch.randn(B, Hq, 1, D, dtype=dtype, device="cuda")
+    with pytest.raises(ValueError, match="at most 16 query rows"):
+        attn_lt.attention(torch.randn(B, Hq, 5, D, dtype=dtype, device="cuda"), k8, v8, k_descale=kd)
+    with pytest.raises(ValueError, match="decode blocks"):
+        attn_lt.attention(q, k8, v8, backend="lt")
+    with pytest.raises(ValueError, match="return_key_mass"):
+        attn_lt.attention(q, k8, v8, return_key_mass=True)
+    with pytest.raises(TypeError, match="must both be torch.float8_e4m3fn"):
+        attn_lt.attention(q, k8, v8.to(dtype))
+    ragged = torch.zeros(B, Hkv, Sk, 72, device="cuda").to(torch.float8_e4m3fn)[..., :64]  # rows 72 bytes apart
+    with pytest.raises(ValueError, match="16-byte chunks"):
+        attn_lt.attention(q[..., :64], ragged, ragged)
+    with pytest.raises(ValueError, match=r"\(2,\)"):
+        attn_lt.attention(q, k8, v8, k_descale=torch.ones(3, device="cuda"))

@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""FP8 KV caches for decode on one GPU, in one run: the same batches from a bf16 cache and from an FP8 (e4m3,
+per-kv-head factors) cache, varlen and paged, with the roofline of the bytes each reads at the copy rate measured
+in the same run, and the FP8 call's error.
+
+1. **equal lengths**: B 64, Hq 32 / Hkv 8, D 128, every request 8k keys: ``attention()`` on a dense cache, and the
+   batch calls.
+2. **ragged decode**: B 64, lengths uniform in [256, 8192]; and B 16, lengths in [4k, 64k] (the serving issue's).
+3. **error**: the FP8 call against the FP64 attention of the cache's FP8 values (the kernel's own error) and of the
+   bf16 values it was quantized from (what quantizing costs), beside the bf16 call's error against the latter.
+
+    python tools/bench_fp8_kv.py [--out DIR]
+
+Prints a short table last; writes DIR/fp8_kv.json. Medians of CUDA-event timings (triton's do_bench).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+import attn_lt  # noqa: E402
+from attn_lt.testing import (cu_seqlens, fp8_kv, fp8_values, random_pages, rel_error, time_ms,  # noqa: E402
+                             varlen_reference)
+
+DT = torch.bfloat16
+HQ, HKV, D = 32, 8, 128
+
+
+def copy_rate() -> float:
+    """Device copy rate (bytes read + written per second) of a 2 GiB buffer."""
+    src = torch.empty(2**30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return 2 * src.numel() / time_ms(lambda: dst.copy_(src)) * 1e3
+
+
+def decode_batch(lengths: list[int]) -> tuple:
+    """One query row a request and packed keys of ``lengths``: q, cu_q, cu_k, k, v (bf16) and their FP8 copies
+    k8, kd, v8, vd."""
+    B, total = len(lengths), sum(lengths)
+    q = torch.randn(B, HQ, D, dtype=DT, device="cuda")
+    cu_q = torch.arange(B + 1, dtype=torch.int32, device="cuda")
+    k, v = torch.randn(total, HKV, D, dtype=DT, device="cuda"), torch.randn(total, HKV, D, dtype=DT, device="cuda")
+    return (q, cu_q, cu_seqlens(lengths), k, v) + fp8_kv(k) + fp8_kv(v)
+
+
+def batch(lengths: list[int], rate: float) -> dict:
+    B, total, smax = len(lengths), sum(lengths), max(lengths)
+    q, cu_q, cu_k, k, v, k8, kd, v8, vd = decode_batch(lengths)
+    res = {"B": B, "lengths": [min(lengths), smax], "keys": total}
+    for name, kk, vv, kw, width in (("bf16", k, v, {}, 2), ("fp8", k8, v8, dict(k_descale=kd, v_descale=vd), 1)):
+        res[f"roofline_{name}_ms"] = total * HKV * D * 2 * width / rate * 1e3
+        res[f"varlen_{name}_ms"] = time_ms(lambda: attn_lt.varlen_attention(q, kk, vv, cu_q, cu_k, max_seqlen_q=1,
+                                                                            max_seqlen_k=smax, **kw))
+    for bs in (16, 64):
+        kc, vc, table, seqlens = random_pages(lengths, bs, HKV, D, DT)
+        kc8, kcd = fp8_kv(kc)
+        vc8, vcd = fp8_kv(vc)
+        res[f"paged{bs}_bf16_ms"] = time_ms(lambda: attn_lt.paged_attention(q, kc, vc, table, seqlens))
+        res[f"paged{bs}_fp8_ms"] = time_ms(lambda: attn_lt.paged_attention(q, kc8, vc8, table, seqlens,
+                                                                           k_descale=kcd, v_descale=vcd))
+    for name in ("varlen", "paged16", "paged64"):
+        res[f"{name}_speedup"] = res[f"{name}_bf16_ms"] / res[f"{name}_fp8_ms"]  # tokens a second, FP8 / bf16
+        res[f"{name}_fp8_roofline"] = res["roofline_fp8_ms"] / res[f"{name}_fp8_ms"]
+        res[f"{name}_bf16_roofline"] = res["roofline_bf16_ms"] / res[f"{name}_bf16_ms"]
+    return res
+
+
+def dense(B: int, Sk: int, rate: float) -> dict:
+    """attention() on a dense (B, Hkv, Sk, D) cache, bf16 against FP8."""
+    q = torch.randn(B, HQ, 1, D, dtype=DT, device="cuda")
+    k = torch.randn(B, HKV, Sk, D, dtype=DT, device="cuda")
+    v = torch.randn_like(k)
+    k8, kd = fp8_kv(k.transpose(1, 2))
+    v8, vd = fp8_kv(v.transpose(1, 2))
+    k8, v8 = k8.transpose(1, 2).contiguous(), v8.transpose(1, 2).contiguous()
+    res = {"B": B, "lengths": [Sk, Sk], "keys": B * Sk}
+    for name, kk, vv, kw, width in (("bf16", k, v, {}, 2), ("fp8", k8, v8, dict(k_descale=kd, v_descale=vd), 1)):
+        res[f"roofline_{name}_ms"] = B * Sk * HKV * D * 2 * width / rate * 1e3
+        res[f"dense_{name}_ms"] = time_ms(lambda: attn_lt.attention(q, kk, vv, **kw))
+    res["dense_speedup"] = res["dense_bf16_ms"] / res["dense_fp8_ms"]
+    for name in ("bf16", "fp8"):
+        res[f"dense_{name}_roofline"] = res[f"roofline_{name}_ms"] / res[f"dense_{name}_ms"]
+    return res
+
+
+def errors(rng: random.Random) -> dict:
+    """Errors on a batch small enough for the FP64 reference (8 requests, up to 8k keys)."""
+    lengths = [rng.randrange(256, 8193) for _ in range(8)]
+    q, cu_q, cu_k, k, v, k8, kd, v8, vd = decode_batch(lengths)
+    kw = dict(max_seqlen_q=1, max_seqlen_k=max(lengths))
+    out8 = attn_lt.varlen_attention(q, k8, v8, cu_q, cu_k, k_descale=kd, v_descale=vd, **kw)
+    out16 = attn_lt.varlen_attention(q, k, v, cu_q, cu_k, **kw)
+    ref_fp8_values = varlen_reference(q, fp8_values(k8, kd), fp8_values(v8, vd), cu_q, cu_k)[0]
+    ref_bf16 = varlen_reference(q, k, v, cu_q, cu_k)[0]
+    return {"fp8_vs_its_values": rel_error(out8, ref_fp8_values), "fp8_vs_bf16_values": rel_error(out8, ref_bf16),
+            "bf16_vs_bf16_values": rel_error(out16, ref_bf16),
+            "quantization_alone": rel_error(ref_fp8_values, ref_bf16)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="bench-results")
+    a = ap.parse_args()
+    rng = random.Random(0)
+    res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
+    rate = copy_rate()
+    res["copy_TBs"] = rate / 1e12
+    res["dense8k"] = dense(64, 8192, rate)
+    res["equal8k"] = batch([8192] * 64, rate)
+    res["ragged64"] = batch([rng.randrange(256, 8193) for _ in range(64)], rate)
+    res["ragged16"] = batch([65536] + [rng.randrange(4096, 65537) for _ in range(15)], rate)
+    res["errors"] = errors(rng)
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "fp8_kv.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    print(f"{res['gpu']}: copy rate {res['copy_TBs']:.2f} TB/s; FP8 KV decode, Hq {HQ} / Hkv {HKV}, D {D}, bf16 q")
+    print("| batch | call | bf16 ms (roofline) | FP8 ms (roofline) | FP8 speed-up |")
+    r = res["dense8k"]
+    print(f"| B{r['B']} {r['lengths']} | attention() | {r['dense_bf16_ms']:.3f} ({r['dense_bf16_roofline']:.0%}) | "
+          f"{r['dense_fp8_ms']:.3f} ({r['dense_fp8_roofline']:.0%}) | {r['dense_speedup']:.2f}x |")
+    for name in ("equal8k", "ragged64", "ragged16"):
+        r = res[name]
+        for call in ("varlen", "paged16", "paged64"):
+            print(f"| B{r['B']} {r['lengths']} | {call} | {r[f'{call}_bf16_ms']:.3f} "
+                  f"({r[f'{call}_bf16_roofline']:.0%}) | {r[f'{call}_fp8_ms']:.3f} ({r[f'{call}_fp8_roofline']:.0%}) | "
+                  f"{r[f'{call}_speedup']:.2f}x |")
+    e = res["errors"]
+    print(f"error (relative, 8 ragged requests): FP8 vs FP64 of its values {e['fp8_vs_its_values']:.2e}; FP8 vs FP64 "
+          f"of the bf16 cache {e['fp8_vs_bf16_values']:.2e} (quantization alone {e['quantization_alone']:.2e}); "
+          f"bf16 call vs the same {e['bf16_vs_bf16_values']:.2e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
