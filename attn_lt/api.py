@@ -22,7 +22,8 @@ from .select import Decision, route_of, select
 from .validate import (FP8_KV_DTYPE, Case, address_alignment, check_kv_descale, check_options, check_out, check_sinks,
                        check_tensors, mask_alignment, out_shape)
 from .device import stream_queries
-from .fused import FusedLaunch, Program as FusedProgram, device_facts, fp8_decode_launch, fused_launch, stores_scores
+from .fused import (HEAD_DIM_PAIRS, WARP_SPLIT_ROWS, FusedLaunch, Program as FusedProgram, device_facts,
+                    fp8_decode_launch, fused_launch, stores_scores)
 
 log = logging.getLogger("attn_lt")
 
@@ -614,30 +615,40 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
     return res
 
 
-#: Rows a kv head (Sq x Hq / Hkv) up to which native/flash.cu runs decode blocks, which alone read FP8 caches.
-FP8_MAX_ROWS = 16
+#: Why an FP8-cache call runs where it runs (what explain says).
+FP8_WHY = ("an FP8 KV cache: native/flash.cu's decode blocks read its bytes and convert them to fp16 in registers "
+           "(q staged in fp16, FP32 sums)")
 
 
-def _attention_fp8(q, k, v, *, attn_mask, causal, scale, backend, return_lse, out, return_key_mass, key_mass_window,
-                   out_layout, window, softcap, sinks, k_descale, v_descale):
-    """:func:`attention` against an FP8 KV cache: native/flash.cu's decode blocks, which read the cache's bytes and
-    convert them to fp16 in registers, the keys split as :func:`attn_lt.fused.fused_launch` plans them."""
-    case = check_tensors(q, k, v, attn_mask, causal, scale, window=window, softcap=softcap, sinks=sinks, kv_fp8=True)
+def _fp8_case(q, k, v, attn_mask, causal, scale, window, softcap, sinks, backend, return_key_mass, key_mass_window,
+              out_layout, require_cuda: bool = True) -> Case:
+    """The case of a call against an FP8 KV cache, every rule of that path checked (TypeError / ValueError)."""
+    case = check_tensors(q, k, v, attn_mask, causal, scale, require_cuda, window=window, softcap=softcap,
+                         sinks=sinks, kv_fp8=True)
     check_options(out_layout=out_layout, return_key_mass=return_key_mass, key_mass_window=key_mass_window)
     if backend not in ("auto", "wmma"):
         raise ValueError(f"an FP8 KV cache runs on the fused decode blocks (backend 'auto' or 'wmma'), not {backend!r}")
     if return_key_mass:
         raise ValueError("return_key_mass is not available with an FP8 KV cache in attention() (paged_attention and "
                          "varlen_attention give it for one-row requests)")
-    rows = case.Sq * (case.Hq // case.Hkv)
-    if rows > FP8_MAX_ROWS or case.Dv != case.D or case.D not in (64, 128, 256):
-        raise ValueError(f"an FP8 KV cache runs on the decode blocks: at most {FP8_MAX_ROWS} query rows a kv head "
-                         f"(Sq x Hq / Hkv) and D = Dv in 64, 128, 256; got {case}")
+    if case.Sq * case.group > WARP_SPLIT_ROWS or (case.D, case.Dv) not in HEAD_DIM_PAIRS:
+        dims = ", ".join(str(d) for d, _ in HEAD_DIM_PAIRS)
+        raise ValueError(f"an FP8 KV cache runs on native/flash.cu's decode blocks: at most {WARP_SPLIT_ROWS} query "
+                         f"rows a kv head (Sq x Hq / Hkv) and D = Dv in {dims}; got {case}")
     for name, t in (("k", k), ("v", v)):
-        if any(st % 16 for st in t.stride()[:3]) or t.data_ptr() % 16:
+        if any(st % 16 for st in t.stride()[:3]) or case.ptr_align % 16:
             raise ValueError(f"{name} {tuple(t.shape)} (FP8) with strides {tuple(t.stride())} is not a layout the "
                              "kernels read: strides of whole 16-byte chunks (multiples of 16 elements), 16-byte "
                              "aligned")
+    return case
+
+
+def _attention_fp8(q, k, v, *, attn_mask, causal, scale, backend, return_lse, out, return_key_mass, key_mass_window,
+                   out_layout, window, softcap, sinks, k_descale, v_descale):
+    """:func:`attention` against an FP8 KV cache: native/flash.cu's decode blocks, which read the cache's bytes and
+    convert them to fp16 in registers, the keys split as :func:`attn_lt.fused.fp8_decode_launch` plans them."""
+    case = _fp8_case(q, k, v, attn_mask, causal, scale, window, softcap, sinks, backend, return_key_mass,
+                     key_mass_window, out_layout)
     if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
         raise NotImplementedError(_NO_BACKWARD)
     dev = q.device
@@ -701,6 +712,11 @@ def explain(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | Non
             return_key_mass: bool = False, key_mass_window: int | None = None, out_layout: str = "bhsd",
             window=None, softcap: float | None = None, sinks=None) -> Explanation:
     """What ``attention`` would do with these arguments (tensors on any device, "meta" included); no GPU work."""
+    if getattr(k, "dtype", None) == FP8_KV_DTYPE:
+        case = _fp8_case(q, k, v, attn_mask, causal, scale, window, softcap, sinks, backend, return_key_mass,
+                         key_mass_window, out_layout, require_cuda=False)
+        decision = Decision("wmma", (FP8_WHY,), (("lt", ("the long path takes no FP8 cache",)),))
+        return Explanation(case, decision, None, fused=fp8_decode_launch(case, device_facts()))
     case = check_tensors(q, k, v, attn_mask, causal, scale, require_cuda=False, window=window, softcap=softcap,
                          sinks=sinks)
     return explain_case(case, backend, workspace_bytes, threshold, algo_policy, return_key_mass, out_layout,

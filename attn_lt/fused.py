@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import math
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from . import native
 from .backends import Backend
@@ -262,7 +262,11 @@ def fp8_decode_launch(case: Case, facts: DeviceFacts | None = None) -> FusedLaun
     splits = split_count(blocks, facts.sms * per_sm, fill_first=False)
     while splits > 1 and splits * part > MAX_SPLIT_BYTES:
         splits //= 2
-    return fused_launch(case, facts, kernel="flash", splits=splits)
+    launch = fused_launch(case, facts, kernel="flash", splits=splits)
+    why = (f"an FP8 cache: {blocks} decode blocks for {facts.sms} SMs x {per_sm} CTAs, the keys' parts by the "
+           f"critical path")
+    return replace(launch, why=why + ("; no GPU here: planned for a 132-SM Hopper GPU"
+                                                  if facts is ASSUMED_DEVICE else ""))
 
 
 def fused_launch(case: Case, facts: DeviceFacts | None = None, *, kernel: str | None = None,

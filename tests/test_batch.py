@@ -397,3 +397,13 @@ def test_fp8_launch_refusals_without_touching_the_gpu():
     for change in (dict(Sq=5), dict(k_ss=136), dict(descale_sh=2), dict(kv_dtype=3), dict(k_descale=0x70002)):
         assert flash(**change)[0] == 10007, change
     assert flash()[1] == 10007  # the Hopper prefill kernel takes no FP8 K/V
+
+
+def test_explain_an_fp8_cache_without_a_gpu():
+    q = torch.empty(64, 32, 1, 128, dtype=torch.bfloat16, device="meta")
+    k = torch.empty(64, 8, 8192, 128, dtype=F8, device="meta")
+    e = attn_lt.explain(q, k, k)
+    assert e.decision.backend == "wmma" and "FP8 KV cache" in str(e) and e.fused.kernel == "flash"
+    assert e.fused.splits > 1  # 512 blocks are 1.3 waves of three CTAs an SM: the keys split
+    with pytest.raises(ValueError, match="at most 16 query rows"):
+        attn_lt.explain(torch.empty(64, 32, 8, 128, dtype=torch.bfloat16, device="meta"), k, k)

@@ -6,6 +6,8 @@ in the same run, and the FP8 call's error.
 1. **equal lengths**: B 64, Hq 32 / Hkv 8, D 128, every request 8k keys: ``attention()`` on a dense cache, and the
    batch calls.
 2. **ragged decode**: B 64, lengths uniform in [256, 8192]; and B 16, lengths in [4k, 64k] (the serving issue's).
+   Paged caches in vLLM's layout (num_blocks, block_size, Hkv, D) with blocks of 16 and 64, and blocks of 16 in
+   FlashInfer's HND layout (a block's rows of one head contiguous; the same logical tensor, other strides).
 3. **error**: the FP8 call against the FP64 attention of the cache's FP8 values (the kernel's own error) and of the
    bf16 values it was quantized from (what quantizing costs), beside the bf16 call's error against the latter.
 
@@ -59,14 +61,19 @@ def batch(lengths: list[int], rate: float) -> dict:
         res[f"roofline_{name}_ms"] = total * HKV * D * 2 * width / rate * 1e3
         res[f"varlen_{name}_ms"] = time_ms(lambda: attn_lt.varlen_attention(q, kk, vv, cu_q, cu_k, max_seqlen_q=1,
                                                                             max_seqlen_k=smax, **kw))
-    for bs in (16, 64):
+    for bs, hnd in ((16, False), (64, False), (16, True)):
         kc, vc, table, seqlens = random_pages(lengths, bs, HKV, D, DT)
+        if hnd:  # FlashInfer's HND layout: a block's rows of one head contiguous (the same logical cache)
+            kc, vc = (t.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3) for t in (kc, vc))
         kc8, kcd = fp8_kv(kc)
         vc8, vcd = fp8_kv(vc)
-        res[f"paged{bs}_bf16_ms"] = time_ms(lambda: attn_lt.paged_attention(q, kc, vc, table, seqlens))
-        res[f"paged{bs}_fp8_ms"] = time_ms(lambda: attn_lt.paged_attention(q, kc8, vc8, table, seqlens,
-                                                                           k_descale=kcd, v_descale=vcd))
-    for name in ("varlen", "paged16", "paged64"):
+        if hnd:
+            kc8, vc8 = (t.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3) for t in (kc8, vc8))
+        name = f"paged{bs}" + ("_hnd" if hnd else "")
+        res[f"{name}_bf16_ms"] = time_ms(lambda: attn_lt.paged_attention(q, kc, vc, table, seqlens))
+        res[f"{name}_fp8_ms"] = time_ms(lambda: attn_lt.paged_attention(q, kc8, vc8, table, seqlens,
+                                                                        k_descale=kcd, v_descale=vcd))
+    for name in ("varlen", "paged16", "paged64", "paged16_hnd"):
         res[f"{name}_speedup"] = res[f"{name}_bf16_ms"] / res[f"{name}_fp8_ms"]  # tokens a second, FP8 / bf16
         res[f"{name}_fp8_roofline"] = res["roofline_fp8_ms"] / res[f"{name}_fp8_ms"]
         res[f"{name}_bf16_roofline"] = res["roofline_bf16_ms"] / res[f"{name}_bf16_ms"]
@@ -128,7 +135,7 @@ def main() -> int:
           f"{r['dense_fp8_ms']:.3f} ({r['dense_fp8_roofline']:.0%}) | {r['dense_speedup']:.2f}x |")
     for name in ("equal8k", "ragged64", "ragged16"):
         r = res[name]
-        for call in ("varlen", "paged16", "paged64"):
+        for call in ("varlen", "paged16", "paged64", "paged16_hnd"):
             print(f"| B{r['B']} {r['lengths']} | {call} | {r[f'{call}_bf16_ms']:.3f} "
                   f"({r[f'{call}_bf16_roofline']:.0%}) | {r[f'{call}_fp8_ms']:.3f} ({r[f'{call}_fp8_roofline']:.0%}) | "
                   f"{r[f'{call}_speedup']:.2f}x |")
