@@ -15,6 +15,7 @@
 #   sanitize-scores  compute-sanitizer on native/scores_sm90.cu
 #   batch      serving batches (bench_batch $BATCH_ARGS)          variants  window, sinks, softcap (bench_variants)
 #   mass       the attention mass per key (bench_key_mass)        sanitize-serving  memcheck: batches, mass, variants
+#   fp8        FP8 KV caches against bf16 (bench_fp8_kv)
 set -uo pipefail
 OUT=${OUT:-results}
 mkdir -p "$OUT"
@@ -71,6 +72,7 @@ for p in ${PHASES:-tests}; do
     batch) phase batch 200 python3 tools/bench_batch.py ${BATCH_ARGS:-} --out "$OUT/batch" ;;
     variants) phase variants 200 python3 tools/bench_variants.py --out "$OUT/variants" ;;
     mass) phase mass 200 python3 tools/bench_key_mass.py --reps 5 --out "$OUT/mass" ;;
+    fp8) phase fp8 200 python3 tools/bench_fp8_kv.py --out "$OUT/fp8" ;;
     sanitize-serving)
       phase memcheck-batch 120 compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/dev/sanitize_batch.py
       phase memcheck-mass 120 compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/dev/sanitize_mass.py
