@@ -454,6 +454,9 @@ def plan(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | None =
     whose ``run`` takes tensors of the same shapes, strides, dtypes and device. Arguments as in
     :func:`attention`; pass ``out`` if ``run`` will write into a preallocated output (its alignment counts), and
     ``sinks`` if the runs will (they pass theirs)."""
+    if getattr(k, "dtype", None) == FP8_KV_DTYPE:
+        raise ValueError("plan() takes no FP8 KV cache yet: attention() runs one (keeping its launch per case), as do "
+                         "varlen_attention, paged_attention and BatchStep")
     case = check_tensors(q, k, v, attn_mask, causal, scale, window=window, softcap=softcap, sinks=sinks)
     out_align = 256 if out is None else address_alignment(out.data_ptr())
     sig = call_signature(q, k, v, attn_mask, out_align)

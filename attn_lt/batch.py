@@ -546,18 +546,35 @@ def _launch(plan: BatchPlan, q, k, v, out, lse, cu_q, cu_k, seqlens_k, block_tab
         _set_metadata(a, cu_q, cu_k, seqlens_k, block_table)
         _set_variant(a, *variant)
         _set_kv(a, kv)
-        if mass is not None:  # one-row requests' scores from the decode blocks, laid out as the mass
-            a.f.scores, a.f.s_sh = mass.data_ptr(), mass.stride(-2)
-            a.f.s_sb = mass.stride(0) if block_table is not None else 0
-        stream = raw_stream(device.index)
+        _run(a, plan, raw_stream(device.index), block_table is not None, mass, mass_window)
+        if check:
+            check_batch_errors(device)
+
+
+def _run(a, plan: BatchPlan, stream: int, paged: bool, mass=None, mass_window: int | None = None) -> None:
+    """Launch a batch's arguments ``a`` on ``stream``; with ``mass`` (FP32, as :func:`_mass_tensor` makes it), the
+    mass per key after the call: one-row requests' from the scores their decode blocks store there, the others' by a
+    pass over their keys (each request's last ``mass_window`` rows; None: all)."""
+    if mass is not None:  # one-row requests' scores from the decode blocks, laid out as the mass
+        a.f.scores, a.f.s_sh = mass.data_ptr(), mass.stride(-2)
+        a.f.s_sb = mass.stride(0) if paged else 0
+    try:
         native.batch(a, stream)
         if mass is not None:
             m = native.BatchMassArgs()
             m.b, m.mass, m.from_scores = a, mass.data_ptr(), 1
             m.window = plan.max_seqlen_q if mass_window is None else min(mass_window, plan.max_seqlen_q)
             native.batch_key_mass(m, stream)
-        if check:
-            check_batch_errors(device)
+    finally:
+        a.f.scores = None  # this call's only (a BatchStep's arguments serve its later calls)
+
+
+def _mass_tensor(plan: BatchPlan, total_k: int, device, every_row_written: bool):
+    """The mass per key's FP32 tensor: (Hq, total_k) for packed keys (columns no request owns stay 0), else
+    (requests, Hq, max_seqlen_k); zeroed unless every row is written (a paged batch of one query row a request)."""
+    shape = (plan.Hq, total_k) if plan.kind == "varlen" else (plan.requests, plan.Hq, plan.max_seqlen_k)
+    alloc = torch.empty if every_row_written and plan.kind == "paged" else torch.zeros
+    return alloc(shape, dtype=torch.float32, device=device)
 
 
 def _no_keys(out, lse, sinks) -> None:
@@ -642,11 +659,11 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
     kv = check_kv_descale(k_descale, v_descale, _kv_fp8(k), Hkv, device)
     q, k, v = _readable("q", q, True), _readable("k", k, True), _readable("v", v, True)
     out, lse = _outputs(q, Hq, D, out, return_lse or want_mass)
-    mass = torch.zeros((Hq, k.shape[0]), dtype=torch.float32, device=device) if want_mass else None
+    plan = plan_batch(B, Hq, Hkv, D, max_seqlen_q=max_q, max_seqlen_k=max_k, facts=device_facts(device.index))
+    mass = _mass_tensor(plan, k.shape[0], device, False) if want_mass else None
     if k.shape[0] == 0:  # no keys at all: every request's rows are zeros (only the lengths are not checked)
         _no_keys(out, lse, variant[2])
         return _finish(out, lse, return_lse, mass)
-    plan = plan_batch(B, Hq, Hkv, D, max_seqlen_q=max_q, max_seqlen_k=max_k, facts=device_facts(device.index))
     _launch(plan, q, k, v, out, lse, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), None, None, dtype,
             scale, causal, device, check, variant, mass, key_mass_window, kv)
     return _finish(out, lse, return_lse, mass)
@@ -730,11 +747,10 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
     variant = _variant(window, softcap, sinks, causal, q, Dv != D)
     kv = check_kv_descale(k_descale, v_descale, _kv_fp8(k_cache), Hkv, device)
     out, lse = _outputs(q, Hq, Dv, out, return_lse or want_mass)
-    # every row of the mass is written, but that of a request without query rows (possible with cu_seqlens_q): zeros
-    alloc = torch.empty if cu_seqlens_q is None else torch.zeros
-    mass = alloc((B, Hq, max_k), dtype=torch.float32, device=device) if want_mass else None
     plan = plan_batch(B, Hq, Hkv, D, max_seqlen_q=max_q, max_seqlen_k=max_k, block_size=block_size, Dv=Dv,
                       facts=facts)
+    # every row of the mass is written, but that of a request without query rows (possible with cu_seqlens_q)
+    mass = _mass_tensor(plan, 0, device, cu_seqlens_q is None) if want_mass else None
     _launch(plan, q, k_cache, v_cache, out, lse, None if cu_seqlens_q is None else cu_seqlens_q.contiguous(), None,
             seqlens_k.contiguous(), block_table, dtype, scale, causal, device, check, variant, mass, key_mass_window,
             kv)
@@ -875,14 +891,17 @@ class BatchStep:
         self._requests = B
 
     def run(self, q, k_cache, v_cache, *, out=None, scale: float | None = None, return_lse: bool = False,
-            window=None, softcap: float | None = None, sinks=None, k_descale=None, v_descale=None):
+            window=None, softcap: float | None = None, sinks=None, k_descale=None, v_descale=None,
+            return_key_mass: bool = False, key_mass_window: int | None = None):
         """Attention of the planned requests: q (total_q, Hq, D) packed as planned; k_cache, v_cache
         (num_blocks, block_size, Hkv, D / Dv) (varlen: k, v (total_k, Hkv, D)) in the step's ``kv_dtype``; ``out``
         (total_q, Hq, Dv) to write into; ``scale`` (default: the step's); ``window``, ``softcap``, ``sinks``: this
         layer's attention variants (as :func:`attn_lt.attention` takes them); ``k_descale`` / ``v_descale``: an FP8
         cache's factors (as :func:`paged_attention` takes them; tensors keep a captured graph valid when they
-        change). Launch only (no sync, no allocation but out and lse when not given). Returns out, or
-        ``(out, lse)`` with lse FP32 (Hq, total_q)."""
+        change); ``return_key_mass`` / ``key_mass_window``: also the mass per key, as :func:`paged_attention` and
+        :func:`varlen_attention` return it (paged: (max_requests, Hq, max_seqlen_k), zeros for requests past the
+        planned ones). Launch only (no sync, no allocation but out, lse and the mass when not given). Returns out,
+        or ``(out, lse)`` with lse FP32 (Hq, total_q); the mass comes last."""
         if not self._requests:
             raise ValueError("BatchStep.run() before plan(): plan the step's requests first")
         paged = self.block_size > 0
@@ -896,28 +915,32 @@ class BatchStep:
             self._layout = layout if same else None  # (a copied q is checked and copied again next time)
             q, k_cache, v_cache = checked
         p = self._plan
+        want_mass = _mass_options(return_key_mass, key_mass_window, p.latent)
+        if want_mass:
+            _check_fp8(self.fp8, p.max_seqlen_q, p.Hq, p.Hkv, p.D, p.Dv, True)
         if out is not None:
             _check_out_type(out, q.dtype)
             out = _check_out(out, (q.shape[0], p.Hq, p.Dv), q.dtype, self.device)
-        out, lse = _outputs(q, p.Hq, p.Dv, out, return_lse)
+        out, lse = _outputs(q, p.Hq, p.Dv, out, return_lse or want_mass)
+        mass = _mass_tensor(p, 0 if paged else k_cache.shape[0], self.device, False) if want_mass else None
         variant = (None, 0.0, None)
         if window is not None or softcap is not None or sinks is not None:
             variant = _variant(window, softcap, sinks, self.causal, q, p.latent)
         kv = check_kv_descale(k_descale, v_descale, self.fp8, p.Hkv, self.device)
         if not paged and k_cache.shape[0] == 0:
             _no_keys(out, lse, variant[2])
-            return _finish(out, lse, return_lse)
+            return _finish(out, lse, return_lse, mass)
         a = self._args
         a.f.scale = self.scale if scale is None else check_scale(scale)
         _set_tensors(a, q, k_cache, v_cache, out, lse, paged)
         _set_variant(a, *variant)
         _set_kv(a, kv)
         if self._current_device() == self.device.index:
-            native.batch(a, self._raw_stream(self.device.index))
+            _run(a, p, self._raw_stream(self.device.index), paged, mass, key_mass_window)
         else:
             with torch.cuda.device(self.device):
-                native.batch(a, self._raw_stream(self.device.index))
-        return _finish(out, lse, return_lse)
+                _run(a, p, self._raw_stream(self.device.index), paged, mass, key_mass_window)
+        return _finish(out, lse, return_lse, mass)
 
     def _check_run(self, q, k_cache, v_cache, paged: bool) -> tuple:
         """run()'s checks of q and the caches: TypeError / ValueError, or the tensors as the kernels read them (q

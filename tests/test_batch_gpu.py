@@ -603,3 +603,31 @@ def test_fp8_step_graph_replay():
         eager = attn_lt.paged_attention(q, k8, v8, tab, lens, k_descale=kd, v_descale=vd)
         assert rel_error(out, eager) < 1e-2, f"iteration {it}"
     attn_lt.check_batch_errors()
+
+
+@pytest.mark.parametrize("paged", [True, False])
+def test_step_returns_the_mass(paged):
+    """BatchStep.run(return_key_mass=True): the mass of the one-call form on the same requests (a decode row, a
+    one-key request, one without keys, a prefill chunk summed over its last 8 rows); requests past the planned ones
+    get zeros."""
+    dtype, Hq, Hkv, D, bs, cap = torch.bfloat16, 16, 4, 64, 16, 6
+    k_lens, q_lens = [700, 1, 0, 300], [1, 1, 1, 20]
+    kw = dict(max_seqlen_q=32, max_seqlen_k=1024)
+    step = attn_lt.BatchStep(cap, Hq, Hkv, D, block_size=bs if paged else 0, dtype=dtype, **kw)
+    q = torch.randn(sum(q_lens), Hq, D, dtype=dtype, device="cuda")
+    if paged:
+        kc, vc, table, seqlens = random_pages(k_lens, bs, Hkv, D, dtype)
+        step.plan(cu(q_lens), seqlens, table)
+        _, ref = attn_lt.paged_attention(q, kc, vc, table, seqlens, cu_seqlens_q=cu(q_lens), return_key_mass=True,
+                                         key_mass_window=8, **kw)
+    else:
+        kc, vc = (torch.randn(sum(k_lens), Hkv, D, dtype=dtype, device="cuda") for _ in range(2))
+        step.plan(cu(q_lens), cu_seqlens_k=cu(k_lens))
+        _, ref = attn_lt.varlen_attention(q, kc, vc, cu(q_lens), cu(k_lens), causal=True, return_key_mass=True,
+                                          key_mass_window=8, **kw)
+    out, mass = step.run(q, kc, vc, return_key_mass=True, key_mass_window=8)
+    got = mass[:len(k_lens)] if paged else mass
+    assert not torch.isnan(out).any() and torch.allclose(got, ref, rtol=1e-3, atol=1e-6)
+    if paged:
+        assert (mass[len(k_lens):] == 0).all()
+    attn_lt.check_batch_errors()
