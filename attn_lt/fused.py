@@ -263,10 +263,10 @@ def fp8_decode_launch(case: Case, facts: DeviceFacts | None = None) -> FusedLaun
     while splits > 1 and splits * part > MAX_SPLIT_BYTES:
         splits //= 2
     launch = fused_launch(case, facts, kernel="flash", splits=splits)
-    why = (f"an FP8 cache: {blocks} decode blocks for {facts.sms} SMs x {per_sm} CTAs, the keys' parts by the "
-           f"critical path")
-    return replace(launch, why=why + ("; no GPU here: planned for a 132-SM Hopper GPU"
-                                                  if facts is ASSUMED_DEVICE else ""))
+    why = f"an FP8 cache: {blocks} decode blocks for {facts.sms} SMs x {per_sm} CTAs, parts by the critical path"
+    if facts is ASSUMED_DEVICE:
+        why += "; no GPU here: planned for a 132-SM Hopper GPU"
+    return replace(launch, why=why)
 
 
 def fused_launch(case: Case, facts: DeviceFacts | None = None, *, kernel: str | None = None,
