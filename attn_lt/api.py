@@ -22,8 +22,8 @@ from .select import Decision, route_of, select
 from .validate import (FP8_KV_DTYPE, Case, address_alignment, check_kv_descale, check_options, check_out, check_sinks,
                        check_tensors, mask_alignment, out_shape)
 from .device import stream_queries
-from .fused import (HEAD_DIM_PAIRS, WARP_SPLIT_ROWS, FusedLaunch, Program as FusedProgram, device_facts,
-                    fp8_decode_launch, fused_launch, stores_scores)
+from .fused import (FusedLaunch, Program as FusedProgram, device_facts, fp8_decode_launch, fp8_refusal, fused_launch,
+                    stores_scores)
 
 log = logging.getLogger("attn_lt")
 
@@ -634,10 +634,9 @@ def _fp8_case(q, k, v, attn_mask, causal, scale, window, softcap, sinks, backend
     if return_key_mass:
         raise ValueError("return_key_mass is not available with an FP8 KV cache in attention() (paged_attention and "
                          "varlen_attention give it for one-row requests)")
-    if case.Sq * case.group > WARP_SPLIT_ROWS or (case.D, case.Dv) not in HEAD_DIM_PAIRS:
-        dims = ", ".join(str(d) for d, _ in HEAD_DIM_PAIRS)
-        raise ValueError(f"an FP8 KV cache runs on native/flash.cu's decode blocks: at most {WARP_SPLIT_ROWS} query "
-                         f"rows a kv head (Sq x Hq / Hkv) and D = Dv in {dims}; got {case}")
+    why = fp8_refusal(case.Sq * case.group, case.D, case.Dv)
+    if why is not None:
+        raise ValueError(f"{why}; {case}")
     for name, t in (("k", k), ("v", v)):
         if any(st % 16 for st in t.stride()[:3]) or case.ptr_align % 16:
             raise ValueError(f"{name} {tuple(t.shape)} (FP8) with strides {tuple(t.stride())} is not a layout the "

@@ -27,7 +27,7 @@ import torch
 
 from . import native
 from .device import stream_queries
-from .fused import ASSUMED_DEVICE, MLA_DECODE, MLA_ROWS, DeviceFacts, device_facts
+from .fused import ASSUMED_DEVICE, MLA_DECODE, MLA_ROWS, DeviceFacts, device_facts, fp8_refusal
 from .validate import FP8_KV_DTYPE, check_causal, check_kv_descale, check_options, check_scale, check_variants
 
 log = logging.getLogger("attn_lt")
@@ -343,12 +343,9 @@ def _check_fp8(fp8: bool, max_q: int, Hq: int, Hkv: int, D: int, Dv: int, want_m
     decode, and the mass per key only from one-row requests' stored scores (ValueError otherwise)."""
     if not fp8:
         return
-    if Dv != D:
-        raise ValueError(f"an FP8 KV cache is not available for MLA decode (head dims {D}/{Dv})")
-    if max_q * (Hq // Hkv) > SMALL_ROWS:
-        raise ValueError(f"an FP8 KV cache runs on the decode blocks: at most {SMALL_ROWS} query rows a kv head "
-                         f"(max_seqlen_q x Hq / Hkv); got max_seqlen_q {max_q} x {Hq // Hkv} (prefill against an FP8 "
-                         "cache is not supported yet)")
+    why = fp8_refusal(max_q * (Hq // Hkv), D, Dv)
+    if why is not None:
+        raise ValueError(f"{why}: max_seqlen_q {max_q} x {Hq // Hkv}")
     if want_mass and max_q != 1:
         raise ValueError("return_key_mass with an FP8 KV cache needs one query row a request (max_seqlen_q 1)")
 
@@ -555,16 +552,18 @@ def _run(a, plan: BatchPlan, stream: int, paged: bool, mass=None, mass_window: i
     """Launch a batch's arguments ``a`` on ``stream``; with ``mass`` (FP32, as :func:`_mass_tensor` makes it), the
     mass per key after the call: one-row requests' from the scores their decode blocks store there, the others' by a
     pass over their keys (each request's last ``mass_window`` rows; None: all)."""
-    if mass is not None:  # one-row requests' scores from the decode blocks, laid out as the mass
-        a.f.scores, a.f.s_sh = mass.data_ptr(), mass.stride(-2)
-        a.f.s_sb = mass.stride(0) if paged else 0
+    if mass is None:
+        native.batch(a, stream)
+        return
+    # one-row requests' scores from the decode blocks, laid out as the mass
+    a.f.scores, a.f.s_sh = mass.data_ptr(), mass.stride(-2)
+    a.f.s_sb = mass.stride(0) if paged else 0
     try:
         native.batch(a, stream)
-        if mass is not None:
-            m = native.BatchMassArgs()
-            m.b, m.mass, m.from_scores = a, mass.data_ptr(), 1
-            m.window = plan.max_seqlen_q if mass_window is None else min(mass_window, plan.max_seqlen_q)
-            native.batch_key_mass(m, stream)
+        m = native.BatchMassArgs()
+        m.b, m.mass, m.from_scores = a, mass.data_ptr(), 1
+        m.window = plan.max_seqlen_q if mass_window is None else min(mass_window, plan.max_seqlen_q)
+        native.batch_key_mass(m, stream)
     finally:
         a.f.scores = None  # this call's only (a BatchStep's arguments serve its later calls)
 
@@ -619,9 +618,9 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
     multiple of Hkv (GQA read in place). k and v may be an FP8 KV cache (torch.float8_e4m3fn, both) with
     ``k_descale`` / ``v_descale`` (None, a number, or FP32 one value or (Hkv,) on the device: k's values are its
     elements times k_descale): decode rows only, at most 16 query rows a kv head (max_seqlen_q x Hq / Hkv).
-    ``cu_seqlens_q`` / ``cu_seqlens_k``: int32 (B + 1,) on q's device, request b owning rows [cu[b], cu[b + 1]). ``max_seqlen_q`` / ``max_seqlen_k``: host ints, the capacity the
-    launch is planned for (any lengths up to them run without re-planning; a CUDA graph captured with them replays
-    for any such lengths). ``causal``: bottom-right within each request. ``out``: (total_q, Hq, D) to write into.
+    ``cu_seqlens_q`` / ``cu_seqlens_k``: int32 (B + 1,) on q's device, request b owning rows [cu[b], cu[b + 1]).
+    ``max_seqlen_q`` / ``max_seqlen_k``: host ints, the capacity the launch is planned for (any lengths up to them
+    run without re-planning; a CUDA graph captured with them replays for any such lengths). ``causal``: bottom-right within each request. ``out``: (total_q, Hq, D) to write into.
     ``window``, ``softcap``, ``sinks``: the attention variants, as :func:`attn_lt.attention` takes them (the window
     within each request).
 

@@ -250,6 +250,19 @@ def split_count(blocks: int, slots: int, fill_first: bool = True) -> int:
 FP8_CTAS_PER_SM = 3
 
 
+def fp8_refusal(rows: int, D: int, Dv: int) -> str | None:
+    """Why an FP8 KV cache cannot run ``rows`` query rows a kv head (query rows x Hq / Hkv; a batch: at capacity) at
+    head dims D / Dv, or None: only native/flash.cu's decode blocks read one (native/flash.cu's decode_rows and
+    fp8_ok hold the same rule)."""
+    if (D, Dv) not in HEAD_DIM_PAIRS:
+        dims = ", ".join(str(d) for d, _ in HEAD_DIM_PAIRS)
+        return f"an FP8 KV cache is not available for MLA or head dims other than D = Dv in {dims}; got {D}/{Dv}"
+    if rows > WARP_SPLIT_ROWS:
+        return (f"an FP8 KV cache runs on the decode blocks: at most {WARP_SPLIT_ROWS} query rows a kv head (query "
+                f"rows x Hq / Hkv); got {rows} (prefill against an FP8 cache is not supported yet)")
+    return None
+
+
 def fp8_decode_launch(case: Case, facts: DeviceFacts | None = None) -> FusedLaunch:
     """The launch of a dense call against an FP8 KV cache (at most 16 rows a kv head: native/flash.cu's decode
     blocks): its keys split by :func:`split_count`'s critical path for the CTAs those blocks run an SM, even where
