@@ -88,12 +88,13 @@ def prefers_fused_mass(case: Case, key_mass_window: int | None) -> bool:
     ``key_mass_window`` rows (None: all), both able to run it. The long path computes every row's scores, the pass
     only the summed rows', against every key tile: for a decode step (at most :data:`DECODE_ROWS` rows a kv head)
     the long path is faster (H100, B8 H32/8 Sk 32k: 0.56 ms against 0.78; H200, where the decode blocks store the
-    scores (:func:`stores_scores`): 0.338 against 0.363, the plain call 0.299), and over every row at head dim 256 too
-    (B1 H32 S16k: 41.8 ms against 68.8); a window of rows at any head dim, or every row at 64 and 128, takes the
-    pass (B1 H32/8 S16k causal D 128, every row: 15.2 ms against 22.0; the last 64 rows: 3.5)."""
+    scores (:func:`stores_scores`): 0.338 against 0.363, the plain call 0.299). Every row at head dim 256 takes the
+    pass where the Hopper kernel runs (native/mass_sm90.cu; H200, B1 H32 S16k: 20.8 ms against 35.5) and the long
+    path elsewhere (the sm_80 pass: 68.8 ms on the H100, against 41.8); a window of rows at any head dim, or every
+    row at 64 and 128, takes the pass."""
     if case.Sq * case.group <= DECODE_ROWS:
         return False
-    return (key_mass_window is not None and key_mass_window < case.Sq) or case.D <= 128
+    return (key_mass_window is not None and key_mass_window < case.Sq) or case.D <= 128 or hopper_kernel()
 
 
 def stores_scores(case: Case, kernel: str) -> bool:

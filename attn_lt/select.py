@@ -118,11 +118,12 @@ class Decision:
 
 #: Why a call that asks for the attention mass per key takes each path.
 KEY_MASS_WHY = {"wmma": "the attention mass per key: the fused call, then a pass over its keys that sums each row's "
-                        "probabilities from the call's LSE (native/flash.cu attn_lt_key_mass)",
+                        "probabilities from the call's LSE (native/flash.cu attn_lt_key_mass; on Hopper, "
+                        "native/mass_sm90.cu's wgmma pass for many rows)",
                 "lt": "the attention mass per key comes from the long path's probabilities",
                 "lt_faster": "the attention mass per key: the long path's probabilities, faster here than the fused "
-                             "path's pass (a few rows a kv head, or every row at head dim 256: "
-                             "attn_lt.fused.prefers_fused_mass)"}
+                             "path's pass (a few rows a kv head, or every row at head dim 256 without the Hopper "
+                             "pass: attn_lt.fused.prefers_fused_mass)"}
 
 
 def select(case: Case, backend: str = "auto", threshold: int | None = None, key_mass: bool = False,

@@ -222,7 +222,8 @@ typedef struct attn_lt_batch_args {
     int64_t workspace_bytes;    /* bytes at o_part (with more than one part) */
 } attn_lt_batch_args;
 
-/* The attention mass per key of a finished fused call (native/flash.cu, sm_80 and later): mass[b][h][j] (FP32
+/* The attention mass per key of a finished fused call (native/flash.cu, sm_80 and later; on an sm_90 device, the
+ * summed rows of a head filling at least one of its tiles and no mask, native/mass_sm90.cu's pass): mass[b][h][j] (FP32
  * (B, Hq, Sk) contiguous, every element written) = the sum over query rows i in [q0, Sq) of head h of
  * P = exp(s(i, j) - lse(i)), s the scaled score after softcap and mask, and P 0 for keys the row does not see
  * (causal, window, bool mask, the key tail). f carries the forward call's arguments: q, k, their strides, the
@@ -237,6 +238,10 @@ typedef struct attn_lt_mass_args {
                              (attn_lt_flash_args::scores, s_sb = Hq Sk, s_sh = Sk): P from them, in place */
 } attn_lt_mass_args;
 int attn_lt_key_mass(const attn_lt_mass_args* args, void* stream);
+/* native/mass_sm90.cu: attn_lt_key_mass's Hopper pass, for arguments attn_lt_key_mass has checked. It returns
+ * cudaErrorNotSupported, having done nothing, where it does not run them (no sm_90 device or sm_90a image, a mask,
+ * FP8 K/V, from_scores, strides TMA refuses); attn_lt_key_mass then runs its own kernel. */
+int attn_lt_key_mass_sm90(const attn_lt_mass_args* args, void* stream);
 
 /* The attention mass per key of a finished serving batch (attn_lt_batch_fwd with b.f.lse set, FP32 (Hq, total_q)):
  * for each request and query head, the sum over its last `window` query rows (all of them when it has fewer) of

@@ -1050,6 +1050,9 @@ int launch_batch(const attn_lt_batch_args& a, cudaStream_t stream) {
 // plain call with the mass of every row, against 4.0x with one tile and two stages); at D 128 and 256 one tile and
 // two stages, which keep two CTAs an SM at D 256 (5.1x against 8.2x) and four at D 128 (the registers).
 constexpr int kMassCols = 64;  // query rows (MMA columns) a stage
+// Summed rows a head from which attn_lt_key_mass takes the Hopper pass (native/mass_sm90.cu: query tiles of one
+// head, 128 rows at D 64 and 128); fewer rows, packed over the group's heads here, take this kernel.
+constexpr int64_t kMassSm90Rows = 128;
 template <int D>
 __host__ __device__ constexpr int mass_mt() { return D == 64 ? 2 : 1; }  // m16 key tiles a warp
 template <int D>
@@ -1515,6 +1518,10 @@ extern "C" int attn_lt_key_mass(const attn_lt_mass_args* m, void* stream) {
     if ((a->Sq + 8) * (a->Hq / a->Hkv) >= (1LL << 30)) return ATTN_LT_ERR_LENGTH;
     if (reinterpret_cast<uintptr_t>(a->lse) % 4 || reinterpret_cast<uintptr_t>(m->mass) % 4) return ATTN_LT_ERR_ALIGNMENT;
     if ((a->mask_dtype != ATTN_LT_NONE) != (a->mask != nullptr)) return ATTN_LT_ERR_MASK;
+    if (a->Sq - m->q0 >= kMassSm90Rows) {  // the Hopper pass where it runs these arguments
+        const int err = attn_lt_key_mass_sm90(m, stream);
+        if (err != static_cast<int>(cudaErrorNotSupported)) return err;
+    }
     return launch_mass_of<false>(*m, static_cast<cudaStream_t>(stream));
 }
 

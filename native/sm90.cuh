@@ -180,26 +180,42 @@ __device__ __forceinline__ void wgmma_ss(float* d, uint64_t da, uint64_t db, int
     }
 }
 
-// D (m64 x N, f32) += A (m64 x k16, registers) * B (k16 x N, shared, N-major: imm-trans-b = 1).
-#define WGMMA_RS(NN, TY, REGS, ACC, A0, A1, A2, A3, IB, IS)                                                   \
+// D (m64 x N, f32) = [D if scale_d] + A (m64 x k16, registers) * B (k16 x N, shared; imm-trans-b TB: 1 N-major,
+// 0 K-major).
+#define WGMMA_RS(NN, TY, TB, REGS, ACC, A0, A1, A2, A3, IB, IS)                                               \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #IS ", 0;\n"                                            \
                  "wgmma.mma_async.sync.aligned.m64n" #NN "k16.f32." TY "." TY " {" REGS "}, {%" #A0 ", %" #A1 \
-                 ", %" #A2 ", %" #A3 "}, %" #IB ", p, 1, 1, 1;\n}\n"                                          \
+                 ", %" #A2 ", %" #A3 "}, %" #IB ", p, 1, 1, " #TB ";\n}\n"                                     \
                  : ACC                                                                                         \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1))
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d))
+// D += A (registers) * B (N-major): P V.
 template <int N, typename T>
 __device__ __forceinline__ void wgmma_rs(float* d, const uint32_t* a, uint64_t db) {
     constexpr bool bf16 = std::is_same<T, __nv_bfloat16>::value;
     static_assert(N == 64 || N == 128 || N == 256, "head dim");
+    const int scale_d = 1;
     if constexpr (N == 64) {
-        if constexpr (bf16) WGMMA_RS(64, "bf16", WG_D32, WG_ACC32(d, 0), 32, 33, 34, 35, 36, 37);
-        else WGMMA_RS(64, "f16", WG_D32, WG_ACC32(d, 0), 32, 33, 34, 35, 36, 37);
+        if constexpr (bf16) WGMMA_RS(64, "bf16", 1, WG_D32, WG_ACC32(d, 0), 32, 33, 34, 35, 36, 37);
+        else WGMMA_RS(64, "f16", 1, WG_D32, WG_ACC32(d, 0), 32, 33, 34, 35, 36, 37);
     } else if constexpr (N == 128) {
-        if constexpr (bf16) WGMMA_RS(128, "bf16", WG_D64, WG_ACC64(d), 64, 65, 66, 67, 68, 69);
-        else WGMMA_RS(128, "f16", WG_D64, WG_ACC64(d), 64, 65, 66, 67, 68, 69);
+        if constexpr (bf16) WGMMA_RS(128, "bf16", 1, WG_D64, WG_ACC64(d), 64, 65, 66, 67, 68, 69);
+        else WGMMA_RS(128, "f16", 1, WG_D64, WG_ACC64(d), 64, 65, 66, 67, 68, 69);
     } else {
-        if constexpr (bf16) WGMMA_RS(256, "bf16", WG_D128, WG_ACC128(d), 128, 129, 130, 131, 132, 133);
-        else WGMMA_RS(256, "f16", WG_D128, WG_ACC128(d), 128, 129, 130, 131, 132, 133);
+        if constexpr (bf16) WGMMA_RS(256, "bf16", 1, WG_D128, WG_ACC128(d), 128, 129, 130, 131, 132, 133);
+        else WGMMA_RS(256, "f16", 1, WG_D128, WG_ACC128(d), 128, 129, 130, 131, 132, 133);
+    }
+}
+// D = [D if scale_d] + A (registers) * B (K-major): K Q^T with the keys' fragments held in registers.
+template <int N, typename T>
+__device__ __forceinline__ void wgmma_rs_kmajor(float* d, const uint32_t* a, uint64_t db, int scale_d) {
+    constexpr bool bf16 = std::is_same<T, __nv_bfloat16>::value;
+    static_assert(N == 64 || N == 128, "query tile width");
+    if constexpr (N == 64) {
+        if constexpr (bf16) WGMMA_RS(64, "bf16", 0, WG_D32, WG_ACC32(d, 0), 32, 33, 34, 35, 36, 37);
+        else WGMMA_RS(64, "f16", 0, WG_D32, WG_ACC32(d, 0), 32, 33, 34, 35, 36, 37);
+    } else {
+        if constexpr (bf16) WGMMA_RS(128, "bf16", 0, WG_D64, WG_ACC64(d), 64, 65, 66, 67, 68, 69);
+        else WGMMA_RS(128, "f16", 0, WG_D64, WG_ACC64(d), 64, 65, 66, 67, 68, 69);
     }
 }
 

@@ -32,6 +32,12 @@ CASES = [
     dict(B=2, Hq=8, Hkv=2, Sq=600, Sk=600, D=128, causal=True, window=(63, 0), sinks=True),   # gpt-oss
     dict(B=1, Hq=8, Hkv=4, Sq=500, Sk=800, D=256, causal=True, window=(99, 0), softcap=30.0),  # Gemma 2
     dict(B=1, Hq=4, Hkv=4, Sq=333, Sk=333, D=128, softcap=20.0, sinks=True),
+    # many rows a head (the Hopper pass on sm_90): Sq > Sk with rows that see no key, tiles of 64 rows at D 256 from
+    # a first row inside a tile, views of (B, S, H, D) tensors
+    dict(B=2, Hq=6, Hkv=3, Sq=1100, Sk=700, D=64, causal=True),
+    dict(B=1, Hq=4, Hkv=1, Sq=300, Sk=4097, D=256, kmw=200),
+    dict(B=2, Hq=8, Hkv=2, Sq=1000, Sk=1029, D=128, causal=True, bshd=True),
+    dict(B=1, Hq=4, Hkv=2, Sq=129, Sk=4095, D=128, window=(4096, 5), softcap=10.0),
 ]
 
 
@@ -42,10 +48,14 @@ def _id(c):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("case", CASES, ids=_id)
 def test_fused_key_mass_matches_fp64(case, dtype):
-    c = dict(causal=False, mask=None, kmw=None, window=None, softcap=None, sinks=False) | case
+    c = dict(causal=False, mask=None, kmw=None, window=None, softcap=None, sinks=False, bshd=False) | case
     B, Hq, Hkv, Sq, Sk, D = (c[n] for n in ("B", "Hq", "Hkv", "Sq", "Sk", "D"))
-    q = torch.randn(B, Hq, Sq, D, device="cuda", dtype=dtype)
-    k = torch.randn(B, Hkv, Sk, D, device="cuda", dtype=dtype)
+    if c["bshd"]:
+        q = torch.randn(B, Sq, Hq, D, device="cuda", dtype=dtype).transpose(1, 2)
+        k = torch.randn(B, Sk, Hkv, D, device="cuda", dtype=dtype).transpose(1, 2)
+    else:
+        q = torch.randn(B, Hq, Sq, D, device="cuda", dtype=dtype)
+        k = torch.randn(B, Hkv, Sk, D, device="cuda", dtype=dtype)
     v = torch.randn_like(k)
     mask = None
     if c["mask"] == "bool":

@@ -53,14 +53,20 @@ def test_masks_run_on_both_paths():
 
 
 @pytest.mark.parametrize("Sk", [100, 131072])
-def test_key_mass_takes_the_fused_pass_where_it_is_faster(Sk):
+def test_key_mass_takes_the_fused_pass_where_it_is_faster(Sk, monkeypatch):
+    import attn_lt.fused
+
+    monkeypatch.setattr(attn_lt.fused, "hopper_kernel", lambda device=None: False)
     d = select(case(Sk), key_mass=True)
     assert d.backend == "wmma" and "attn_lt_key_mass" in d.reasons[0]
     mla = select(case(Sk, D=192, Dv=128), key_mass=True)  # MLA prefill: the fused path runs it, but not its mass
     assert mla.backend == "lt" and "long path's probabilities" in mla.reasons[0]
     assert any("mass per key at q/k head dim 192" in r for r in dict(mla.rejected)["wmma"])
-    # every row at head dim 256, and a decode step's few rows: the long path's mass is faster
+    # every row at head dim 256 without the Hopper pass, and a decode step's few rows: the long path's mass is faster
     assert select(case(Sk, D=256), key_mass=True).backend == "lt"
+    monkeypatch.setattr(attn_lt.fused, "hopper_kernel", lambda device=None: True)
+    assert select(case(Sk, D=256), key_mass=True).backend == "wmma"
+    monkeypatch.setattr(attn_lt.fused, "hopper_kernel", lambda device=None: False)
     assert select(case(Sk, D=256), key_mass=True, key_mass_window=64).backend == "wmma"
     for Sq in (1, 4):
         decode = select(case(Sk, Sq=Sq), key_mass=True)

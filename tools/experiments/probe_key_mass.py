@@ -1,0 +1,65 @@
+"""Where a call with the mass of every row spends its GPU time: the fused forward kernel and the mass pass
+(native/mass_sm90.cu on Hopper) per kernel (torch.profiler, one call at a time), beside the CUDA-event times of the
+call with and without the mass and of the two kernels' sum, in one process on one GPU.
+
+    python3 tools/experiments/probe_key_mass.py [--reps 5]
+
+Shapes: the issue's B1 H32/8 S16k D128 causal, B1 H32 S16k D64 and D256 (bf16). The events of a call include its
+host work before the first launch and whatever clock the GPU holds over the call's whole burst; the profiler's
+kernel times do not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+
+import attn_lt  # noqa: E402
+from attn_lt.testing import events_ms  # noqa: E402
+
+SHAPES = [(32, 8, 128, True), (32, 32, 64, False), (32, 32, 256, False)]  # Hq, Hkv, D, causal; B1 S16k
+
+
+def kernel_ms(fn, reps: int) -> dict[str, float]:
+    """Median ms a call of ``fn`` spends in each CUDA kernel (by name), one call synchronised at a time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    times: dict[str, list[float]] = {}
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+            torch.cuda.synchronize()
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            name = "mass pass" if "mass" in e.name else "forward" if "flash" in e.name else e.name[:40]
+            times.setdefault(name, []).append(e.device_time / 1000)
+    return {n: statistics.median(v) for n, v in times.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=5)
+    args = ap.parse_args()
+    print(torch.cuda.get_device_name())
+    for Hq, Hkv, D, causal in SHAPES:
+        q = torch.randn(1, Hq, 16384, D, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(1, Hkv, 16384, D, device="cuda", dtype=torch.bfloat16)
+        kw = dict(causal=causal, backend="wmma")
+        plain = events_ms(lambda: attn_lt.attention(q, k, k, **kw), args.reps)
+        mass = events_ms(lambda: attn_lt.attention(q, k, k, return_key_mass=True, **kw), args.reps)
+        ks = kernel_ms(lambda: attn_lt.attention(q, k, k, return_key_mass=True, **kw), args.reps)
+        total = sum(ks.values())
+        print(f"H{Hq}/{Hkv} D{D} {'causal' if causal else 'full'}: events plain {plain:.3f} ms, with the mass "
+              f"{mass:.3f} ({mass / plain:.3f}x); kernels " + ", ".join(f"{n} {t:.3f}" for n, t in ks.items()) +
+              f" (sum {total:.3f}, {total / ks.get('forward', plain):.3f}x the forward)", flush=True)
+        del q, k
+
+
+if __name__ == "__main__":
+    main()
