@@ -222,14 +222,14 @@ typedef struct attn_lt_batch_args {
     int64_t workspace_bytes;    /* bytes at o_part (with more than one part) */
 } attn_lt_batch_args;
 
-/* The attention mass per key of a finished fused call (native/flash.cu, sm_80 and later; on an sm_90 device, the
- * summed rows of a head filling at least one of its tiles and no mask, native/mass_sm90.cu's pass): mass[b][h][j] (FP32
- * (B, Hq, Sk) contiguous, every element written) = the sum over query rows i in [q0, Sq) of head h of
- * P = exp(s(i, j) - lse(i)), s the scaled score after softcap and mask, and P 0 for keys the row does not see
- * (causal, window, bool mask, the key tail). f carries the forward call's arguments: q, k, their strides, the
- * mask, scale, causal, window, softcap, dtype, and f.lse, that call's LSE (FP32 (B, Hq, Sq) contiguous; it
- * includes the sinks, so P is the share of the row's denominator). A row whose LSE is -inf adds nothing. D 64,
- * 128 or 256; q and k as attn_lt_flash_fwd takes them; f.v, f.o, the partials and f.splits are not read. */
+/* The attention mass per key of a finished fused call (native/flash.cu, sm_80 and later; on an sm_90 device with 128
+ * summed rows a head or more and no mask, native/mass_sm90.cu's pass): mass[b][h][j] (FP32 (B, Hq, Sk) contiguous,
+ * every element written) = the sum over query rows i in [q0, Sq) of head h of P = exp(s(i, j) - lse(i)), s the scaled
+ * score after softcap and mask, and P 0 for keys the row does not see (causal, window, bool mask, the key tail). f
+ * carries the forward call's arguments: q, k, their strides, the mask, scale, causal, window, softcap, dtype, and
+ * f.lse, that call's LSE (FP32 (B, Hq, Sq) contiguous; it includes the sinks, so P is the share of the row's
+ * denominator). A row whose LSE is -inf adds nothing. D 64, 128 or 256; q and k as attn_lt_flash_fwd takes them; f.v,
+ * f.o, the partials and f.splits are not read. */
 typedef struct attn_lt_mass_args {
     attn_lt_flash_args f;
     float* mass;
