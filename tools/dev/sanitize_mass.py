@@ -2,8 +2,7 @@
 """The fused path's attention mass per key (native/flash.cu's attn_lt_key_mass, and native/mass_sm90.cu's pass on
 sm_90 for 128 summed rows a head and more) on small shapes — every head dim, every column padding (2, 4, 8 columns
 a head and whole tiles), causal with Sq != Sk, a window, a strided mask, softcap and sinks, the key tail, several
-tiles a head — each run once, for compute-sanitizer. Exits 1 when a mass is wrong, 2
-without a GPU.
+tiles a head — each run once, for compute-sanitizer. Exits 1 when a mass is wrong, 2 without a GPU.
 
     compute-sanitizer --tool memcheck python3 tools/dev/sanitize_mass.py
 """
