@@ -219,7 +219,7 @@ def explain_batch(requests: int, heads_q: int, heads_kv: int, head_dim: int, *, 
         raise TypeError(f"kv_dtype must be torch.float16, torch.bfloat16 or {FP8_KV_DTYPE}, got {kv_dtype}")
     _check_fp8(fp8, max_seqlen_q, heads_q, heads_kv, plan.D, plan.Dv, return_key_mass)
     return (str(plan) + ("\n" + FP8_LINE if fp8 else "")
-            + ("\n" + _mass_line(plan) if return_key_mass else ""))
+            + ("\n" + mass_line(plan) if return_key_mass else ""))
 
 
 #: How the decode blocks read an FP8 KV cache (what explain says).
@@ -228,8 +228,9 @@ FP8_LINE = ("K/V: an FP8 cache (e4m3, descale factors one a kv head or one for a
             "fp16 under a power-of-two scale, FP32 sums)")
 
 
-def _mass_line(plan: BatchPlan) -> str:
-    """How ``return_key_mass`` runs for a batch of ``plan``'s capacity (what varlen_attention / paged_attention do)."""
+def mass_line(plan: BatchPlan) -> str:
+    """How ``return_key_mass`` runs for a batch of ``plan``'s capacity (what varlen_attention / paged_attention do;
+    :func:`explain_batch`'s last line when it is asked for)."""
     if plan.latent:
         return "mass per key: not available for MLA decode"
     layout = (f"FP32 (B, Hq, max_seqlen_k), {plan.requests * plan.Hq * plan.max_seqlen_k * 4 / 2**20:.1f} MiB"
@@ -620,7 +621,8 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
     elements times k_descale): decode rows only, at most 16 query rows a kv head (max_seqlen_q x Hq / Hkv).
     ``cu_seqlens_q`` / ``cu_seqlens_k``: int32 (B + 1,) on q's device, request b owning rows [cu[b], cu[b + 1]).
     ``max_seqlen_q`` / ``max_seqlen_k``: host ints, the capacity the launch is planned for (any lengths up to them
-    run without re-planning; a CUDA graph captured with them replays for any such lengths). ``causal``: bottom-right within each request. ``out``: (total_q, Hq, D) to write into.
+    run without re-planning; a CUDA graph captured with them replays for any such lengths). ``causal``:
+    bottom-right within each request. ``out``: (total_q, Hq, D) to write into.
     ``window``, ``softcap``, ``sinks``: the attention variants, as :func:`attn_lt.attention` takes them (the window
     within each request).
 
@@ -698,9 +700,9 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
     P; zeros past its length and for keys of a block id outside the cache (not with MLA decode).
 
     Returns out (rows, Hq, Dv); with ``return_lse``, ``(out, lse)``, lse FP32 (Hq, rows); with ``return_key_mass``
-    the mass comes last. A request with no keys
-    gives zeros and LSE -inf; a block id outside the cache is never read past the cache (MLA decode reads block 0 in
-    its place), its keys are not attended, and it is recorded (``check=True``, or :func:`check_batch_errors`). Prefill rows on Hopper read a request's last block whole (the
+    the mass comes last. A request with no keys gives zeros and LSE -inf; a block id outside the cache is never read
+    past the cache (MLA decode reads block 0 in its place), its keys are not attended, and it is recorded
+    (``check=True``, or :func:`check_batch_errors`). Prefill rows on Hopper read a request's last block whole (the
     slots past its length are masked, not skipped): keep unused cache slots finite, e.g. allocate the cache with
     ``torch.zeros`` (MLA decode and the decode rows need not: they never let those slots reach the output).
     """

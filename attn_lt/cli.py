@@ -611,11 +611,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def cmd_explain_batch(a) -> int:
-    from .batch import explain_batch, plan_batch
-
     import torch
 
-    from .batch import FP8_LINE
+    from .batch import FP8_LINE, explain_batch, mass_line, plan_batch
 
     text = explain_batch(a.requests, a.heads_q, a.heads_kv, a.head_dim, max_seqlen_q=a.max_seqlen_q,
                          max_seqlen_k=a.max_seqlen_k, block_size=a.block_size, head_dim_v=a.head_dim_v,
@@ -627,7 +625,7 @@ def cmd_explain_batch(a) -> int:
         if a.fp8_kv:
             d["kv"] = FP8_LINE
         if a.key_mass:
-            d["key_mass"] = text.splitlines()[-1]
+            d["key_mass"] = mass_line(plan)
         print(json.dumps(d, indent=2))
     else:
         print("\n".join(safe(line) for line in text.splitlines()))

@@ -247,8 +247,8 @@ def split_count(blocks: int, slots: int, fill_first: bool = True) -> int:
     return next(s for s, p in enumerate(path, 1) if SPLIT_FILL * p <= shortest)
 
 
-#: CTAs an SM native/flash.cu's FP8-cache decode blocks run (its flash_min_ctas: D <= 128; D 256 two).
-FP8_CTAS_PER_SM = 3
+#: CTAs an SM native/flash.cu's FP8-cache decode blocks run, by head dim (its flash_min_ctas).
+FP8_CTAS_PER_SM = {64: 3, 128: 3, 256: 2}
 
 
 def fp8_refusal(rows: int, D: int, Dv: int) -> str | None:
@@ -270,7 +270,7 @@ def fp8_decode_launch(case: Case, facts: DeviceFacts | None = None) -> FusedLaun
     the blocks fill the SMs, since a partial last wave of whole-key blocks costs as much as a full one (B64 H32/8
     with one part each: 512 blocks are 1.3 waves of 396 slots)."""
     facts = facts or device_facts() or ASSUMED_DEVICE
-    per_sm = FP8_CTAS_PER_SM if case.D <= 128 else 2
+    per_sm = FP8_CTAS_PER_SM[case.D]
     blocks = case.B * case.Hkv
     part = case.B * case.Hq * case.Sq * (case.Dv + 1) * 4
     splits = split_count(blocks, facts.sms * per_sm, fill_first=False)

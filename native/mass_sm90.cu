@@ -378,7 +378,8 @@ extern "C" int attn_lt_key_mass_sm90(const attn_lt_mass_args* m, void* stream) {
         !stride_ok(a.B, a.k_sb) || !stride_ok(a.Hkv, a.k_sh) || !stride_ok(a.Sk, a.k_ss) ||
         (a.Sk + kKeys - 1) / kKeys * a.B * a.Hq >= (int64_t(1) << 31))
         return static_cast<int>(cudaErrorNotSupported);
-    if (check_device() != cudaSuccess || encode_tiled() == nullptr || !attn_lt_flash_sm90_supported()) {
+    // an sm_90 device and the driver's TMA encoder, as attn_lt_flash_sm90_fwd checks them on every call
+    if (check_device() != cudaSuccess || encode_tiled() == nullptr) {
         cudaGetLastError();
         return static_cast<int>(cudaErrorNotSupported);
     }
