@@ -444,15 +444,24 @@ def _dtype_kw() -> str:
 import types  # noqa: E402
 
 
-def _ref_rows(q, k, v, scale):
-    """Causal (bottom-right) attention of one request: q (n, Hq, D), k/v (L, Hkv, D) -> (n, Hq, D) float32."""
+def _ref_rows(q, k, v, scale, window=None, softcap=None, sinks=None):
+    """Causal (bottom-right) attention of one request: q (n, Hq, D), k/v (L, Hkv, D) -> (n, Hq, D) float32; with
+    attn_lt's window (left, right), softcap and sinks (Hq,)."""
     n, Hq, D = q.shape
     L, Hkv = k.shape[:2]
     g = Hq // Hkv
     k, v = k.float().repeat_interleave(g, 1), v.float().repeat_interleave(g, 1)
     s = torch.einsum("qhd,khd->hqk", q.float(), k) * (D ** -0.5 if scale is None else scale)
-    allowed = torch.arange(L)[None, :] <= torch.arange(n)[:, None] + (L - n)
-    return torch.einsum("hqk,khd->qhd", s.masked_fill(~allowed, float("-inf")).softmax(-1), v)
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    pos = torch.arange(n)[:, None] + (L - n)
+    allowed = torch.arange(L)[None, :] <= pos
+    if window is not None:
+        allowed &= torch.arange(L)[None, :] >= pos - window[0]
+    s = s.masked_fill(~allowed, float("-inf"))
+    if sinks is not None:  # one more logit a head in every row's denominator, its column dropped
+        s = torch.cat([s, sinks.float().view(Hq, 1, 1).expand(Hq, n, 1)], -1)
+    return torch.einsum("hqk,khd->qhd", s.softmax(-1)[..., :L], v)
 
 
 class FakeStep:
@@ -475,7 +484,7 @@ class FakeStep:
         self.planned = (cu_seqlens_q.clone(), seqlens_k.clone(), block_table.clone())
         self.log.append(("plan", self.capacity))
 
-    def run(self, q, k_cache, v_cache, *, out=None, scale=None):
+    def run(self, q, k_cache, v_cache, *, out=None, scale=None, **variants):
         assert tuple(q.shape[1:]) == self.heads[::2] and k_cache.shape[1:] == (self.block_size,) + self.heads[1:]
         cu, lengths, table = self.planned
         assert int(lengths.max()) <= self.capacity[2] and int((cu[1:] - cu[:-1]).max()) <= self.capacity[1]
@@ -486,21 +495,21 @@ class FakeStep:
                 j = torch.arange(L)
                 blocks = table[b, j // self.block_size].long()
                 k, v = k_cache[blocks, j % self.block_size], v_cache[blocks, j % self.block_size]
-                out[rows] = _ref_rows(q[rows], k, v, scale).to(q.dtype)
-        self.log.append(("run", self.capacity))
+                out[rows] = _ref_rows(q[rows], k, v, scale, **variants).to(q.dtype)
+        self.log.append(("run", self.capacity, variants))
         return out
 
 
 def _fake_varlen(log):
-    def varlen(q, k, v, cu_q, cu_k, *, max_seqlen_q, max_seqlen_k, causal, scale):
+    def varlen(q, k, v, cu_q, cu_k, *, max_seqlen_q, max_seqlen_k, causal, scale, **variants):
         assert causal and cu_q.dtype == cu_k.dtype == torch.int32
         out = torch.zeros_like(q)
         for b in range(cu_q.shape[0] - 1):
             rows, keys = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
             assert rows.stop - rows.start <= max_seqlen_q and keys.stop - keys.start <= max_seqlen_k
             if rows.stop > rows.start:
-                out[rows] = _ref_rows(q[rows], k[keys], v[keys], scale).to(q.dtype)
-        log.append(("varlen", tuple(q.shape), tuple(k.shape)))
+                out[rows] = _ref_rows(q[rows], k[keys], v[keys], scale, **variants).to(q.dtype)
+        log.append(("varlen", tuple(q.shape), tuple(k.shape), variants))
         return out
 
     return varlen
@@ -702,7 +711,7 @@ def test_paged_forward_writes_the_cache_and_attends_in_place(fakes):
             values = torch.cat([past[layer, r][1], v[0, :, new].transpose(0, 1)])
             expected = _ref_rows(q[0, :, new].transpose(0, 1), keys, values, 0.1)
             assert torch.allclose(out[0, new].float(), expected, atol=2e-2, rtol=2e-2)
-    assert [kind for kind, _ in fakes] == ["make", "plan", "run", "run"]  # planned once for both layers
+    assert [entry[0] for entry in fakes] == ["make", "plan", "run", "run"]  # planned once for both layers
 
 
 def test_paged_forward_zeroes_a_new_cache_and_serves_new_prompts(fakes):
@@ -732,7 +741,7 @@ def test_dense_name_serves_continuous_batching_with_gathered_keys(fakes):
     out, _ = hf.attention_forward(_Layer517(0), q, k, v, None, scaling=None, is_causal=True, cu_seq_lens_q=cu_q,
                                   cu_seq_lens_k=cu_k, max_length_q=4, max_length_k=6, read_index=[read],
                                   write_index=[write], block_table=None, position_ids=None)
-    assert out.shape == (1, T, 4, 64) and fakes == [("varlen", (T, 4, 64), (total_k, 2, 64))]
+    assert out.shape == (1, T, 4, 64) and fakes == [("varlen", (T, 4, 64), (total_k, 2, 64), {})]
     for r in range(3):
         rows, keys = slice(int(cu_q[r]), int(cu_q[r + 1])), slice(int(cu_k[r]), int(cu_k[r + 1]))
         expected = _ref_rows(q[0, :, rows].transpose(0, 1), k[0, :, keys].transpose(0, 1),
@@ -744,17 +753,13 @@ def test_dense_name_serves_continuous_batching_with_gathered_keys(fakes):
     ({"dropout": 0.1}, "dropout"),
     ({"output_attentions": True}, "output_attentions"),
     ({"module": {"sinks": torch.zeros(4)}}, "sinks"),
-    ({"sliding_window": 4096}, "sliding-window"),
-    ({"module": {"sliding_window": 512}}, "sliding-window"),
-    ({"cache": {"num_sliding_attention_groups": 1}}, "sliding-window"),
     ({"module": {"is_causal": False}}, "non-causal"),
     ({"block_table": torch.zeros(1, 6, 4, dtype=torch.int32)}, "decode fast path"),
     ({"head_dim": 96}, "head dim 96"),
     ({"cache": {"block_size": 4}}, "power of two"),
     ({"cache": {"block_size": 24}}, "power of two"),
     ({"dtype": torch.float32}, "float16 and torch.bfloat16"),
-], ids=["dropout", "output_attentions", "module-sinks", "window-kwarg", "window-module",
-        "sliding-groups", "non-causal", "block_table", "head-dim", "block-4", "block-24", "fp32"])
+], ids=["dropout", "output_attentions", "module-sinks", "non-causal", "block_table", "head-dim", "block-4", "block-24", "fp32"])
 def test_continuous_batching_refusals_before_any_work(case, match, fakes):
     case = dict(case)
     D, dtype = case.pop("head_dim", 64), case.pop("dtype", BF16)
@@ -876,6 +881,42 @@ def test_generate_batch_end_to_end_matches_transformers(fakes, monkeypatch):
         assert kinds.count("varlen") > 0 and "run" not in kinds
 
 
+@pytest.mark.parametrize("family", ["gpt-oss", "gemma2", "mistral"])
+def test_generate_batch_with_variants_matches_generate(family, fakes, monkeypatch):
+    """Sliding-window layers, softcap and sinks in continuous batching (the batch calls faked in FP32 torch, the
+    model FP32): prompts longer than the 64-key window, prefilled in chunks of the batch-token budget (so that
+    transformers' ring of a window's slots is read before the new keys overwrite it), give each prompt's own
+    greedy generate() with eager attention. 5.17: the window layers through transformers' gather and varlen, the
+    full ones in place; 5.24: every layer's gathered keys."""
+    _manager_class()
+    monkeypatch.setattr(hf, "_CB_DTYPES", (torch.float32,))
+    monkeypatch.setattr(_manager_class(), "switch_to_cb_friendly_attn", _manager_class().switch_to_cb_friendly_attn)
+    hf.register(continuous_batching=True)
+    model, _ = _family(family)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, 256, (n,), generator=g).tolist() for n in (100, 5, 70, 1, 130)]
+    gen = transformers.GenerationConfig(max_new_tokens=10, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    _use(model, "eager")
+    with torch.no_grad():
+        expected = [model.generate(torch.tensor([p]), generation_config=gen)[0, len(p):].tolist() for p in prompts]
+    _use(model, "attn_lt")
+    cb = transformers.ContinuousBatchingConfig(block_size=16, num_blocks=64, max_batch_tokens=48)
+    out = model.generate_batch(inputs=prompts, generation_config=gen, continuous_batching_config=cb)
+    assert all(o.error is None for o in out.values())
+    got = [out[k].generated_tokens for k in sorted(out, key=lambda k: int(k.split("_")[-1]))]
+    assert got == expected
+    calls = [entry for entry in fakes if entry[0] in ("run", "varlen")]
+    windowed = [entry for entry in calls if entry[-1].get("window")]
+    assert windowed and all(entry[-1]["window"] == (63, 63) for entry in windowed)
+    if hf._paged_prefix_convention():  # 5.17: a window layer gathers (varlen), a full one attends in place (run)
+        assert all(entry[0] == "varlen" for entry in windowed)
+        assert any(entry[0] == "run" for entry in calls) == (family != "mistral")  # its every layer windowed
+    if family == "gemma2":
+        assert all(entry[-1].get("softcap") == 10.0 for entry in calls)
+    if family == "gpt-oss":
+        assert all(entry[-1].get("sinks") is not None for entry in calls)
+
+
 # ---- model families with attention variants (random weights, configs in code) ---------------------------------
 
 def _family(name: str):
@@ -938,3 +979,34 @@ def test_model_families_with_variants_match_eager(mode, family):
             prefix = torch.cat([ids[0], eager_tokens[:n]])[None]
             top2 = _use(fp32, "eager")(prefix).logits[0, -1].float().topk(2).values
             assert (top2[0] - top2[1]).item() < 0.05, f"{family}: greedy tokens differ at {n} without a near-tie"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["gpt-oss", "gemma2", "mistral"])
+def test_generate_batch_with_variants_on_gpu(family, monkeypatch):
+    """The real kernels in continuous batching (bf16): generate_batch() of prompts longer than the window, prefilled
+    in chunks, gives each prompt's greedy generate() with eager bf16 attention, or diverges only at a near-tie of
+    the FP32 model's logits."""
+    _manager_class()
+    monkeypatch.setattr(_manager_class(), "switch_to_cb_friendly_attn", _manager_class().switch_to_cb_friendly_attn)
+    hf.register(continuous_batching=True)
+    fp32, bf16 = (m.cuda() for m in _family(family))
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(3, 256, (n,), generator=g).tolist() for n in (200, 5, 97, 1, 130, 64)]
+    gen = transformers.GenerationConfig(max_new_tokens=10, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    with torch.no_grad():
+        expected = [_use(bf16, "eager").generate(torch.tensor([p], device="cuda"), generation_config=gen)[0, len(p):]
+                    for p in prompts]
+        cb = transformers.ContinuousBatchingConfig(block_size=16, num_blocks=128, max_batch_tokens=96)
+        out = _use(bf16, "attn_lt").generate_batch(inputs=prompts, generation_config=gen,
+                                                   continuous_batching_config=cb)
+        assert all(o.error is None for o in out.values())
+        got = [out[k].generated_tokens for k in sorted(out, key=lambda k: int(k.split("_")[-1]))]
+        for p, ours, eager in zip(prompts, got, expected):
+            eager = eager.tolist()
+            assert len(ours) == len(eager)
+            if ours != eager:  # only a near-tie may flip a greedy choice
+                n = next(i for i, (a, b) in enumerate(zip(ours, eager)) if a != b)
+                prefix = torch.tensor([p + eager[:n]], device="cuda")
+                top2 = _use(fp32, "eager")(prefix).logits[0, -1].float().topk(2).values
+                assert (top2[0] - top2[1]).item() < 0.05, f"{family}: tokens differ at {n} without a near-tie"

@@ -36,12 +36,16 @@ Continuous batching (``model.generate_batch(...)``, ``ContinuousBatchingManager`
   5.17 would swap ``<name>`` for a flash implementation when one is installed. The manager then sets the form that
   version calls (``paged|<name>`` on 5.17, ``<name>`` on 5.24) and restores the original when it stops. Without
   the flag, 5.17 works with ``paged|<name>`` set explicitly.
-* ``softcap`` and attention sinks (``s_aux``) are passed on (:func:`attn_lt.attention`'s ``softcap`` and ``sinks``).
-* Refused with ``ValueError`` before any GPU work: sliding-window layers (or a 5.17 cache with sliding groups),
-  dropout > 0, ``output_attentions``, head dims
-  other than 64, 128 and 256 (or a value head dim unlike the query's), dtypes other than fp16/bf16, a non-causal
-  layer, and transformers' flash-only decode fast path (a ``block_table`` argument; transformers enables it for
-  flash implementations only). ``torch.compile`` of the step skips these functions (``torch.compiler.disable``).
+* Sliding-window layers (gpt-oss, Gemma 2/3, Mistral), ``softcap`` and attention sinks (``s_aux``) run with
+  :func:`attn_lt.attention`'s ``window``, ``softcap`` and ``sinks``. transformers keeps a sliding-window layer's
+  keys in a ring of W slots a request (slot = position % W), which a block table cannot describe: on 5.17 such a
+  layer lets transformers' own ``cache.update`` write the new keys and gather each request's last keys (as its
+  ``paged|sdpa`` does), then runs varlen attention over them with the window; its full-attention layers attend in
+  place as above. On 5.24 the layers gather their keys themselves in either case.
+* Refused with ``ValueError`` before any GPU work: dropout > 0, ``output_attentions``, head dims other than 64,
+  128 and 256 (or a value head dim unlike the query's), dtypes other than fp16/bf16, a non-causal layer, and
+  transformers' flash-only decode fast path (a ``block_table`` argument; transformers enables it for flash
+  implementations only). ``torch.compile`` of the step skips these functions (``torch.compiler.disable``).
 
 Dense calls (``generate()``, a plain forward):
 
@@ -127,15 +131,13 @@ def _refuse(kwargs: dict, dropout: float) -> None:
                          "without continuous batching's write_index; use generate() with the default dynamic cache")
 
 
-def _variants(kwargs: dict, window_ok: bool = True) -> dict:
-    """attn_lt.attention's ``window``, ``softcap`` and ``sinks`` from transformers' ``sliding_window``, ``softcap``
-    and ``s_aux`` (the ones given); ``window_ok`` False: a sliding window is refused."""
+def _variants(kwargs: dict, window: int | None = None) -> dict:
+    """attn_lt.attention's ``window``, ``softcap`` and ``sinks`` from transformers' ``sliding_window`` (or
+    ``window``, the layer's W where the call does not pass it), ``softcap`` and ``s_aux`` (the ones given)."""
     out = {}
-    window = kwargs.get("sliding_window")
+    given = kwargs.get("sliding_window")
+    window = given if given is not None else window
     if window is not None:
-        if not window_ok:
-            raise ValueError(f"attn_lt's continuous batching does not support sliding-window layers "
-                             f"(sliding_window={window}): use 'paged|sdpa' / 'sdpa' or a flash implementation")
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise ValueError(f"sliding_window must be a positive int (keys a query sees), got {window!r}")
         out["window"] = (window - 1, window - 1)
@@ -263,20 +265,19 @@ def _pow2(n: int, floor: int) -> int:
     return max(floor, 1 << max(0, int(n) - 1).bit_length())
 
 
-def _full_attention(x, what: str):
-    """The full-attention entry of a per-layer-type dict (transformers' hybrid models), or x itself."""
+def _layer_entry(x, what: str, layer_type: str = "full_attention"):
+    """The ``layer_type`` entry of a per-layer-type dict (transformers' hybrid models), or x itself."""
     if isinstance(x, dict):
-        if "full_attention" not in x:
-            raise ValueError(f"attn_lt's continuous batching runs full-attention layers only; {what} has entries "
-                             f"{sorted(x)}")
-        return x["full_attention"]
+        if layer_type not in x:
+            raise ValueError(f"continuous batching's {what} has no {layer_type!r} entry (it has {sorted(x)})")
+        return x[layer_type]
     return x
 
 
-def _host_int(kwargs: dict, names: tuple[str, ...]) -> int:
+def _host_int(kwargs: dict, names: tuple[str, ...], layer_type: str = "full_attention") -> int:
     for n in names:  # transformers 5.17: max_seqlen_q/k; 5.24: max_length_q/k
         if kwargs.get(n) is not None:
-            return int(_full_attention(kwargs[n], n))
+            return int(_layer_entry(kwargs[n], n, layer_type))
     raise ValueError(f"continuous batching's call lacks {' or '.join(names)} (the step's host-side capacity)")
 
 
@@ -398,13 +399,13 @@ class StepPlanner:
 PLANNERS_ATTR = "_attn_lt_planners"
 
 
-def _planner_for(cache, group: int) -> StepPlanner:
+def _planners(cache) -> dict:
+    """attn_lt's {group index: StepPlanner} of a paged cache; the first sight of the cache, before attn_lt writes to
+    it, zeroes it once: transformers 5.17 allocates it with torch.empty, and the Hopper prefill kernel reads a
+    request's last block whole (masking the slots past its keys), which must hold finite values."""
     planners = getattr(cache, PLANNERS_ATTR, None)
     if planners is None:
-        # First sight of this cache, before attn_lt writes to it: zero it once. transformers 5.17 allocates it with
-        # torch.empty, and the Hopper prefill kernel reads a request's last block whole (masking the slots past its
-        # keys), which must hold finite values. Never inside a capture: it would be replayed every step.
-        if _capturing():
+        if _capturing():  # a zeroing captured would be replayed every step
             raise RuntimeError("attn_lt met this paged cache first inside a CUDA graph capture: it zeroes a new cache "
                                "and makes its steps' buffers on the first eager forward (transformers runs one before "
                                "it captures); run the model eagerly once first")
@@ -412,6 +413,11 @@ def _planner_for(cache, group: int) -> StepPlanner:
             t.zero_()
         planners = {}
         setattr(cache, PLANNERS_ATTR, planners)
+    return planners
+
+
+def _planner_for(cache, group: int) -> StepPlanner:
+    planners = _planners(cache)
     planner = planners.get(group)
     if planner is None:
         planner = planners[group] = StepPlanner()
@@ -432,11 +438,6 @@ def _refuse_continuous_batching(module, query, key, value, dropout, is_causal, k
             no(f"{what} ({name}=...): use the model's eager attention ('paged|eager')")
     if getattr(module, "sinks", None) is not None and kwargs.get("s_aux") is None:
         no("a layer's attention sinks that the call does not pass (s_aux): use 'paged|eager'")
-    window = kwargs.get("sliding_window")
-    if window is None:
-        window = getattr(module, "sliding_window", None)
-    if window:
-        no(f"sliding-window layers (sliding_window={window}): use 'paged|sdpa' / 'sdpa' or a flash implementation")
     if is_causal is False or getattr(module, "is_causal", True) is False:
         no("non-causal layers")
     if kwargs.get("block_table") is not None:
@@ -458,14 +459,21 @@ def _refuse_continuous_batching(module, query, key, value, dropout, is_causal, k
                          f"{value.shape[1]})")
 
 
+def _layer_window(module, kwargs: dict) -> int | None:
+    """The layer's sliding window W as transformers gives it (the call's ``sliding_window``, else the layer's)."""
+    window = kwargs.get("sliding_window")
+    return window if window is not None else getattr(module, "sliding_window", None)
+
+
 def _paged_forward(module, query, key, value, scale, cache, kwargs: dict) -> torch.Tensor:
-    """transformers 5.17's PagedAttentionCache: write the step's keys and values, attend in place in the cache."""
+    """transformers 5.17's PagedAttentionCache: write the step's keys and values, attend in place in the cache (a
+    full-attention layer) or over the keys transformers gathers from its ring (a sliding-window layer)."""
     layer = getattr(module, "layer_idx", None)
     if layer is None:
         raise ValueError("continuous batching needs the attention layer's layer_idx")
-    if getattr(cache, "num_sliding_attention_groups", 0) or cache.sliding_windows.get(layer, 1) != 1:
-        raise ValueError("attn_lt's continuous batching does not support sliding-window layers (this model's paged "
-                         "cache has sliding-window groups): use 'paged|sdpa' or a flash implementation")
+    ring = cache.sliding_windows.get(layer, 1)  # 1: a full-attention layer
+    if ring != 1:
+        return _ring_forward(module, query, key, value, scale, cache, layer, ring, kwargs)
     group, index_in_group = cache.layer_index_to_group_indices[layer]
     bs = int(cache.block_size)
     if bs < 8 or bs & (bs - 1):
@@ -478,7 +486,7 @@ def _paged_forward(module, query, key, value, scale, cache, kwargs: dict) -> tor
         raise ValueError(f"the paged cache's layer tensors {_shape(k_rows)} {k_rows.dtype} do not hold keys "
                          f"(rows, {Hkv}, {D}) {key.dtype} in blocks of {bs}")
     cu_q = kwargs["cu_seq_lens_q"]
-    cu_k = _full_attention(kwargs.get("cu_seq_lens_k"), "cu_seq_lens_k")
+    cu_k = _layer_entry(kwargs.get("cu_seq_lens_k"), "cu_seq_lens_k")
     if cu_k is None:
         raise ValueError("continuous batching's call lacks cu_seq_lens_k")
     max_q = _host_int(kwargs, ("max_seqlen_q", "max_length_q"))
@@ -496,12 +504,34 @@ def _paged_forward(module, query, key, value, scale, cache, kwargs: dict) -> tor
     step = planner.step(layer, cu_q, cu_k, slots, max_q, max_k, heads_q=Hq, heads_kv=Hkv, head_dim=D,
                         block_size=bs, dtype=query.dtype, device=query.device)
     return step.run(query[0].transpose(0, 1), k_rows.view(-1, bs, Hkv, D), v_rows.view(-1, bs, Hkv, D),
-                    scale=scale, **_variants(kwargs, window_ok=False))
+                    scale=scale, **_variants(kwargs, _layer_window(module, kwargs)))
 
 
-def _gathered_forward(query, key, value, scale, kwargs: dict) -> torch.Tensor:
-    """The layer gathered every request's keys (transformers 5.24's cache.update): varlen attention over them."""
-    cu_k = _full_attention(kwargs.get("cu_seq_lens_k"), "cu_seq_lens_k")
+def _ring_forward(module, query, key, value, scale, cache, layer: int, ring: int, kwargs: dict) -> torch.Tensor:
+    """A sliding-window layer of transformers 5.17: its cache group keeps each request's last ``ring`` keys in a
+    ring (a key at position i in slot i % ring), which a block table cannot describe. transformers' own
+    ``cache.update`` writes the new keys and gathers each request's keys in order (the cached ones read before the
+    new ones overwrite them), as for its own paged implementations; varlen attention runs over them with the
+    window."""
+    window = _layer_window(module, kwargs)
+    window = ring if window is None else window
+    if window > ring:
+        raise ValueError(f"the layer's sliding_window {window} is wider than its paged cache's ring of {ring} keys")
+    _planners(cache)  # (zeroes a new cache before anything is written to it)
+    keys, values = cache.update(key_states=key, value_states=value, layer_idx=layer,
+                                read_index=kwargs["read_index"], write_index=kwargs["write_index"])
+    cu_k = _layer_entry(kwargs.get("cu_seq_lens_k"), "cu_seq_lens_k", "sliding_attention")
+    max_q = _host_int(kwargs, ("max_seqlen_q", "max_length_q"))
+    max_k = _host_int(kwargs, ("max_seqlen_k", "max_length_k"), "sliding_attention")
+    return _varlen_attention(query[0].transpose(0, 1), keys, values, kwargs["cu_seq_lens_q"].to(torch.int32),
+                             cu_k.to(torch.int32), max_seqlen_q=max(1, max_q), max_seqlen_k=max(1, max_k),
+                             causal=True, scale=scale, **_variants(kwargs, window))
+
+
+def _gathered_forward(module, query, key, value, scale, kwargs: dict) -> torch.Tensor:
+    """The layer gathered every request's keys (transformers 5.24's cache.update, which also picked the layer
+    type's entries of the metadata): varlen attention over them."""
+    cu_k = _layer_entry(kwargs.get("cu_seq_lens_k"), "cu_seq_lens_k")
     if cu_k is None:
         raise ValueError("continuous batching's call lacks cu_seq_lens_k")
     max_q = _host_int(kwargs, ("max_length_q", "max_seqlen_q"))
@@ -509,7 +539,8 @@ def _gathered_forward(query, key, value, scale, kwargs: dict) -> torch.Tensor:
     cu_q = kwargs["cu_seq_lens_q"]
     return _varlen_attention(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1),
                              cu_q.to(torch.int32), cu_k.to(torch.int32), max_seqlen_q=max(1, max_q),
-                             max_seqlen_k=max(1, max_k), causal=True, scale=scale, **_variants(kwargs, False))
+                             max_seqlen_k=max(1, max_k), causal=True, scale=scale,
+                             **_variants(kwargs, _layer_window(module, kwargs)))
 
 
 @torch.compiler.disable  # host-side step state and native launches: not for dynamo to trace
@@ -520,7 +551,7 @@ def _continuous_batching_forward(module, query, key, value, dropout, scaling, is
     if cache is not None and hasattr(cache, "key_cache") and hasattr(cache, "layer_index_to_group_indices"):
         out = _paged_forward(module, query, key, value, scale, cache, kwargs)
     else:
-        out = _gathered_forward(query, key, value, scale, kwargs)
+        out = _gathered_forward(module, query, key, value, scale, kwargs)
     return out.unsqueeze(0), None
 
 
