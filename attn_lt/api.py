@@ -19,11 +19,11 @@ import torch
 from . import config, fastpath
 from .chunks import ChunkPlan, plan_chunks, out_strides
 from .select import Decision, route_of, select
-from .validate import (FP8_KV_DTYPE, Case, address_alignment, check_kv_descale, check_options, check_out, check_sinks,
-                       check_tensors, mask_alignment, out_shape)
+from .validate import (FP8_KV_DTYPE, Case, address_alignment, check_descale, check_kv_descale, check_options,
+                       check_out, check_sinks, check_tensors, mask_alignment, out_shape)
 from .device import stream_queries
-from .fused import (FusedLaunch, Program as FusedProgram, device_facts, fp8_decode_launch, fp8_refusal, fused_launch,
-                    stores_scores)
+from .fused import (FusedLaunch, Program as FusedProgram, device_facts, fp8_decode_launch, fp8_prefill_launch,
+                    fp8_prefill_refusal, fp8_refusal, fused_launch, hopper_kernel, stores_scores)
 
 log = logging.getLogger("attn_lt")
 
@@ -493,7 +493,7 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
               backend: str = "auto", return_lse: bool = False, out=None, workspace_bytes: int | None = None,
               threshold: int | None = None, algo_policy: str | None = None, return_key_mass: bool = False,
               key_mass_window: int | None = None, out_layout: str = "bhsd", window=None,
-              softcap: float | None = None, sinks=None, k_descale=None, v_descale=None):
+              softcap: float | None = None, sinks=None, k_descale=None, v_descale=None, q_descale=None):
     """Scaled dot-product attention, ``softmax(scale * q @ k^T + mask) @ v``.
 
     Args:
@@ -540,6 +540,11 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
             bf16): the factors their elements are multiplied by, None (1), a number, or FP32 one value or (Hkv,)
             on q's device. Decode only (at most 16 query rows a kv head, Sq x Hq / Hkv), D = Dv in 64/128/256, on
             the fused decode blocks (``backend`` "auto" or "wmma"); no ``return_key_mass``.
+        q_descale: the FP8 prefill: q, k and v all torch.float8_e4m3fn, q's values its elements times
+            ``q_descale`` (as k_descale: None, a number, or FP32 one value or (Hkv,), a row's kv head's factor),
+            FlashAttention-3's FP8 forward. Hopper, D = Dv 128 or 256, no mask (causal, window, softcap and sinks
+            run); the output is bf16 (``out``, if given, bf16); V is transposed into a workspace of
+            B x Hkv x Dv x Sk bytes (Sk rounded up to 128) first.
 
     Returns:
         out: (B, Hq, Sq, Dv) in the input dtype, contiguous ((B, Sq, Hq, Dv) with ``out_layout="bshd"``); with ``return_lse``, ``(out, lse)`` with lse FP32
@@ -557,11 +562,12 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
     (the same tensors but the key length and the K/V strides: a decode loop's steps) on the same plan, as the fused
     kernels take the key length as data. Use :func:`plan` to hold a plan yourself.
     """
-    if k_descale is not None or v_descale is not None or getattr(k, "dtype", None) == FP8_KV_DTYPE:
+    if (k_descale is not None or v_descale is not None or q_descale is not None
+            or getattr(k, "dtype", None) == FP8_KV_DTYPE):
         return _attention_fp8(q, k, v, attn_mask=attn_mask, causal=causal, scale=scale, backend=backend,
                               return_lse=return_lse, out=out, return_key_mass=return_key_mass,
                               key_mass_window=key_mass_window, out_layout=out_layout, window=window, softcap=softcap,
-                              sinks=sinks, k_descale=k_descale, v_descale=v_descale)
+                              sinks=sinks, k_descale=k_descale, v_descale=v_descale, q_descale=q_descale)
     if isinstance(q, torch.Tensor):
         if torch.compiler.is_compiling():
             if out is not None:
@@ -618,26 +624,31 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
     return res
 
 
-#: Why an FP8-cache call runs where it runs (what explain says).
+#: Why an FP8-cache call runs where it runs (what explain says; the FP8 prefill's: fused.fp8_prefill_launch).
 FP8_WHY = ("an FP8 KV cache: native/flash.cu's decode blocks read its bytes and convert them to fp16 in registers "
            "(q staged in fp16, FP32 sums)")
 
 
 def _fp8_case(q, k, v, attn_mask, causal, scale, window, softcap, sinks, backend, return_key_mass, key_mass_window,
               out_layout, require_cuda: bool = True) -> Case:
-    """The case of a call against an FP8 KV cache, every rule of that path checked (TypeError / ValueError)."""
+    """The case of a call against an FP8 KV cache (q fp16/bf16: decode rows) or of the FP8 prefill (q e4m3 too),
+    every rule of that path checked (TypeError / ValueError)."""
     case = check_tensors(q, k, v, attn_mask, causal, scale, require_cuda, window=window, softcap=softcap,
                          sinks=sinks, kv_fp8=True)
     check_options(out_layout=out_layout, return_key_mass=return_key_mass, key_mass_window=key_mass_window)
     if backend not in ("auto", "wmma"):
-        raise ValueError(f"an FP8 KV cache runs on the fused decode blocks (backend 'auto' or 'wmma'), not {backend!r}")
+        raise ValueError(f"FP8 K/V run on the fused kernels (backend 'auto' or 'wmma'), not {backend!r}")
     if return_key_mass:
-        raise ValueError("return_key_mass is not available with an FP8 KV cache in attention() (paged_attention and "
+        raise ValueError("return_key_mass is not available with FP8 K/V in attention() (paged_attention and "
                          "varlen_attention give it for one-row requests)")
-    why = fp8_refusal(case.Sq * case.group, case.D, case.Dv)
+    if case.dtype == "e4m3":  # (explained without a GPU: as on the Hopper GPU fused plans assume)
+        hopper = hopper_kernel(q.device.index) if require_cuda else hopper_kernel() or device_facts() is None
+        why = fp8_prefill_refusal(case, hopper)
+    else:
+        why = fp8_refusal(case.Sq * case.group, case.D, case.Dv)
     if why is not None:
         raise ValueError(f"{why}; {case}")
-    for name, t in (("k", k), ("v", v)):
+    for name, t in (("q", q), ("k", k), ("v", v)) if case.dtype == "e4m3" else (("k", k), ("v", v)):
         if any(st % 16 for st in t.stride()[:3]) or case.ptr_align % 16:
             raise ValueError(f"{name} {tuple(t.shape)} (FP8) with strides {tuple(t.stride())} is not a layout the "
                              "kernels read: strides of whole 16-byte chunks (multiples of 16 elements), 16-byte "
@@ -646,37 +657,49 @@ def _fp8_case(q, k, v, attn_mask, causal, scale, window, softcap, sinks, backend
 
 
 def _attention_fp8(q, k, v, *, attn_mask, causal, scale, backend, return_lse, out, return_key_mass, key_mass_window,
-                   out_layout, window, softcap, sinks, k_descale, v_descale):
-    """:func:`attention` against an FP8 KV cache: native/flash.cu's decode blocks, which read the cache's bytes and
-    convert them to fp16 in registers, the keys split as :func:`attn_lt.fused.fp8_decode_launch` plans them."""
+                   out_layout, window, softcap, sinks, k_descale, v_descale, q_descale):
+    """:func:`attention` with FP8 K/V: against an FP8 KV cache (q fp16/bf16), native/flash.cu's decode blocks,
+    which read the cache's bytes and convert them to fp16 in registers, the keys split as
+    :func:`attn_lt.fused.fp8_decode_launch` plans them; the FP8 prefill (q e4m3 too), native/flash_sm90.cu in
+    e4m3 (:func:`attn_lt.fused.fp8_prefill_launch`), the output bf16."""
     case = _fp8_case(q, k, v, attn_mask, causal, scale, window, softcap, sinks, backend, return_key_mass,
                      key_mass_window, out_layout)
     if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
         raise NotImplementedError(_NO_BACKWARD)
     dev = q.device
-    descale = check_kv_descale(k_descale, v_descale, True, case.Hkv, dev)
-    program = _fp8_program(case, out_layout, dev.index)
-    if out is None:
-        out = torch.empty(out_shape(case, out_layout), dtype=q.dtype, device=dev)
+    prefill = case.dtype == "e4m3"
+    if not prefill:
+        if q_descale is not None:
+            raise ValueError("q_descale applies to the FP8 prefill (q torch.float8_e4m3fn too) only")
+        kd, vd, sh = check_kv_descale(k_descale, v_descale, True, case.Hkv, dev)
+        qd = None
     else:
-        check_out(out, case, q, out_layout)
+        qd, kd, vd, sh = check_descale({"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale},
+                                       case.Hkv, dev)
+    program = _fp8_program(case, out_layout, dev.index)
+    out_dtype = torch.bfloat16 if prefill else q.dtype
+    if out is None:
+        out = torch.empty(out_shape(case, out_layout), dtype=out_dtype, device=dev)
+    else:
+        check_out(out, case, q, out_layout, out_dtype)
     lse = torch.empty((case.B, case.Hq, case.Sq), dtype=torch.float32, device=dev) if return_lse else None
     need = program.launch.workspace_bytes
-    ws = torch.empty(need, dtype=torch.uint8, device=dev) if need else None
-    kd, vd, sh = descale
     with torch.cuda.device(dev) if _current_device() != dev.index else contextlib.nullcontext():
+        stream = _raw_stream(dev.index)
+        ws = scratch_buffer(dev, stream, need, torch.cuda.is_current_stream_capturing()) if need else None
         program.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(),
-                    _raw_stream(dev.index), 0 if attn_mask is None else attn_mask.data_ptr(),
-                    0 if ws is None else ws.data_ptr(), sinks=0 if sinks is None else sinks.data_ptr(),
-                    descale=(0 if kd is None else kd.data_ptr(), 0 if vd is None else vd.data_ptr(), sh))
+                    stream, 0 if attn_mask is None else attn_mask.data_ptr(), 0 if ws is None else ws.data_ptr(),
+                    sinks=0 if sinks is None else sinks.data_ptr(),
+                    descale=tuple(0 if x is None else x.data_ptr() for x in (kd, vd)) + (sh,)
+                    + (0 if qd is None else qd.data_ptr(),))
     return (out, lse) if return_lse else out
 
 
 @functools.lru_cache(maxsize=64)
 def _fp8_program(case: Case, out_layout: str, device: int) -> FusedProgram:
-    """The launch of an FP8-cache case (arguments built once; each run sets the addresses and factors)."""
-    launch = fp8_decode_launch(case, device_facts(device))
-    log.debug("attention: FP8 KV cache %s -> %s", case, launch)
+    """The launch of an FP8 case (arguments built once; each run sets the addresses and factors)."""
+    launch = fp8_prefill_launch(case) if case.dtype == "e4m3" else fp8_decode_launch(case, device_facts(device))
+    log.debug("attention: FP8 K/V %s -> %s", case, launch)
     return FusedProgram(case, out_strides(case, out_layout), launch, fp8_kv=True)
 
 
@@ -717,8 +740,10 @@ def explain(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | Non
     if getattr(k, "dtype", None) == FP8_KV_DTYPE:
         case = _fp8_case(q, k, v, attn_mask, causal, scale, window, softcap, sinks, backend, return_key_mass,
                          key_mass_window, out_layout, require_cuda=False)
-        decision = Decision("wmma", (FP8_WHY,), (("lt", ("the long path takes no FP8 cache",)),))
-        return Explanation(case, decision, None, fused=fp8_decode_launch(case, device_facts()))
+        fused = fp8_prefill_launch(case) if case.dtype == "e4m3" else fp8_decode_launch(case, device_facts())
+        why = fused.why if case.dtype == "e4m3" else FP8_WHY
+        decision = Decision("wmma", (why,), (("lt", ("the long path takes no FP8 K/V",)),))
+        return Explanation(case, decision, None, fused=fused)
     case = check_tensors(q, k, v, attn_mask, causal, scale, require_cuda=False, window=window, softcap=softcap,
                          sinks=sinks)
     return explain_case(case, backend, workspace_bytes, threshold, algo_policy, return_key_mass, out_layout,

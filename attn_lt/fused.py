@@ -264,6 +264,31 @@ def fp8_refusal(rows: int, D: int, Dv: int) -> str | None:
     return None
 
 
+#: Head dims (D = Dv) of the FP8 prefill (native/flash_sm90.cu's fp8_prefill holds the same rule).
+FP8_PREFILL_HEAD_DIMS = (128, 256)
+
+
+def fp8_prefill_refusal(case: Case, hopper: bool) -> str | None:
+    """Why the FP8 prefill (q, k, v e4m3: native/flash_sm90.cu) cannot run ``case``, or None; ``hopper``: whether
+    the Hopper kernel runs here."""
+    if not hopper:
+        return "the FP8 prefill (e4m3 q, k, v) runs on the Hopper kernel (sm_90), which this GPU or build lacks"
+    if case.D != case.Dv or case.D not in FP8_PREFILL_HEAD_DIMS:
+        dims = " or ".join(map(str, FP8_PREFILL_HEAD_DIMS))
+        return f"the FP8 prefill runs head dims D = Dv {dims}; got {case.D}/{case.Dv}"
+    if case.mask is not None:
+        return "the FP8 prefill takes no dense mask (causal, a window, sinks and softcap it runs)"
+    return None
+
+
+def fp8_prefill_launch(case: Case) -> FusedLaunch:
+    """The FP8 prefill's launch: the Hopper kernel in e4m3 after V is transposed into the workspace (V's bytes,
+    its keys rounded up to 128)."""
+    vt = case.B * case.Hkv * case.Dv * (-(-case.Sk // 128) * 128)
+    return FusedLaunch("sm90", 128, 1, vt, "e4m3 q, k, v: V transposed into the workspace, then the Hopper kernel "
+                       "with FP8 wgmma (128-key tiles, P in e4m3 times 2^8), O in bf16")
+
+
 def fp8_decode_launch(case: Case, facts: DeviceFacts | None = None) -> FusedLaunch:
     """The launch of a dense call against an FP8 KV cache (at most 16 rows a kv head: native/flash.cu's decode
     blocks): its keys split by :func:`split_count`'s critical path for the CTAs those blocks run an SM, even where
@@ -457,18 +482,19 @@ class Program:
 
     def run(self, q: int, k: int, v: int, o: int, lse: int, stream: int, mask: int = 0, workspace: int = 0,
             Sk: int | None = None, k_strides: tuple | None = None, v_strides: tuple | None = None,
-            sinks: int = 0, scores: int = 0, descale: tuple = (0, 0, 0)) -> None:
+            sinks: int = 0, scores: int = 0, descale: tuple = (0, 0, 0, 0)) -> None:
         """Launch on ``stream`` with the device addresses of q, k, v, the output, the FP32 LSE, the mask (0: none),
         the workspace (the split partials; ``launch.workspace_bytes``) and the sinks (a case with sinks); ``Sk`` and
         the K/V element strides, when given, replace the case's (another key length of the same launch, e.g. a
         decode step). ``scores``: where this call stores its scores for :meth:`run_mass` (FP32 (B, Hq, Sk); only
         where :func:`stores_scores` holds). ``descale``: an FP8 program's (k_descale, v_descale, head stride), the
-        factors' addresses (0: 1)."""
+        factors' addresses (0: 1), and the FP8 prefill's q_descale."""
         a = self.args
         with self._lock:  # the partials' addresses are read only with splits > 1
             self._addresses[:] = (q, k, v, o, lse, mask, workspace, workspace + self._lse_part_offset)
             a.sinks = sinks or None
             a.k_descale, a.v_descale, a.descale_sh = descale[0] or None, descale[1] or None, descale[2]
+            a.q_descale = descale[3] or None if len(descale) > 3 else None
             if Sk is not None:
                 a.Sk = Sk
                 a.k_sb, a.k_sh, a.k_ss = k_strides[:3]

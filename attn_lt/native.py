@@ -18,7 +18,7 @@ from . import config
 
 log = logging.getLogger("attn_lt")
 
-ABI_VERSION = 19
+ABI_VERSION = 20
 _PKG = Path(__file__).resolve().parent
 _LIB_PATH = _PKG / "_native" / "libattn_lt.so"
 SOURCE_DIR = _PKG.parent / "native"
@@ -75,7 +75,8 @@ class FlashArgs(ctypes.Structure):
         ("sinks", ctypes.c_void_p), ("softcap", ctypes.c_float), ("window_left", ctypes.c_int32),
         ("window_right", ctypes.c_int32), ("scores", ctypes.c_void_p), ("s_sb", ctypes.c_int64),
         ("s_sh", ctypes.c_int64), ("k_descale", ctypes.c_void_p), ("v_descale", ctypes.c_void_p),
-        ("descale_sh", ctypes.c_int64), ("kv_dtype", ctypes.c_int32), ("pad_kv_", ctypes.c_int32)]
+        ("descale_sh", ctypes.c_int64), ("kv_dtype", ctypes.c_int32), ("pad_kv_", ctypes.c_int32),
+        ("q_descale", ctypes.c_void_p)]
 
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)

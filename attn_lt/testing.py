@@ -77,20 +77,41 @@ def _probabilities(q, k, attn_mask, causal, scale, dtype, rows, window, softcap,
 
 
 def reference(q, k, v, attn_mask=None, causal=False, scale=None, dtype=torch.float32, rows=None, window=None,
-              softcap=None, sinks=None):
+              softcap=None, sinks=None, p_e4m3: bool = False):
     """(out, lse) of attention computed in ``dtype``; fully masked rows give 0 and -inf (with sinks: 0 and the
     sink). ``rows``: a 1-D index tensor of query rows to compute, alone (out (B, Hq, len(rows), Dv)), for shapes too
     long to check in full. ``window``, ``softcap``, ``sinks``: the attention variants as attn_lt.attention takes
-    them."""
+    them. ``p_e4m3``: P rounded to float8 e4m3 before P V as the FP8 prefill rounds it (exp(s - row max) times 2^8),
+    the precision of that path."""
     B, Hq, Sq, _ = q.shape
     rows = torch.arange(Sq, device=q.device) if rows is None else rows
     out = torch.empty(B, Hq, len(rows), v.shape[-1], dtype=dtype, device=q.device)
     lse = torch.empty(B, Hq, len(rows), dtype=dtype, device=q.device)
     g = Hq // k.shape[1]
     for b, h, p, l in _probabilities(q, k, attn_mask, causal, scale, dtype, rows, window, softcap, sinks):
+        if p_e4m3:
+            top = p.amax(dim=-1, keepdim=True).clamp_min(1e-300)
+            p = (p / top * 256).to(torch.float8_e4m3fn).to(dtype) * (top / 256)
         out[b, h] = p @ v[b, h // g].to(dtype)
         lse[b, h] = l
     return out, lse
+
+
+def fp8_heads(x: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (B, H, S, D) in float8 e4m3 with one FP32 descale factor for each of ``groups`` runs of consecutive heads
+    (a kv head's query heads, or each kv head), the run's largest magnitude mapped to e4m3's largest (448), as
+    FlashAttention-3's FP8 forward takes its inputs: (x8, descale (groups,)); its values are :func:`fp8_heads_values`.
+    """
+    B, H, S, D = x.shape
+    amax = x.float().reshape(B, groups, H // groups, S, D).abs().amax(dim=(0, 2, 3, 4)).clamp_min(1e-12)
+    descale = amax / 448.0
+    return (x.float() / descale.repeat_interleave(H // groups)[:, None, None]).to(torch.float8_e4m3fn), descale
+
+
+def fp8_heads_values(x8: torch.Tensor, descale: torch.Tensor) -> torch.Tensor:
+    """The FP32 values of :func:`fp8_heads`' x8 (B, H, S, D): elements times their run's factor."""
+    H = x8.shape[1]
+    return x8.float() * descale.float().repeat_interleave(H // descale.numel())[:, None, None]
 
 
 def key_mass_reference(q, k, attn_mask=None, causal=False, scale=None, key_mass_window=None, window=None,

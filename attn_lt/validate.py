@@ -115,7 +115,7 @@ def check_tensors(q, k, v, attn_mask=None, causal=False, scale=None, require_cud
                   softcap=None, sinks=None, kv_fp8: bool = False) -> Case:
     """Validate q, k, v (torch tensors), the options and the attention variants (:func:`check_variants`); return
     the :class:`Case` (its dtype q's). ``kv_fp8``: k and v are an FP8 KV cache (:data:`FP8_KV_DTYPE`), not q's
-    dtype.
+    dtype; q may be FP8 too (the FP8 prefill: the case's dtype "e4m3").
 
     Raises ``TypeError`` for wrong types or dtypes and ``ValueError`` for wrong shapes, head counts, masks,
     strides or devices, each message naming the shapes involved. ``require_cuda=False`` skips the device checks
@@ -124,7 +124,8 @@ def check_tensors(q, k, v, attn_mask=None, causal=False, scale=None, require_cud
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor or cupy.ndarray, got {type(t).__name__}")
-    for name, t in (("q", q),) if kv_fp8 else (("q", q), ("k", k), ("v", v)):
+    q_fp8 = kv_fp8 and q.dtype == FP8_KV_DTYPE
+    for name, t in () if q_fp8 else (("q", q),) if kv_fp8 else (("q", q), ("k", k), ("v", v)):
         if t.dtype not in _DTYPES:
             raise TypeError(f"{name} has dtype {t.dtype}; attn_lt supports torch.float16 and torch.bfloat16")
     if kv_fp8 and not k.dtype == v.dtype == FP8_KV_DTYPE:
@@ -169,7 +170,7 @@ def check_tensors(q, k, v, attn_mask=None, causal=False, scale=None, require_cud
     except RuntimeError:  # fake/meta tensors while tracing (torch.compile): no addresses yet
         addr, v_in_k = 0, False
     window, softcap = check_variants(window, softcap, sinks, causal, q)
-    case = Case(B, Hq, Hkv, Sq, Sk, D, _DTYPES[q.dtype], causal, float(scale), mask,
+    case = Case(B, Hq, Hkv, Sq, Sk, D, "e4m3" if q_fp8 else _DTYPES[q.dtype], causal, float(scale), mask,
                 tuple(q.stride()), tuple(k.stride()), tuple(v.stride()), address_alignment(addr), Dv, v_in_k,
                 window, softcap, sinks is not None)
     if require_cuda:
@@ -274,8 +275,14 @@ def check_kv_descale(k_descale, v_descale, fp8: bool, Hkv: int, device) -> tuple
         if k_descale is not None or v_descale is not None:
             raise ValueError("k_descale / v_descale apply to an FP8 KV cache (torch.float8_e4m3fn k and v) only")
         return None
+    return check_descale({"k_descale": k_descale, "v_descale": v_descale}, Hkv, device)
+
+
+def check_descale(factors: dict, Hkv: int, device) -> tuple:
+    """FP8 descale factors by name (:func:`check_kv_descale`'s rule for each): ``(*factors, head_stride)`` in the
+    dict's order, all per kv head or all one value."""
     got, per_head = [], set()
-    for name, x in (("k_descale", k_descale), ("v_descale", v_descale)):
+    for name, x in factors.items():
         if x is None:
             got.append(None)
             continue
@@ -298,8 +305,8 @@ def check_kv_descale(k_descale, v_descale, fp8: bool, Hkv: int, device) -> tuple
                              f"shape {tuple(x.shape)}, strides {tuple(x.stride())}")
         got.append(x)
     if len(per_head) > 1:
-        raise ValueError("k_descale and v_descale must both be per kv head or both one value")
-    return got[0], got[1], int(per_head == {True})
+        raise ValueError(f"{' and '.join(factors)} must all be per kv head or all one value")
+    return (*got, int(per_head == {True}))
 
 
 def check_variants(window, softcap, sinks, causal: bool, q) -> tuple[tuple[int, int] | None, float]:
@@ -396,10 +403,12 @@ def out_shape(case: Case, layout: str = "bhsd") -> tuple[int, int, int, int]:
     return (case.B, case.Sq, case.Hq, case.Dv) if layout == "bshd" else (case.B, case.Hq, case.Sq, case.Dv)
 
 
-def check_out(out, case: Case, q, layout: str = "bhsd") -> None:
-    """A preallocated output: contiguous, of q's dtype on q's device, :func:`out_shape` in ``layout``."""
+def check_out(out, case: Case, q, layout: str = "bhsd", dtype=None) -> None:
+    """A preallocated output: contiguous, of ``dtype`` (default q's) on q's device, :func:`out_shape` in
+    ``layout``."""
     shape = out_shape(case, layout)
-    if not (isinstance(out, torch.Tensor) and tuple(out.shape) == shape and out.dtype == q.dtype
+    dtype = q.dtype if dtype is None else dtype
+    if not (isinstance(out, torch.Tensor) and tuple(out.shape) == shape and out.dtype == dtype
             and out.device == q.device and out.is_contiguous()):
         desc = f"{tuple(out.shape)} {out.dtype} on {out.device}" if isinstance(out, torch.Tensor) else type(out)
-        raise ValueError(f"out must be a contiguous {shape} {q.dtype} tensor on {q.device}, got {desc}")
+        raise ValueError(f"out must be a contiguous {shape} {dtype} tensor on {q.device}, got {desc}")

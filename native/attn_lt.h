@@ -8,7 +8,7 @@
 #define ATTN_LT_H
 #include <stdint.h>
 
-#define ATTN_LT_ABI_VERSION 19
+#define ATTN_LT_ABI_VERSION 20
 
 #ifdef __cplusplus
 extern "C" {
@@ -156,6 +156,12 @@ typedef struct attn_lt_flash_args {
     int64_t descale_sh;   /* 1: one factor a kv head, (Hkv,) contiguous; 0: one factor for all heads */
     int32_t kv_dtype;     /* ATTN_LT_NONE: k and v in `dtype`; ATTN_LT_E4M3 */
     int32_t pad_kv_;
+    /* The FP8 prefill (attn_lt_flash_sm90_fwd only): dtype ATTN_LT_E4M3 and kv_dtype ATTN_LT_E4M3, q, k and v float8
+     * e4m3 (their strides multiples of 16 elements), D = Dv 128 or 256, no mask, the default variant, splits <= 1;
+     * q's values are its elements times q_descale[hk * descale_sh] (hk: the row's kv head; null: 1), k's and v's as
+     * above; o is bf16. o_part is the workspace: B * Hkv * Dv * ceil(Sk / 128) * 128 bytes, 16-byte aligned (V
+     * transposed). */
+    const float* q_descale;
 } attn_lt_flash_args;
 
 enum attn_lt_flash_sm90_variant {

@@ -59,6 +59,7 @@
 #include <cuda.h>  // CUtensorMap and its enums only: the driver function is fetched at run time (no -lcuda)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -104,13 +105,15 @@ constexpr bool head_dims_built(int64_t D, int64_t DV) {
 // The mask a kernel is built for: none, bool (1 byte, true = attend), or additive in q's dtype (2 bytes).
 enum MaskKind { kNoMask = 0, kBoolMask = 1, kAddMask = 2 };
 
-template <int D, int DV, int MK>
+// ES: bytes an element of q, k and v (2; 1: the FP8 prefill, 128-key tiles, V transposed: a stage's V tile is DV
+// rows of the tile's 128 keys).
+template <int D, int DV, int MK, int ES = 2>
 struct Layout {
-    static constexpr int kBlockN = Cfg<D>::kBlockN;
+    static constexpr int kBlockN = ES == 1 ? 128 : Cfg<D>::kBlockN;
     // a mask tile a stage takes the room of the deeper ring at D = 64
-    static constexpr int kStages = MK == kNoMask ? Cfg<D>::kStages : D == 64 ? 3 : 2;
-    static constexpr uint32_t kQBytes = kBlockM * D * 2, kKBytes = kBlockN * D * 2, kVBytes = kBlockN * DV * 2;
-    static constexpr uint32_t kQSlab = kBlockM * 128, kKVSlab = kBlockN * 128;  // bytes of one 64-column slab
+    static constexpr int kStages = ES == 1 ? (D == 128 ? 4 : 2) : MK == kNoMask ? Cfg<D>::kStages : D == 64 ? 3 : 2;
+    static constexpr uint32_t kQBytes = kBlockM * D * ES, kKBytes = kBlockN * D * ES, kVBytes = kBlockN * DV * ES;
+    static constexpr uint32_t kQSlab = kBlockM * 128, kKVSlab = kBlockN * 128;  // bytes of one 128-byte-wide slab
     // mask tiles: bytes an element, a box row (128, or 64 for a bool tile of 64 keys), keys a box row, boxes a tile
     static constexpr uint32_t kMaskEs = MK == kBoolMask ? 1 : 2;
     static constexpr uint32_t kMaskPitch = kBlockN * kMaskEs < 128 ? kBlockN * kMaskEs : 128;
@@ -123,6 +126,8 @@ struct Layout {
     static_assert(kSmem <= 227 * 1024, "shared memory over the sm_90 limit");
     static_assert(kMaskPitch == 128 || kMaskPitch == 64, "mask rows in 128- or 64-byte swizzle");
     static_assert(head_dims_built(D, DV) && DV <= D && D <= 256, "O is staged in the Q tile's rows");
+    static_assert(ES == 2 || (MK == kNoMask && D == DV && D >= 128 && kStages * kKBytes >= kBlockM * DV * 2),
+                  "FP8: no mask, D = DV 128 or 256, O (16-bit) staged in the K ring");
 };
 
 // What every kernel here takes: the output, its strides and the call's shape (filled by base_params). The prefill
@@ -157,6 +162,9 @@ struct Params : BaseParams {
     float cap_in, cap_out;
     Window win;
     const float* sinks;
+    // The FP8 prefill's descale factors (FP32, kv head hk's at [hk * descale_sh]; null: 1).
+    const float *q_descale, *k_descale, *v_descale;
+    int64_t descale_sh;
 };
 
 // The prefill kernel's varlen mode (a serving batch, attn_lt_flash_sm90_batch): Params with Sq, Sk the capacities
@@ -178,9 +186,10 @@ constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 // One key tile's online softmax on S (N accumulators, scores times sc are in the exp2 domain): the running row max m
 // and this thread's part of the row sum l are updated, corr gets the factors that rescale what O holds, and S
 // becomes P = exp2(S * sc - max * sc). A row with no visible key yet keeps max -inf and P 0 (no inf - inf).
+// bias: added to every exponent (P and the sum come out times 2^bias; the FP8 prefill's 8).
 template <int N>
 __device__ __forceinline__ void online_softmax(float (&sacc)[N], float (&m)[2], float (&l)[2], float sc,
-                                               float (&corr)[2]) {
+                                               float (&corr)[2], float bias = 0.f) {
     float mx[2] = {m[0], m[1]};
 #pragma unroll
     for (int j = 0; j < N / 4; ++j) {
@@ -193,7 +202,7 @@ __device__ __forceinline__ void online_softmax(float (&sacc)[N], float (&m)[2], 
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));  // the 4 lanes of a row
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
         corr[r] = m[r] == -INFINITY ? 0.f : ex2((m[r] - mx[r]) * sc);
-        ref[r] = mx[r] == -INFINITY ? 0.f : mx[r] * sc;
+        ref[r] = (mx[r] == -INFINITY ? 0.f : mx[r] * sc) - bias;
         m[r] = mx[r];
         l[r] *= corr[r];
     }
@@ -242,6 +251,27 @@ __device__ __forceinline__ void to_a_fragments(const float (&sacc)[N], uint32_t 
         pf[kk][1] = pack2<T>(sacc[8 * kk + 2], sacc[8 * kk + 3]);  // row rw + 8, same columns
         pf[kk][2] = pack2<T>(sacc[8 * kk + 4], sacc[8 * kk + 5]);  // row rw,     cols 8 + 2(l%4) + 0..1
         pf[kk][3] = pack2<T>(sacc[8 * kk + 6], sacc[8 * kk + 7]);  // row rw + 8
+    }
+}
+
+// P in FP32 to the e4m3 A operand of P V (k32 steps): the accumulator's eight columns of a row in a 32-key step
+// (8j + 2(l%4) + 0..1, j = 0..3) packed in order, as the A fragment's columns 4(l%4) + 0..3 and 16 + 4(l%4) + 0..3.
+// The keys of V's transposed tile are permuted to match (fp8_key_of), so no register moves between lanes.
+__device__ __forceinline__ uint32_t pack4_e4m3(float a, float b, float c, float d) {
+    uint16_t lo, hi;  // cvt.rn.satfinite.e4m3x2.f32 d, x, y: x to the upper byte, y to the lower
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(lo) : "f"(b), "f"(a));
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(hi) : "f"(d), "f"(c));
+    return uint32_t(lo) | (uint32_t(hi) << 16);
+}
+template <int N>
+__device__ __forceinline__ void to_e4m3_fragments(const float (&sacc)[N], uint32_t (&pf)[N / 16][4]) {
+#pragma unroll
+    for (int kb = 0; kb < N / 16; ++kb) {
+        const float* x = sacc + 16 * kb;
+        pf[kb][0] = pack4_e4m3(x[0], x[1], x[4], x[5]);      // row rw
+        pf[kb][1] = pack4_e4m3(x[2], x[3], x[6], x[7]);      // row rw + 8
+        pf[kb][2] = pack4_e4m3(x[8], x[9], x[12], x[13]);    // row rw
+        pf[kb][3] = pack4_e4m3(x[10], x[11], x[14], x[15]);  // row rw + 8
     }
 }
 
@@ -382,10 +412,14 @@ __global__ void __launch_bounds__(kThreads, 1)
                    const __grid_constant__ CUtensorMap tmv, const __grid_constant__ CUtensorMap tmm,
                    const FwdParams<kVarlen> p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using L = Layout<D, DV, MK>;
+    constexpr bool kFp8 = sizeof(T) == 1;  // the FP8 prefill (e4m3 q, k, transposed v; o bf16)
+    using L = Layout<D, DV, MK, sizeof(T)>;
+    using To = std::conditional_t<kFp8, __nv_bfloat16, T>;  // o's element type
     constexpr bool kMasked = MK != kNoMask;
     using M = std::conditional_t<MK == kBoolMask, bool, T>;  // the mask's element type
     constexpr int BN = L::kBlockN, kStages = L::kStages;
+    constexpr int kKP = kFp8 ? 32 : 16;  // keys a k-step of P V
+    static_assert(!kFp8 || (!kVarlen && MK == kNoMask), "the FP8 prefill: dense, without a mask");
     constexpr bool kPingPong = kOverlap && DV <= 128;  // as FA3: the D = 256 tiles leave no room to take turns
     static_assert(!kVarlen || (MK == kNoMask && D == DV), "the varlen mode is built without masks, DV = D only");
     static_assert(!kPaged || (kVarlen && kOverlap), "the paged mode is the varlen mode's, default pipeline only");
@@ -474,7 +508,10 @@ __global__ void __launch_bounds__(kThreads, 1)
                                     mr, mh, mb);
                 mbar_wait(empty_v(s), ph ^ 1);
                 mbar_expect_tx(full_v(s), L::kVBytes);
-                tma_load_5d(sV + s * L::kVBytes, &tmv, full_v(s), 0, k0 + n0, 0, hk, bz);
+                if constexpr (kFp8)  // the transposed V: (keys, DV, Hkv, B), a box of DV rows of the tile's keys
+                    tma_load_4d(sV + s * L::kVBytes, &tmv, full_v(s), n0, 0, hk, b);
+                else
+                    tma_load_5d(sV + s * L::kVBytes, &tmv, full_v(s), 0, k0 + n0, 0, hk, bz);
                 ring_next<kStages>(s, ph);
             }
         }
@@ -486,9 +523,19 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int warp = tid / 32, lane = tid % 32;
         const int rw = 16 * warp + lane / 4;  // row (within the warpgroup's 64) of d[4j + 0..1]; d[4j + 2..3]: rw + 8
         const int row0 = m0 + 64 * c + rw, row1 = row0 + 8;
+        // FP8: S comes in units of q_descale x k_descale (qk) and O of v_descale (dv); P is stored times 2^8
+        // (pb: e4m3 then keeps P down to 2^-17)
+        float qk = 1.f, dv = 1.f;
+        if constexpr (kFp8) {
+            const int64_t at = int64_t(hk) * p.descale_sh;
+            qk = (p.q_descale != nullptr ? p.q_descale[at] : 1.f) * (p.k_descale != nullptr ? p.k_descale[at] : 1.f);
+            dv = p.v_descale != nullptr ? p.v_descale[at] : 1.f;
+        }
+        constexpr float pb = kFp8 ? 8.f : 0.f;
         // softcap: S becomes tanh(S * cap_in), and cap_out joins the exp2-domain scale
         const bool capped = p.cap_in > 0.f;
-        const float sl2 = capped ? p.sl2 * p.cap_out : p.sl2;
+        const float cap_in = p.cap_in * qk;
+        const float sl2 = capped ? p.sl2 * p.cap_out : p.sl2 * qk;
         // Masked kernels keep the scores in the exp2 domain (scaled, mask added) from the softmax on: sc = 1.
         const float sc = kMasked ? 1.f : sl2;
         // This thread's mask rows in a stage (row 0 when all rows read one), as byte offsets and swizzle phases:
@@ -502,31 +549,38 @@ __global__ void __launch_bounds__(kThreads, 1)
 
         float o[DV / 2];         // O accumulator, m64 x DV fragment
         float sacc[BN / 2];      // S accumulator, m64 x BN fragment; after the softmax, P in FP32
-        uint32_t pf[BN / 16][4];  // P as the A operand of PV, one k16 step each
+        uint32_t pf[BN / kKP][4];  // P as the A operand of PV, one k-step each
 #pragma unroll
         for (int i = 0; i < DV / 2; ++i) o[i] = 0.f;
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) sacc[i] = 0.f;
 #pragma unroll
-        for (int i = 0; i < BN / 16; ++i) pf[i][0] = pf[i][1] = pf[i][2] = pf[i][3] = 0u;
+        for (int i = 0; i < BN / kKP; ++i) pf[i][0] = pf[i][1] = pf[i][2] = pf[i][3] = 0u;
         float m_r[2] = {-INFINITY, -INFINITY};  // running row max of the raw scores
         float l_r[2] = {0.f, 0.f};              // running row sum (this thread's columns; reduced at the end)
 
         const uint32_t q_wg = sQ + 64 * c * 128;  // this warpgroup's 64 rows in every Q slab (8 atoms, 1024-aligned)
-        // S = Q K^T: k-step kk reads 16 columns of slab kk / 4, 32 bytes into its 128-byte rows.
+        // S = Q K^T: k-step kk reads 32 bytes (16 columns; FP8 32) of slab kk / 4, 32 bytes into its 128-byte rows.
         auto issue_qk = [&](int s) {
             const uint32_t k_base = sK + s * L::kKBytes;
 #pragma unroll
-            for (int kk = 0; kk < D / 16; ++kk)
-                wgmma_ss<BN, T>(sacc, make_desc(q_wg + (kk / 4) * L::kQSlab + (kk % 4) * 32, 16),
-                                make_desc(k_base + (kk / 4) * L::kKVSlab + (kk % 4) * 32, 16), kk > 0);
+            for (int kk = 0; kk < D * int(sizeof(T)) / 32; ++kk) {
+                const uint64_t da = make_desc(q_wg + (kk / 4) * L::kQSlab + (kk % 4) * 32, 16);
+                const uint64_t db = make_desc(k_base + (kk / 4) * L::kKVSlab + (kk % 4) * 32, 16);
+                if constexpr (kFp8) wgmma_ss_e4m3<BN>(sacc, da, db, kk > 0);
+                else wgmma_ss<BN, T>(sacc, da, db, kk > 0);
+            }
         };
         // O += P V: k-step kk reads keys [16kk, 16kk + 16) = two 8-row atoms (2048 bytes); the DV columns span the
-        // DV / 64 slabs, LBO apart.
+        // DV / 64 slabs, LBO apart. FP8: the tile is V transposed (DV rows of 128 keys, K-major): k-step kk reads
+        // 32 bytes (keys) into every row.
         auto issue_pv = [&](int s) {
             const uint32_t v_base = sV + s * L::kVBytes;
 #pragma unroll
-            for (int kk = 0; kk < BN / 16; ++kk) wgmma_rs<DV, T>(o, pf[kk], make_desc(v_base + kk * 2048, L::kKVSlab));
+            for (int kk = 0; kk < BN / kKP; ++kk) {
+                if constexpr (kFp8) wgmma_rs_e4m3<DV>(o, pf[kk], make_desc(v_base + kk * 32, 16));
+                else wgmma_rs<DV, T>(o, pf[kk], make_desc(v_base + kk * 2048, L::kKVSlab));
+            }
         };
         auto release = [&](uint32_t bar) {
             if (lane == 0) mbar_arrive(bar);
@@ -546,7 +600,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         auto softmax = [&](int n0, bool edge, int st, float(&corr)[2]) {
             if (capped) {
 #pragma unroll
-                for (int i = 0; i < BN / 2; ++i) sacc[i] = tanh_approx(sacc[i] * p.cap_in);
+                for (int i = 0; i < BN / 2; ++i) sacc[i] = tanh_approx(sacc[i] * cap_in);
             }
             if constexpr (kMasked) {
                 const unsigned char* ms = smem_m + st * L::kMaskStage;
@@ -563,7 +617,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 }
             }
             if (edge) hide_keys(sacc, n0 + 2 * (lane % 4), lo0, lim0, lo1, lim1);
-            online_softmax(sacc, m_r, l_r, sc, corr);
+            online_softmax(sacc, m_r, l_r, sc, corr, pb);
         };
         // The softmax of the tile in stage st; its K tile (and mask tile) is released as soon as nothing reads it:
         // before the softmax, or after it when the softmax reads the stage's mask tile.
@@ -584,7 +638,10 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
         };
         auto rescale_o = [&](const float(&corr)[2]) { scale_rows(o, corr[0], corr[1]); };
-        auto convert_p = [&]() { to_a_fragments<T>(sacc, pf); };
+        auto convert_p = [&]() {
+            if constexpr (kFp8) to_e4m3_fragments(sacc, pf);
+            else to_a_fragments<T>(sacc, pf);
+        };
 
         if (n_tiles > 0) {
             mbar_wait(full_q, 0);
@@ -682,27 +739,31 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         // the attention sink (exp2 domain) joins each row's denominator
         const float s2 = p.sinks != nullptr ? p.sinks[h] * kLog2e : -INFINITY;
-        const float2 fin0 = finish_row(m_r[0] * sc, l_r[0], s2), fin1 = finish_row(m_r[1] * sc, l_r[1], s2);
-        const float inv0 = fin0.x, inv1 = fin1.x;
+        const float2 fin0 = finish_row(m_r[0] * sc - pb, l_r[0], s2), fin1 = finish_row(m_r[1] * sc - pb, l_r[1], s2);
+        const float inv0 = fin0.x * dv, inv1 = fin1.x * dv;
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        const uint32_t o_wg = q_wg;
+        // O is staged in the warpgroup's rows of the Q tile; FP8 (a 16-bit O is wider than the Q tile) in the K
+        // ring, once both warpgroups' last GEMMs have read it (no copy is in flight: every loaded stage was used).
+        if constexpr (kFp8) bar_sync(5, 256);
+        const uint32_t o_wg = kFp8 ? sK + c * (64 * DV * 2) : q_wg;
+        constexpr uint32_t kOSlab = kFp8 ? 64 * 128 : L::kQSlab;  // bytes between O's 64-column slabs
 #pragma unroll
         for (int j = 0; j < DV / 8; ++j) {
             // Element (rw, 8j + 2(l%4)): slab j / 8, 16-byte chunk j % 8 swizzled by the row; rows rw and rw + 8
             // share the swizzle phase (rw % 8).
-            const uint32_t addr = o_wg + (j / 8) * L::kQSlab + swizzled(rw, j % 8) + (lane % 4) * 4;
-            st_shared_u32(addr, pack2<T>(o[4 * j] * inv0, o[4 * j + 1] * inv0));
-            st_shared_u32(addr + 8 * 128, pack2<T>(o[4 * j + 2] * inv1, o[4 * j + 3] * inv1));
+            const uint32_t addr = o_wg + (j / 8) * kOSlab + swizzled(rw, j % 8) + (lane % 4) * 4;
+            st_shared_u32(addr, pack2<To>(o[4 * j] * inv0, o[4 * j + 1] * inv0));
+            st_shared_u32(addr + 8 * 128, pack2<To>(o[4 * j + 2] * inv1, o[4 * j + 3] * inv1));
         }
         bar_sync(3 + c, 128);  // the warpgroup's O tile is in shared memory
-        T* out = static_cast<T*>(p.o) + (kVarlen ? int64_t(q0) * p.o_ss : b * p.o_sb) + h * p.o_sh;
+        To* out = static_cast<To*>(p.o) + (kVarlen ? int64_t(q0) * p.o_ss : b * p.o_sb) + h * p.o_sh;
         constexpr int kChunks = DV / 8;  // 16-byte chunks a row
 #pragma unroll 4
         for (int idx = tid; idx < 64 * kChunks; idx += 128) {
             const int r = idx / kChunks, ch = idx % kChunks;
             const int row = m0 + 64 * c + r;
             if (row < Sq) {
-                const uint4 v = ld_shared_v4(o_wg + (ch / 8) * L::kQSlab + swizzled(r, ch % 8));
+                const uint4 v = ld_shared_v4(o_wg + (ch / 8) * kOSlab + swizzled(r, ch % 8));
                 *reinterpret_cast<uint4*>(out + int64_t(row) * p.o_ss + ch * 8) = v;
             }
         }
@@ -1461,6 +1522,107 @@ cudaError_t launch_gqa_decode_masked(const attn_lt_flash_args& a, int mk, cudaSt
                             : launch_gqa_decode<D, T, kNoMask>(a, stream);
 }
 
+// ---- the FP8 prefill: e4m3 q, k, v (descale factors a kv head), o bf16 ------------------------------------------
+//
+// e4m3 wgmma takes both operands K-major, so P V needs V with the keys contiguous: transpose_v_e4m3 writes V
+// transposed into the workspace first (a copy of V's bytes, a few percent of the call at 4k keys), its keys permuted
+// within each 32 (fp8_key_of) so that P's accumulator registers, packed in order, are the A fragments of P V
+// (to_e4m3_fragments). Then the prefill kernel runs with T = e4m3: 128-key tiles, QK^T and PV in k32 steps, P
+// times 2^8 in e4m3, O staged in the K ring and written in bf16.
+
+// The key at position n (0..31) of a 32-key step of the transposed V: the accumulator holds, in the order the A
+// fragment reads positions 4t + 0..3 and 16 + 4t + 0..3 (t = lane % 4), keys 2t + {0, 1, 8, 9} and 16 + 2t + ...
+__host__ __device__ constexpr int fp8_key_of(int n) { return (n & 16) + ((n & 2) << 2) + ((n & 12) >> 1) + (n & 1); }
+
+// vt (B, Hkv, DV, Skp) = v (B, Hkv, Sk, DV) transposed (Skp: Sk rounded up to 128; keys past Sk 0), each 32 keys in
+// fp8_key_of's order. Grid (Skp / 128, Hkv, B), 256 threads: 128 keys of one head through shared memory (rows
+// padded by 4 bytes), read and written in 16-byte chunks.
+template <int DV>
+__global__ void __launch_bounds__(256) transpose_v_e4m3(const uint8_t* __restrict__ v, uint8_t* __restrict__ vt,
+                                                        int Sk, int Skp, int Hkv, int64_t sb, int64_t sh,
+                                                        int64_t ss) {
+    __shared__ uint32_t tile[128 * (DV / 4 + 1)];
+    constexpr int kChunks = DV / 16, kPitch = DV / 4 + 1;  // 16-byte chunks a key row; words a shared row
+    const int n0 = blockIdx.x * 128, h = blockIdx.y, b = blockIdx.z;
+    const uint8_t* src = v + b * sb + h * sh;
+    for (int i = threadIdx.x; i < 128 * kChunks; i += 256) {
+        const int r = i / kChunks, c = i % kChunks;
+        uint4 x = make_uint4(0u, 0u, 0u, 0u);
+        if (n0 + r < Sk) x = *reinterpret_cast<const uint4*>(src + int64_t(n0 + r) * ss + 16 * c);
+        uint32_t* row = tile + r * kPitch + 4 * c;
+        row[0] = x.x;
+        row[1] = x.y;
+        row[2] = x.z;
+        row[3] = x.w;
+    }
+    __syncthreads();
+    const uint8_t* bytes = reinterpret_cast<const uint8_t*>(tile);
+    uint8_t* dst = vt + (int64_t(b) * Hkv + h) * DV * Skp + n0;
+    for (int i = threadIdx.x; i < DV * 8; i += 256) {  // DV rows of 128 keys, 8 chunks of 16 each
+        const int d = i / 8, c = i % 8;
+        uint32_t w[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            uint32_t x = 0;
+#pragma unroll
+            for (int t = 0; t < 4; ++t) {
+                const int n = 16 * c + 4 * q + t;
+                x |= uint32_t(bytes[((n & ~31) + fp8_key_of(n & 31)) * kPitch * 4 + d]) << (8 * t);
+            }
+            w[q] = x;
+        }
+        *reinterpret_cast<uint4*>(dst + int64_t(d) * Skp + 16 * c) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+}
+
+// The transposed V (B, Hkv, DV, Skp) bytes as 4-D (Skp, DV, Hkv, B): a box of (128 keys, DV rows) is a stage's V tile
+// (rows of 128 bytes, 128-byte swizzle).
+bool make_vt_map(CUtensorMap* map, const void* vt, int64_t B, int64_t Hkv, int64_t DV, int64_t Skp) {
+    const cuuint64_t dims[4] = {cuuint64_t(Skp), cuuint64_t(DV), cuuint64_t(Hkv), cuuint64_t(B)};
+    const cuuint64_t strides[3] = {cuuint64_t(Skp), cuuint64_t(DV * Skp), cuuint64_t(Hkv * DV * Skp)};
+    const cuuint32_t box[4] = {128, cuuint32_t(DV), 1, 1};
+    const cuuint32_t elem[4] = {1, 1, 1, 1};
+    return encode_tiled()(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, const_cast<void*>(vt), dims, strides, box, elem,
+                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// The FP8 prefill (checked by attn_lt_flash_sm90_fwd): V transposed into a.o_part, then the kernel.
+template <int D>
+cudaError_t launch_fp8(const attn_lt_flash_args& a, cudaStream_t stream) {
+    using T = __nv_fp8_e4m3;
+    using L = Layout<D, D, kNoMask, 1>;
+    const int64_t skp = (a.Sk + 127) / 128 * 128;
+    uint8_t* vt = reinterpret_cast<uint8_t*>(a.o_part);
+    transpose_v_e4m3<D><<<dim3(static_cast<unsigned>(skp / 128), static_cast<unsigned>(a.Hkv),
+                               static_cast<unsigned>(a.B)),
+                          256, 0, stream>>>(static_cast<const uint8_t*>(a.v), vt, static_cast<int>(a.Sk),
+                                            static_cast<int>(skp), static_cast<int>(a.Hkv), a.v_sb, a.v_sh, a.v_ss);
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+    Params p{};
+    static_cast<BaseParams&>(p) = base_params(a);
+    set_variant(p, a);
+    p.q_descale = a.q_descale;
+    p.k_descale = a.k_descale;
+    p.v_descale = a.v_descale;
+    p.descale_sh = a.descale_sh;
+    const int64_t m_blocks = (a.Sq + kBlockM - 1) / kBlockM;
+    p.m_blocks = static_cast<int>(m_blocks);
+    constexpr CUtensorMapDataType dt = tma_dtype<T>();
+    alignas(64) CUtensorMap mq, mk, mv;
+    if (!make_map(&mq, dt, a.q, a.B, a.Hq, a.Sq, D, a.q_sb, a.q_sh, a.q_ss, kBlockM, 1) ||
+        !make_map(&mk, dt, a.k, a.B, a.Hkv, a.Sk, D, a.k_sb, a.k_sh, a.k_ss, L::kBlockN, 1) ||
+        !make_vt_map(&mv, vt, a.B, a.Hkv, D, skp))
+        return static_cast<cudaError_t>(ATTN_LT_ERR_TENSOR_MAP);
+    const auto kernel = flash_sm90_fwd<D, D, T, true, kNoMask>;
+    err = opt_in_smem(reinterpret_cast<const void*>(kernel), L::kSmem);
+    if (err != cudaSuccess) return err;
+    const dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(a.Hq), static_cast<unsigned>(a.B));
+    kernel<<<grid, kThreads, L::kSmem, stream>>>(mq, mk, mv, mk, p);
+    return cudaGetLastError();
+}
+
 // The plain pipeline is built without masks, and D != DV without masks (mask_kind, the head dims and the variant are
 // checked before).
 template <int D, int DV, typename T>
@@ -1585,6 +1747,26 @@ cudaError_t launch_dim(const attn_lt_flash_args& a, int mk, cudaStream_t stream)
     return launch_variant<256, 256, T>(a, mk, stream);
 }
 
+// The FP8 prefill's rules beyond attn_lt_flash_sm90_fwd's common ones (attn_lt.h), then its launch.
+int fp8_prefill(const attn_lt_flash_args& a, cudaStream_t stream) {
+    const int64_t dv = a.Dv == 0 ? a.D : a.Dv;
+    if (a.kv_dtype != ATTN_LT_E4M3 || (a.D != 128 && a.D != 256) || dv != a.D) return ATTN_LT_ERR_DTYPE;
+    if (a.mask_dtype != ATTN_LT_NONE) return ATTN_LT_ERR_MASK;
+    if (a.variant != ATTN_LT_FLASH_SM90_DEFAULT || a.splits > 1) return ATTN_LT_ERR_VARIANT;
+    if (!variant_ok(a)) return ATTN_LT_ERR_WINDOW;
+    if (a.o_part == nullptr || a.descale_sh < 0 || a.descale_sh > 1) return ATTN_LT_ERR_ARGS;
+    if (!aligned16(a.o_part)) return ATTN_LT_ERR_ALIGNMENT;
+    if (!stride_ok(a.B, a.q_sb, 1) || !stride_ok(a.Hq, a.q_sh, 1) || !stride_ok(a.Sq, a.q_ss, 1) ||
+        !stride_ok(a.B, a.k_sb, 1) || !stride_ok(a.Hkv, a.k_sh, 1) || !stride_ok(a.Sk, a.k_ss, 1) ||
+        !stride_ok(a.B, a.v_sb, 1) || !stride_ok(a.Hkv, a.v_sh, 1) || !stride_ok(a.Sk, a.v_ss, 1) ||
+        !stride_ok(a.B, a.o_sb) || !stride_ok(a.Hq, a.o_sh) || !stride_ok(a.Sq, a.o_ss))
+        return ATTN_LT_ERR_STRIDES;
+    cudaError_t err = check_device();
+    if (err != cudaSuccess) return static_cast<int>(err);
+    if (encode_tiled() == nullptr) return static_cast<int>(cudaErrorNotSupported);
+    return static_cast<int>(a.D == 128 ? launch_fp8<128>(a, stream) : launch_fp8<256>(a, stream));
+}
+
 }  // namespace
 
 extern "C" int attn_lt_flash_sm90_supported(void) {
@@ -1609,6 +1791,7 @@ extern "C" int attn_lt_flash_sm90_fwd(const attn_lt_flash_args* a, void* stream)
     if (a->Sq >= (1LL << 30) || a->Sk >= (1LL << 30)) return ATTN_LT_ERR_LENGTH;
     if (!(a->scale > 0.f)) return ATTN_LT_ERR_SCALE;
     if (!aligned16(a->q) || !aligned16(a->k) || !aligned16(a->v) || !aligned16(a->o)) return ATTN_LT_ERR_ALIGNMENT;
+    if (a->dtype == ATTN_LT_E4M3) return fp8_prefill(*a, static_cast<cudaStream_t>(stream));
     if ((a->dtype != ATTN_LT_F16 && a->dtype != ATTN_LT_BF16) || a->kv_dtype != ATTN_LT_NONE) return ATTN_LT_ERR_DTYPE;
     const bool decode = a->variant == ATTN_LT_FLASH_SM90_DECODE;
     if (a->variant != ATTN_LT_FLASH_SM90_DEFAULT && a->variant != ATTN_LT_FLASH_SM90_PLAIN && !decode)

@@ -219,6 +219,34 @@ __device__ __forceinline__ void wgmma_rs_kmajor(float* d, const uint32_t* a, uin
     }
 }
 
+// FP8 (e4m3) wgmma, k32 a step: both operands K-major (e4m3 takes no transpose). A from registers (4 x 32-bit of
+// four bytes each, lowest byte the lowest column): a[0] = A(16w + l/4, 4(l%4) + 0..3), a[1] = A(16w + l/4 + 8,
+// same), a[2] = A(16w + l/4, 16 + 4(l%4) + 0..3), a[3] = A(16w + l/4 + 8, 16 + ...).
+#define WGMMA_SS_E4M3(NN, REGS, ACC, IA, IB, IS)                                                              \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #IS ", 0;\n"                                          \
+                 "wgmma.mma_async.sync.aligned.m64n" #NN "k32.f32.e4m3.e4m3 {" REGS "}, %" #IA ", %" #IB      \
+                 ", p, 1, 1;\n}\n"                                                                           \
+                 : ACC                                                                                        \
+                 : "l"(da), "l"(db), "r"(scale_d))
+#define WGMMA_RS_E4M3(NN, REGS, ACC, A0, A1, A2, A3, IB)                                                    \
+    asm volatile("wgmma.mma_async.sync.aligned.m64n" #NN "k32.f32.e4m3.e4m3 {" REGS "}, {%" #A0 ", %" #A1   \
+                 ", %" #A2 ", %" #A3 "}, %" #IB ", 1, 1, 1;\n"                                              \
+                 : ACC                                                                                      \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db))
+// D (m64 x N) = [D if scale_d] + A (m64 x k32, shared) * B (k32 x N, shared): Q K^T in FP8.
+template <int N>
+__device__ __forceinline__ void wgmma_ss_e4m3(float* d, uint64_t da, uint64_t db, int scale_d) {
+    static_assert(N == 128, "the FP8 key tile");
+    WGMMA_SS_E4M3(128, WG_D64, WG_ACC64(d), 64, 65, 66);
+}
+// D (m64 x N) += A (m64 x k32, registers) * B (k32 x N, shared, K-major): P V in FP8 (V transposed).
+template <int N>
+__device__ __forceinline__ void wgmma_rs_e4m3(float* d, const uint32_t* a, uint64_t db) {
+    static_assert(N == 128 || N == 256, "the FP8 head dims");
+    if constexpr (N == 128) WGMMA_RS_E4M3(128, WG_D64, WG_ACC64(d), 64, 65, 66, 67, 68);
+    else WGMMA_RS_E4M3(256, WG_D128, WG_ACC128(d), 128, 129, 130, 131, 132);
+}
+
 // D (m64 x 256, f32) += A (m64 x k16, shared, K-major) * B (k16 x 256, shared, N-major: imm-trans-b = 1).
 template <typename T>
 __device__ __forceinline__ void wgmma_ss_vt256(float* d, uint64_t da, uint64_t db) {
@@ -274,15 +302,17 @@ bool stride_ok(int64_t size, int64_t stride, int64_t esize = 2) {
     return size == 1 || (stride > 0 && stride % (16 / esize) == 0 && stride < (int64_t(1) << 40) / esize);
 }
 
-// A 16-bit (B, H, S, D) tensor seen as 5-D (64, S, D / 64, H, B) with byte strides (row, 128, head, batch): one box
-// of (64, rows, D / 64, 1, 1) is the slab layout (64-column slabs, 128-byte swizzle) of a tile of `rows` rows. A
-// dimension of size 1 gets a nominal legal stride.
+// A (B, H, S, D) tensor of es-byte elements (2, or 1: e4m3) seen as 5-D (c, S, D / c, H, B), c = 128 / es the
+// elements of 128 bytes, with byte strides (row, 128, head, batch): one box of (c, rows, D / c, 1, 1) is the slab
+// layout (128-byte slabs, 128-byte swizzle) of a tile of `rows` rows. A dimension of size 1 gets a nominal legal
+// stride.
 bool make_map(CUtensorMap* map, CUtensorMapDataType dt, const void* ptr, int64_t B, int64_t H, int64_t S, int64_t D,
-              int64_t sb, int64_t sh, int64_t ss, uint32_t rows) {
-    const auto st = [](int64_t size, int64_t stride) { return cuuint64_t(size == 1 ? 16 : stride * 2); };
-    const cuuint64_t dims[5] = {64, cuuint64_t(S), cuuint64_t(D / 64), cuuint64_t(H), cuuint64_t(B)};
+              int64_t sb, int64_t sh, int64_t ss, uint32_t rows, int64_t es = 2) {
+    const auto st = [es](int64_t size, int64_t stride) { return cuuint64_t(size == 1 ? 16 : stride * es); };
+    const uint32_t c = static_cast<uint32_t>(128 / es);
+    const cuuint64_t dims[5] = {c, cuuint64_t(S), cuuint64_t(D / c), cuuint64_t(H), cuuint64_t(B)};
     const cuuint64_t strides[4] = {st(S, ss), 128, st(H, sh), st(B, sb)};
-    const cuuint32_t box[5] = {64, rows, cuuint32_t(D / 64), 1, 1};
+    const cuuint32_t box[5] = {c, rows, cuuint32_t(D / c), 1, 1};
     const cuuint32_t elem[5] = {1, 1, 1, 1, 1};
     return encode_tiled()(map, dt, 5, const_cast<void*>(ptr), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
                           CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
@@ -299,8 +329,10 @@ cudaError_t check_device() {
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// The TMA element type of fp16 / bf16.
+// The TMA element type of fp16 / bf16 (and e4m3, as bytes).
 template <typename T>
 constexpr CUtensorMapDataType tma_dtype() {
-    return std::is_same<T, __nv_bfloat16>::value ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    return sizeof(T) == 1                               ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+           : std::is_same<T, __nv_bfloat16>::value ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                   : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
 }

@@ -363,7 +363,7 @@ def test_check_kv_descale():
     for k, v, error, match in ((1.0, None, ValueError, "FP8 KV cache"), ):
         with pytest.raises(error, match=match):
             check_kv_descale(k, v, False, 4, cpu)
-    for k, v, error, match in ((torch.ones(4), torch.ones(1), ValueError, "per kv head or both one value"),
+    for k, v, error, match in ((torch.ones(4), torch.ones(1), ValueError, "all be per kv head or all one value"),
                                (torch.ones(3), None, ValueError, r"\(4,\)"),
                                (torch.ones(8)[::2], None, ValueError, "contiguous"),
                                (torch.ones(4, dtype=torch.float16), None, TypeError, "float32"),

@@ -71,7 +71,7 @@ def test_fp8_dense_refusals():
     q = torch.randn(B, Hq, 1, D, dtype=dtype, device="cuda")
     with pytest.raises(ValueError, match="at most 16 query rows"):
         attn_lt.attention(torch.randn(B, Hq, 5, D, dtype=dtype, device="cuda"), k8, v8, k_descale=kd)
-    with pytest.raises(ValueError, match="decode blocks"):
+    with pytest.raises(ValueError, match="fused kernels"):
         attn_lt.attention(q, k8, v8, backend="lt")
     with pytest.raises(ValueError, match="return_key_mass"):
         attn_lt.attention(q, k8, v8, return_key_mass=True)

@@ -26,8 +26,9 @@ def test_struct_matches_header():
     assert ctypes.sizeof(native.TileMergeArgs) == 6 * 8 + 12 * 8 + 2 * 4
     # ... scale, 6 int32, padding, sinks, softcap, the window's 2 int32, padding, the scores' pointer and 2 strides,
     # the FP8 descale pointers, their head stride, kv_dtype and padding
-    assert ctypes.sizeof(native.FlashArgs) == 8 * 8 + 22 * 8 + 4 + 6 * 4 + 4 + 8 + 4 + 2 * 4 + 4 + 3 * 8 + 3 * 8 + 2 * 4
-    assert native.FlashArgs.kv_dtype.offset == ctypes.sizeof(native.FlashArgs) - 8  # (ABI 19)
+    assert ctypes.sizeof(native.FlashArgs) == (8 * 8 + 22 * 8 + 4 + 6 * 4 + 4 + 8 + 4 + 2 * 4 + 4 + 3 * 8 + 3 * 8 + 2 * 4
+                                               + 8)
+    assert native.FlashArgs.kv_dtype.offset == ctypes.sizeof(native.FlashArgs) - 16  # (ABI 20: q_descale last)
     assert ctypes.sizeof(native.MassArgs) == ctypes.sizeof(native.FlashArgs) + 3 * 8
     assert ctypes.sizeof(native.BatchMassArgs) == ctypes.sizeof(native.BatchArgs) + 3 * 8
     assert native.FlashArgs().window_left == native.BatchArgs().f.window_right == -1  # no window unless asked

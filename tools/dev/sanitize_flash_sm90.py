@@ -3,7 +3,9 @@
 compute-sanitizer (both pipeline variants; D 64/128/256, MLA prefill's q/k 192 with v 128, MLA decode's q/k 576
 with v = k[..., :512] in parts, the decode kernel's 64-row blocks in parts, with and without a mask; fp16/bf16; key
 and query tails; causal with Sq != Sk both ways; GQA; a (B, S, H, D) view; dense masks read by TMA: bool and
-additive, shared by the heads, per head, one row for every query, a padded view). Exits 1 when an output is wrong, 2 when the kernels cannot run here.
+additive, shared by the heads, per head, one row for every query, a padded view; the FP8 prefill: e4m3 q, k, v
+through attention(), key and query tails, causal, GQA, a window with sinks). Exits 1 when an output is wrong, 2 when
+the kernels cannot run here.
 
     compute-sanitizer --tool memcheck  python3 tools/dev/sanitize_flash_sm90.py
     compute-sanitizer --tool racecheck python3 tools/dev/sanitize_flash_sm90.py
@@ -22,8 +24,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 from bench_flash_sm90 import sm90_call  # noqa: E402
 
+import attn_lt  # noqa: E402
 from attn_lt import native  # noqa: E402
-from attn_lt.testing import forced_flash_error, random_qkv, reference, rel_error  # noqa: E402
+from attn_lt.testing import (fp8_heads, fp8_heads_values, forced_flash_error, random_qkv, reference,  # noqa: E402
+                             rel_error, tolerance)
 
 # (B, Hq, Hkv, Sq, Sk, D, dtype, causal, layout, variant)
 CASES = [
@@ -37,6 +41,12 @@ CASES = [
     (1, 1, 1, 64, 200, 256, torch.float16, False, "bshd", "plain"),
 ]
 # MLA prefill, q/k head dim 192 and v's 128: (B, Hq, Hkv, Sq, Sk, dtype, causal, variant)
+# the FP8 prefill: (B, Hq, Hkv, Sq, Sk, D, causal, window)
+FP8 = [
+    (1, 2, 1, 130, 300, 128, True, None),
+    (2, 2, 2, 97, 97, 256, False, None),
+    (1, 4, 2, 257, 129, 128, False, (40, 3)),
+]
 MLA = [
     (1, 2, 1, 200, 333, torch.bfloat16, True, "default"),
     (1, 2, 2, 130, 97, torch.float16, False, "plain"),
@@ -134,7 +144,22 @@ def main() -> int:
         bad += not ok
         print(f"B={B} Hq={Hq} Hkv={Hkv} Sq={Sq} Sk={Sk} D={D} {str(dt)[6:]} causal={int(causal)} {kind} mask "
               f"{shape}: rel error {err:.2e} {'ok' if ok else 'WRONG'}", flush=True)
-    total = len(CASES) + len(MLA) + len(MLA_DECODE) + len(DECODE) + len(MASKED)
+    for B, Hq, Hkv, Sq, Sk, D, causal, window in FP8:
+        g = torch.Generator(device="cuda").manual_seed(Sq + Sk)
+        (q8, qd), (k8, kd), (v8, vd) = (fp8_heads(torch.randn(B, H, S, D, generator=g, device="cuda"), Hkv)
+                                        for H, S in ((Hq, Sq), (Hkv, Sk), (Hkv, Sk)))
+        sinks = torch.randn(Hq, device="cuda") if window else None
+        out = attn_lt.attention(q8, k8, v8, causal=causal, window=window, sinks=sinks, q_descale=qd, k_descale=kd,
+                                v_descale=vd)
+        vals = [fp8_heads_values(x, d) for x, d in ((q8, qd), (k8, kd), (v8, vd))]
+        kw = dict(causal=causal, window=window, sinks=sinks, dtype=torch.float64)
+        ref, emu = reference(*vals, **kw)[0], reference(*vals, p_e4m3=True, **kw)[0]
+        err = rel_error(out, ref)
+        ok = err <= tolerance(rel_error(emu.to(torch.bfloat16), ref))
+        bad += not ok
+        print(f"B={B} Hq={Hq} Hkv={Hkv} Sq={Sq} Sk={Sk} D={D} e4m3 causal={int(causal)} window={window}: rel error "
+              f"{err:.2e} {'ok' if ok else 'WRONG'}", flush=True)
+    total = len(CASES) + len(MLA) + len(MLA_DECODE) + len(DECODE) + len(MASKED) + len(FP8)
     print(f"{total - bad} passed, {bad} failed")
     return 1 if bad else 0
 
