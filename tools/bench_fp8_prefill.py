@@ -24,23 +24,12 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import attn_lt  # noqa: E402
+from bench_flash_sm90 import HIDDEN, TOKENS, sdpa_call  # noqa: E402
 from attn_lt.testing import fp8_heads, fp8_heads_values, reference, rel_error, time_ms  # noqa: E402
 
-TOKENS, HIDDEN = 16384, 2048
 PROVIDERS = ("fp8", "bf16", "cudnn", "flash")
-
-
-def sdpa_call(q, k, v, causal, backend):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    be = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
-
-    def run():
-        with sdpa_kernel(be):
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
-
-    return run
 
 
 def kernel_split(fn) -> dict:

@@ -10,6 +10,7 @@ the kernels cannot run here.
     compute-sanitizer --tool memcheck  python3 tools/dev/sanitize_flash_sm90.py
     compute-sanitizer --tool racecheck python3 tools/dev/sanitize_flash_sm90.py
     compute-sanitizer --tool synccheck python3 tools/dev/sanitize_flash_sm90.py
+    compute-sanitizer --tool racecheck python3 tools/dev/sanitize_flash_sm90.py fp8   # one group (names: GROUPS)
 """
 
 from __future__ import annotations
@@ -90,13 +91,23 @@ def padded_mask(kind, shape, dtype):
     return m[..., :Sk]
 
 
+#: The groups by name: ``sanitize_flash_sm90.py fp8 masked`` runs those alone (racecheck's time).
+GROUPS = {"plain": CASES, "mla": MLA, "mla_decode": MLA_DECODE, "decode": DECODE, "masked": MASKED, "fp8": FP8}
+
+
+def only(group: list) -> list:
+    """The group's cases, or none when the command line names other groups."""
+    names = sys.argv[1:]
+    return group if not names or any(GROUPS.get(n) is group for n in names) else []
+
+
 def main() -> int:
     if not torch.cuda.is_available() or not native.flash_sm90_supported():
         print("sanitize_flash_sm90: needs a compute capability 9.0 GPU and the sm_90a kernel", file=sys.stderr)
         return 2
     torch.manual_seed(0)
     bad = 0
-    for B, Hq, Hkv, Sq, Sk, D, dt, causal, layout, variant in CASES:
+    for B, Hq, Hkv, Sq, Sk, D, dt, causal, layout, variant in only(CASES):
         q, k, v = random_qkv(B, Hq, Hkv, Sq, Sk, D, dt, layout)
         out = torch.full((B, Hq, Sq, D), math.nan, dtype=dt, device="cuda")
         lse = torch.full((B, Hq, Sq), math.nan, device="cuda")
@@ -109,7 +120,7 @@ def main() -> int:
         bad += not ok
         print(f"B={B} Hq={Hq} Hkv={Hkv} Sq={Sq} Sk={Sk} D={D} {str(dt)[6:]} causal={int(causal)} {layout} "
               f"{variant}: rel error {err:.2e} {'ok' if ok else 'WRONG'}", flush=True)
-    for B, Hq, Hkv, Sq, Sk, dt, causal, variant in MLA:
+    for B, Hq, Hkv, Sq, Sk, dt, causal, variant in only(MLA):
         q, k, _ = random_qkv(B, Hq, Hkv, Sq, Sk, 192, dt, "bhsd")
         v = torch.randn(B, Hkv, Sk, 128, device="cuda").to(dt)
         out = torch.full((B, Hq, Sq, 128), math.nan, dtype=dt, device="cuda")
@@ -122,13 +133,13 @@ def main() -> int:
         bad += not ok
         print(f"B={B} Hq={Hq} Hkv={Hkv} Sq={Sq} Sk={Sk} D=192 Dv=128 {str(dt)[6:]} causal={int(causal)} {variant}: "
               f"rel error {err:.2e} {'ok' if ok else 'WRONG'}", flush=True)
-    for B, Hq, Hkv, Sk, dt, parts in MLA_DECODE:
+    for B, Hq, Hkv, Sk, dt, parts in only(MLA_DECODE):
         q, k, _ = random_qkv(B, Hq, Hkv, 1, Sk, 576, dt, "bhsd")
         err, ok = forced_flash_error(q, k, k[..., :512], splits=parts, kernel="sm90")
         bad += not ok
         print(f"B={B} Hq={Hq} Hkv={Hkv} Sk={Sk} D=576 Dv=512 (v in k) {str(dt)[6:]} parts={parts}: "
               f"rel error {err:.2e} {'ok' if ok else 'WRONG'}", flush=True)
-    for B, Hq, Hkv, Sq, Sk, dt, causal, parts, layout, kind, *dim in DECODE:
+    for B, Hq, Hkv, Sq, Sk, dt, causal, parts, layout, kind, *dim in only(DECODE):
         D = dim[0] if dim else 128
         q, k, v = random_qkv(B, Hq, Hkv, Sq, Sk, D, dt, layout)
         m = None if kind is None else padded_mask(kind, (B, 1, Sq, Sk), dt)
@@ -136,7 +147,7 @@ def main() -> int:
         bad += not ok
         print(f"B={B} Hq={Hq} Hkv={Hkv} Sq={Sq} Sk={Sk} D={D} {str(dt)[6:]} causal={int(causal)} {layout} decode "
               f"parts={parts} mask={kind}: rel error {err:.2e} {'ok' if ok else 'WRONG'}", flush=True)
-    for B, Hq, Hkv, Sq, Sk, D, dt, causal, kind, shape in MASKED:
+    for B, Hq, Hkv, Sq, Sk, D, dt, causal, kind, shape in only(MASKED):
         q, k, v = random_qkv(B, Hq, Hkv, Sq, Sk, D, dt, "bhsd")
         dims = {"B1SqSk": (B, 1, Sq, Sk), "11SqSk": (1, 1, Sq, Sk), "BHSqSk": (B, Hq, Sq, Sk), "B11Sk": (B, 1, 1, Sk)}
         m = padded_mask(kind, dims[shape], dt)
@@ -144,7 +155,7 @@ def main() -> int:
         bad += not ok
         print(f"B={B} Hq={Hq} Hkv={Hkv} Sq={Sq} Sk={Sk} D={D} {str(dt)[6:]} causal={int(causal)} {kind} mask "
               f"{shape}: rel error {err:.2e} {'ok' if ok else 'WRONG'}", flush=True)
-    for B, Hq, Hkv, Sq, Sk, D, causal, window in FP8:
+    for B, Hq, Hkv, Sq, Sk, D, causal, window in only(FP8):
         g = torch.Generator(device="cuda").manual_seed(Sq + Sk)
         (q8, qd), (k8, kd), (v8, vd) = (fp8_heads(torch.randn(B, H, S, D, generator=g, device="cuda"), Hkv)
                                         for H, S in ((Hq, Sq), (Hkv, Sk), (Hkv, Sk)))
@@ -159,7 +170,7 @@ def main() -> int:
         bad += not ok
         print(f"B={B} Hq={Hq} Hkv={Hkv} Sq={Sq} Sk={Sk} D={D} e4m3 causal={int(causal)} window={window}: rel error "
               f"{err:.2e} {'ok' if ok else 'WRONG'}", flush=True)
-    total = len(CASES) + len(MLA) + len(MLA_DECODE) + len(DECODE) + len(MASKED) + len(FP8)
+    total = sum(len(only(g)) for g in (CASES, MLA, MLA_DECODE, DECODE, MASKED, FP8))
     print(f"{total - bad} passed, {bad} failed")
     return 1 if bad else 0
 
