@@ -206,7 +206,7 @@ def cmd_explain(a) -> int:
     from .api import explain_case
 
     case = _case(a)
-    e = explain_case(case, a.backend, _budget(a), a.threshold)
+    e = _explain_fp8(case, a) if a.fp8 else explain_case(case, a.backend, _budget(a), a.threshold)
     listing = a.chunks is not False and e.plan is not None
     total = e.plan.n_chunks if e.plan is not None else 0
     shown = total if not listing or a.chunks is None else min(total, a.chunks)
@@ -230,6 +230,25 @@ def cmd_explain(a) -> int:
         print(f"  ... and {total - shown} more chunk{'' if total - shown == 1 else 's'} "
               f"(--chunks N lists N, --chunks all every one)")
     return EXIT_OK
+
+
+def _explain_fp8(case, a):
+    """``explain --fp8 kv|qkv``: attn_lt.explain on "meta" tensors of the case with k and v (and q) in e4m3."""
+    import torch
+
+    from .api import explain
+
+    f8, half = torch.float8_e4m3fn, {"bf16": torch.bfloat16, "fp16": torch.float16}[case.dtype]
+    q = torch.empty(case.B, case.Hq, case.Sq, case.D, dtype=f8 if a.fp8 == "qkv" else half, device="meta")
+    k = torch.empty(case.B, case.Hkv, case.Sk, case.D, dtype=f8, device="meta")
+    v = torch.empty(case.B, case.Hkv, case.Sk, case.Dv, dtype=f8, device="meta")
+    mask = None
+    if case.mask is not None:
+        mask = torch.empty(1, 1, case.Sq, case.Sk, dtype=torch.bool if case.mask.dtype == "bool" else half,
+                           device="meta")
+    sinks = torch.empty(case.Hq, device="meta") if case.sinks else None
+    return explain(q, k, v, attn_mask=mask, causal=case.causal, backend=a.backend, window=case.window,
+                   softcap=case.softcap or None, sinks=sinks)
 
 
 def cmd_demo(a) -> int:
@@ -649,6 +668,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a sliding window (FlashAttention's window_size; -1 unbounded; with --causal, RIGHT is 0)")
     s.add_argument("--softcap", type=float, default=None, help="logit softcapping (Gemma 2: 50)")
     s.add_argument("--sinks", action="store_true", help="attention sinks, one logit a query head (gpt-oss)")
+    s.add_argument("--fp8", choices=("kv", "qkv"), default=None,
+                   help="float8 e4m3 k and v (kv: an FP8 KV cache, q in --dtype: decode rows) or q, k and v too (qkv: "
+                        "the FP8 prefill, output bf16)")
     s.add_argument("--chunks", type=_chunk_count, nargs="?", const=CHUNKS_SHOWN, default=False, metavar="N",
                    help=f"list the plan's chunks: the first N (default {CHUNKS_SHOWN}) or 'all' (streamed; a plan "
                         "of 10M keys has millions)")

@@ -329,3 +329,17 @@ def test_explain_the_attention_variants(capsys):
     assert "native/flash.cu" in out, out  # the decode blocks run the variants (not the sm90 decode kernel)
     code, _, err = run(capsys, "explain", "--window", "a,b")
     assert code != 0 and "LEFT,RIGHT" in err
+
+
+def test_explain_fp8(capsys):
+    """--fp8 qkv: the FP8 prefill (e4m3 q, k, v); --fp8 kv: an FP8 KV cache read by the decode blocks; a head dim
+    the FP8 prefill does not run is an error naming why."""
+    code, out, _ = run(capsys, "explain", "-b", "2", "-H", "32", "--kv-heads", "8", "-s", "8192", "--causal",
+                       "--fp8", "qkv")
+    assert code == 0 and "e4m3 causal" in out and "FP8 wgmma" in out and "native/flash_sm90.cu" in out
+    code, out, _ = run(capsys, "explain", "--json", "-H", "32", "--kv-heads", "8", "--sq", "1", "--sk", "8192",
+                       "--fp8", "kv")
+    d = json.loads(out)
+    assert code == 0 and d["backend"] == "wmma" and "FP8 KV cache" in d["reasons"][0]
+    code, _, err = run(capsys, "explain", "-s", "512", "-d", "64", "--fp8", "qkv")
+    assert code == 2 and "head dims D = Dv 128 or 256" in err
