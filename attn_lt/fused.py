@@ -260,7 +260,8 @@ def fp8_refusal(rows: int, D: int, Dv: int) -> str | None:
         return f"an FP8 KV cache is not available for MLA or head dims other than D = Dv in {dims}; got {D}/{Dv}"
     if rows > WARP_SPLIT_ROWS:
         return (f"an FP8 KV cache runs on the decode blocks: at most {WARP_SPLIT_ROWS} query rows a kv head (query "
-                f"rows x Hq / Hkv); got {rows} (prefill against an FP8 cache is not supported yet)")
+                f"rows x Hq / Hkv); got {rows}. For prefill rows quantize q to e4m3 too: attention() then runs the "
+                "FP8 prefill (q_descale=..., Hopper, D 128/256)")
     return None
 
 
