@@ -455,8 +455,8 @@ def plan(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | None =
     :func:`attention`; pass ``out`` if ``run`` will write into a preallocated output (its alignment counts), and
     ``sinks`` if the runs will (they pass theirs)."""
     if getattr(k, "dtype", None) == FP8_KV_DTYPE:
-        raise ValueError("plan() takes no FP8 KV cache yet: attention() runs one (keeping its launch per case), as do "
-                         "varlen_attention, paged_attention and BatchStep")
+        raise ValueError("plan() takes no FP8 K/V yet: attention() runs an FP8 KV cache and the FP8 prefill (keeping "
+                         "its launch per case); varlen_attention, paged_attention and BatchStep run FP8 caches")
     case = check_tensors(q, k, v, attn_mask, causal, scale, window=window, softcap=softcap, sinks=sinks)
     out_align = 256 if out is None else address_alignment(out.data_ptr())
     sig = call_signature(q, k, v, attn_mask, out_align)
