@@ -407,5 +407,5 @@ def test_explain_an_fp8_cache_without_a_gpu():
     assert e.fused.splits > 1  # 512 blocks are 1.3 waves of three CTAs an SM: the keys split
     with pytest.raises(ValueError, match="at most 16 query rows"):
         attn_lt.explain(torch.empty(64, 32, 8, 128, dtype=torch.bfloat16, device="meta"), k, k)
-    with pytest.raises(ValueError, match="plan.. takes no FP8 KV cache"):
+    with pytest.raises(ValueError, match="plan.. takes no FP8 K/V"):
         attn_lt.plan(q, k, k)
