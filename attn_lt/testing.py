@@ -97,23 +97,6 @@ def reference(q, k, v, attn_mask=None, causal=False, scale=None, dtype=torch.flo
     return out, lse
 
 
-def fp8_heads(x: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """x (B, H, S, D) in float8 e4m3 with one FP32 descale factor for each of ``groups`` runs of consecutive heads
-    (a kv head's query heads, or each kv head), the run's largest magnitude mapped to e4m3's largest (448), as
-    FlashAttention-3's FP8 forward takes its inputs: (x8, descale (groups,)); its values are :func:`fp8_heads_values`.
-    """
-    B, H, S, D = x.shape
-    amax = x.float().reshape(B, groups, H // groups, S, D).abs().amax(dim=(0, 2, 3, 4)).clamp_min(1e-12)
-    descale = amax / 448.0
-    return (x.float() / descale.repeat_interleave(H // groups)[:, None, None]).to(torch.float8_e4m3fn), descale
-
-
-def fp8_heads_values(x8: torch.Tensor, descale: torch.Tensor) -> torch.Tensor:
-    """The FP32 values of :func:`fp8_heads`' x8 (B, H, S, D): elements times their run's factor."""
-    H = x8.shape[1]
-    return x8.float() * descale.float().repeat_interleave(H // descale.numel())[:, None, None]
-
-
 def key_mass_reference(q, k, attn_mask=None, causal=False, scale=None, key_mass_window=None, window=None,
                        softcap=None, sinks=None, dtype=torch.float64):
     """The attention mass per key as ``attention(..., return_key_mass=True)`` defines it, computed in ``dtype``:
@@ -357,23 +340,27 @@ def random_pages(seqlens: list[int], block_size: int, Hkv: int, D: int, dtype: t
     return k_cache, v_cache, table.to(device), torch.tensor(seqlens, dtype=torch.int32, device=device)
 
 
-def fp8_kv(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x (..., Hkv, D) stored as an FP8 KV cache the way serving engines store one: e4m3 elements and FP32 descale
-    factors, one a kv head, the head's largest magnitude mapped to e4m3's largest (448). Returns (x8, descale
-    (Hkv,)); x8's values are x8 * descale[:, None] (:func:`fp8_values`)."""
-    amax = x.float().abs().amax(dim=tuple(range(x.dim() - 2)) + (x.dim() - 1,)).clamp_min(1e-12)
+def fp8_kv(x: torch.Tensor, groups: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (..., H, D) in float8 e4m3 the way serving engines store a KV cache and FlashAttention-3's FP8 forward
+    takes its inputs: e4m3 elements and FP32 descale factors, one a head, or with ``groups`` one for each of that
+    many runs of consecutive heads (a kv head's query heads: q of the FP8 prefill), the largest magnitude they
+    cover mapped to e4m3's largest (448). Returns (x8, descale (groups,)); x8's values are :func:`fp8_values`."""
+    H = x.shape[-2]
+    groups = H if groups is None else groups
+    runs = x.float().unflatten(-2, (groups, H // groups)).abs()
+    amax = runs.amax(dim=tuple(d for d in range(runs.dim()) if d != runs.dim() - 3)).clamp_min(1e-12)
     descale = amax / 448.0
-    return (x.float() / descale[:, None]).to(torch.float8_e4m3fn), descale
+    return (x.float() / descale.repeat_interleave(H // groups)[:, None]).to(torch.float8_e4m3fn), descale
 
 
 def fp8_values(x8: torch.Tensor, descale) -> torch.Tensor:
-    """The FP32 values of an FP8 KV cache x8 (..., Hkv, D): elements times ``descale`` (None: 1; a number; one
-    value; or (Hkv,), one a kv head)."""
+    """The FP32 values of x8 (..., H, D) in e4m3: elements times ``descale`` (None: 1; a number; one value; or one
+    for each run of consecutive heads, :func:`fp8_kv`'s)."""
     x = x8.float()
     if descale is None:
         return x
     d = torch.as_tensor(descale, dtype=torch.float32, device=x.device)
-    return x * (d[:, None] if d.numel() > 1 else d.reshape(()))
+    return x * (d.repeat_interleave(x.shape[-2] // d.numel())[:, None] if d.numel() > 1 else d.reshape(()))
 
 
 def forced_flash(q, k, v, attn_mask=None, causal=False, splits: int = 1, kernel: str = "flash", window=None,

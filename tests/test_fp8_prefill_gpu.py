@@ -11,7 +11,7 @@ import torch
 
 import attn_lt
 from attn_lt.fused import hopper_kernel
-from attn_lt.testing import fp8_heads, fp8_heads_values, reference, rel_error, tolerance
+from attn_lt.testing import fp8_kv, fp8_values, reference, rel_error, tolerance
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available() or not hopper_kernel(),
@@ -24,16 +24,15 @@ def inputs(B, Hq, Hkv, Sq, Sk, D, bshd=True, seed=0):
     their factors (Hkv,) and FP32 values."""
     g = torch.Generator(device="cuda").manual_seed(seed)
 
-    def one(H, S):
+    def one(H, S):  # one factor a kv head (q: its query heads'), the (B, H, S, D) view of (B, S, H, D) memory
         x = torch.randn(B, S, H, D, generator=g, device="cuda") if bshd else \
-            torch.randn(B, H, S, D, generator=g, device="cuda")
-        x8, d = fp8_heads(x.transpose(1, 2) if bshd else x, Hkv)
-        if bshd:  # store as (B, S, H, D), hand over the (B, H, S, D) view
-            x8 = x8.transpose(1, 2).contiguous().transpose(1, 2)
-        return x8, d
+            torch.randn(B, H, S, D, generator=g, device="cuda").transpose(1, 2)
+        x8, d = fp8_kv(x, Hkv)
+        x8 = x8.transpose(1, 2) if bshd else x8.transpose(1, 2).contiguous()
+        return x8, d, fp8_values(x8.transpose(1, 2), d).transpose(1, 2)
 
-    (q8, qd), (k8, kd), (v8, vd) = one(Hq, Sq), one(Hkv, Sk), one(Hkv, Sk)
-    return q8, k8, v8, qd, kd, vd, fp8_heads_values(q8, qd), fp8_heads_values(k8, kd), fp8_heads_values(v8, vd)
+    (q8, qd, qf), (k8, kd, kf), (v8, vd, vf) = one(Hq, Sq), one(Hkv, Sk), one(Hkv, Sk)
+    return q8, k8, v8, qd, kd, vd, qf, kf, vf
 
 
 def check(out, qf, kf, vf, rows=None, **kw):

@@ -147,13 +147,20 @@ def ratio(row, a, b):
     return f"{cb['ms'] / ca['ms']:.2f}"
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True, help="directory for bench_flash_sm90.json")
-    ap.add_argument("--dims", default="64,128,256")
-    ap.add_argument("--lengths", default="512,1024,2048,4096,8192,16384")
+def protocol_parser(doc: str, results: str, dims: str, lengths: str) -> argparse.ArgumentParser:
+    """The command line of a benchmark on the FA3 protocol: --out (the directory of ``results``), --dims,
+    --lengths, --causal and --rep-ms, with these defaults."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help=f"directory for {results}")
+    ap.add_argument("--dims", default=dims)
+    ap.add_argument("--lengths", default=lengths)
     ap.add_argument("--causal", default="0,1", help="0, 1 or 0,1")
     ap.add_argument("--rep-ms", type=float, default=100.0, help="timing budget of one measurement")
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = protocol_parser(__doc__, "bench_flash_sm90.json", "64,128,256", "512,1024,2048,4096,8192,16384")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_flash_sm90: no CUDA GPU visible", file=sys.stderr)

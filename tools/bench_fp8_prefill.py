@@ -15,7 +15,6 @@ when causal). A short table is printed last; the full results go to DIR/bench_fp
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
@@ -26,8 +25,8 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import attn_lt  # noqa: E402
-from bench_flash_sm90 import HIDDEN, TOKENS, sdpa_call  # noqa: E402
-from attn_lt.testing import fp8_heads, fp8_heads_values, reference, rel_error, time_ms  # noqa: E402
+from bench_flash_sm90 import HIDDEN, TOKENS, protocol_parser, sdpa_call  # noqa: E402
+from attn_lt.testing import fp8_kv, fp8_values, reference, rel_error, time_ms  # noqa: E402
 
 PROVIDERS = ("fp8", "bf16", "cudnn", "flash")
 
@@ -55,9 +54,10 @@ def bench_case(D, S, causal, rep_ms, split: bool):
     H, B = HIDDEN // D, TOKENS // S
     g = torch.Generator(device="cuda").manual_seed(S * 1000 + D * 2 + causal)
     raw = [torch.randn(B, H, S, D, device="cuda", generator=g) for _ in range(3)]
-    (q8, qd), (k8, kd), (v8, vd) = (fp8_heads(x, H) for x in raw)
+    (q8, qd), (k8, kd), (v8, vd) = (fp8_kv(x.transpose(1, 2)) for x in raw)  # one factor a head
     del raw
-    qf, kf, vf = fp8_heads_values(q8, qd), fp8_heads_values(k8, kd), fp8_heads_values(v8, vd)
+    qf, kf, vf = (fp8_values(x8, d).transpose(1, 2) for x8, d in ((q8, qd), (k8, kd), (v8, vd)))
+    q8, k8, v8 = (x8.transpose(1, 2).contiguous() for x8 in (q8, k8, v8))
     qb, kb, vb = (x.to(torch.bfloat16) for x in (qf, kf, vf))  # the FP8 values, exactly, in bf16
     del qf, kf, vf
     flops = 4 * B * H * S * S * D / (2 if causal else 1)
@@ -87,13 +87,7 @@ def bench_case(D, S, causal, rep_ms, split: bool):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True, help="directory for bench_fp8_prefill.json")
-    ap.add_argument("--dims", default="128,256")
-    ap.add_argument("--lengths", default="4096,8192,16384")
-    ap.add_argument("--causal", default="0,1", help="0, 1 or 0,1")
-    ap.add_argument("--rep-ms", type=float, default=100.0, help="timing budget of one measurement")
-    a = ap.parse_args(argv)
+    a = protocol_parser(__doc__, "bench_fp8_prefill.json", "128,256", "4096,8192,16384").parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA GPU: nothing to measure", file=sys.stderr)
         return 2

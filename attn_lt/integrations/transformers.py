@@ -520,27 +520,28 @@ def _ring_forward(module, query, key, value, scale, cache, layer: int, ring: int
     _planners(cache)  # (zeroes a new cache before anything is written to it)
     keys, values = cache.update(key_states=key, value_states=value, layer_idx=layer,
                                 read_index=kwargs["read_index"], write_index=kwargs["write_index"])
-    cu_k = _layer_entry(kwargs.get("cu_seq_lens_k"), "cu_seq_lens_k", "sliding_attention")
-    max_q = _host_int(kwargs, ("max_seqlen_q", "max_length_q"))
-    max_k = _host_int(kwargs, ("max_seqlen_k", "max_length_k"), "sliding_attention")
-    return _varlen_attention(query[0].transpose(0, 1), keys, values, kwargs["cu_seq_lens_q"].to(torch.int32),
-                             cu_k.to(torch.int32), max_seqlen_q=max(1, max_q), max_seqlen_k=max(1, max_k),
-                             causal=True, scale=scale, **_variants(kwargs, window))
+    return _varlen_over(query, keys, values, scale, kwargs, window, "sliding_attention")
 
 
 def _gathered_forward(module, query, key, value, scale, kwargs: dict) -> torch.Tensor:
     """The layer gathered every request's keys (transformers 5.24's cache.update, which also picked the layer
     type's entries of the metadata): varlen attention over them."""
-    cu_k = _layer_entry(kwargs.get("cu_seq_lens_k"), "cu_seq_lens_k")
+    return _varlen_over(query, key[0].transpose(0, 1), value[0].transpose(0, 1), scale, kwargs,
+                        _layer_window(module, kwargs))
+
+
+def _varlen_over(query, keys, values, scale, kwargs: dict, window: int | None,
+                 layer_type: str = "full_attention") -> torch.Tensor:
+    """Varlen attention of the step's packed queries (1, Hq, T, D) over each request's gathered keys and values
+    (total_k, Hkv, D), causal within each request, with the ``layer_type`` entries of the metadata."""
+    cu_k = _layer_entry(kwargs.get("cu_seq_lens_k"), "cu_seq_lens_k", layer_type)
     if cu_k is None:
         raise ValueError("continuous batching's call lacks cu_seq_lens_k")
     max_q = _host_int(kwargs, ("max_length_q", "max_seqlen_q"))
-    max_k = _host_int(kwargs, ("max_length_k", "max_seqlen_k"))
-    cu_q = kwargs["cu_seq_lens_q"]
-    return _varlen_attention(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1),
-                             cu_q.to(torch.int32), cu_k.to(torch.int32), max_seqlen_q=max(1, max_q),
-                             max_seqlen_k=max(1, max_k), causal=True, scale=scale,
-                             **_variants(kwargs, _layer_window(module, kwargs)))
+    max_k = _host_int(kwargs, ("max_length_k", "max_seqlen_k"), layer_type)
+    return _varlen_attention(query[0].transpose(0, 1), keys, values, kwargs["cu_seq_lens_q"].to(torch.int32),
+                             cu_k.to(torch.int32), max_seqlen_q=max(1, max_q), max_seqlen_k=max(1, max_k),
+                             causal=True, scale=scale, **_variants(kwargs, window))
 
 
 @torch.compiler.disable  # host-side step state and native launches: not for dynamo to trace

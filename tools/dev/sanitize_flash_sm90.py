@@ -27,7 +27,7 @@ from bench_flash_sm90 import sm90_call  # noqa: E402
 
 import attn_lt  # noqa: E402
 from attn_lt import native  # noqa: E402
-from attn_lt.testing import (fp8_heads, fp8_heads_values, forced_flash_error, random_qkv, reference,  # noqa: E402
+from attn_lt.testing import (forced_flash_error, fp8_kv, fp8_values, random_qkv, reference,  # noqa: E402
                              rel_error, tolerance)
 
 # (B, Hq, Hkv, Sq, Sk, D, dtype, causal, layout, variant)
@@ -157,12 +157,13 @@ def main() -> int:
               f"{shape}: rel error {err:.2e} {'ok' if ok else 'WRONG'}", flush=True)
     for B, Hq, Hkv, Sq, Sk, D, causal, window in only(FP8):
         g = torch.Generator(device="cuda").manual_seed(Sq + Sk)
-        (q8, qd), (k8, kd), (v8, vd) = (fp8_heads(torch.randn(B, H, S, D, generator=g, device="cuda"), Hkv)
-                                        for H, S in ((Hq, Sq), (Hkv, Sk), (Hkv, Sk)))
+        (q8, qd), (k8, kd), (v8, vd) = (fp8_kv(torch.randn(B, H, S, D, generator=g, device="cuda").transpose(1, 2),
+                                               Hkv) for H, S in ((Hq, Sq), (Hkv, Sk), (Hkv, Sk)))
+        vals = [fp8_values(x, d).transpose(1, 2) for x, d in ((q8, qd), (k8, kd), (v8, vd))]
+        q8, k8, v8 = (x.transpose(1, 2).contiguous() for x in (q8, k8, v8))  # (B, H, S, D)
         sinks = torch.randn(Hq, device="cuda") if window else None
         out = attn_lt.attention(q8, k8, v8, causal=causal, window=window, sinks=sinks, q_descale=qd, k_descale=kd,
                                 v_descale=vd)
-        vals = [fp8_heads_values(x, d) for x, d in ((q8, qd), (k8, kd), (v8, vd))]
         kw = dict(causal=causal, window=window, sinks=sinks, dtype=torch.float64)
         ref, emu = reference(*vals, **kw)[0], reference(*vals, p_e4m3=True, **kw)[0]
         err = rel_error(out, ref)
