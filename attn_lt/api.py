@@ -542,7 +542,7 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
             the fused decode blocks (``backend`` "auto" or "wmma"); no ``return_key_mass``.
         q_descale: the FP8 prefill: q, k and v all torch.float8_e4m3fn, q's values its elements times
             ``q_descale`` (as k_descale: None, a number, or FP32 one value or (Hkv,), a row's kv head's factor),
-            FlashAttention-3's FP8 forward. Hopper, D = Dv 128 or 256, no mask (causal, window, softcap and sinks
+            FlashAttention-3's FP8 forward. Hopper, D = Dv 64, 128 or 256, no mask (causal, window, softcap and sinks
             run); the output is bf16 (``out``, if given, bf16); V is transposed into a workspace of
             B x Hkv x Dv x Sk bytes (Sk rounded up to 128) first.
 

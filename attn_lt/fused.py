@@ -261,12 +261,16 @@ def fp8_refusal(rows: int, D: int, Dv: int) -> str | None:
     if rows > WARP_SPLIT_ROWS:
         return (f"an FP8 KV cache runs on the decode blocks: at most {WARP_SPLIT_ROWS} query rows a kv head (query "
                 f"rows x Hq / Hkv); got {rows}. For prefill rows quantize q to e4m3 too: attention() then runs the "
-                "FP8 prefill (q_descale=..., Hopper, D 128/256)")
+                "FP8 prefill (q_descale=..., Hopper, D 64/128/256)")
     return None
 
 
+#: How native/flash_sm90.cu's prefill kernel runs a call without a mask.
+PERSISTENT = ("persistent where it pays (one CTA an SM taking the (query block, head) items in rounds; "
+              "native/flash_sm90.cu persistent_grid)")
+
 #: Head dims (D = Dv) of the FP8 prefill (native/flash_sm90.cu's fp8_prefill holds the same rule).
-FP8_PREFILL_HEAD_DIMS = (128, 256)
+FP8_PREFILL_HEAD_DIMS = (64, 128, 256)
 
 
 def fp8_prefill_refusal(case: Case, hopper: bool) -> str | None:
@@ -275,8 +279,8 @@ def fp8_prefill_refusal(case: Case, hopper: bool) -> str | None:
     if not hopper:
         return "the FP8 prefill (e4m3 q, k, v) runs on the Hopper kernel (sm_90), which this GPU or build lacks"
     if case.D != case.Dv or case.D not in FP8_PREFILL_HEAD_DIMS:
-        dims = " or ".join(map(str, FP8_PREFILL_HEAD_DIMS))
-        return f"the FP8 prefill runs head dims D = Dv {dims}; got {case.D}/{case.Dv}"
+        *most, last = FP8_PREFILL_HEAD_DIMS
+        return f"the FP8 prefill runs head dims D = Dv {', '.join(map(str, most))} or {last}; got {case.D}/{case.Dv}"
     if case.mask is not None:
         return "the FP8 prefill takes no dense mask (causal, a window, sinks and softcap it runs)"
     return None
@@ -287,7 +291,7 @@ def fp8_prefill_launch(case: Case) -> FusedLaunch:
     its keys rounded up to 128)."""
     vt = case.B * case.Hkv * case.Dv * (-(-case.Sk // 128) * 128)
     return FusedLaunch("sm90", 128, 1, vt, "e4m3 q, k, v: V transposed into the workspace, then the Hopper kernel "
-                       "with FP8 wgmma (128-key tiles, P in e4m3 times 2^8), O in bf16")
+                       f"with FP8 wgmma (128-key tiles, P in e4m3 times 2^8), O in bf16; {PERSISTENT}")
 
 
 def fp8_decode_launch(case: Case, facts: DeviceFacts | None = None) -> FusedLaunch:
@@ -410,7 +414,7 @@ def _fused_launch(B: int, Hq: int, Hkv: int, Sq: int, D: int, Dv: int, masked: b
             f"{rows} rows a kv head, {mask}; {blocks} blocks for {facts.sms} SMs, one CTA an SM")
         return FusedLaunch("sm90_decode", SM90_DECODE_ROWS, splits, splits * part if splits > 1 else 0, why + note)
     if kernel == "sm90" or kernel is None and facts.hopper and mask_refusal is None and rows > DECODE_ROWS:
-        mask = "a mask read by TMA" if masked else "no mask"
+        mask = "a mask read by TMA" if masked else f"no mask: {PERSISTENT}"
         return FusedLaunch("sm90", 128, 1, 0, f"{rows} rows a kv head, {mask}{note}")
     one = D == 256 or masked or rows <= DECODE_ROWS
     block_rows = 16 if rows <= WARP_SPLIT_ROWS else 64 if one else 128

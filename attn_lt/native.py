@@ -18,7 +18,7 @@ from . import config
 
 log = logging.getLogger("attn_lt")
 
-ABI_VERSION = 20
+ABI_VERSION = 21
 _PKG = Path(__file__).resolve().parent
 _LIB_PATH = _PKG / "_native" / "libattn_lt.so"
 SOURCE_DIR = _PKG.parent / "native"
@@ -313,7 +313,7 @@ def batch_key_mass(args: BatchMassArgs, stream: int) -> None:
 
 
 #: ``FlashArgs.variant`` values of :func:`flash_sm90` (``attn_lt_flash_sm90_variant`` in native/attn_lt.h).
-FLASH_SM90_VARIANTS = {"default": 0, "plain": 1, "decode": 2}
+FLASH_SM90_VARIANTS = {"default": 0, "plain": 1, "decode": 2, "grid": 3}
 
 
 def launcher_address(name: str) -> int:

@@ -8,7 +8,7 @@
 #define ATTN_LT_H
 #include <stdint.h>
 
-#define ATTN_LT_ABI_VERSION 20
+#define ATTN_LT_ABI_VERSION 21
 
 #ifdef __cplusplus
 extern "C" {
@@ -157,7 +157,7 @@ typedef struct attn_lt_flash_args {
     int32_t kv_dtype;     /* ATTN_LT_NONE: k and v in `dtype`; ATTN_LT_E4M3 */
     int32_t pad_kv_;
     /* The FP8 prefill (attn_lt_flash_sm90_fwd only): dtype ATTN_LT_E4M3 and kv_dtype ATTN_LT_E4M3, q, k and v float8
-     * e4m3 (their strides multiples of 16 elements), D = Dv 128 or 256, no mask, the default variant, splits <= 1;
+     * e4m3 (their strides multiples of 16 elements), D = Dv 64, 128 or 256, no mask, the default variant, splits <= 1;
      * q's values are its elements times q_descale[hk * descale_sh] (hk: the row's kv head; null: 1), k's and v's as
      * above; o is bf16. o_part is the workspace: B * Hkv * Dv * ceil(Sk / 128) * 128 bytes, 16-byte aligned (V
      * transposed). */
@@ -167,9 +167,11 @@ typedef struct attn_lt_flash_args {
 enum attn_lt_flash_sm90_variant {
     ATTN_LT_FLASH_SM90_DEFAULT = 0, /* QK^T of the next tile and PV overlapped with the softmax, warpgroup ping-pong */
     ATTN_LT_FLASH_SM90_PLAIN = 1,   /* one tile at a time (QK^T, wait, softmax, PV, wait), for tests and benchmarks */
-    ATTN_LT_FLASH_SM90_DECODE = 2   /* decode blocks: 64 rows of query positions x query heads of one kv head, the
+    ATTN_LT_FLASH_SM90_DECODE = 2,  /* decode blocks: 64 rows of query positions x query heads of one kv head, the
                                        keys in `splits` parts (o_part, lse_part); D = Dv = 64 or 128, Sq <= 64,
                                        a mask its heads share (see attn_lt_flash_sm90_fwd) */
+    ATTN_LT_FLASH_SM90_GRID = 3     /* the default pipeline with a CTA for each (query block, head) instead of the
+                                       persistent CTAs that calls without a mask run, for tests and benchmarks */
 };
 
 /* Serving batches: B requests whose lengths (and KV pages) the kernels read from device memory, so that one launch

@@ -130,6 +130,10 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t lbo) {
     return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t((lbo & 0x3FFFF) >> 4) << 16) | (uint64_t(1024 >> 4) << 32) |
            (1ull << 62);
 }
+// The same for a tile of 64-byte rows in the 64-byte swizzle (8-row atoms of 512 bytes; the FP8 prefill's D 64).
+__device__ __forceinline__ uint64_t make_desc64(uint32_t addr) {
+    return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(16 >> 4) << 16) | (uint64_t(512 >> 4) << 32) | (2ull << 62);
+}
 
 // wgmma operand lists. Accumulator fragment of m64nNk16 (f32), warp w of the warpgroup, lane l:
 //   d[4j + 0..1] = D(16w + l/4,     8j + 2(l%4) + 0..1),  d[4j + 2..3] = D(16w + l/4 + 8, 8j + 2(l%4) + 0..1).
@@ -242,8 +246,9 @@ __device__ __forceinline__ void wgmma_ss_e4m3(float* d, uint64_t da, uint64_t db
 // D (m64 x N) += A (m64 x k32, registers) * B (k32 x N, shared, K-major): P V in FP8 (V transposed).
 template <int N>
 __device__ __forceinline__ void wgmma_rs_e4m3(float* d, const uint32_t* a, uint64_t db) {
-    static_assert(N == 128 || N == 256, "the FP8 head dims");
-    if constexpr (N == 128) WGMMA_RS_E4M3(128, WG_D64, WG_ACC64(d), 64, 65, 66, 67, 68);
+    static_assert(N == 64 || N == 128 || N == 256, "the FP8 head dims");
+    if constexpr (N == 64) WGMMA_RS_E4M3(64, WG_D32, WG_ACC32(d, 0), 32, 33, 34, 35, 36);
+    else if constexpr (N == 128) WGMMA_RS_E4M3(128, WG_D64, WG_ACC64(d), 64, 65, 66, 67, 68);
     else WGMMA_RS_E4M3(256, WG_D128, WG_ACC128(d), 128, 129, 130, 131, 132);
 }
 
@@ -304,19 +309,19 @@ bool stride_ok(int64_t size, int64_t stride, int64_t esize = 2) {
 
 // A (B, H, S, D) tensor of es-byte elements (2, or 1: e4m3) seen as 5-D (c, S, D / c, H, B), c = 128 / es the
 // elements of 128 bytes, with byte strides (row, 128, head, batch): one box of (c, rows, D / c, 1, 1) is the slab
-// layout (128-byte slabs, 128-byte swizzle) of a tile of `rows` rows. A dimension of size 1 gets a nominal legal
-// stride.
+// layout (128-byte slabs, 128-byte swizzle) of a tile of `rows` rows. Rows of 64 bytes (e4m3, D 64) are one slab
+// in the 64-byte swizzle (c = D). A dimension of size 1 gets a nominal legal stride.
 bool make_map(CUtensorMap* map, CUtensorMapDataType dt, const void* ptr, int64_t B, int64_t H, int64_t S, int64_t D,
               int64_t sb, int64_t sh, int64_t ss, uint32_t rows, int64_t es = 2) {
     const auto st = [es](int64_t size, int64_t stride) { return cuuint64_t(size == 1 ? 16 : stride * es); };
-    const uint32_t c = static_cast<uint32_t>(128 / es);
+    const uint32_t c = static_cast<uint32_t>(std::min<int64_t>(128 / es, D));  // 64-byte rows: one 64-byte swizzle
     const cuuint64_t dims[5] = {c, cuuint64_t(S), cuuint64_t(D / c), cuuint64_t(H), cuuint64_t(B)};
     const cuuint64_t strides[4] = {st(S, ss), 128, st(H, sh), st(B, sb)};
     const cuuint32_t box[5] = {c, rows, cuuint32_t(D / c), 1, 1};
     const cuuint32_t elem[5] = {1, 1, 1, 1, 1};
     return encode_tiled()(map, dt, 5, const_cast<void*>(ptr), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+                          c * es == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
+                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 // Current device is compute capability 9.0: cudaSuccess, cudaErrorNotSupported, or the runtime's error.

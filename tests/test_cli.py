@@ -341,5 +341,5 @@ def test_explain_fp8(capsys):
                        "--fp8", "kv")
     d = json.loads(out)
     assert code == 0 and d["backend"] == "wmma" and "FP8 KV cache" in d["reasons"][0]
-    code, _, err = run(capsys, "explain", "-s", "512", "-d", "64", "--fp8", "qkv")
-    assert code == 2 and "head dims D = Dv 128 or 256" in err
+    code, _, err = run(capsys, "explain", "-s", "512", "-d", "96", "--fp8", "qkv")
+    assert code == 2 and "head dims D = Dv 64, 128 or 256" in err

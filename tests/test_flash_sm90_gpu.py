@@ -216,6 +216,27 @@ def test_g_long_16384(sm90, D, causal):
     check(q, k, v, causal=causal, rows=rows.cuda())
 
 
+@gpu
+@pytest.mark.parametrize("B,Hq,Hkv,Sq,Sk,D,causal,variant", [
+    (4, 8, 2, 1100, 700, 128, True, "default"),    # causal pairs of an odd count of query blocks (9), GQA, Sq > Sk
+    (3, 16, 16, 500, 500, 64, False, "plain"),     # more items than SMs, the plain pipeline
+    (2, 8, 4, 1030, 1500, 256, True, "default"),   # O staged in the Q tile (D 256)
+    (1, 2, 1, 300, 300, 128, True, "default"),     # fewer items than SMs
+    (2, 4, 2, 2048, 2048, 192, True, "default"),   # MLA prefill's head dims (O in the Q tile)
+], ids=str)
+def test_g_persistent_items_equal_grid(sm90, B, Hq, Hkv, Sq, Sk, D, causal, variant):
+    """Persistent CTAs (calls without a mask: one CTA an SM taking items in rounds, causal blocks in pairs) give
+    the reference's values and the grid variant's bits (a CTA an item)."""
+    q, k, v = rand_qkv(B, Hq, Hkv, Sq, Sk, D, "bf16")
+    if D == 192:
+        v = v[..., :128].contiguous()
+    o, lse = check(q, k, v, causal=causal, variant=variant)
+    if variant == "default":  # (the grid variant runs the default pipeline)
+        o_grid, lse_grid = sm90_attention(q, k, v, causal, variant="grid")
+        torch.cuda.synchronize()
+        assert torch.equal(o, o_grid) and torch.equal(lse, lse_grid)
+
+
 # ---- h: dense masks (bool, or additive in q's dtype), read by TMA with each K tile --------------------------------
 
 def make_mask(kind, shape, dtype, pad=16, offset=0):

@@ -27,8 +27,8 @@ def test_case_launch_and_explain():
 
 
 @pytest.mark.parametrize("D,Dv,mask,hopper,match", [
-    (64, 64, False, True, "head dims D = Dv 128 or 256"),
-    (128, 256, False, True, "head dims D = Dv 128 or 256"),
+    (96, 96, False, True, "head dims D = Dv 64, 128 or 256"),
+    (128, 256, False, True, "head dims D = Dv 64, 128 or 256"),
     (128, 128, True, True, "no dense mask"),
     (128, 128, False, False, "Hopper kernel"),
 ])

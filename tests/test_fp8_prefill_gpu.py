@@ -48,7 +48,7 @@ def check(out, qf, kf, vf, rows=None, **kw):
     return err, emu_err
 
 
-@pytest.mark.parametrize("D", [128, 256])
+@pytest.mark.parametrize("D", [64, 128, 256])
 @pytest.mark.parametrize("Sq,Sk,causal", [(4096, 4096, True), (4097, 4097, False), (97, 4095, True),
                                           (1, 1, False), (1, 97, True), (300, 1, False), (128, 4096, False)])
 def test_fp8_prefill(D, Sq, Sk, causal):
@@ -90,8 +90,8 @@ def test_fp8_prefill_variants_layouts_and_factors():
 def test_fp8_prefill_refusals():
     B, Hq, Hkv, S = 1, 4, 2, 256
     q8, k8, v8, qd, kd, vd, *_ = inputs(B, Hq, Hkv, S, S, 128)
-    with pytest.raises(ValueError, match="head dims D = Dv 128 or 256"):
-        attn_lt.attention(*(x[..., :64].contiguous() for x in (q8, k8, v8)))
+    with pytest.raises(ValueError, match="head dims D = Dv 64, 128 or 256"):
+        attn_lt.attention(*(x[..., :96].contiguous() for x in (q8, k8, v8)))
     with pytest.raises(ValueError, match="no dense mask"):
         attn_lt.attention(q8, k8, v8, attn_mask=torch.ones(S, S, dtype=torch.bool, device="cuda"))
     with pytest.raises(ValueError, match="fused kernels"):

@@ -5,7 +5,8 @@ with v = k[..., :512] in parts, the decode kernel's 64-row blocks in parts, with
 and query tails; causal with Sq != Sk both ways; GQA; a (B, S, H, D) view; dense masks read by TMA: bool and
 additive, shared by the heads, per head, one row for every query, a padded view; the FP8 prefill: e4m3 q, k, v
 through attention(), key and query tails, causal, GQA, a window with sinks). Exits 1 when an output is wrong, 2 when
-the kernels cannot run here.
+the kernels cannot run here. "persistent": shapes of more (query block, head) items than SMs, so that persistent
+CTAs take several (reusing the Q and O tiles and the ring from item to item).
 
     compute-sanitizer --tool memcheck  python3 tools/dev/sanitize_flash_sm90.py
     compute-sanitizer --tool racecheck python3 tools/dev/sanitize_flash_sm90.py
@@ -41,12 +42,19 @@ CASES = [
     (1, 2, 1, 160, 150, 256, torch.bfloat16, True, "bhsd", "default"),
     (1, 1, 1, 64, 200, 256, torch.float16, False, "bshd", "plain"),
 ]
+# more items than SMs: persistent CTAs take several (O staged in its own tile at D <= 128, in Q's at D 256)
+PERSISTENT = [
+    (4, 8, 2, 1100, 700, 128, torch.bfloat16, True, "bhsd", "default"),
+    (2, 8, 4, 1030, 300, 256, torch.float16, False, "bhsd", "default"),
+    (3, 16, 16, 500, 500, 64, torch.bfloat16, False, "bhsd", "plain"),
+]
 # MLA prefill, q/k head dim 192 and v's 128: (B, Hq, Hkv, Sq, Sk, dtype, causal, variant)
 # the FP8 prefill: (B, Hq, Hkv, Sq, Sk, D, causal, window)
 FP8 = [
     (1, 2, 1, 130, 300, 128, True, None),
     (2, 2, 2, 97, 97, 256, False, None),
     (1, 4, 2, 257, 129, 128, False, (40, 3)),
+    (2, 4, 2, 200, 300, 64, True, None),
 ]
 MLA = [
     (1, 2, 1, 200, 333, torch.bfloat16, True, "default"),
@@ -92,7 +100,7 @@ def padded_mask(kind, shape, dtype):
 
 
 #: The groups by name: ``sanitize_flash_sm90.py fp8 masked`` runs those alone (racecheck's time).
-GROUPS = {"plain": CASES, "mla": MLA, "mla_decode": MLA_DECODE, "decode": DECODE, "masked": MASKED, "fp8": FP8}
+GROUPS = {"plain": CASES, "persistent": PERSISTENT, "mla": MLA, "mla_decode": MLA_DECODE, "decode": DECODE, "masked": MASKED, "fp8": FP8}
 
 
 def only(group: list) -> list:
@@ -107,7 +115,7 @@ def main() -> int:
         return 2
     torch.manual_seed(0)
     bad = 0
-    for B, Hq, Hkv, Sq, Sk, D, dt, causal, layout, variant in only(CASES):
+    for B, Hq, Hkv, Sq, Sk, D, dt, causal, layout, variant in only(CASES) + only(PERSISTENT):
         q, k, v = random_qkv(B, Hq, Hkv, Sq, Sk, D, dt, layout)
         out = torch.full((B, Hq, Sq, D), math.nan, dtype=dt, device="cuda")
         lse = torch.full((B, Hq, Sq), math.nan, device="cuda")
@@ -171,7 +179,7 @@ def main() -> int:
         bad += not ok
         print(f"B={B} Hq={Hq} Hkv={Hkv} Sq={Sq} Sk={Sk} D={D} e4m3 causal={int(causal)} window={window}: rel error "
               f"{err:.2e} {'ok' if ok else 'WRONG'}", flush=True)
-    total = sum(len(only(g)) for g in (CASES, MLA, MLA_DECODE, DECODE, MASKED, FP8))
+    total = sum(len(only(g)) for g in GROUPS.values())
     print(f"{total - bad} passed, {bad} failed")
     return 1 if bad else 0
 
