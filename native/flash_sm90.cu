@@ -14,12 +14,12 @@
 //     issuing their GEMMs through two named barriers (FA3's ping-pong), so one's softmax hides under the other's
 //     GEMMs. Variant 1 runs the plain sequence (QK, wait, softmax, PV, wait), for tests and benchmarks.
 // Key tiles are visited from the last one down, so the tiles that need a mask (the key tail, the causal diagonal)
-// come first; causal tiles wholly above the diagonal are never loaded. Dense calls without a mask run persistent:
-// a grid of one CTA an SM takes the (query block, head, batch entry) items in rounds, the producer loading the next
-// item's Q (an mbarrier handshake, empty_q) and tiles while the consumers finish the last GEMMs and the O of this
-// one; O then has its own staging tile where shared memory allows (D <= 128). GQA reads kv head h / (Hq / Hkv) in place.
-// O is staged through sO, or the consumer's own (no longer needed) rows of the Q tile, and written with 16-byte
-// stores.
+// come first; causal tiles wholly above the diagonal are never loaded. GQA reads kv head h / (Hq / Hkv) in place.
+// Dense calls without a mask run persistent (persistent_grid says when): a grid of one CTA an SM takes the (query
+// block, head, batch entry) items in rounds, the producer loading the next item's Q (an mbarrier handshake,
+// empty_q) and tiles while the consumers finish this one; where O has its own staging tile (D <= 128, FP8) an
+// item's last PV and its epilogue run in the next item's first step. O is staged through sO, or the consumer's own
+// (no longer needed) rows of the Q tile, and written with 16-byte stores.
 //
 // Shared memory (one 1024-byte aligned block; every tile in 128-byte swizzle, the layout TMA writes and wgmma reads):
 //   sQ           [D/64 slabs][kBlockM rows][64 elements]   (a slab: rows of 128 bytes, 8-row atoms of 1024 bytes,
@@ -552,7 +552,6 @@ __global__ void __launch_bounds__(kThreads, 1)
             prefetch_map(&tmk);
             prefetch_map(&tmv);
             if constexpr (kMasked) prefetch_map(&tmm);
-            const int bz0 = kVarlen ? 0 : -1;  // varlen: one batch entry of packed rows
             int s = 0;
             uint32_t ph = 0, qph = 0;
             for (int r = 0;; ++r) {
@@ -565,7 +564,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 // the mask box's row, head and batch coordinates (0 along a broadcast dimension)
                 const int mr = p.m_rows == 1 ? 0 : m0, mh = p.m_h ? h : 0, mb = p.m_b ? b : 0;
                 const uint32_t k_bytes = L::kKBytes + (kMasked ? L::kMaskBoxes * p.m_rows * L::kMaskPitch : 0);
-                const int bz = bz0 < 0 ? b : bz0;
+                const int bz = kVarlen ? 0 : b;  // varlen: one batch entry of packed rows
                 auto load_q = [&] {
                     if (persistent) {  // the consumers are done with the previous item's Q tile
                         mbar_wait(empty_q, qph ^ 1);
