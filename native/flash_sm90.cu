@@ -1576,14 +1576,16 @@ PartParams part_params(const attn_lt_flash_args& a, int keys) {
     return p;
 }
 
-// The grid of a persistent kernel (flash_sm90_fwd without a mask): one CTA an SM, at most one an item (p.items);
-// `grid`, a CTA an item (p.items 0), for the grid variant and for causal calls of 128 query blocks and more: their
-// items average 64 key tiles and more, whose prologues persistence no longer measurably hides, while its rounds of
-// pairs end in whole units where the block scheduler fills the tail item by item (H200, FA3 protocol: S 16k causal
-// 0.97-0.99x the grid's, S 8k causal 1.03-1.15x).
+// The grid of flash_sm90_fwd<D, T, MK>: for a kernel built persistent (persistent_kernel), one CTA an SM, at most
+// one an item (p.items); else, and for the grid variant and causal calls of 128 query blocks and more, `grid` as
+// given, a CTA an item (p.items 0). Those causal calls' items average 64 key tiles and more, whose prologues
+// persistence no longer measurably hides, while its rounds of pairs end in whole units where the block scheduler
+// fills the tail item by item (H200, FA3 protocol: S 16k causal 0.97-0.99x the grid's, S 8k causal 1.03-1.15x).
+template <int D, typename T, int MK>
 cudaError_t persistent_grid(Params& p, const attn_lt_flash_args& a, dim3& grid) {
     const int64_t items = int64_t(p.m_blocks) * a.Hq * a.B;
-    if (a.variant == ATTN_LT_FLASH_SM90_GRID || (a.causal && p.m_blocks >= 128) || items > 0x7fffffff)
+    if (!persistent_kernel<D, T, MK, false>() || a.variant == ATTN_LT_FLASH_SM90_GRID ||
+        (a.causal && p.m_blocks >= 128) || items > 0x7fffffff)
         return cudaSuccess;
     const DeviceInfo* dev = nullptr;
     const cudaError_t err = current_device_info(&dev);
@@ -1623,10 +1625,8 @@ cudaError_t launch(const attn_lt_flash_args& a, cudaStream_t stream) {
     p.m_blocks = static_cast<int>(m_blocks);
     const unsigned mbx = static_cast<unsigned>(m_blocks), hq = static_cast<unsigned>(a.Hq);
     dim3 grid(p.head_group ? mbx * hq : mbx, p.head_group ? 1u : hq, static_cast<unsigned>(a.B));
-    if constexpr (persistent_kernel<D, T, MK, false>()) {
-        err = persistent_grid(p, a, grid);
-        if (err != cudaSuccess) return err;
-    }
+    err = persistent_grid<D, T, MK>(p, a, grid);
+    if (err != cudaSuccess) return err;
     kernel<<<grid, kThreads, L::kSmem, stream>>>(mq, mk, mv, mm, p);
     return cudaGetLastError();
 }
@@ -1812,10 +1812,8 @@ cudaError_t launch_fp8(const attn_lt_flash_args& a, cudaStream_t stream) {
     err = opt_in_smem(reinterpret_cast<const void*>(kernel), L::kSmem);
     if (err != cudaSuccess) return err;
     dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(a.Hq), static_cast<unsigned>(a.B));
-    if constexpr (persistent_kernel<D, T, kNoMask, false>()) {
-        err = persistent_grid(p, a, grid);
-        if (err != cudaSuccess) return err;
-    }
+    err = persistent_grid<D, T, kNoMask>(p, a, grid);
+    if (err != cudaSuccess) return err;
     kernel<<<grid, kThreads, L::kSmem, stream>>>(mq, mk, mv, mk, p);
     return cudaGetLastError();
 }

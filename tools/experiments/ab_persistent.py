@@ -1,0 +1,73 @@
+"""The Hopper prefill kernel's default launch (persistent CTAs) against its grid variant (a CTA a query block and
+head) and PyTorch SDPA's cuDNN and FLASH backends, on FlashAttention-3's protocol (bf16, B * S = 16k, H * D = 2048),
+in one process: each case's four calls are timed in turns, twice, and the better of the two medians kept. Checks
+first that the two launches give the same bits and the default's error against an FP32 reference.
+
+    python3 tools/experiments/ab_persistent.py --out DIR [--lengths 512,1024,2048,4096,16384] [--rep-ms 40]
+
+Prints a line a case; writes DIR/ab_persistent.json (docs/perf/h200/flash_sm90.json is one such file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+from bench_flash_sm90 import HIDDEN, TOKENS, sdpa_call, sm90_call  # noqa: E402
+
+from attn_lt.testing import reference, rel_error, time_ms  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--lengths", default="512,1024,2048,4096,16384")
+    ap.add_argument("--rep-ms", type=float, default=40.0)
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("ab_persistent: no CUDA GPU visible", file=sys.stderr)
+        return 2
+    os.makedirs(a.out, exist_ok=True)
+    rows = []
+    for D in (64, 128, 256):
+        for S in map(int, a.lengths.split(",")):
+            for causal in (False, True):
+                H, B = HIDDEN // D, TOKENS // S
+                torch.manual_seed(S + D + causal)
+                q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+                run, out, _ = sm90_call(q, k, v, causal=causal)
+                run_grid, out_grid, _ = sm90_call(q, k, v, causal=causal, variant="grid")
+                out.fill_(float("nan"))
+                run()
+                run_grid()
+                torch.cuda.synchronize()
+                ref, _ = reference(q[-1:, -2:], k[-1:, -2:], v[-1:, -2:], causal=causal)
+                err, same = rel_error(out[-1:, -2:], ref), torch.equal(out, out_grid)
+                calls = {"pers": run, "grid": run_grid, "cudnn": sdpa_call(q, k, v, causal, "cudnn"),
+                         "flash": sdpa_call(q, k, v, causal, "flash")}
+                times = {name: [] for name in calls}
+                for _ in range(2):
+                    for name, fn in calls.items():
+                        times[name].append(time_ms(fn, rep_ms=a.rep_ms))
+                flops = 4 * B * H * S * S * D / (2 if causal else 1)
+                tf = {name: flops / min(t) / 1e9 for name, t in times.items()}
+                rows.append(dict(D=D, S=S, causal=int(causal), **{f"tf_{n}": x for n, x in tf.items()}, err=err,
+                                 same=same))
+                print(f"D{D:<4}S{S:<6}{'causal' if causal else 'full  '} " +
+                      " ".join(f"{n} {x:4.0f}" for n, x in tf.items()) +
+                      f" | pers/grid {tf['pers'] / tf['grid']:.3f} pers/cudnn {tf['pers'] / tf['cudnn']:.3f}"
+                      f" grid/cudnn {tf['grid'] / tf['cudnn']:.3f} err {err:.1e} same {same}", flush=True)
+                del q, k, v, out, out_grid
+    with open(os.path.join(a.out, "ab_persistent.json"), "w") as f:
+        json.dump({"gpu": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+    return 0 if all(r["same"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
