@@ -212,25 +212,40 @@ constexpr int kPrefillConsumerRegs = kPersistent ? 232 : kConsumerRegs;
 // One key tile's online softmax on S (N accumulators, scores times sc are in the exp2 domain): the running row max m
 // and this thread's part of the row sum l are updated, corr gets the factors that rescale what O holds, and S
 // becomes P = exp2(S * sc - max * sc). A row with no visible key yet keeps max -inf and P 0 (no inf - inf).
-// bias: added to every exponent (P and the sum come out times 2^bias; the FP8 prefill's 8).
+// bias: added to every exponent (P and the sum come out times 2^bias; the FP8 prefill's 8). lazy: a row keeps its
+// reference m while the tile's max exceeds it by at most `lazy` (exp2 domain; P then up to 2^lazy, corr 1), so O is
+// rarely rescaled after the first tiles (0: m is always the running max). fixed: m is a fixed reference that bounds
+// the scores (softcap's): P = exp2(S * sc - m * sc), no max, corr 1.
 template <int N>
 __device__ __forceinline__ void online_softmax(float (&sacc)[N], float (&m)[2], float (&l)[2], float sc,
-                                               float (&corr)[2], float bias = 0.f) {
-    float mx[2] = {m[0], m[1]};
-#pragma unroll
-    for (int j = 0; j < N / 4; ++j) {
-        mx[0] = fmaxf(mx[0], fmaxf(sacc[4 * j], sacc[4 * j + 1]));
-        mx[1] = fmaxf(mx[1], fmaxf(sacc[4 * j + 2], sacc[4 * j + 3]));
-    }
+                                               float (&corr)[2], float bias = 0.f, float lazy = 0.f,
+                                               bool fixed = false) {
     float ref[2];
+    if (fixed) {
+        corr[0] = corr[1] = 1.f;
+        ref[0] = m[0] * sc - bias;
+        ref[1] = m[1] * sc - bias;
+    } else {
+        float mx[2] = {m[0], m[1]};
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));  // the 4 lanes of a row
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        corr[r] = m[r] == -INFINITY ? 0.f : ex2((m[r] - mx[r]) * sc);
-        ref[r] = (mx[r] == -INFINITY ? 0.f : mx[r] * sc) - bias;
-        m[r] = mx[r];
-        l[r] *= corr[r];
+        for (int j = 0; j < N / 4; ++j) {
+            mx[0] = fmaxf(mx[0], fmaxf(sacc[4 * j], sacc[4 * j + 1]));
+            mx[1] = fmaxf(mx[1], fmaxf(sacc[4 * j + 2], sacc[4 * j + 3]));
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));  // the 4 lanes of a row
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            if (lazy > 0.f && (mx[r] - m[r]) * sc <= lazy) {  // (false while m is -inf)
+                corr[r] = 1.f;
+                ref[r] = m[r] * sc - bias;
+                continue;
+            }
+            corr[r] = m[r] == -INFINITY ? 0.f : ex2((m[r] - mx[r]) * sc);
+            ref[r] = (mx[r] == -INFINITY ? 0.f : mx[r] * sc) - bias;
+            m[r] = mx[r];
+            l[r] *= corr[r];
+        }
     }
 #pragma unroll
     for (int j = 0; j < N / 4; ++j) {
@@ -606,6 +621,18 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int rw = 16 * warp + lane / 4;  // row (within the warpgroup's 64) of d[4j + 0..1]; d[4j + 2..3]: rw + 8
         constexpr float pb = kFp8 ? 8.f : 0.f;  // FP8: P is stored times 2^8 (e4m3 then keeps P down to 2^-17)
         const bool capped = p.cap_in > 0.f;
+        // Softcapped scores are bounded: tanh(S cap_in) times sc = cap log2(e) lies in [-sc, sc]. In bf16 (P needs
+        // FP32's exponent range: fp16's and e4m3's are too narrow) without a mask (which adds to the scores), the
+        // softmax subtracts the fixed reference max(0, sc - kFixedTop) instead of the running max: P in
+        // [2^kFixedFloor, 2^kFixedTop], no max, O never rescaled, when 2 sc <= kFixedTop - kFixedFloor (cap <= 63.7;
+        // Gemma 2's 50, Grok's 30). m_fix: that reference in units of the capped scores (m_r's), -inf for the running
+        // max. Built at DV >= 192 (softcap then costs what the plain call does); at D 64 and 128 the two
+        // multi-function-unit ops a score set the pace either way, and the branch cost D 64 5 %.
+        constexpr float kFixedTop = 64.f, kFixedFloor = -120.f;
+        constexpr bool kFixedOk = std::is_same_v<T, __nv_bfloat16> && !kMasked && DV >= 192;
+        const float cap_sc = p.sl2 * p.cap_out;
+        const bool fixed_ref = kFixedOk && capped && 2.f * cap_sc <= kFixedTop - kFixedFloor;
+        const float m_fix = fixed_ref ? fmaxf(0.f, cap_sc - kFixedTop) / cap_sc : -INFINITY;
         // This thread's mask rows in a stage (row 0 when all rows read one), as byte offsets and swizzle phases:
         // element (R, n) of box n / kMaskCols lies at R * pitch + ((n % kMaskCols) * es ^ swizzle(R)).
         const int mrow0 = p.m_rows == 1 ? 0 : 64 * c + rw, mrow1 = p.m_rows == 1 ? 0 : mrow0 + 8;
@@ -658,11 +685,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         auto release = [&](uint32_t bar) {
             if (lane == 0) mbar_arrive(bar);
         };
-        // FP8 at DV <= 128: O is rescaled only where a row's max moved (corr is 1 otherwise: exact), after the first
-        // tiles rarely; its softmax, not its halved GEMMs, sets the pace (with the branch the 16-bit kernels ran 1-6 %
-        // slower, FP8 at DV 256 3-7 %)
-        constexpr bool kSkipRescale = kFp8 && DV <= 128;
+        // O is rescaled only where a row's reference moved (corr is 1 otherwise). 16-bit at DV >= 192: the reference
+        // moves only when a tile's max passes it by more than kLazy (online_softmax's lazy; P then up to 2^kLazy,
+        // inside fp16's range too), after the first tiles rarely (+3-15 % at D 256; at D 64 and 128 the branch cost
+        // 0-6 %). FP8 (P in e4m3 times 2^8, no headroom): at DV <= 128 where the exact max moved; at DV 256 every tile
+        // (the branch cost 3-7 % there).
+        constexpr float kLazy = !kFp8 && DV >= 192 ? 8.f : 0.f;
+        constexpr bool kSkipRescale = kLazy > 0.f || (kFp8 && DV <= 128);
         auto rescale_o = [&](const float(&corr)[2]) {
+            if (fixed_ref) return;
             if (!kSkipRescale || corr[0] != 1.f || corr[1] != 1.f) scale_rows(o, corr[0], corr[1]);
         };
         auto convert_p = [&]() {
@@ -789,7 +820,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
                 for (int i = 0; i < DV / 2; ++i) o[i] = 0.f;
             }
-            m_r[0] = m_r[1] = -INFINITY;
+            m_r[0] = m_r[1] = m_fix;
             l_r[0] = l_r[1] = 0.f;
             auto needs_mask = [&](int n0) {
                 return n0 + BN > Sk || (win.right >= 0 && n0 + BN - 1 > m0 + shift + win.right) ||
@@ -823,7 +854,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                     }
                 }
                 if (edge) hide_keys(sacc, n0 + 2 * (lane % 4), lo0, lim0, lo1, lim1);
-                online_softmax(sacc, m_r, l_r, x.sc, corr, pb);
+                online_softmax(sacc, m_r, l_r, x.sc, corr, pb, kLazy, fixed_ref);
             };
             // The softmax of the tile in stage st; its K tile (and mask tile) is released as soon as nothing reads it:
             // before the softmax, or after it when the softmax reads the stage's mask tile.

@@ -73,6 +73,41 @@ def test_variants_each_head_dim(D, variant):
     check(q, k, v, out, lse, causal=True, **kw)
 
 
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("cap", [30.0, 63.0, 64.0, 200.0])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softcap_saturated_scores(D, cap, dtype):
+    """Scores far past the cap (tanh at +-1 for most keys), so the capped logits span the whole [-cap, cap] range:
+    the Hopper kernel's fixed softmax reference (cap <= 63.7) and its running max (larger caps) both hold, rows whose
+    every key sits at -cap and one-key rows included (sinks and a window beside)."""
+    q, k, v = rand(1, 8, 2, 300, 1200, D, dtype)
+    q = q * 40  # scaled logits of tens
+    k[:, :, :, 0] = 1.0  # rows 0-39 score about -6 cap on every key
+    q[:, :, :40] = torch.randn_like(q[:, :, :40]) * 0.01
+    q[:, :, :40, 0] = -6 * cap * math.sqrt(D)
+    for kw in (dict(), dict(window=(0, 0), sinks=torch.randn(8, device="cuda")), dict(window=(255, 0))):
+        out = poisoned(q)
+        o, lse = attn_lt.attention(q, k, v, causal=True, softcap=cap, out=out, return_lse=True, **kw)
+        check(q, k, v, out, lse, causal=True, softcap=cap, **kw)
+
+
+@pytest.mark.parametrize("D", [128, 256])
+@pytest.mark.parametrize("rise", [-12.0, -3.0, 3.0, 12.0])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_scores_rising_over_key_tiles(D, rise, dtype):
+    """Every row's scores climb by `rise` (exp2 units) a 128-key tile, one way or the other: the kernels' tiles run
+    from the last keys down, so that a row's max keeps moving by less or more than the Hopper kernel's lazy rescale
+    threshold (a reference kept while the max passes it by at most 8), and O's rescaling is exercised."""
+    q, k, v = rand(1, 4, 2, 200, 2000, D, dtype)
+    slope = abs(rise) / (128 * D**-0.5 * math.log2(math.e))
+    k[:, :, :, 0] = torch.arange(2000, device="cuda", dtype=torch.float32).to(dtype) * slope
+    q[:, :, :, 0] = -1.0 if rise < 0 else 1.0
+    for causal in (False, True):
+        out = poisoned(q)
+        o, lse = attn_lt.attention(q, k, v, causal=causal, out=out, return_lse=True)
+        check(q, k, v, out, lse, causal=causal)
+
+
 @pytest.mark.parametrize("Sq", [1, 4, 16], ids=["sq1", "sq4", "sq16"])
 @pytest.mark.parametrize("Sk", [1, 97, 4096, 8193])
 def test_decode_with_window_and_sinks(Sq, Sk):

@@ -1,6 +1,7 @@
 """The attention variants' cost (sliding window, softcap, sinks) beside the plain call and whatever else runs the
 same variant in the same run: PyTorch SDPA with the equivalent dense mask, and FlexAttention (compiled) where it
-compiles. Prints a table; ``--out DIR`` writes variants.json.
+compiles. Every call is timed in two turns (the second in the reverse order), each time after 200 ms of the same
+call, and the better median kept. Prints a table; ``--out DIR`` writes variants.json.
 
     python tools/bench_variants.py [--seq 32768] [--window 4096] [--no-flex] [--out DIR]
 """
@@ -17,7 +18,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import attn_lt  # noqa: E402
-from attn_lt.testing import events_ms, window_mask  # noqa: E402
+from attn_lt.testing import time_ms, window_mask  # noqa: E402
 
 
 def flex_calls(q, k, v, window: int, softcap: float):
@@ -58,7 +59,7 @@ def main() -> None:
     ap.add_argument("--heads", default="32,8", help="query heads, kv heads")
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--softcap", type=float, default=50.0)
-    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--rep-ms", type=float, default=300.0)
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--out")
     args = ap.parse_args()
@@ -70,14 +71,10 @@ def main() -> None:
     v = torch.randn(1, Hkv, S, D, dtype=torch.bfloat16, device="cuda")
     sinks = torch.randn(Hq, device="cuda")
     win = (W - 1, 0)
-    rows = {}
+    calls = {}  # name -> call: timed in turns below
 
-    def add(name, fn, reps=args.reps):
-        try:
-            rows[name] = events_ms(fn, reps)
-        except torch.OutOfMemoryError:
-            rows[name] = None
-        torch.cuda.empty_cache()
+    def add(name, fn):
+        calls[name] = fn
 
     att = attn_lt.attention
     add("attn_lt causal", lambda: att(q, k, v, causal=True))
@@ -90,22 +87,33 @@ def main() -> None:
     gqa = Hq != Hkv
     mask = window_mask(S, S, win, causal=True, device="cuda")
     F = torch.nn.functional.scaled_dot_product_attention
-    add("sdpa causal", lambda: F(q, k, v, is_causal=True, enable_gqa=gqa), 3)
-    add("sdpa window (dense bool mask)", lambda m=mask: F(q, k, v, attn_mask=m, enable_gqa=gqa), 3)
+    add("sdpa causal", lambda: F(q, k, v, is_causal=True, enable_gqa=gqa))
+    add("sdpa window (dense bool mask)", lambda m=mask: F(q, k, v, attn_mask=m, enable_gqa=gqa))
     del mask
     flex_why = "not asked (--no-flex)"
     if not args.no_flex:
-        calls, flex_why = flex_calls(q, k, v, W, args.softcap)
-        for name, fn in calls.items():
-            add(f"flex {name}", fn, 3)
+        flex, flex_why = flex_calls(q, k, v, W, args.softcap)
+        for name, fn in flex.items():
+            add(f"flex {name}", fn)
     # decode: gpt-oss's shape (64/8 heads, D 64), window 128 and sinks, against the plain call at the same keys
     dq = torch.randn(8, 64, 1, 64, dtype=torch.bfloat16, device="cuda")
     dk = torch.randn(8, 8, S, 64, dtype=torch.bfloat16, device="cuda")
     dv = torch.randn(8, 8, S, 64, dtype=torch.bfloat16, device="cuda")
     ds = torch.randn(64, device="cuda")
-    add("decode plain (B8 64/8 D64)", lambda: att(dq, dk, dv, causal=True), 50)
-    add("decode window 128 + sinks", lambda: att(dq, dk, dv, causal=True, window=(127, 0), sinks=ds), 50)
-    add("decode plain at 128 keys", lambda: att(dq, dk[:, :, -128:], dv[:, :, -128:], causal=True), 50)
+    add("decode plain (B8 64/8 D64)", lambda: att(dq, dk, dv, causal=True))
+    add("decode window 128 + sinks", lambda: att(dq, dk, dv, causal=True, window=(127, 0), sinks=ds))
+    add("decode plain at 128 keys", lambda: att(dq, dk[:, :, -128:], dv[:, :, -128:], causal=True))
+    # every call timed twice, the second turn in the reverse order, each time after 200 ms of the same call (a GPU's
+    # clocks settle under its load: the heaviest calls run power-bound), the better median kept; None: out of memory
+    rows = {name: None for name in calls}
+    for turn in range(2):
+        for name in list(calls)[::-1] if turn else list(calls):
+            try:
+                ms = time_ms(calls[name], warmup_ms=200, rep_ms=args.rep_ms)
+                rows[name] = ms if rows[name] is None else min(rows[name], ms)
+            except torch.OutOfMemoryError:
+                pass
+            torch.cuda.empty_cache()
 
     full = rows["attn_lt causal"]
     flops = 4 * S * S / 2 * Hq * D  # causal

@@ -1,9 +1,11 @@
 """The Hopper prefill kernel's default launch (persistent CTAs) against its grid variant (a CTA a query block and
 head) and PyTorch SDPA's cuDNN and FLASH backends, on FlashAttention-3's protocol (bf16, B * S = 16k, H * D = 2048),
-in one process: each case's four calls are timed in turns, twice, and the better of the two medians kept. Checks
-first that the two launches give the same bits and the default's error against an FP32 reference.
+in one process: each case's four calls are timed in turns, twice (the second time in the reverse order), and the
+better of the two medians kept. Checks first that the two launches give the same bits and the default's error against
+an FP32 reference.
 
-    python3 tools/experiments/ab_persistent.py --out DIR [--lengths 512,1024,2048,4096,16384] [--rep-ms 40]
+    python3 tools/experiments/ab_persistent.py --out DIR [--dims 64,128,256] [--lengths 512,1024,2048,4096,16384]
+                                               [--rep-ms 40]
 
 Prints a line a case; writes DIR/ab_persistent.json (docs/perf/h200/flash_sm90.json is one such file).
 """
@@ -27,6 +29,7 @@ from attn_lt.testing import reference, rel_error, time_ms  # noqa: E402
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--dims", default="64,128,256")
     ap.add_argument("--lengths", default="512,1024,2048,4096,16384")
     ap.add_argument("--rep-ms", type=float, default=40.0)
     a = ap.parse_args(argv)
@@ -35,7 +38,7 @@ def main(argv=None) -> int:
         return 2
     os.makedirs(a.out, exist_ok=True)
     rows = []
-    for D in (64, 128, 256):
+    for D in map(int, a.dims.split(",")):
         for S in map(int, a.lengths.split(",")):
             for causal in (False, True):
                 H, B = HIDDEN // D, TOKENS // S
@@ -52,9 +55,9 @@ def main(argv=None) -> int:
                 calls = {"pers": run, "grid": run_grid, "cudnn": sdpa_call(q, k, v, causal, "cudnn"),
                          "flash": sdpa_call(q, k, v, causal, "flash")}
                 times = {name: [] for name in calls}
-                for _ in range(2):
-                    for name, fn in calls.items():
-                        times[name].append(time_ms(fn, rep_ms=a.rep_ms))
+                for turn in range(2):  # the second turn in the reverse order (a GPU's clocks drift with its load)
+                    for name in list(calls)[::-1] if turn else list(calls):
+                        times[name].append(time_ms(calls[name], rep_ms=a.rep_ms))
                 flops = 4 * B * H * S * S * D / (2 if causal else 1)
                 tf = {name: flops / min(t) / 1e9 for name, t in times.items()}
                 rows.append(dict(D=D, S=S, causal=int(causal), **{f"tf_{n}": x for n, x in tf.items()}, err=err,
