@@ -213,15 +213,22 @@ def host_us_each(fns: dict, calls: int | dict = 100, rounds: int = 5) -> dict:
 
 
 def time_ms(fn, warmup_ms: float = 25, rep_ms: float = 200) -> float:
-    """Median milliseconds of ``fn()`` by CUDA events (triton's do_bench when installed)."""
+    """Median milliseconds of ``fn()`` by CUDA events, after ``warmup_ms`` of calls (triton's do_bench when
+    installed, which also flushes L2 before each call)."""
     try:
         import triton.testing
 
         return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
     except ImportError:
         pass
+    import time
+
     fn()
     torch.cuda.synchronize()
+    end = time.perf_counter() + warmup_ms / 1e3
+    while time.perf_counter() < end:
+        fn()
+        torch.cuda.synchronize()
     times = []
     for _ in range(max(3, int(rep_ms // 10))):
         times.append(event_ms(fn))

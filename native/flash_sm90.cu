@@ -209,9 +209,10 @@ constexpr int kPrefillConsumerRegs = kPersistent ? 232 : kConsumerRegs;
 // ---- the accumulator-fragment steps both kernels share (a thread holds rows rw and rw + 8 of an m64 fragment:
 // d[4j + 0..1] of row rw, d[4j + 2..3] of row rw + 8) ------------------------------------------------------------
 
-// One key tile's online softmax on S (N accumulators, scores times sc are in the exp2 domain): the running row max m
-// and this thread's part of the row sum l are updated, corr gets the factors that rescale what O holds, and S
-// becomes P = exp2(S * sc - max * sc). A row with no visible key yet keeps max -inf and P 0 (no inf - inf).
+// One key tile's online softmax on S (N accumulators, scores times sc are in the exp2 domain): each row's reference m
+// (its running max, unless lazy or fixed below) and this thread's part of the row sum l are updated, corr gets the
+// factors that rescale what O holds, and S becomes P = exp2(S * sc - m * sc). A row with no visible key yet keeps m
+// -inf and P 0 (no inf - inf).
 // bias: added to every exponent (P and the sum come out times 2^bias; the FP8 prefill's 8). lazy: a row keeps its
 // reference m while the tile's max exceeds it by at most `lazy` (exp2 domain; P then up to 2^lazy, corr 1), so O is
 // rarely rescaled after the first tiles (0: m is always the running max). fixed: m is a fixed reference that bounds
@@ -236,7 +237,8 @@ __device__ __forceinline__ void online_softmax(float (&sacc)[N], float (&m)[2], 
         for (int r = 0; r < 2; ++r) {
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));  // the 4 lanes of a row
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            if (lazy > 0.f && (mx[r] - m[r]) * sc <= lazy) {  // (false while m is -inf)
+            // (false while m is -inf: +inf against a finite max, NaN against -inf)
+            if (lazy > 0.f && (mx[r] - m[r]) * sc <= lazy) {
                 corr[r] = 1.f;
                 ref[r] = m[r] * sc - bias;
                 continue;
@@ -624,12 +626,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         // Softcapped scores are bounded: tanh(S cap_in) times sc = cap log2(e) lies in [-sc, sc]. In bf16 (P needs
         // FP32's exponent range: fp16's and e4m3's are too narrow) without a mask (which adds to the scores), the
         // softmax subtracts the fixed reference max(0, sc - kFixedTop) instead of the running max: P in
-        // [2^kFixedFloor, 2^kFixedTop], no max, O never rescaled, when 2 sc <= kFixedTop - kFixedFloor (cap <= 63.7;
-        // Gemma 2's 50, Grok's 30). m_fix: that reference in units of the capped scores (m_r's), -inf for the running
-        // max. Built at DV >= 192 (softcap then costs what the plain call does); at D 64 and 128 the two
-        // multi-function-unit ops a score set the pace either way, and the branch cost D 64 5 %.
-        constexpr float kFixedTop = 64.f, kFixedFloor = -120.f;
-        constexpr bool kFixedOk = std::is_same_v<T, __nv_bfloat16> && !kMasked && DV >= 192;
+        // [2^kFixedFloor, 2^kFixedTop], no max, O never rescaled, when 2 sc <= kFixedTop - kFixedFloor (cap <= 56.8;
+        // Gemma 2's 50, Grok's 30). The floor keeps P V's FP32 products normal for |V| down to 2^-26. m_fix: that
+        // reference in units of the capped scores (m_r's), -inf for the running max. Built at DV 256, where it makes
+        // softcap cost what the plain call does; at D 64 and 128 the two multi-function-unit ops a score set the pace
+        // either way, and the branch costs the plain call there.
+        constexpr float kFixedTop = 64.f, kFixedFloor = -100.f;
+        constexpr bool kFixedOk = std::is_same_v<T, __nv_bfloat16> && !kMasked && DV == 256;
         const float cap_sc = p.sl2 * p.cap_out;
         const bool fixed_ref = kFixedOk && capped && 2.f * cap_sc <= kFixedTop - kFixedFloor;
         const float m_fix = fixed_ref ? fmaxf(0.f, cap_sc - kFixedTop) / cap_sc : -INFINITY;
@@ -649,7 +652,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int i = 0; i < BN / 2; ++i) sacc[i] = 0.f;
 #pragma unroll
         for (int i = 0; i < BN / kKP; ++i) pf[i][0] = pf[i][1] = pf[i][2] = pf[i][3] = 0u;
-        float m_r[2], l_r[2];  // running row max of the raw scores, this thread's columns' running row sum
+        float m_r[2], l_r[2];  // each row's softmax reference (online_softmax's m), this thread's columns' row sum
 
         // this warpgroup's 64 rows in every Q slab (8-row atoms, 1024-aligned; 512 in the 64-byte swizzle)
         const uint32_t q_wg = sQ + 64 * c * L::kRowBytes;
@@ -685,12 +688,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         auto release = [&](uint32_t bar) {
             if (lane == 0) mbar_arrive(bar);
         };
-        // O is rescaled only where a row's reference moved (corr is 1 otherwise). 16-bit at DV >= 192: the reference
+        // O is rescaled only where a row's reference moved (corr is 1 otherwise). 16-bit at DV 256: the reference
         // moves only when a tile's max passes it by more than kLazy (online_softmax's lazy; P then up to 2^kLazy,
-        // inside fp16's range too), after the first tiles rarely (+3-15 % at D 256; at D 64 and 128 the branch cost
-        // 0-6 %). FP8 (P in e4m3 times 2^8, no headroom): at DV <= 128 where the exact max moved; at DV 256 every tile
-        // (the branch cost 3-7 % there).
-        constexpr float kLazy = !kFp8 && DV >= 192 ? 8.f : 0.f;
+        // inside fp16's range too), after the first tiles rarely; at DV 64 and 128 the branch costs more than the
+        // rescales it saves, and the max is exact. FP8 (P in e4m3 times 2^8, no headroom): at DV <= 128 where the exact
+        // max moved; at DV 256 every tile (the branch costs more there).
+        constexpr float kLazy = !kFp8 && DV == 256 ? 8.f : 0.f;
         constexpr bool kSkipRescale = kLazy > 0.f || (kFp8 && DV <= 128);
         auto rescale_o = [&](const float(&corr)[2]) {
             if (fixed_ref) return;
@@ -731,7 +734,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             const float sl2 = capped ? p.sl2 * p.cap_out : p.sl2 * qk;
             return Scales{p.cap_in * qk, sl2, kMasked ? 1.f : sl2, dv};
         };
-        // ---- an item's epilogue: normalise O (row maxima m, this thread's sums l), stage it in this warpgroup's
+        // ---- an item's epilogue: normalise O (row references m, this thread's sums l), stage it in this warpgroup's
         // rows of sO, or of sQ (every wgmma that read them has completed), then 16-byte stores of the rows below
         // Sq; LSE (natural log) from the quad's lane 0.
         auto finish = [&](const Item& it, const Scales& x, float(&m)[2], float(&l)[2]) {
@@ -790,7 +793,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         uint32_t ph = 0, qph = 0;
         // Persistent with O in its own tile, an item's last P V and its epilogue are deferred into the next item's
         // first step (issued with its first QK^T, landed and written while its softmax runs), as the P V of a tile
-        // is within an item: `pending` such an item, with its scales, row maxima and sums, and its last stage.
+        // is within an item: `pending` such an item, with its scales, row references and sums, and its last stage.
         const bool defer = kOverlap && kOwnO && persistent;
         bool pending = false;
         Item prev{};
@@ -832,7 +835,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             const int lo0 = win.left >= 0 ? row0 + shift - win.left : 0;
             const int lo1 = win.left >= 0 ? row1 + shift - win.left : 0;
             // Add the user mask of stage st (masked kernels: every tile, scores then in the exp2 domain), mask the key
-            // tail and the causal diagonal when `edge`, update the running max and sum, leave P = exp2(S * sc - max)
+            // tail and the causal diagonal when `edge`, update the references and sums, leave P = exp2(S * sc - m * sc)
             // in sacc; corr: the factors that rescale what O holds.
             auto softmax = [&](int n0, bool edge, int st, float(&corr)[2]) {
                 if (capped) {
