@@ -237,6 +237,22 @@ def time_ms(fn, warmup_ms: float = 25, rep_ms: float = 200) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def time_turns(calls: dict, warmup_ms: float = 25, rep_ms: float = 200, turns: int = 2) -> dict:
+    """Each of ``calls`` (name -> callable) timed by :func:`time_ms` in ``turns`` turns, every other turn in the
+    reverse order, and its best median kept (a GPU's clocks drift with its load: timed in one order, the first of a
+    run of power-bound calls comes out ahead); None for a call that ran out of memory."""
+    best = dict.fromkeys(calls)
+    for turn in range(turns):
+        for name in list(calls)[::-1] if turn % 2 else list(calls):
+            try:
+                ms = time_ms(calls[name], warmup_ms, rep_ms)
+            except torch.OutOfMemoryError:
+                torch.cuda.empty_cache()
+                continue
+            best[name] = ms if best[name] is None else min(best[name], ms)
+    return best
+
+
 def attention_reference(q, k, v, *, attn_mask=None, causal=False, scale=None, return_lse=False,
                         dtype=torch.float64, **ignored):
     """``attn_lt.attention``'s signature and semantics in plain PyTorch, on any device and dtype, computed in

@@ -484,3 +484,25 @@ def test_bench_lt_details_record_kernels_and_gemms(tmp_path, monkeypatch):
     assert lt["details"]["gemms"] and all(g["gemm"] for g in lt["details"]["gemms"])
     assert meta["host_cost"]["plan_run_us"] > 0
     assert all("details" not in r for r in rows if r["provider"] != "lt")
+
+
+def test_time_turns_alternates_the_order_and_keeps_the_best(monkeypatch):
+    """attn_lt.testing.time_turns: every other turn in the reverse order, the best median a call, None out of memory."""
+    import torch
+
+    from attn_lt import testing
+
+    order, ms = [], {"a": iter([3.0, 2.0]), "b": iter([1.0, 4.0])}
+
+    def fake_time_ms(fn, warmup_ms, rep_ms):
+        name = fn()
+        order.append(name)
+        if name == "c":
+            raise torch.OutOfMemoryError("out of memory")
+        return next(ms[name])
+
+    monkeypatch.setattr(testing, "time_ms", fake_time_ms)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    best = testing.time_turns({n: (lambda n=n: n) for n in "abc"}, turns=2)
+    assert order == ["a", "b", "c", "c", "b", "a"]
+    assert best == {"a": 2.0, "b": 1.0, "c": None}

@@ -18,7 +18,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import attn_lt  # noqa: E402
-from attn_lt.testing import time_ms, window_mask  # noqa: E402
+from attn_lt.testing import time_turns, window_mask  # noqa: E402
 
 
 def flex_calls(q, k, v, window: int, softcap: float):
@@ -102,17 +102,8 @@ def main() -> None:
     add("decode plain (B8 64/8 D64)", lambda: att(dq, dk, dv, causal=True))
     add("decode window 128 + sinks", lambda: att(dq, dk, dv, causal=True, window=(127, 0), sinks=ds))
     add("decode plain at 128 keys", lambda: att(dq, dk[:, :, -128:], dv[:, :, -128:], causal=True))
-    # every call timed twice, the second turn in the reverse order, each time after 200 ms of the same call (a GPU's
-    # clocks settle under its load: the heaviest calls run power-bound), the better median kept; None: out of memory
-    rows = {name: None for name in calls}
-    for turn in range(2):
-        for name in list(calls)[::-1] if turn else list(calls):
-            try:
-                ms = time_ms(calls[name], warmup_ms=200, rep_ms=args.rep_ms)
-                rows[name] = ms if rows[name] is None else min(rows[name], ms)
-            except torch.OutOfMemoryError:
-                pass
-            torch.cuda.empty_cache()
+    # each call after 200 ms of itself (a GPU's clocks settle under its load), in two turns, the better median kept
+    rows = time_turns(calls, warmup_ms=200, rep_ms=args.rep_ms)
 
     full = rows["attn_lt causal"]
     flops = 4 * S * S / 2 * Hq * D  # causal

@@ -20,7 +20,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 import attn_lt  # noqa: E402
-from attn_lt.testing import time_ms  # noqa: E402
+from attn_lt.testing import time_turns  # noqa: E402
 
 SHAPES = [("S16k causal D128 H32/8", 32, 8, 16384, True, 128), ("S16k full D64 H32", 32, 32, 16384, False, 64),
           ("S16k full D256 H32", 32, 32, 16384, False, 256)]
@@ -42,11 +42,7 @@ def main(argv=None) -> int:
         v = torch.randn_like(k)
         calls = {"plain": lambda: attn_lt.attention(q, k, v, causal=causal),
                  "all": lambda: attn_lt.attention(q, k, v, causal=causal, return_key_mass=True)}
-        times = {n: [] for n in calls}
-        for turn in range(2):
-            for n in list(calls)[::-1] if turn else list(calls):
-                times[n].append(time_ms(calls[n], warmup_ms=200, rep_ms=300))
-        ms = {n: min(t) for n, t in times.items()}
+        ms = time_turns(calls, warmup_ms=200, rep_ms=300)
         rows.append(dict(shape=name, **ms))
         print(f"{a.tag:6s} {name:24s} plain {ms['plain']:7.3f} ms  every row {ms['all']:7.3f} ms "
               f"({ms['all'] / ms['plain']:.3f}x)", flush=True)

@@ -5,14 +5,13 @@ better of the two medians kept. Checks first that the two launches give the same
 an FP32 reference.
 
     python3 tools/experiments/ab_persistent.py --out DIR [--dims 64,128,256] [--lengths 512,1024,2048,4096,16384]
-                                               [--rep-ms 40]
+                                               [--causal 0,1] [--rep-ms 40]
 
 Prints a line a case; writes DIR/ab_persistent.json (docs/perf/h200/flash_sm90.json is one such file).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -21,17 +20,14 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-from bench_flash_sm90 import HIDDEN, TOKENS, sdpa_call, sm90_call  # noqa: E402
+from bench_flash_sm90 import HIDDEN, TOKENS, protocol_parser, sdpa_call, sm90_call  # noqa: E402
 
-from attn_lt.testing import reference, rel_error, time_ms  # noqa: E402
+from attn_lt.testing import reference, rel_error, time_turns  # noqa: E402
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--dims", default="64,128,256")
-    ap.add_argument("--lengths", default="512,1024,2048,4096,16384")
-    ap.add_argument("--rep-ms", type=float, default=40.0)
+    ap = protocol_parser(__doc__, "ab_persistent.json", "64,128,256", "512,1024,2048,4096,16384")
+    ap.set_defaults(rep_ms=40.0)
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("ab_persistent: no CUDA GPU visible", file=sys.stderr)
@@ -40,7 +36,7 @@ def main(argv=None) -> int:
     rows = []
     for D in map(int, a.dims.split(",")):
         for S in map(int, a.lengths.split(",")):
-            for causal in (False, True):
+            for causal in (bool(int(c)) for c in a.causal.split(",")):
                 H, B = HIDDEN // D, TOKENS // S
                 torch.manual_seed(S + D + causal)
                 q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -54,12 +50,9 @@ def main(argv=None) -> int:
                 err, same = rel_error(out[-1:, -2:], ref), torch.equal(out, out_grid)
                 calls = {"pers": run, "grid": run_grid, "cudnn": sdpa_call(q, k, v, causal, "cudnn"),
                          "flash": sdpa_call(q, k, v, causal, "flash")}
-                times = {name: [] for name in calls}
-                for turn in range(2):  # the second turn in the reverse order (a GPU's clocks drift with its load)
-                    for name in list(calls)[::-1] if turn else list(calls):
-                        times[name].append(time_ms(calls[name], rep_ms=a.rep_ms))
+                ms = time_turns(calls, rep_ms=a.rep_ms)
                 flops = 4 * B * H * S * S * D / (2 if causal else 1)
-                tf = {name: flops / min(t) / 1e9 for name, t in times.items()}
+                tf = {name: flops / t / 1e9 for name, t in ms.items()}
                 rows.append(dict(D=D, S=S, causal=int(causal), **{f"tf_{n}": x for n, x in tf.items()}, err=err,
                                  same=same))
                 print(f"D{D:<4}S{S:<6}{'causal' if causal else 'full  '} " +
