@@ -84,23 +84,30 @@ constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
 #include "batch.cuh"
 #include "sm90.cuh"
 
+// Key tiles: kBlockN keys, in a kStages-deep ring. kWideN (0: none) is the tile of the dense calls without a mask
+// or window from kWideFrom keys (kWideFromCausal with causal rows; wide_tiles), FA3's 192 at D 64 and 176 at D 128:
+// a longer tile spreads its fixed costs (the row max and sum across a quad, O's rescale, the barriers) over more
+// keys, while shorter rows lose more to the longer last tile and causal ones to the wider diagonal (H200, FA3
+// protocol, over 128-key tiles: D 64 1.02-1.06x from S 4k, 0.90x at S 512, causal 1.02x from S 8k; D 128
+// 1.02-1.07x from S 2k-4k, 0.92x at S 512, causal 1.04-1.07x from S 8k, 0.95x at S 2k). At D 128, 160 and 192
+// keys spill and ran slower.
 template <int D>
 struct Cfg;
 template <>
 struct Cfg<64> {
-    static constexpr int kBlockN = 128, kStages = 4;
+    static constexpr int kBlockN = 128, kStages = 4, kWideN = 192, kWideFrom = 4096, kWideFromCausal = 8192;
 };
 template <>
 struct Cfg<128> {
-    static constexpr int kBlockN = 128, kStages = 2;
+    static constexpr int kBlockN = 128, kStages = 2, kWideN = 176, kWideFrom = 2048, kWideFromCausal = 8192;
 };
 template <>
 struct Cfg<192> {  // MLA prefill: q/k head dim 192, v's 128 (the only DV built with D = 192; no mask)
-    static constexpr int kBlockN = 128, kStages = 2;
+    static constexpr int kBlockN = 128, kStages = 2, kWideN = 0, kWideFrom = 0, kWideFromCausal = 0;
 };
 template <>
 struct Cfg<256> {
-    static constexpr int kBlockN = 64, kStages = 2;
+    static constexpr int kBlockN = 64, kStages = 2, kWideN = 0, kWideFrom = 0, kWideFromCausal = 0;
 };
 
 // The (q/k head dim, v head dim) pairs built: DV = D, MLA prefill's (192, 128), and MLA decode's (576, 512) (the
@@ -113,10 +120,11 @@ constexpr bool head_dims_built(int64_t D, int64_t DV) {
 enum MaskKind { kNoMask = 0, kBoolMask = 1, kAddMask = 2 };
 
 // ES: bytes an element of q, k and v (2; 1: the FP8 prefill, 128-key tiles, V transposed: a stage's V tile is DV
-// rows of the tile's 128 keys).
-template <int D, int DV, int MK, int ES = 2>
+// rows of the tile's 128 keys). kWide: Cfg<D>::kWideN-key tiles (16-bit, no mask).
+template <int D, int DV, int MK, int ES = 2, bool kWide = false>
 struct Layout {
-    static constexpr int kBlockN = ES == 1 ? 128 : Cfg<D>::kBlockN;
+    static_assert(!kWide || (Cfg<D>::kWideN > 0 && ES == 2 && MK == kNoMask), "wide tiles: 16-bit, no mask");
+    static constexpr int kBlockN = kWide ? Cfg<D>::kWideN : ES == 1 ? 128 : Cfg<D>::kBlockN;
     // a mask tile a stage takes the room of the deeper ring at D = 64
     static constexpr int kStages = ES == 1 ? (D <= 128 ? 4 : 2) : MK == kNoMask ? Cfg<D>::kStages : D == 64 ? 3 : 2;
     static constexpr uint32_t kQBytes = kBlockM * D * ES, kKBytes = kBlockN * D * ES, kVBytes = kBlockN * DV * ES;
@@ -449,14 +457,15 @@ __host__ __device__ constexpr uint32_t swizzled(int row, int chunk) {
 // (other requests' rows) are masked (keys) or not written (queries).
 // kPaged (with kVarlen): the keys are request b's in a paged cache (paged_producer), k0 = 0; the launch adds
 // kPagedSmem bytes of shared memory (a word a stage past the barriers: the stage's bad pages).
-template <int D, int DV, typename T, bool kOverlap, int MK, bool kVarlen = false, bool kPaged = false>
+template <int D, int DV, typename T, bool kOverlap, int MK, bool kVarlen = false, bool kPaged = false,
+          bool kWide = false>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_sm90_fwd(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmk,
                    const __grid_constant__ CUtensorMap tmv, const __grid_constant__ CUtensorMap tmm,
                    const FwdParams<kVarlen> p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr bool kFp8 = sizeof(T) == 1;  // the FP8 prefill (e4m3 q, k, transposed v; o bf16)
-    using L = Layout<D, DV, MK, sizeof(T)>;
+    using L = Layout<D, DV, MK, sizeof(T), kWide>;
     using To = std::conditional_t<kFp8, __nv_bfloat16, T>;  // o's element type
     constexpr bool kMasked = MK != kNoMask;
     using M = std::conditional_t<MK == kBoolMask, bool, T>;  // the mask's element type
@@ -1629,9 +1638,9 @@ cudaError_t persistent_grid(Params& p, const attn_lt_flash_args& a, dim3& grid) 
     return cudaSuccess;
 }
 
-template <int D, int DV, typename T, bool kOverlap, int MK>
+template <int D, int DV, typename T, bool kOverlap, int MK, bool kWide = false>
 cudaError_t launch(const attn_lt_flash_args& a, cudaStream_t stream) {
-    using L = Layout<D, DV, MK>;
+    using L = Layout<D, DV, MK, 2, kWide>;
     constexpr CUtensorMapDataType dt = tma_dtype<T>();
     Params p{};
     static_cast<BaseParams&>(p) = base_params(a);
@@ -1653,7 +1662,7 @@ cudaError_t launch(const attn_lt_flash_args& a, cudaStream_t stream) {
     } else {
         mm = mk;  // not read
     }
-    const auto kernel = flash_sm90_fwd<D, DV, T, kOverlap, MK>;
+    const auto kernel = flash_sm90_fwd<D, DV, T, kOverlap, MK, false, false, kWide>;
     cudaError_t err = opt_in_smem(reinterpret_cast<const void*>(kernel), L::kSmem);
     if (err != cudaSuccess) return err;
     p.m_blocks = static_cast<int>(m_blocks);
@@ -1852,6 +1861,13 @@ cudaError_t launch_fp8(const attn_lt_flash_args& a, cudaStream_t stream) {
     return cudaGetLastError();
 }
 
+// Whether the default pipeline runs a call without a mask on Cfg<D>::kWideN-key tiles (see Cfg).
+template <int D>
+bool wide_tiles(const attn_lt_flash_args& a) {
+    return Cfg<D>::kWideN > 0 && a.window_left < 0 && a.window_right < 0 &&
+           a.Sk >= (a.causal ? Cfg<D>::kWideFromCausal : Cfg<D>::kWideFrom);
+}
+
 // The plain pipeline is built without masks, and D != DV without masks (mask_kind, the head dims and the variant are
 // checked before).
 template <int D, int DV, typename T>
@@ -1860,6 +1876,8 @@ cudaError_t launch_variant(const attn_lt_flash_args& a, int mk, cudaStream_t str
     if constexpr (D == DV) {
         if (mk == kBoolMask) return launch<D, DV, T, true, kBoolMask>(a, stream);
         if (mk == kAddMask) return launch<D, DV, T, true, kAddMask>(a, stream);
+        if constexpr (Cfg<D>::kWideN > 0)
+            if (wide_tiles<D>(a)) return launch<D, DV, T, true, kNoMask, true>(a, stream);
     }
     return launch<D, DV, T, true, kNoMask>(a, stream);
 }

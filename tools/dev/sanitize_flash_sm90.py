@@ -6,7 +6,7 @@ and query tails; causal with Sq != Sk both ways; GQA; a (B, S, H, D) view; dense
 additive, shared by the heads, per head, one row for every query, a padded view; the FP8 prefill: e4m3 q, k, v
 through attention(), key and query tails, causal, GQA, a window with sinks). Exits 1 when an output is wrong, 2 when
 the kernels cannot run here. "persistent": shapes of more (query block, head) items than SMs, so that persistent
-CTAs take several (reusing the Q and O tiles and the ring from item to item).
+CTAs take several (reusing the Q and O tiles and the ring from item to item). "wide": calls on the wide key tiles.
 
     compute-sanitizer --tool memcheck  python3 tools/dev/sanitize_flash_sm90.py
     compute-sanitizer --tool racecheck python3 tools/dev/sanitize_flash_sm90.py
@@ -47,6 +47,13 @@ PERSISTENT = [
     (4, 8, 2, 1100, 700, 128, torch.bfloat16, True, "bhsd", "default"),
     (2, 8, 4, 1030, 300, 256, torch.float16, False, "bhsd", "default"),
     (3, 16, 16, 500, 500, 64, torch.bfloat16, False, "bhsd", "plain"),
+]
+# wide key tiles (native/flash_sm90.cu's Cfg: 192 keys at D 64 from 4096 keys, 176 at D 128 from 2048; causal
+# from 8192), key tails inside a tile
+WIDE = [
+    (1, 2, 1, 97, 4097, 64, torch.bfloat16, False, "bhsd", "default"),
+    (1, 2, 2, 130, 2113, 128, torch.float16, False, "bshd", "default"),
+    (1, 2, 1, 200, 8200, 128, torch.bfloat16, True, "bhsd", "default"),
 ]
 # MLA prefill, q/k head dim 192 and v's 128: (B, Hq, Hkv, Sq, Sk, dtype, causal, variant)
 # the FP8 prefill: (B, Hq, Hkv, Sq, Sk, D, causal, window)
@@ -100,7 +107,7 @@ def padded_mask(kind, shape, dtype):
 
 
 #: The groups by name: ``sanitize_flash_sm90.py fp8 masked`` runs those alone (racecheck's time).
-GROUPS = {"plain": CASES, "persistent": PERSISTENT, "mla": MLA, "mla_decode": MLA_DECODE, "decode": DECODE, "masked": MASKED, "fp8": FP8}
+GROUPS = {"plain": CASES, "persistent": PERSISTENT, "wide": WIDE, "mla": MLA, "mla_decode": MLA_DECODE, "decode": DECODE, "masked": MASKED, "fp8": FP8}
 
 
 def only(group: list) -> list:
@@ -115,7 +122,7 @@ def main() -> int:
         return 2
     torch.manual_seed(0)
     bad = 0
-    for B, Hq, Hkv, Sq, Sk, D, dt, causal, layout, variant in only(CASES) + only(PERSISTENT):
+    for B, Hq, Hkv, Sq, Sk, D, dt, causal, layout, variant in only(CASES) + only(PERSISTENT) + only(WIDE):
         q, k, v = random_qkv(B, Hq, Hkv, Sq, Sk, D, dt, layout)
         out = torch.full((B, Hq, Sq, D), math.nan, dtype=dt, device="cuda")
         lse = torch.full((B, Hq, Sq), math.nan, device="cuda")
