@@ -103,11 +103,11 @@ struct Cfg<128> {
 };
 template <>
 struct Cfg<192> {  // MLA prefill: q/k head dim 192, v's 128 (the only DV built with D = 192; no mask)
-    static constexpr int kBlockN = 128, kStages = 2, kWideN = 0, kWideFrom = 0, kWideFromCausal = 0;
+    static constexpr int kBlockN = 128, kStages = 2, kWideN = 0;
 };
 template <>
 struct Cfg<256> {
-    static constexpr int kBlockN = 64, kStages = 2, kWideN = 0, kWideFrom = 0, kWideFromCausal = 0;
+    static constexpr int kBlockN = 64, kStages = 2, kWideN = 0;
 };
 
 // The (q/k head dim, v head dim) pairs built: DV = D, MLA prefill's (192, 128), and MLA decode's (576, 512) (the
