@@ -17,8 +17,8 @@
 // come first; causal tiles wholly above the diagonal are never loaded. GQA reads kv head h / (Hq / Hkv) in place.
 // Dense calls without a mask run persistent (persistent_grid says when): a grid of one CTA an SM takes the (query
 // block, head, batch entry) items in rounds, the producer loading the next item's Q (an mbarrier handshake,
-// empty_q) and tiles while the consumers finish this one; where O has its own staging tile (D <= 128, FP8) an
-// item's last PV and its epilogue run in the next item's first step. O is staged through sO, or the consumer's own
+// empty_q) and tiles while the consumers finish this one; where O has its own staging tile (D 64, D 128 on 128-key
+// tiles, FP8) an item's last PV and its epilogue run in the next item's first step. O is staged through sO, or the consumer's own
 // (no longer needed) rows of the Q tile, and written with 16-byte stores.
 //
 // Shared memory (one 1024-byte aligned block; every tile in 128-byte swizzle, the layout TMA writes and wgmma reads):
@@ -84,13 +84,13 @@ constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
 #include "batch.cuh"
 #include "sm90.cuh"
 
-// Key tiles: kBlockN keys, in a kStages-deep ring. kWideN (0: none) is the tile of the dense calls without a mask
-// or window from kWideFrom keys (kWideFromCausal with causal rows; wide_tiles), FA3's 192 at D 64 and 176 at D 128:
-// a longer tile spreads its fixed costs (the row max and sum across a quad, O's rescale, the barriers) over more
-// keys, while shorter rows lose more to the longer last tile and causal ones to the wider diagonal (H200, FA3
-// protocol, over 128-key tiles: D 64 1.02-1.06x from S 4k, 0.90x at S 512, causal 1.02x from S 8k; D 128
-// 1.02-1.07x from S 2k-4k, 0.92x at S 512, causal 1.04-1.07x from S 8k, 0.95x at S 2k). At D 128, 160 and 192
-// keys spill and ran slower.
+// Key tiles: kBlockN keys, in a kStages-deep ring. kWideN (0: none) is the tile of the default pipeline's dense calls
+// without a mask or window from kWideFrom keys (kWideFromCausal with causal rows; wide_tiles), FA3's 192 at D 64 and
+// 176 at D 128: a longer tile spreads its fixed costs (the row max and sum across a quad, O's rescale, the barriers)
+// over more keys, while shorter rows lose more to the longer last tile and causal ones to the wider diagonal (H200,
+// FA3 protocol, over 128-key tiles: D 64 1.02-1.06x from S 4k, 0.90x at S 512, causal 1.02x from S 8k; D 128
+// 1.02-1.07x from S 2k-4k, 0.92x at S 512, causal 1.04-1.07x from S 8k, 0.95x at S 2k). At D 128 O then has no
+// staging tile of its own (it is staged in Q's, as at D 256). The plain pipeline keeps kBlockN.
 template <int D>
 struct Cfg;
 template <>
@@ -505,8 +505,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     // A work item: one query block of one (batch entry, query head), its key tiles [lo, top) under the window
     // (causal: the right edge 0), visited from top - 1 down. A persistent CTA (p.items > 0) takes the units
     // blockIdx.x + r * gridDim.x, r = 0, 1, ..., of the items in order (query blocks fastest, then heads, then batch
-    // entries: the blocks in flight share K and V in L2); a unit is one item, or with causal rows two whose sum of
-    // key tiles is the same for every unit (query blocks i and m_blocks - 1 - i), so that the CTAs end together.
+    // entries: the blocks in flight share K and V in L2); a unit is one item, or with causal rows two whose sums of
+    // key tiles are equal (within a tile on wide tiles: query blocks i and m_blocks - 1 - i), so that the CTAs end
+    // together.
     // Without it (p.items 0: the grid variant, masks, varlen) a CTA runs its block's item.
     const bool persistent = kPersistent && p.items > 0;
     const int per_unit = persistent && p.causal ? 2 : 1;

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The Hopper fused kernel (native/flash_sm90.cu) on the FlashAttention-3 protocol, side by side in one run with
 PyTorch SDPA's FLASH and cuDNN backends and attn_lt's `wmma` kernel (native/flash.cu, D 64/128); sm90 is the default
-(persistent) launch, sm90_grid its grid variant (a CTA a query block and head), sm90_plain the unoverlapped pipeline.
+(persistent) launch, sm90_grid its grid variant (a CTA a query block and head), sm90_plain the unoverlapped pipeline
+(on 128-key tiles, where the default pipeline takes wider ones for long rows at D 64 and 128).
 
 bf16, B * S = 16384 tokens, H * D = 2048, D in {64, 128, 256}, S = 512 ... 16384, causal and not. Every output is
 checked against an FP32 reference (sampled rows of two heads) before it is timed. Median milliseconds by CUDA

@@ -54,6 +54,7 @@ WIDE = [
     (1, 2, 1, 97, 4097, 64, torch.bfloat16, False, "bhsd", "default"),
     (1, 2, 2, 130, 2113, 128, torch.float16, False, "bshd", "default"),
     (1, 2, 1, 200, 8200, 128, torch.bfloat16, True, "bhsd", "default"),
+    (3, 16, 4, 300, 4100, 64, torch.bfloat16, False, "bhsd", "default"),  # more items than SMs
 ]
 # MLA prefill, q/k head dim 192 and v's 128: (B, Hq, Hkv, Sq, Sk, dtype, causal, variant)
 # the FP8 prefill: (B, Hq, Hkv, Sq, Sk, D, causal, window)
@@ -107,7 +108,8 @@ def padded_mask(kind, shape, dtype):
 
 
 #: The groups by name: ``sanitize_flash_sm90.py fp8 masked`` runs those alone (racecheck's time).
-GROUPS = {"plain": CASES, "persistent": PERSISTENT, "wide": WIDE, "mla": MLA, "mla_decode": MLA_DECODE, "decode": DECODE, "masked": MASKED, "fp8": FP8}
+GROUPS = {"plain": CASES, "persistent": PERSISTENT, "wide": WIDE, "mla": MLA, "mla_decode": MLA_DECODE,
+          "decode": DECODE, "masked": MASKED, "fp8": FP8}
 
 
 def only(group: list) -> list:
