@@ -18,8 +18,8 @@
 // Dense calls without a mask run persistent (persistent_grid says when): a grid of one CTA an SM takes the (query
 // block, head, batch entry) items in rounds, the producer loading the next item's Q (an mbarrier handshake,
 // empty_q) and tiles while the consumers finish this one; where O has its own staging tile (D 64, D 128 on 128-key
-// tiles, FP8) an item's last PV and its epilogue run in the next item's first step. O is staged through sO, or the consumer's own
-// (no longer needed) rows of the Q tile, and written with 16-byte stores.
+// tiles, FP8) an item's last PV and its epilogue run in the next item's first step. O is staged through sO, or the
+// consumer's own (no longer needed) rows of the Q tile, and written with 16-byte stores.
 //
 // Shared memory (one 1024-byte aligned block; every tile in 128-byte swizzle, the layout TMA writes and wgmma reads):
 //   sQ           [D/64 slabs][kBlockM rows][64 elements]   (a slab: rows of 128 bytes, 8-row atoms of 1024 bytes,
