@@ -506,3 +506,17 @@ def test_time_turns_alternates_the_order_and_keeps_the_best(monkeypatch):
     best = testing.time_turns({n: (lambda n=n: n) for n in "abc"}, turns=2)
     assert order == ["a", "b", "c", "c", "b", "a"]
     assert best == {"a": 2.0, "b": 1.0, "c": None}
+
+
+def test_protocol_command_line_and_cases(tmp_path, monkeypatch):
+    """The FA3-protocol benchmarks' shared command line: cases in order (head dims, lengths, causal), no GPU said
+    before any directory is made."""
+    import bench_flash_sm90 as fa3
+
+    ap = fa3.protocol_parser("doc", "x.json", "64,128", "512,4096")
+    a = ap.parse_args(["--out", str(tmp_path / "o"), "--causal", "1,0"])
+    assert fa3.protocol_cases(a) == [(64, 512, True), (64, 512, False), (64, 4096, True), (64, 4096, False),
+                                     (128, 512, True), (128, 512, False), (128, 4096, True), (128, 4096, False)]
+    monkeypatch.setattr(fa3.torch.cuda, "is_available", lambda: False)
+    assert fa3.protocol_start(ap, ["--out", str(tmp_path / "o")], "t") is None
+    assert not (tmp_path / "o").exists()

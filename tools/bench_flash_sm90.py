@@ -163,30 +163,42 @@ def protocol_parser(doc: str, results: str, dims: str, lengths: str) -> argparse
     return ap
 
 
-def main(argv=None) -> int:
-    ap = protocol_parser(__doc__, "bench_flash_sm90.json", "64,128,256", "512,1024,2048,4096,8192,16384")
+def protocol_start(ap: argparse.ArgumentParser, argv, name: str) -> argparse.Namespace | None:
+    """A protocol benchmark's arguments parsed and its output directory made; None (said on stderr) without a
+    CUDA GPU."""
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
-        print("bench_flash_sm90: no CUDA GPU visible", file=sys.stderr)
+        print(f"{name}: no CUDA GPU visible", file=sys.stderr)
+        return None
+    os.makedirs(a.out, exist_ok=True)
+    return a
+
+
+def protocol_cases(a: argparse.Namespace) -> list[tuple[int, int, bool]]:
+    """The (D, S, causal) cases of a protocol command line, head dims outermost, then lengths, then causal."""
+    return [(D, S, bool(int(c))) for D in map(int, a.dims.split(",")) for S in map(int, a.lengths.split(","))
+            for c in a.causal.split(",")]
+
+
+def main(argv=None) -> int:
+    ap = protocol_parser(__doc__, "bench_flash_sm90.json", "64,128,256", "512,1024,2048,4096,8192,16384")
+    a = protocol_start(ap, argv, "bench_flash_sm90")
+    if a is None:
         return 2
     if not native.flash_sm90_supported():
         print(f"bench_flash_sm90: the sm_90a kernel cannot run here ({torch.cuda.get_device_name()}, "
               f"cc {torch.cuda.get_device_capability()})", file=sys.stderr)
         return 2
-    os.makedirs(a.out, exist_ok=True)
     t0 = time.time()
     ceiling = gemm_ceiling(a.rep_ms)
     print(f"bf16 GEMM 8192^3: {ceiling:.0f} TFLOP/s", flush=True)
     rows = []
-    for D in map(int, a.dims.split(",")):
-        for S in map(int, a.lengths.split(",")):
-            for causal in (bool(int(c)) for c in a.causal.split(",")):
-                row = bench_case(D, S, causal, a.rep_ms)
-                if row["sm90"].get("status") == "ok":
-                    row["sm90"]["of_gemm_ceiling"] = row["sm90"]["tflops"] / ceiling
-                rows.append(row)
-                print(f"D={D} S={S} causal={int(causal)}: " + " ".join(
-                    f"{n}={fmt(row, n)}" for n in PROVIDERS), flush=True)
+    for D, S, causal in protocol_cases(a):
+        row = bench_case(D, S, causal, a.rep_ms)
+        if row["sm90"].get("status") == "ok":
+            row["sm90"]["of_gemm_ceiling"] = row["sm90"]["tflops"] / ceiling
+        rows.append(row)
+        print(f"D={D} S={S} causal={int(causal)}: " + " ".join(f"{n}={fmt(row, n)}" for n in PROVIDERS), flush=True)
     meta = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "gpu": torch.cuda.get_device_name(), "capability": list(torch.cuda.get_device_capability()),

@@ -25,7 +25,8 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import attn_lt  # noqa: E402
-from bench_flash_sm90 import HIDDEN, TOKENS, protocol_parser, sdpa_call  # noqa: E402
+from bench_flash_sm90 import (HIDDEN, TOKENS, protocol_cases, protocol_parser, protocol_start,  # noqa: E402
+                              sdpa_call)
 from attn_lt.testing import fp8_kv, fp8_values, reference, rel_error, time_ms  # noqa: E402
 
 PROVIDERS = ("fp8", "bf16", "cudnn", "flash")
@@ -87,17 +88,15 @@ def bench_case(D, S, causal, rep_ms, split: bool):
 
 
 def main(argv=None) -> int:
-    a = protocol_parser(__doc__, "bench_fp8_prefill.json", "128,256", "4096,8192,16384").parse_args(argv)
-    if not torch.cuda.is_available():
-        print("no CUDA GPU: nothing to measure", file=sys.stderr)
+    a = protocol_start(protocol_parser(__doc__, "bench_fp8_prefill.json", "128,256", "4096,8192,16384"), argv,
+                       "bench_fp8_prefill")
+    if a is None:
         return 2
-    os.makedirs(a.out, exist_ok=True)
     rows = []
-    for D in map(int, a.dims.split(",")):
-        for i, S in enumerate(map(int, a.lengths.split(","))):
-            for causal in map(int, a.causal.split(",")):
-                rows.append(bench_case(D, S, bool(causal), a.rep_ms, split=i == 0 and not causal))
-                torch.cuda.empty_cache()
+    first_length = int(a.lengths.split(",")[0])  # (each head dim's kernel split is measured there, not causal)
+    for D, S, causal in protocol_cases(a):
+        rows.append(bench_case(D, S, causal, a.rep_ms, split=S == first_length and not causal))
+        torch.cuda.empty_cache()
     doc = {"gpu": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
            "torch": torch.__version__, "protocol": f"B*S={TOKENS}, H*D={HIDDEN}, TFLOP/s", "rows": rows}
     with open(os.path.join(a.out, "bench_fp8_prefill.json"), "w") as f:

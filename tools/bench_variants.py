@@ -72,36 +72,32 @@ def main() -> None:
     sinks = torch.randn(Hq, device="cuda")
     win = (W - 1, 0)
     calls = {}  # name -> call: timed in turns below
-
-    def add(name, fn):
-        calls[name] = fn
-
     att = attn_lt.attention
-    add("attn_lt causal", lambda: att(q, k, v, causal=True))
-    add("attn_lt full (not causal)", lambda: att(q, k, v))
-    add("attn_lt window", lambda: att(q, k, v, causal=True, window=win))
-    add("attn_lt sinks", lambda: att(q, k, v, causal=True, sinks=sinks))
-    add("attn_lt softcap", lambda: att(q, k, v, causal=True, softcap=args.softcap))
-    add("attn_lt window+sinks", lambda: att(q, k, v, causal=True, window=win, sinks=sinks))
-    add("attn_lt window+softcap", lambda: att(q, k, v, causal=True, window=win, softcap=args.softcap))
+    calls["attn_lt causal"] = lambda: att(q, k, v, causal=True)
+    calls["attn_lt full (not causal)"] = lambda: att(q, k, v)
+    calls["attn_lt window"] = lambda: att(q, k, v, causal=True, window=win)
+    calls["attn_lt sinks"] = lambda: att(q, k, v, causal=True, sinks=sinks)
+    calls["attn_lt softcap"] = lambda: att(q, k, v, causal=True, softcap=args.softcap)
+    calls["attn_lt window+sinks"] = lambda: att(q, k, v, causal=True, window=win, sinks=sinks)
+    calls["attn_lt window+softcap"] = lambda: att(q, k, v, causal=True, window=win, softcap=args.softcap)
     gqa = Hq != Hkv
     mask = window_mask(S, S, win, causal=True, device="cuda")
     F = torch.nn.functional.scaled_dot_product_attention
-    add("sdpa causal", lambda: F(q, k, v, is_causal=True, enable_gqa=gqa))
-    add("sdpa window (dense bool mask)", lambda: F(q, k, v, attn_mask=mask, enable_gqa=gqa))  # (S^2 bytes, kept)
+    calls["sdpa causal"] = lambda: F(q, k, v, is_causal=True, enable_gqa=gqa)
+    calls["sdpa window (dense bool mask)"] = lambda: F(q, k, v, attn_mask=mask, enable_gqa=gqa)  # (S^2 bytes, kept)
     flex_why = "not asked (--no-flex)"
     if not args.no_flex:
         flex, flex_why = flex_calls(q, k, v, W, args.softcap)
         for name, fn in flex.items():
-            add(f"flex {name}", fn)
+            calls[f"flex {name}"] = fn
     # decode: gpt-oss's shape (64/8 heads, D 64), window 128 and sinks, against the plain call at the same keys
     dq = torch.randn(8, 64, 1, 64, dtype=torch.bfloat16, device="cuda")
     dk = torch.randn(8, 8, S, 64, dtype=torch.bfloat16, device="cuda")
     dv = torch.randn(8, 8, S, 64, dtype=torch.bfloat16, device="cuda")
     ds = torch.randn(64, device="cuda")
-    add("decode plain (B8 64/8 D64)", lambda: att(dq, dk, dv, causal=True))
-    add("decode window 128 + sinks", lambda: att(dq, dk, dv, causal=True, window=(127, 0), sinks=ds))
-    add("decode plain at 128 keys", lambda: att(dq, dk[:, :, -128:], dv[:, :, -128:], causal=True))
+    calls["decode plain (B8 64/8 D64)"] = lambda: att(dq, dk, dv, causal=True)
+    calls["decode window 128 + sinks"] = lambda: att(dq, dk, dv, causal=True, window=(127, 0), sinks=ds)
+    calls["decode plain at 128 keys"] = lambda: att(dq, dk[:, :, -128:], dv[:, :, -128:], causal=True)
     # each call after 200 ms of itself (a GPU's clocks settle under its load), in two turns, the better median kept
     rows = time_turns(calls, warmup_ms=200, rep_ms=args.rep_ms)
 

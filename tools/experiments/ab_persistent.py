@@ -20,7 +20,8 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-from bench_flash_sm90 import HIDDEN, TOKENS, protocol_parser, sdpa_call, sm90_call  # noqa: E402
+from bench_flash_sm90 import (HIDDEN, TOKENS, protocol_cases, protocol_parser, protocol_start,  # noqa: E402
+                              sdpa_call, sm90_call)
 
 from attn_lt.testing import reference, rel_error, time_turns  # noqa: E402
 
@@ -28,38 +29,34 @@ from attn_lt.testing import reference, rel_error, time_turns  # noqa: E402
 def main(argv=None) -> int:
     ap = protocol_parser(__doc__, "ab_persistent.json", "64,128,256", "512,1024,2048,4096,16384")
     ap.set_defaults(rep_ms=40.0)
-    a = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("ab_persistent: no CUDA GPU visible", file=sys.stderr)
+    a = protocol_start(ap, argv, "ab_persistent")
+    if a is None:
         return 2
-    os.makedirs(a.out, exist_ok=True)
     rows = []
-    for D in map(int, a.dims.split(",")):
-        for S in map(int, a.lengths.split(",")):
-            for causal in (bool(int(c)) for c in a.causal.split(",")):
-                H, B = HIDDEN // D, TOKENS // S
-                torch.manual_seed(S + D + causal)
-                q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-                run, out, _ = sm90_call(q, k, v, causal=causal)
-                run_grid, out_grid, _ = sm90_call(q, k, v, causal=causal, variant="grid")
-                out.fill_(float("nan"))
-                run()
-                run_grid()
-                torch.cuda.synchronize()
-                ref, _ = reference(q[-1:, -2:], k[-1:, -2:], v[-1:, -2:], causal=causal)
-                err, same = rel_error(out[-1:, -2:], ref), torch.equal(out, out_grid)
-                calls = {"pers": run, "grid": run_grid, "cudnn": sdpa_call(q, k, v, causal, "cudnn"),
-                         "flash": sdpa_call(q, k, v, causal, "flash")}
-                ms = time_turns(calls, rep_ms=a.rep_ms)
-                flops = 4 * B * H * S * S * D / (2 if causal else 1)
-                tf = {name: flops / t / 1e9 for name, t in ms.items()}
-                rows.append(dict(D=D, S=S, causal=int(causal), **{f"tf_{n}": x for n, x in tf.items()}, err=err,
-                                 same=same))
-                print(f"D{D:<4}S{S:<6}{'causal' if causal else 'full  '} " +
-                      " ".join(f"{n} {x:4.0f}" for n, x in tf.items()) +
-                      f" | pers/grid {tf['pers'] / tf['grid']:.3f} pers/cudnn {tf['pers'] / tf['cudnn']:.3f}"
-                      f" grid/cudnn {tf['grid'] / tf['cudnn']:.3f} err {err:.1e} same {same}", flush=True)
-                del q, k, v, out, out_grid
+    for D, S, causal in protocol_cases(a):
+        H, B = HIDDEN // D, TOKENS // S
+        torch.manual_seed(S + D + causal)
+        q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        run, out, _ = sm90_call(q, k, v, causal=causal)
+        run_grid, out_grid, _ = sm90_call(q, k, v, causal=causal, variant="grid")
+        out.fill_(float("nan"))
+        run()
+        run_grid()
+        torch.cuda.synchronize()
+        ref, _ = reference(q[-1:, -2:], k[-1:, -2:], v[-1:, -2:], causal=causal)
+        err, same = rel_error(out[-1:, -2:], ref), torch.equal(out, out_grid)
+        calls = {"pers": run, "grid": run_grid, "cudnn": sdpa_call(q, k, v, causal, "cudnn"),
+                 "flash": sdpa_call(q, k, v, causal, "flash")}
+        ms = time_turns(calls, rep_ms=a.rep_ms)
+        flops = 4 * B * H * S * S * D / (2 if causal else 1)
+        tf = {name: flops / t / 1e9 for name, t in ms.items()}
+        rows.append(dict(D=D, S=S, causal=int(causal), **{f"tf_{n}": x for n, x in tf.items()}, err=err,
+                         same=same))
+        print(f"D{D:<4}S{S:<6}{'causal' if causal else 'full  '} " +
+              " ".join(f"{n} {x:4.0f}" for n, x in tf.items()) +
+              f" | pers/grid {tf['pers'] / tf['grid']:.3f} pers/cudnn {tf['pers'] / tf['cudnn']:.3f}"
+              f" grid/cudnn {tf['grid'] / tf['cudnn']:.3f} err {err:.1e} same {same}", flush=True)
+        del q, k, v, out, out_grid
     with open(os.path.join(a.out, "ab_persistent.json"), "w") as f:
         json.dump({"gpu": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
     return 0 if all(r["same"] for r in rows) else 1
