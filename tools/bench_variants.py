@@ -52,7 +52,7 @@ def flex_calls(q, k, v, window: int, softcap: float):
         return {}, f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seq", type=int, default=32768)
     ap.add_argument("--window", type=int, default=4096, help="keys a row sees (left edge window - 1, causal)")
@@ -63,6 +63,9 @@ def main() -> None:
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--out")
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_variants: no CUDA GPU visible", file=sys.stderr)
+        return 2
     Hq, Hkv = map(int, args.heads.split(","))
     S, D, W = args.seq, args.head_dim, args.window
     torch.manual_seed(0)
@@ -118,7 +121,8 @@ def main() -> None:
         with open(os.path.join(args.out, "variants.json"), "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(), "seq": S, "window": W, "heads": [Hq, Hkv], "D": D,
                        "softcap": args.softcap, "flex": flex_why, "ms": rows}, f, indent=1)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
