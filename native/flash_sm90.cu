@@ -19,7 +19,8 @@
 // block, head, batch entry) items in rounds, the producer loading the next item's Q (an mbarrier handshake,
 // empty_q) and tiles while the consumers finish this one; where O has its own staging tile (D 64, D 128 on 128-key
 // tiles, FP8) an item's last PV and its epilogue run in the next item's first step. O is staged through sO, or the
-// consumer's own (no longer needed) rows of the Q tile, and written with 16-byte stores.
+// consumer's own (no longer needed) rows of the Q tile, and written by TMA stores from O's own tile at DV 128 (a
+// box a slab of a warpgroup's 64 rows), else with 16-byte stores of the threads.
 //
 // Shared memory (one 1024-byte aligned block; every tile in 128-byte swizzle, the layout TMA writes and wgmma reads):
 //   sQ           [D/64 slabs][kBlockM rows][64 elements]   (a slab: rows of 128 bytes, 8-row atoms of 1024 bytes,
@@ -440,12 +441,6 @@ __device__ __forceinline__ void paged_producer(const CUtensorMap* tmq, const CUt
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-// Byte offset of 16-byte chunk `chunk` of row `row` in a 64-column slab in the 128-byte swizzle (the layout TMA
-// writes and wgmma reads): rows of 128 bytes, chunk c stored at chunk c ^ (row % 8).
-__host__ __device__ constexpr uint32_t swizzled(int row, int chunk) {
-    return uint32_t(row * 128 + ((chunk ^ (row & 7)) << 4));
-}
-
 // Grid: (ceil(Sq / 128), Hq, B), or (Hq * ceil(Sq / 128), 1, B) with head_group; block: 384 threads; dynamic shared
 // memory Layout<D, DV, MK>::kSmem. tmm, the mask's map, is read only when MK != kNoMask. D: q's and k's head dim, DV:
 // v's and o's.
@@ -462,7 +457,7 @@ template <int D, int DV, typename T, bool kOverlap, int MK, bool kVarlen = false
 __global__ void __launch_bounds__(kThreads, 1)
     flash_sm90_fwd(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmk,
                    const __grid_constant__ CUtensorMap tmv, const __grid_constant__ CUtensorMap tmm,
-                   const FwdParams<kVarlen> p) {
+                   const __grid_constant__ CUtensorMap tmo, const FwdParams<kVarlen> p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr bool kFp8 = sizeof(T) == 1;  // the FP8 prefill (e4m3 q, k, transposed v; o bf16)
     using L = Layout<D, DV, MK, sizeof(T), kWide>;
@@ -479,6 +474,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     // one's last GEMMs and its O's stores); O is staged in its own tile where it fits (L::kOwnO; FP8: always).
     constexpr bool kPersistent = persistent_kernel<D, T, MK, kVarlen>();
     constexpr bool kOwnO = (kPersistent || kFp8) && L::kOwnO;
+    // O stored by TMA (tmo) where it has its own staging tile at DV 128 (the deferred epilogue's store then leaves
+    // the consumers at once), else by the threads: varlen (inside the request's rows), O in the Q tile (whose next
+    // load waits for the store either way), DV 256 (the TMA store's registers make the persistent consumers spill)
+    // and DV 64 (slower on the H200)
+    constexpr bool kStoreO = !kVarlen && kOwnO && DV == 128;
     extern __shared__ unsigned char smem_raw[];
     const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
     const uint32_t sQ = base, sK = base + L::kK, sV = base + L::kV, sM = base + L::kM, sO = base + L::kO;
@@ -745,8 +745,9 @@ __global__ void __launch_bounds__(kThreads, 1)
             return Scales{p.cap_in * qk, sl2, kMasked ? 1.f : sl2, dv};
         };
         // ---- an item's epilogue: normalise O (row references m, this thread's sums l), stage it in this warpgroup's
-        // rows of sO, or of sQ (every wgmma that read them has completed), then 16-byte stores of the rows below
-        // Sq; LSE (natural log) from the quad's lane 0.
+        // rows of sO, or of sQ (every wgmma that read them has completed), then store the rows below Sq (kStoreO:
+        // TMA, issued by the warpgroup's thread 0, whose bulk group is waited on before the tile is written again);
+        // LSE (natural log) from the quad's lane 0.
         auto finish = [&](const Item& it, const Scales& x, float(&m)[2], float(&l)[2]) {
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
@@ -761,7 +762,10 @@ __global__ void __launch_bounds__(kThreads, 1)
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
             // O is staged in its own tile (FP8: always, a 16-bit O being wider than the Q tile) or in the
             // warpgroup's rows of the Q tile
-            if (persistent) bar_sync(3 + c, 128);  // the warpgroup has read the previous item's O tile
+            if (persistent) {  // the previous item's O tile has been read (by TMA, by the warpgroup)
+                if (kStoreO && tid == 0) bulk_wait_read<0>();
+                bar_sync(3 + c, 128);
+            }
             const uint32_t o_wg = kOwnO ? sO + 64 * c * 128 : q_wg;
             constexpr uint32_t kOSlab = L::kQSlab;  // bytes between O's 64-column slabs (128 rows of 128 bytes)
 #pragma unroll
@@ -772,16 +776,27 @@ __global__ void __launch_bounds__(kThreads, 1)
                 st_shared_u32(addr, pack2<To>(o[4 * j] * inv0, o[4 * j + 1] * inv0));
                 st_shared_u32(addr + 8 * 128, pack2<To>(o[4 * j + 2] * inv1, o[4 * j + 3] * inv1));
             }
-            bar_sync(3 + c, 128);  // the warpgroup's O tile is in shared memory
-            To* out = static_cast<To*>(p.o) + (kVarlen ? int64_t(q0) * p.o_ss : it.b * p.o_sb) + it.h * p.o_sh;
-            constexpr int kChunks = DV / 8;  // 16-byte chunks a row
+            if constexpr (kStoreO) {
+                fence_async_smem();    // this thread's writes, visible to TMA
+                bar_sync(3 + c, 128);  // the warpgroup's O tile is in shared memory
+                if (tid == 0) {  // a box a 64-column slab; rows past Sq are not written
+#pragma unroll
+                    for (int j = 0; j < DV / 64; ++j)
+                        tma_store_5d(&tmo, o_wg + j * kOSlab, 0, it.m0 + 64 * c, j, it.h, it.b);
+                    bulk_commit();
+                }
+            } else {  // the rows past Sq (varlen: the request's; other requests' rows) are not written
+                bar_sync(3 + c, 128);
+                To* out = static_cast<To*>(p.o) + (kVarlen ? int64_t(q0) * p.o_ss : it.b * p.o_sb) + it.h * p.o_sh;
+                constexpr int kChunks = DV / 8;  // 16-byte chunks a row
 #pragma unroll 4
-            for (int idx = tid; idx < 64 * kChunks; idx += 128) {
-                const int r = idx / kChunks, ch = idx % kChunks;
-                const int row = it.m0 + 64 * c + r;
-                if (row < Sq) {
-                    const uint4 v = ld_shared_v4(o_wg + (ch / 8) * kOSlab + swizzled(r, ch % 8));
-                    *reinterpret_cast<uint4*>(out + int64_t(row) * p.o_ss + ch * 8) = v;
+                for (int idx = tid; idx < 64 * kChunks; idx += 128) {
+                    const int r = idx / kChunks, ch = idx % kChunks;
+                    const int row = it.m0 + 64 * c + r;
+                    if (row < Sq) {
+                        const uint4 v = ld_shared_v4(o_wg + (ch / 8) * kOSlab + swizzled(r, ch % 8));
+                        *reinterpret_cast<uint4*>(out + int64_t(row) * p.o_ss + ch * 8) = v;
+                    }
                 }
             }
             const int row0 = it.m0 + 64 * c + rw, row1 = row0 + 8;
@@ -990,6 +1005,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         if (pending) finish_pending();
         if (kPingPong && c == 0) bar_sync(1, 256);
+        if (kStoreO && tid == 0) bulk_wait_read<0>();  // the last O tile read before the CTA's shared memory goes
     }
 #else
     // Compiled for a target other than sm_90a (the Makefile never does): a stub that must not run. The launcher
@@ -1639,6 +1655,12 @@ cudaError_t persistent_grid(Params& p, const attn_lt_flash_args& a, dim3& grid) 
     return cudaSuccess;
 }
 
+// The prefill kernel's map of o (B, Hq, Sq, DV; 16-bit, dt), for its TMA stores: a box is a 64-column slab of a
+// warpgroup's 64 rows.
+bool make_o_map(CUtensorMap* map, CUtensorMapDataType dt, const attn_lt_flash_args& a, int64_t DV) {
+    return make_map(map, dt, a.o, a.B, a.Hq, a.Sq, DV, a.o_sb, a.o_sh, a.o_ss, 64, 2, 1);
+}
+
 template <int D, int DV, typename T, bool kOverlap, int MK, bool kWide = false>
 cudaError_t launch(const attn_lt_flash_args& a, cudaStream_t stream) {
     using L = Layout<D, DV, MK, 2, kWide>;
@@ -1647,10 +1669,11 @@ cudaError_t launch(const attn_lt_flash_args& a, cudaStream_t stream) {
     static_cast<BaseParams&>(p) = base_params(a);
     set_variant(p, a);
     const int64_t m_blocks = (a.Sq + kBlockM - 1) / kBlockM;
-    alignas(64) CUtensorMap mq, mk, mv, mm;
+    alignas(64) CUtensorMap mq, mk, mv, mm, mo;
     if (!make_map(&mq, dt, a.q, a.B, a.Hq, a.Sq, D, a.q_sb, a.q_sh, a.q_ss, kBlockM) ||
         !make_map(&mk, dt, a.k, a.B, a.Hkv, a.Sk, D, a.k_sb, a.k_sh, a.k_ss, L::kBlockN) ||
-        !make_map(&mv, dt, a.v, a.B, a.Hkv, a.Sk, DV, a.v_sb, a.v_sh, a.v_ss, L::kBlockN))
+        !make_map(&mv, dt, a.v, a.B, a.Hkv, a.Sk, DV, a.v_sb, a.v_sh, a.v_ss, L::kBlockN) ||
+        !make_o_map(&mo, dt, a, DV))
         return static_cast<cudaError_t>(ATTN_LT_ERR_TENSOR_MAP);
     if constexpr (MK != kNoMask) {
         p.m_rows = a.Sq == 1 || a.m_sq == 0 ? 1 : kBlockM;
@@ -1671,7 +1694,7 @@ cudaError_t launch(const attn_lt_flash_args& a, cudaStream_t stream) {
     dim3 grid(p.head_group ? mbx * hq : mbx, p.head_group ? 1u : hq, static_cast<unsigned>(a.B));
     err = persistent_grid<D, T, MK>(p, a, grid);
     if (err != cudaSuccess) return err;
-    kernel<<<grid, kThreads, L::kSmem, stream>>>(mq, mk, mv, mm, p);
+    kernel<<<grid, kThreads, L::kSmem, stream>>>(mq, mk, mv, mm, mo, p);
     return cudaGetLastError();
 }
 
@@ -1847,10 +1870,10 @@ cudaError_t launch_fp8(const attn_lt_flash_args& a, cudaStream_t stream) {
     const int64_t m_blocks = (a.Sq + kBlockM - 1) / kBlockM;
     p.m_blocks = static_cast<int>(m_blocks);
     constexpr CUtensorMapDataType dt = tma_dtype<T>();
-    alignas(64) CUtensorMap mq, mk, mv;
+    alignas(64) CUtensorMap mq, mk, mv, mo;
     if (!make_map(&mq, dt, a.q, a.B, a.Hq, a.Sq, D, a.q_sb, a.q_sh, a.q_ss, kBlockM, 1) ||
         !make_map(&mk, dt, a.k, a.B, a.Hkv, a.Sk, D, a.k_sb, a.k_sh, a.k_ss, L::kBlockN, 1) ||
-        !make_vt_map(&mv, vt, a.B, a.Hkv, D, skp))
+        !make_vt_map(&mv, vt, a.B, a.Hkv, D, skp) || !make_o_map(&mo, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a, D))
         return static_cast<cudaError_t>(ATTN_LT_ERR_TENSOR_MAP);
     const auto kernel = flash_sm90_fwd<D, D, T, true, kNoMask>;
     err = opt_in_smem(reinterpret_cast<const void*>(kernel), L::kSmem);
@@ -1858,7 +1881,7 @@ cudaError_t launch_fp8(const attn_lt_flash_args& a, cudaStream_t stream) {
     dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(a.Hq), static_cast<unsigned>(a.B));
     err = persistent_grid<D, T, kNoMask>(p, a, grid);
     if (err != cudaSuccess) return err;
-    kernel<<<grid, kThreads, L::kSmem, stream>>>(mq, mk, mv, mk, p);
+    kernel<<<grid, kThreads, L::kSmem, stream>>>(mq, mk, mv, mk, mo, p);
     return cudaGetLastError();
 }
 
@@ -1936,7 +1959,7 @@ cudaError_t launch_batch(const attn_lt_batch_args& ba, cudaStream_t stream) {
     const cudaError_t err = opt_in_smem(reinterpret_cast<const void*>(kernel), smem);
     if (err != cudaSuccess) return err;
     const dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(a.Hq), static_cast<unsigned>(a.B));
-    kernel<<<grid, kThreads, smem, stream>>>(mq, mk, mv, mk, p);  // the mask's map is not read
+    kernel<<<grid, kThreads, smem, stream>>>(mq, mk, mv, mk, mk, p);  // the mask's and o's maps are not read
     return cudaGetLastError();
 }
 

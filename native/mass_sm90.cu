@@ -103,11 +103,6 @@ __device__ __forceinline__ void st_shared_f32(uint32_t addr, float v) {
     asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(v) : "memory");
 }
 
-// Byte offset of 16-byte chunk `chunk` of row `row` in a 64-column slab (128-byte swizzle).
-__device__ __forceinline__ uint32_t swizzled(int row, int chunk) {
-    return uint32_t(row * 128 + ((chunk ^ (row & 7)) << 4));
-}
-
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 // Grid: (key blocks x B x Hq) flattened, the key blocks slowest; block kThreads; shared memory MassLayout<D>::kSmem.

@@ -4,6 +4,12 @@
 // the device check. Included inside each file's anonymous namespace, after common.cuh.
 #pragma once
 
+// The byte offset of 16-byte chunk `chunk` of row `row` in a slab of 128-byte rows in the 128-byte swizzle (8-row
+// atoms, the chunk stored at chunk ^ (row % 8)): the layout TMA writes and wgmma reads.
+__host__ __device__ constexpr uint32_t swizzled(int row, int chunk) {
+    return uint32_t(row * 128 + ((chunk ^ (row & 7)) << 4));
+}
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
 // ---- PTX wrappers (sm_90a) ------------------------------------------------------------------------------------
@@ -71,6 +77,14 @@ __device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, uint32_t sr
     asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(
                      reinterpret_cast<uint64_t>(map)),
                  "r"(c0), "r"(c1), "r"(c2), "r"(src)
+                 : "memory");
+}
+// The same to a 5-D tensor map.
+__device__ __forceinline__ void tma_store_5d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2, int c3,
+                                             int c4) {
+    asm volatile("cp.async.bulk.tensor.5d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4, %5}], [%6];\n" ::"l"(
+                     reinterpret_cast<uint64_t>(map)),
+                 "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(src)
                  : "memory");
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
@@ -332,12 +346,12 @@ bool stride_ok(int64_t size, int64_t stride, int64_t esize = 2) {
 // layout (128-byte slabs, 128-byte swizzle) of a tile of `rows` rows. Rows of 64 bytes (e4m3, D 64) are one slab
 // in the 64-byte swizzle (c = D). A dimension of size 1 gets a nominal legal stride.
 bool make_map(CUtensorMap* map, CUtensorMapDataType dt, const void* ptr, int64_t B, int64_t H, int64_t S, int64_t D,
-              int64_t sb, int64_t sh, int64_t ss, uint32_t rows, int64_t es = 2) {
+              int64_t sb, int64_t sh, int64_t ss, uint32_t rows, int64_t es = 2, uint32_t box_slabs = 0) {
     const auto st = [es](int64_t size, int64_t stride) { return cuuint64_t(size == 1 ? 16 : stride * es); };
     const uint32_t c = static_cast<uint32_t>(std::min<int64_t>(128 / es, D));  // 64-byte rows: one 64-byte swizzle
     const cuuint64_t dims[5] = {c, cuuint64_t(S), cuuint64_t(D / c), cuuint64_t(H), cuuint64_t(B)};
     const cuuint64_t strides[4] = {st(S, ss), 128, st(H, sh), st(B, sb)};
-    const cuuint32_t box[5] = {c, rows, cuuint32_t(D / c), 1, 1};
+    const cuuint32_t box[5] = {c, rows, box_slabs ? box_slabs : cuuint32_t(D / c), 1, 1};
     const cuuint32_t elem[5] = {1, 1, 1, 1, 1};
     return encode_tiled()(map, dt, 5, const_cast<void*>(ptr), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
                           c * es == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,

@@ -520,3 +520,31 @@ def test_protocol_command_line_and_cases(tmp_path, monkeypatch):
     monkeypatch.setattr(fa3.torch.cuda, "is_available", lambda: False)
     assert fa3.protocol_start(ap, ["--out", str(tmp_path / "o")], "t") is None
     assert not (tmp_path / "o").exists()
+
+
+def test_library_ab_wants_the_other_build_and_says_when_no_gpu(tmp_path, monkeypatch, capsys):
+    """tools/experiments/ab_library.py: --other is required; without a GPU it says so and returns 2, making no
+    directory."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ab_library", os.path.join(TOOLS, "experiments", "ab_library.py"))
+    ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ab)
+    with pytest.raises(SystemExit):
+        ab.main(["--out", str(tmp_path / "o")])
+    monkeypatch.setattr(ab.torch.cuda, "is_available", lambda: False)
+    assert ab.main(["--out", str(tmp_path / "o"), "--other", "/nonexistent/libattn_lt.so"]) == 2
+    assert "no CUDA GPU" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_protocol_rates_and_line(monkeypatch):
+    """A protocol case's TFLOP/s from the timed milliseconds (FA3's count, halved when causal) and its printed line."""
+    import bench_flash_sm90 as fa3
+
+    monkeypatch.setattr(fa3, "time_turns", lambda calls, rep_ms: {"a": 1.0, "b": 2.0})
+    tf = fa3.protocol_rates({"a": None, "b": None}, 2, 16, 1024, 128, True, 40.0)
+    flops = 4 * 2 * 16 * 1024 * 1024 * 128 / 2
+    assert tf == pytest.approx({"a": flops / 1e9, "b": flops / 2e9})
+    line = fa3.protocol_line(128, 1024, True, tf, [("a", "b")], " same True")
+    assert line.startswith("D128 S1024  causal a ") and line.endswith("| a/b 2.000 same True")

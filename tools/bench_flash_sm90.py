@@ -28,16 +28,16 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import attn_lt  # noqa: E402
 from attn_lt import native  # noqa: E402
-from attn_lt.testing import reference, rel_error, time_ms, tolerance  # noqa: E402
+from attn_lt.testing import reference, rel_error, time_ms, time_turns, tolerance  # noqa: E402
 
 TOKENS, HIDDEN = 16384, 2048
 PROVIDERS = ("sm90", "sm90_grid", "sm90_plain", "flash", "cudnn", "wmma")
 
 
-def sm90_call(q, k, v, causal=False, scale=None, variant="default", out=None, lse=None):
+def sm90_call(q, k, v, causal=False, scale=None, variant="default", out=None, lse=None, launch=None):
     """A ready-to-run launch of the Hopper kernel on (B, Hq, Sq, D) q, (B, Hkv, Sk, D) k and (B, Hkv, Sk, Dv) v:
     returns ``(run, out, lse)`` where ``run()`` launches on the current stream (no allocation, no
-    synchronisation)."""
+    synchronisation). ``launch(args, stream)``: the entry point (default ``native.flash_sm90``)."""
     B, Hq, Sq, D = q.shape
     out = torch.empty(B, Hq, Sq, v.shape[3], dtype=q.dtype, device=q.device) if out is None else out
     lse = torch.empty(B, Hq, Sq, dtype=torch.float32, device=q.device) if lse is None else lse
@@ -52,7 +52,8 @@ def sm90_call(q, k, v, causal=False, scale=None, variant="default", out=None, ls
     a.causal, a.dtype = int(causal), native.DTYPE_CODES["bf16" if q.dtype == torch.bfloat16 else "fp16"]
     a.variant = native.FLASH_SM90_VARIANTS[variant]
     stream = torch.cuda.current_stream().cuda_stream
-    return (lambda: native.flash_sm90(a, stream)), out, lse
+    launch = native.flash_sm90 if launch is None else launch
+    return (lambda: launch(a, stream)), out, lse
 
 
 def sdpa_call(q, k, v, causal, backend):
@@ -178,6 +179,20 @@ def protocol_cases(a: argparse.Namespace) -> list[tuple[int, int, bool]]:
     """The (D, S, causal) cases of a protocol command line, head dims outermost, then lengths, then causal."""
     return [(D, S, bool(int(c))) for D in map(int, a.dims.split(",")) for S in map(int, a.lengths.split(","))
             for c in a.causal.split(",")]
+
+
+def protocol_rates(calls: dict, B: int, H: int, S: int, D: int, causal: bool, rep_ms: float) -> dict:
+    """TFLOP/s of each of ``calls`` (name -> callable) on one protocol case, timed in turns
+    (attn_lt.testing.time_turns)."""
+    ms = time_turns(calls, rep_ms=rep_ms)
+    flops = 4 * B * H * S * S * D / (2 if causal else 1)
+    return {name: flops / t / 1e9 for name, t in ms.items()}
+
+
+def protocol_line(D: int, S: int, causal: bool, tf: dict, pairs, tail: str = "") -> str:
+    """A protocol case's line: each call's TFLOP/s, then the ratio a / b of each (a, b) of ``pairs``."""
+    return (f"D{D:<4}S{S:<6}{'causal' if causal else 'full  '} " + " ".join(f"{n} {x:4.0f}" for n, x in tf.items()) +
+            " | " + " ".join(f"{a}/{b} {tf[a] / tf[b]:.3f}" for a, b in pairs) + tail)
 
 
 def main(argv=None) -> int:

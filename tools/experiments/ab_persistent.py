@@ -20,10 +20,10 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-from bench_flash_sm90 import (HIDDEN, TOKENS, protocol_cases, protocol_parser, protocol_start,  # noqa: E402
-                              sdpa_call, sm90_call)
+from bench_flash_sm90 import (HIDDEN, TOKENS, protocol_cases, protocol_line, protocol_parser,  # noqa: E402
+                              protocol_rates, protocol_start, sdpa_call, sm90_call)
 
-from attn_lt.testing import reference, rel_error, time_turns  # noqa: E402
+from attn_lt.testing import reference, rel_error  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -47,15 +47,11 @@ def main(argv=None) -> int:
         err, same = rel_error(out[-1:, -2:], ref), torch.equal(out, out_grid)
         calls = {"pers": run, "grid": run_grid, "cudnn": sdpa_call(q, k, v, causal, "cudnn"),
                  "flash": sdpa_call(q, k, v, causal, "flash")}
-        ms = time_turns(calls, rep_ms=a.rep_ms)
-        flops = 4 * B * H * S * S * D / (2 if causal else 1)
-        tf = {name: flops / t / 1e9 for name, t in ms.items()}
+        tf = protocol_rates(calls, B, H, S, D, causal, a.rep_ms)
         rows.append(dict(D=D, S=S, causal=int(causal), **{f"tf_{n}": x for n, x in tf.items()}, err=err,
                          same=same))
-        print(f"D{D:<4}S{S:<6}{'causal' if causal else 'full  '} " +
-              " ".join(f"{n} {x:4.0f}" for n, x in tf.items()) +
-              f" | pers/grid {tf['pers'] / tf['grid']:.3f} pers/cudnn {tf['pers'] / tf['cudnn']:.3f}"
-              f" grid/cudnn {tf['grid'] / tf['cudnn']:.3f} err {err:.1e} same {same}", flush=True)
+        print(protocol_line(D, S, causal, tf, [("pers", "grid"), ("pers", "cudnn"), ("grid", "cudnn")],
+                            f" err {err:.1e} same {same}"), flush=True)
         del q, k, v, out, out_grid
     with open(os.path.join(a.out, "ab_persistent.json"), "w") as f:
         json.dump({"gpu": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
