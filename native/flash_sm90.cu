@@ -58,7 +58,7 @@
 // below); the decode variant (gqa_decode_sm90, below) with D = DV = 64 or 128, Sq <= 64, a mask only if the heads
 // share it and its rows of positions are at most 16 (or one); fp16/bf16; q, k, v, o 16-byte aligned;
 // batch/head/row strides positive multiples of 8 elements (16 bytes) below 2^39 for q, k, v (any stride of a
-// dimension of size 1); o row stride a multiple of 8 elements; Sq, Sk < 2^30; B, Hq <= 65535; a mask bool or of
+// dimension of size 1), and o's the same; Sq, Sk < 2^30; B, Hq <= 65535; a mask bool or of
 // q's dtype, 16-byte aligned, its keys contiguous, its other strides 0 or multiples of 16 bytes; the plain variant
 // and DV != D without a mask. Serving batches: see attn_lt_flash_sm90_batch.
 #include "attn_lt.h"
@@ -203,6 +203,23 @@ using FwdParams = std::conditional_t<kVarlen, BatchParams, Params>;
 template <int D, typename T, int MK, bool kVarlen>
 constexpr bool persistent_kernel() {
     return !kVarlen && MK == kNoMask && !(sizeof(T) == 1 && D == 256);
+}
+
+// Whether a prefill kernel stages O in its own tile (Layout::kOwnO, for persistent kernels and the FP8 one; else in
+// the Q tile).
+template <int D, int DV, typename T, int MK, bool kVarlen, bool kWide>
+constexpr bool own_o_tile() {
+    return (persistent_kernel<D, T, MK, kVarlen>() || sizeof(T) == 1) && Layout<D, DV, MK, sizeof(T), kWide>::kOwnO;
+}
+
+// Whether a prefill kernel stores O by TMA (reading its map tmo): from O's own tile at DV 128, where the deferred
+// epilogue's store then leaves the consumers at once. The threads store it elsewhere: varlen (inside the request's
+// rows), O in the Q tile (D 128 on wide tiles, D 192 and 256: the next Q load waits for the store either way; at
+// D 256 the store's registers also made the persistent consumers spill) and DV 64 (its builds ran D 64 slower on the
+// H200).
+template <int D, int DV, typename T, int MK, bool kVarlen, bool kWide>
+constexpr bool tma_stores_o() {
+    return !kVarlen && DV == 128 && own_o_tile<D, DV, T, MK, kVarlen, kWide>();
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -442,8 +459,8 @@ __device__ __forceinline__ void paged_producer(const CUtensorMap* tmq, const CUt
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 // Grid: (ceil(Sq / 128), Hq, B), or (Hq * ceil(Sq / 128), 1, B) with head_group; block: 384 threads; dynamic shared
-// memory Layout<D, DV, MK>::kSmem. tmm, the mask's map, is read only when MK != kNoMask. D: q's and k's head dim, DV:
-// v's and o's.
+// memory Layout<D, DV, MK>::kSmem. tmm, the mask's map, is read only when MK != kNoMask; tmo, o's, only when
+// tma_stores_o. D: q's and k's head dim, DV: v's and o's.
 // kVarlen (no mask, head_group 0): block z is request b of a serving batch, Sq and Sk its lengths (batch_request;
 // p.Sq the capacity that sized the grid), its query rows [q0, q0 + Sq) of the packed q and o and its key rows
 // [k0, k0 + Sk) of the packed k and v, whose maps have batch extent 1 (coordinates offset by q0 and k0); lse is
@@ -473,12 +490,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Dense calls without a mask run persistent (a CTA an SM, item after item: the next item's loads overlap this
     // one's last GEMMs and its O's stores); O is staged in its own tile where it fits (L::kOwnO; FP8: always).
     constexpr bool kPersistent = persistent_kernel<D, T, MK, kVarlen>();
-    constexpr bool kOwnO = (kPersistent || kFp8) && L::kOwnO;
-    // O stored by TMA (tmo) where it has its own staging tile at DV 128 (the deferred epilogue's store then leaves
-    // the consumers at once), else by the threads: varlen (inside the request's rows), O in the Q tile (whose next
-    // load waits for the store either way), DV 256 (the TMA store's registers make the persistent consumers spill)
-    // and DV 64 (slower on the H200)
-    constexpr bool kStoreO = !kVarlen && kOwnO && DV == 128;
+    constexpr bool kOwnO = own_o_tile<D, DV, T, MK, kVarlen, kWide>();
+    constexpr bool kStoreO = tma_stores_o<D, DV, T, MK, kVarlen, kWide>();
+    static_assert(!kStoreO || L::kO % 1024 == 0, "TMA's 128-byte swizzle: O's tile on a 1024-byte boundary");
     extern __shared__ unsigned char smem_raw[];
     const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
     const uint32_t sQ = base, sK = base + L::kK, sV = base + L::kV, sM = base + L::kM, sO = base + L::kO;
@@ -1655,8 +1669,8 @@ cudaError_t persistent_grid(Params& p, const attn_lt_flash_args& a, dim3& grid) 
     return cudaSuccess;
 }
 
-// The prefill kernel's map of o (B, Hq, Sq, DV; 16-bit, dt), for its TMA stores: a box is a 64-column slab of a
-// warpgroup's 64 rows.
+// A prefill kernel's map of o (B, Hq, Sq, DV; 16-bit, dt) for its TMA stores, a box a 64-column slab of a
+// warpgroup's 64 rows (read only where tma_stores_o).
 bool make_o_map(CUtensorMap* map, CUtensorMapDataType dt, const attn_lt_flash_args& a, int64_t DV) {
     return make_map(map, dt, a.o, a.B, a.Hq, a.Sq, DV, a.o_sb, a.o_sh, a.o_ss, 64, 2, 1);
 }

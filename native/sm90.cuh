@@ -344,7 +344,8 @@ bool stride_ok(int64_t size, int64_t stride, int64_t esize = 2) {
 // A (B, H, S, D) tensor of es-byte elements (2, or 1: e4m3) seen as 5-D (c, S, D / c, H, B), c = 128 / es the
 // elements of 128 bytes, with byte strides (row, 128, head, batch): one box of (c, rows, D / c, 1, 1) is the slab
 // layout (128-byte slabs, 128-byte swizzle) of a tile of `rows` rows. Rows of 64 bytes (e4m3, D 64) are one slab
-// in the 64-byte swizzle (c = D). A dimension of size 1 gets a nominal legal stride.
+// in the 64-byte swizzle (c = D). A dimension of size 1 gets a nominal legal stride. box_slabs (0: all D / c): the
+// slabs a box spans (1: a box is one slab of `rows` rows, O's stores).
 bool make_map(CUtensorMap* map, CUtensorMapDataType dt, const void* ptr, int64_t B, int64_t H, int64_t S, int64_t D,
               int64_t sb, int64_t sh, int64_t ss, uint32_t rows, int64_t es = 2, uint32_t box_slabs = 0) {
     const auto st = [es](int64_t size, int64_t stride) { return cuuint64_t(size == 1 ? 16 : stride * es); };
