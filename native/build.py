@@ -124,6 +124,13 @@ def _run_logged(cmd: list[str], log) -> int:
     return proc.returncode
 
 
+def compile_command(nvcc: str, cu: Path, obj: Path, *extra: str) -> list[str]:
+    """nvcc's command line for one native/*.cu to the object ``obj``: the library's flags, and its targets (sm_90a
+    alone for the *_sm90 units, else sm_80 and sm_90), then ``extra``."""
+    gencode = SM90A_GENCODE if cu.stem.endswith("_sm90") else GENCODE
+    return [nvcc, *NVCCFLAGS, *gencode, "--threads", "0", *extra, "-c", "-o", str(obj), str(cu)]
+
+
 def build_library(out_dir: Path, jobs: int, force: bool, log) -> tuple[str, bool]:
     """``out_dir/libattn_lt.so`` from native/: returns its state in one line and whether this call changed or
     skipped it (worth saying); raises RuntimeError if nvcc fails."""
@@ -143,11 +150,7 @@ def build_library(out_dir: Path, jobs: int, force: bool, log) -> tuple[str, bool
     obj_dir = BUILD / want
     obj_dir.mkdir(parents=True, exist_ok=True)
     define = f'-DATTN_LT_SOURCE_HASH="{want}"'
-    units = []
-    for cu in sorted(SRC.glob("*.cu")):
-        gencode = SM90A_GENCODE if cu.stem.endswith("_sm90") else GENCODE
-        units.append([nvcc, *NVCCFLAGS, *gencode, "--threads", "0", define, "-c", "-o",
-                      str(obj_dir / (cu.stem + ".o")), str(cu)])
+    units = [compile_command(nvcc, cu, obj_dir / (cu.stem + ".o"), define) for cu in sorted(SRC.glob("*.cu"))]
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         codes = list(pool.map(lambda cmd: _run_logged(cmd, log), units))
     if any(codes):

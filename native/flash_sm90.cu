@@ -790,9 +790,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                 st_shared_u32(addr, pack2<To>(o[4 * j] * inv0, o[4 * j + 1] * inv0));
                 st_shared_u32(addr + 8 * 128, pack2<To>(o[4 * j + 2] * inv1, o[4 * j + 3] * inv1));
             }
+            if constexpr (kStoreO) fence_async_smem();  // this thread's writes, visible to TMA
+            bar_sync(3 + c, 128);                          // the warpgroup's O tile is in shared memory
             if constexpr (kStoreO) {
-                fence_async_smem();    // this thread's writes, visible to TMA
-                bar_sync(3 + c, 128);  // the warpgroup's O tile is in shared memory
                 if (tid == 0) {  // a box a 64-column slab; rows past Sq are not written
 #pragma unroll
                     for (int j = 0; j < DV / 64; ++j)
@@ -800,7 +800,6 @@ __global__ void __launch_bounds__(kThreads, 1)
                     bulk_commit();
                 }
             } else {  // the rows past Sq (varlen: the request's; other requests' rows) are not written
-                bar_sync(3 + c, 128);
                 To* out = static_cast<To*>(p.o) + (kVarlen ? int64_t(q0) * p.o_ss : it.b * p.o_sb) + it.h * p.o_sh;
                 constexpr int kChunks = DV / 8;  // 16-byte chunks a row
 #pragma unroll 4

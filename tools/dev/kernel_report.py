@@ -91,9 +91,7 @@ def load_build():
 
 
 def compile_unit(build, nvcc: str, cu: Path, out_dir: Path) -> str:
-    gencode = build.SM90A_GENCODE if cu.stem.endswith("_sm90") else build.GENCODE
-    cmd = [nvcc, *build.NVCCFLAGS, *gencode, "-Xptxas", "-v", "--threads", "0", "-c", "-o",
-           str(out_dir / (cu.stem + ".o")), str(cu)]
+    cmd = build.compile_command(nvcc, cu, out_dir / (cu.stem + ".o"), "-Xptxas", "-v")
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"nvcc failed on {cu.name}:\n{proc.stderr[-3000:]}")
