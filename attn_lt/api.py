@@ -22,8 +22,8 @@ from .select import Decision, route_of, select
 from .validate import (FP8_KV_DTYPE, Case, address_alignment, check_descale, check_kv_descale, check_options,
                        check_out, check_sinks, check_tensors, mask_alignment, out_shape)
 from .device import stream_queries
-from .fused import (FusedLaunch, Program as FusedProgram, device_facts, fp8_decode_launch, fp8_prefill_launch,
-                    fp8_prefill_refusal, fp8_refusal, fused_launch, hopper_kernel, stores_scores)
+from .fused import (FP8_LATENT, MLA_DECODE, WMMA, FusedLaunch, Program as FusedProgram, device_facts, fp8_decode_launch,
+                    fp8_prefill_launch, fp8_prefill_refusal, fp8_refusal, fused_launch, hopper_kernel, stores_scores)
 
 log = logging.getLogger("attn_lt")
 
@@ -646,6 +646,8 @@ def _fp8_case(q, k, v, attn_mask, causal, scale, window, softcap, sinks, backend
         why = fp8_prefill_refusal(case, hopper)
     else:
         why = fp8_refusal(case.Sq * case.group, case.D, case.Dv)
+        if why is None and (case.D, case.Dv) == MLA_DECODE:  # an FP8 latent cache: MLA decode's own rules
+            why = "; ".join(WMMA.not_supported_reasons(case)) or None
     if why is not None:
         raise ValueError(f"{why}; {case}")
     for name, t in (("q", q), ("k", k), ("v", v)) if case.dtype == "e4m3" else (("k", k), ("v", v)):
@@ -741,7 +743,8 @@ def explain(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | Non
         case = _fp8_case(q, k, v, attn_mask, causal, scale, window, softcap, sinks, backend, return_key_mass,
                          key_mass_window, out_layout, require_cuda=False)
         fused = fp8_prefill_launch(case) if case.dtype == "e4m3" else fp8_decode_launch(case, device_facts())
-        why = fused.why if case.dtype == "e4m3" else FP8_WHY
+        why = (fused.why if case.dtype == "e4m3" else FP8_LATENT if (case.D, case.Dv) == MLA_DECODE
+               else FP8_WHY)
         decision = Decision("wmma", (why,), (("lt", ("the long path takes no FP8 K/V",)),))
         return Explanation(case, decision, None, fused=fused)
     case = check_tensors(q, k, v, attn_mask, causal, scale, require_cuda=False, window=window, softcap=softcap,

@@ -27,7 +27,7 @@ import torch
 
 from . import native
 from .device import stream_queries
-from .fused import ASSUMED_DEVICE, MLA_DECODE, MLA_ROWS, DeviceFacts, device_facts, fp8_refusal
+from .fused import ASSUMED_DEVICE, FP8_LATENT, MLA_DECODE, MLA_ROWS, DeviceFacts, device_facts, fp8_refusal
 from .validate import FP8_KV_DTYPE, check_causal, check_kv_descale, check_options, check_scale, check_variants
 
 log = logging.getLogger("attn_lt")
@@ -218,7 +218,7 @@ def explain_batch(requests: int, heads_q: int, heads_kv: int, head_dim: int, *, 
     if kv_dtype is not None and not fp8 and kv_dtype not in _DTYPES:
         raise TypeError(f"kv_dtype must be torch.float16, torch.bfloat16 or {FP8_KV_DTYPE}, got {kv_dtype}")
     _check_fp8(fp8, max_seqlen_q, heads_q, heads_kv, plan.D, plan.Dv, return_key_mass)
-    return (str(plan) + ("\n" + FP8_LINE if fp8 else "")
+    return (str(plan) + ("\n" + fp8_line(plan) if fp8 else "")
             + ("\n" + mass_line(plan) if return_key_mass else ""))
 
 
@@ -226,6 +226,11 @@ def explain_batch(requests: int, heads_q: int, heads_kv: int, head_dim: int, *, 
 FP8_LINE = ("K/V: an FP8 cache (e4m3, descale factors one a kv head or one for all): the decode blocks read its bytes "
             "(half a 16-bit cache's) and convert them to fp16 in registers on their way into the MMAs (q staged in "
             "fp16 under a power-of-two scale, FP32 sums)")
+
+
+def fp8_line(plan: BatchPlan) -> str:
+    """How a batch of ``plan``'s capacity reads an FP8 cache (:func:`explain_batch`'s line for it)."""
+    return "K/V: " + FP8_LATENT if plan.latent else FP8_LINE
 
 
 def mass_line(plan: BatchPlan) -> str:
@@ -340,8 +345,8 @@ def _kv_fp8(k) -> bool:
 
 
 def _check_fp8(fp8: bool, max_q: int, Hq: int, Hkv: int, D: int, Dv: int, want_mass: bool = False) -> None:
-    """An FP8 KV cache runs on the decode blocks only: at most SMALL_ROWS query rows a kv head at capacity, not MLA
-    decode, and the mass per key only from one-row requests' stored scores (ValueError otherwise)."""
+    """An FP8 KV cache runs on the decode blocks (at most SMALL_ROWS query rows a kv head at capacity) or as MLA
+    decode's latent cache, and the mass per key only from one-row requests' stored scores (ValueError otherwise)."""
     if not fp8:
         return
     why = fp8_refusal(max_q * (Hq // Hkv), D, Dv)
@@ -689,7 +694,8 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
     FP8 KV cache: k_cache and v_cache torch.float8_e4m3fn (e4m3, q and out stay fp16/bf16) with ``k_descale`` /
     ``v_descale`` (None, a number, or FP32 one value or (Hkv,) on the device: a key's values are its elements times
     k_descale), as vLLM and FlashInfer store it; decode rows only (at most 16 query rows a kv head: max_seqlen_q x
-    Hq / Hkv), not MLA; the bytes read are half those of a bf16 cache.
+    Hq / Hkv), or MLA decode's latent cache (below, Hopper: pass the latent's factor as both); the bytes read are
+    half those of a bf16 cache.
 
     MLA decode (DeepSeek's latent cache, Hopper): k_cache (num_blocks, block_size, Hkv, 576), v_cache =
     ``k_cache[..., :512]`` (the same memory, read once), block_size >= 64 (FlashMLA's 64), q (B, Hq, 576) one row a
@@ -774,7 +780,7 @@ class BatchStep:
     rows and no keys), so a CUDA graph captured over :meth:`run` once replays correctly after every later
     :meth:`plan` with new lengths, new requests and new block tables. MLA decode: ``head_dim`` 576 with
     ``head_dim_v`` 512 and v_cache = ``k_cache[..., :512]`` (Hopper). ``kv_dtype`` torch.float8_e4m3fn: an FP8 KV
-    cache (decode rows only, see :func:`paged_attention`; :meth:`run` takes its descale factors). Metadata is
+    cache (decode rows or an MLA latent cache, see :func:`paged_attention`; :meth:`run` takes its descale factors). Metadata is
     checked on the device as in :func:`paged_attention` (:func:`check_batch_errors` reports it).
     """
 
@@ -829,7 +835,7 @@ class BatchStep:
 
     def explain(self) -> str:
         """How the step's calls run: the kernels, the split of the keys and why (no GPU work)."""
-        return str(self._plan) + ("\n" + FP8_LINE if self.fp8 else "")
+        return str(self._plan) + ("\n" + fp8_line(self._plan) if self.fp8 else "")
 
     def _index(self, name: str, t, shape: tuple) -> None:
         if not isinstance(t, torch.Tensor) or t.dtype != torch.int32:

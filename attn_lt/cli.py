@@ -241,7 +241,7 @@ def _explain_fp8(case, a):
     f8, half = torch.float8_e4m3fn, {"bf16": torch.bfloat16, "fp16": torch.float16}[case.dtype]
     q = torch.empty(case.B, case.Hq, case.Sq, case.D, dtype=f8 if a.fp8 == "qkv" else half, device="meta")
     k = torch.empty(case.B, case.Hkv, case.Sk, case.D, dtype=f8, device="meta")
-    v = torch.empty(case.B, case.Hkv, case.Sk, case.Dv, dtype=f8, device="meta")
+    v = k[..., :case.Dv] if case.v_in_k else torch.empty(case.B, case.Hkv, case.Sk, case.Dv, dtype=f8, device="meta")
     mask = None
     if case.mask is not None:
         mask = torch.empty(1, 1, case.Sq, case.Sk, dtype=torch.bool if case.mask.dtype == "bool" else half,
@@ -632,7 +632,7 @@ class _Parser(argparse.ArgumentParser):
 def cmd_explain_batch(a) -> int:
     import torch
 
-    from .batch import FP8_LINE, explain_batch, mass_line, plan_batch
+    from .batch import explain_batch, fp8_line, mass_line, plan_batch
 
     text = explain_batch(a.requests, a.heads_q, a.heads_kv, a.head_dim, max_seqlen_q=a.max_seqlen_q,
                          max_seqlen_k=a.max_seqlen_k, block_size=a.block_size, head_dim_v=a.head_dim_v,
@@ -642,7 +642,7 @@ def cmd_explain_batch(a) -> int:
                           max_seqlen_k=a.max_seqlen_k, block_size=a.block_size, Dv=a.head_dim_v)
         d = plan.to_dict()
         if a.fp8_kv:
-            d["kv"] = FP8_LINE
+            d["kv"] = fp8_line(plan)
         if a.key_mass:
             d["key_mass"] = mass_line(plan)
         print(json.dumps(d, indent=2))

@@ -253,17 +253,25 @@ FP8_CTAS_PER_SM = {64: 3, 128: 3, 256: 2}
 
 def fp8_refusal(rows: int, D: int, Dv: int) -> str | None:
     """Why an FP8 KV cache cannot run ``rows`` query rows a kv head (query rows x Hq / Hkv; a batch: at capacity) at
-    head dims D / Dv, or None: only native/flash.cu's decode blocks read one (native/flash.cu's decode_rows and
-    fp8_ok hold the same rule)."""
+    head dims D / Dv, or None: native/flash.cu's decode blocks read one (its decode_rows and fp8_ok hold the same
+    rule), and MLA decode's kernel an FP8 latent cache (None here: the MLA decode rules apply, as without FP8)."""
+    if (D, Dv) == MLA_DECODE:
+        return None
     if (D, Dv) not in HEAD_DIM_PAIRS:
         dims = ", ".join(str(d) for d, _ in HEAD_DIM_PAIRS)
-        return f"an FP8 KV cache is not available for MLA or head dims other than D = Dv in {dims}; got {D}/{Dv}"
+        return (f"an FP8 KV cache takes head dims D = Dv in {dims}, or MLA decode's {MLA_DECODE[0]}/{MLA_DECODE[1]}; "
+                f"got {D}/{Dv}")
     if rows > WARP_SPLIT_ROWS:
         return (f"an FP8 KV cache runs on the decode blocks: at most {WARP_SPLIT_ROWS} query rows a kv head (query "
                 f"rows x Hq / Hkv); got {rows}. For prefill rows quantize q to e4m3 too: attention() then runs the "
                 "FP8 prefill (q_descale=..., Hopper, D 64/128/256)")
     return None
 
+
+#: How MLA decode reads an FP8 latent cache (what explain says).
+FP8_LATENT = ("an FP8 latent cache (e4m3, a descale factor a kv head or one for all): native/flash_sm90.cu's MLA "
+              "decode kernel reads its bytes (half a 16-bit cache's) and widens each tile to fp16 in shared memory "
+              "(q rounded to fp16 under a power-of-two scale, FP32 sums)")
 
 #: How native/flash_sm90.cu's prefill kernel runs a call without a mask.
 PERSISTENT = ("persistent where it pays (one CTA an SM taking the (query block, head) items in rounds; "
@@ -300,6 +308,9 @@ def fp8_decode_launch(case: Case, facts: DeviceFacts | None = None) -> FusedLaun
     the blocks fill the SMs, since a partial last wave of whole-key blocks costs as much as a full one (B64 H32/8
     with one part each: 512 blocks are 1.3 waves of 396 slots)."""
     facts = facts or device_facts() or ASSUMED_DEVICE
+    if (case.D, case.Dv) == MLA_DECODE:  # an FP8 latent cache: the MLA decode kernel, planned as in bf16
+        launch = fused_launch(case, facts)
+        return replace(launch, why=f"an FP8 latent cache: {launch.why}")
     per_sm = FP8_CTAS_PER_SM[case.D]
     blocks = case.B * case.Hkv
     part = case.B * case.Hq * case.Sq * (case.Dv + 1) * 4
@@ -454,7 +465,7 @@ class Program:
 
     def __init__(self, case: Case, out_strides: tuple[int, ...], launch: FusedLaunch, fp8_kv: bool = False):
         a = self.args = native.FlashArgs()
-        a.kv_dtype = native.DTYPE_CODES["e4m3"] if fp8_kv else 0  # (FP8: native/flash.cu's decode blocks only)
+        a.kv_dtype = native.DTYPE_CODES["e4m3"] if fp8_kv else 0  # (FP8: the decode blocks, MLA decode)
         a.B, a.Hq, a.Hkv, a.Sq, a.Sk, a.D, a.Dv = case.B, case.Hq, case.Hkv, case.Sq, case.Sk, case.D, case.Dv
         a.q_sb, a.q_sh, a.q_ss = case.q_strides[:3]
         a.k_sb, a.k_sh, a.k_ss = case.k_strides[:3]

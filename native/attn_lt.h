@@ -146,11 +146,12 @@ typedef struct attn_lt_flash_args {
      * into the mass per key in place (from_scores). */
     float* scores;
     int64_t s_sb, s_sh;
-    /* FP8 KV caches (attn_lt_flash_fwd's and attn_lt_batch_fwd's decode blocks only: at most 16 rows a kv head, D
-     * 64, 128 or 256; every other kernel refuses them with ATTN_LT_ERR_DTYPE): with kv_dtype ATTN_LT_E4M3, k and v
-     * hold float8 e4m3 elements (their strides multiples of 16 elements, 16-byte aligned) and the value of an element
-     * of kv head hk is the element times k_descale[hk * descale_sh] (v_descale likewise; a null pointer: 1). q, o
-     * and the math stay in `dtype` (q rounded to fp16 under a power-of-two scale, the MMAs in fp16, FP32 sums). */
+    /* FP8 KV caches (attn_lt_flash_fwd's and attn_lt_batch_fwd's decode blocks: at most 16 rows a kv head, D 64, 128
+     * or 256; and MLA decode's latent cache, D 576, in attn_lt_flash_sm90_fwd and attn_lt_flash_sm90_batch; every
+     * other kernel refuses them with ATTN_LT_ERR_DTYPE): with kv_dtype ATTN_LT_E4M3, k and v hold float8 e4m3
+     * elements (their strides multiples of 16 elements, 16-byte aligned) and the value of an element of kv head hk
+     * is the element times k_descale[hk * descale_sh] (v_descale likewise; a null pointer: 1). q, o and the math
+     * stay in `dtype` (q rounded to fp16 under a power-of-two scale, the MMAs in fp16, FP32 sums). */
     const float* k_descale;
     const float* v_descale;
     int64_t descale_sh;   /* 1: one factor a kv head, (Hkv,) contiguous; 0: one factor for all heads */
@@ -284,7 +285,8 @@ int attn_lt_flash_fwd(const attn_lt_flash_args* args, void* stream);
  * null; a mask bool or of q's dtype (read by TMA), 16-byte aligned, keys contiguous, its other strides 0 or multiples
  * of 16 bytes below 2^40, with the default variant only. MLA decode: D 576 with Dv 512, Sq = 1, v = k (the same
  * address and strides: v is k's first 512 columns), no mask, the default variant, the keys in `splits` parts (o_part,
- * lse_part as above) — ATTN_LT_ERR_LATENT otherwise. The decode variant: D = Dv = 64 or 128, Sq <= 64, the keys in
+ * lse_part as above) — ATTN_LT_ERR_LATENT otherwise; k may be an FP8 latent cache (kv_dtype above, its strides
+ * multiples of 16 bytes). The decode variant: D = Dv = 64 or 128, Sq <= 64, the keys in
  * `splits` parts, a mask only if the heads share it (head stride 0, or Hq = 1) and it has at most 16 rows of positions
  * (or a row stride of 0) — ATTN_LT_ERR_VARIANT otherwise. cudaErrorNotSupported unless the current device is compute
  * capability 9.0; an attn_lt_status when a precondition fails. */

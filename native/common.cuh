@@ -1,7 +1,7 @@
 // Helpers every kernel file of the library shares: constants, shared-memory addresses, exp2, cp.async, packing
 // (device), and the launchers' per-device facts and shared-memory opt-in (host, asked of the runtime once).
 // Included inside each file's anonymous namespace (internal linkage per translation unit), after attn_lt.h (the
-// LSE merge takes attn_lt_flash_args), cuda_bf16.h, cuda_fp16.h, cuda_runtime.h, <atomic>, <cmath>, <mutex> and
+// LSE merge takes attn_lt_flash_args), cuda_bf16.h, cuda_fp16.h, cuda_fp8.h, cuda_runtime.h, <atomic>, <cmath>, <mutex> and
 // <vector>.
 #ifndef ATTN_LT_COMMON_CUH
 #define ATTN_LT_COMMON_CUH
@@ -22,6 +22,28 @@ __device__ __forceinline__ float ex2(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
+}
+
+// Four e4m3 values (the low byte first) as two fp16 pairs: lo from bytes 0 and 1, hi from bytes 2 and 3 (the low
+// byte in the low half). sm_89 and later convert in hardware, reading each half of x in place.
+__device__ __forceinline__ void f16x2x2_of_e4m3x4(uint32_t x, uint32_t& lo, uint32_t& hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+        : "=r"(lo), "=r"(hi)
+        : "r"(x));
+#else
+    const __half2_raw l = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(x & 0xffffu), __NV_E4M3);
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(x >> 16), __NV_E4M3);
+    lo = uint32_t(l.x) | (uint32_t(l.y) << 16);
+    hi = uint32_t(h.x) | (uint32_t(h.y) << 16);
+#endif
+}
+
+// FP8 caches' fp16 MMAs take q rounded to fp16 after dividing it by 2^e (exact), e the exponent this returns for
+// q's largest magnitude amax: its largest element then lies below 2^14 (fp16 holds it with room), e 0 where it
+// already does (inf: e 115).
+__device__ __forceinline__ int f16_headroom_exp(float amax) {
+    return amax > 16384.f ? ((__float_as_int(amax) >> 23) & 0xff) - 127 - 13 : 0;
 }
 
 // 16-byte asynchronous copy global -> shared (bypassing L1); `bytes` < 16 zero-fills the rest (0: all zeros).

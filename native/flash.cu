@@ -244,21 +244,6 @@ __device__ __forceinline__ void paged_copy8(uint8_t* dK, uint8_t* dV, const uint
     }
 }
 
-// Four e4m3 values (the low byte first) as two fp16 pairs: lo from bytes 0 and 1, hi from bytes 2 and 3 (the low
-// byte in the low half). sm_89 and later convert in hardware, reading each half of x in place.
-__device__ __forceinline__ void f16x2x2_of_e4m3x4(uint32_t x, uint32_t& lo, uint32_t& hi) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-    asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
-        : "=r"(lo), "=r"(hi)
-        : "r"(x));
-#else
-    const __half2_raw l = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(x & 0xffffu), __NV_E4M3);
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(x >> 16), __NV_E4M3);
-    lo = uint32_t(l.x) | (uint32_t(l.y) << 16);
-    hi = uint32_t(h.x) | (uint32_t(h.y) << 16);
-#endif
-}
-
 // O += P V for one k16 step and one 16-byte chunk u of V: lo / hi are ldmatrix.trans's registers of keys 0-7 and
 // 8-15 of the step; the even tile oe gets the chunk's even byte columns, the odd tile oo its odd ones.
 __device__ __forceinline__ void mma_v8(float* oe, float* oo, const unsigned* p, unsigned lo, unsigned hi) {
@@ -271,8 +256,8 @@ __device__ __forceinline__ void mma_v8(float* oe, float* oo, const unsigned* p, 
 
 // A decode block's 16 rows of Q (rows past m_valid zero) staged as fp16 in the order of the FP8 QK^T's A fragments:
 // word ((kk * 16 + row) * 4 + t) * 2 + h holds the pair of physical columns 16 (4 (kk / 4) + t) + 4 (kk % 4) + 2 h
-// and + 1. Q is scaled by 2^-e (exact) so that its largest element is below 2^14 (fp16 holds it with room); returns
-// 2^e, which the caller folds into the softmax scale. Every thread of the block calls it (a block-wide max).
+// and + 1. Q is divided by 2^e (f16_headroom_exp); returns 2^e, which the caller folds into the softmax scale.
+// Every thread of the block calls it (a block-wide max).
 template <int D, typename T>
 __device__ __forceinline__ float stage_q_f16(uint32_t* sQw, const T* qb, int m0, int m_valid, int g, int64_t q_sh,
                                              int64_t q_ss, float* red) {
@@ -297,7 +282,7 @@ __device__ __forceinline__ float stage_q_f16(uint32_t* sQw, const T* qb, int m0,
     if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = amax;
     __syncthreads();
     amax = fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
-    const int e = amax > 16384.f ? ((__float_as_int(amax) >> 23) & 0xff) - 127 - 13 : 0;  // (inf: e 115)
+    const int e = f16_headroom_exp(amax);
     const float mul = __int_as_float((127 - e) << 23);
 #pragma unroll
     for (int u = 0; u < kEach; ++u) {

@@ -225,12 +225,13 @@ constexpr bool tma_stores_o() {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
 // setmaxnreg targets: 128 * 24 + 256 * 240 = 128 * 40 + 256 * 232 = 384 * 168, the registers the CTA was launched
-// with. A persistent prefill kernel's producer takes 40 (24 spill its item loop), its consumers 232.
+// with. A producer with work of its own takes 40, its consumers 232: a persistent prefill kernel's (24 spill its item
+// loop), MLA decode's on an FP8 cache (the widening).
 constexpr int kProducerRegs = 24, kConsumerRegs = 240;
-template <bool kPersistent>
-constexpr int kPrefillProducerRegs = kPersistent ? 40 : kProducerRegs;
-template <bool kPersistent>
-constexpr int kPrefillConsumerRegs = kPersistent ? 232 : kConsumerRegs;
+template <bool kBusy>
+constexpr int kBusyProducerRegs = kBusy ? 40 : kProducerRegs;
+template <bool kBusy>
+constexpr int kBusyConsumerRegs = kBusy ? 232 : kConsumerRegs;
 
 // ---- the accumulator-fragment steps both kernels share (a thread holds rows rw and rw + 8 of an m64 fragment:
 // d[4j + 0..1] of row rw, d[4j + 2..3] of row rw + 8) ------------------------------------------------------------
@@ -581,7 +582,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int wg = threadIdx.x / 128;
     if (wg == 0) {
         // ---- producer: one thread issues every TMA copy (paged: warp 0 looks the blocks up, its lane 0 copies) ---
-        setmaxnreg_dec<kPrefillProducerRegs<kPersistent>>();
+        setmaxnreg_dec<kBusyProducerRegs<kPersistent>>();
         if constexpr (kPaged) {
             Item it;
             item_at(0, 0, it);
@@ -640,7 +641,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
     } else {
         // ---- consumers: warpgroup c owns tile rows [64c, 64c + 64) ----------------------------------------------
-        setmaxnreg_inc<kPrefillConsumerRegs<kPersistent>>();
+        setmaxnreg_inc<kBusyConsumerRegs<kPersistent>>();
         const int c = wg - 1;
         const int tid = threadIdx.x - 128 * wg;
         const int warp = tid / 32, lane = tid % 32;
@@ -1048,6 +1049,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 //
 // Shared memory: sQ [9 slabs][64 rows][64] (72 KB), sK[2] [9 slabs][64 keys][64] (144 KB), sP [64 rows][64 keys]
 // (8 KB), each row's rescale factor and final sum (512 B), mbarriers: 226 KB of the 227 KB a block may take.
+//
+// An FP8 latent cache (kF8: e4m3 elements, a descale factor a kv head) is read at half the bytes: TMA lands a K
+// tile's e4m3 bytes in its stage, each slab's 64 columns in the first half of 128-byte rows, where the producer
+// warpgroup's 128 threads widen them in place to the fp16 tile above (widen_e4m3_tile) before they release it to
+// the consumers. The MMAs then run in fp16 with FP32 sums: Q is rounded to fp16 in place (stage_q_mla_f16, divided
+// by a power of two that keeps it in fp16's range), the scale takes that power of two and k's factor, O v's factor.
 constexpr int kMlaD = 576, kMlaDv = 512, kMlaRows = 64, kMlaKeys = 64, kMlaStages = 2;
 constexpr int kMlaGroups = kMlaDv / 2 / 8;  // 8-column groups of a warpgroup's 256 columns of O
 
@@ -1056,7 +1063,8 @@ struct MlaLayout {
     static constexpr uint32_t kQBytes = (kMlaD / 64) * kSlab, kKBytes = (kMlaD / 64) * kSlab;
     static constexpr uint32_t kK = kQBytes, kP = kK + kMlaStages * kKBytes, kStat = kP + kSlab;
     static constexpr uint32_t kBars = kStat + 2 * kMlaRows * 4;  // rescale factors, then final sums
-    static constexpr uint32_t kBarCount = 1 + 2 * kMlaStages + 2;
+    static constexpr int kSlabs = kMlaD / 64;
+    static constexpr uint32_t kBarCount = 3 + (2 + kSlabs) * kMlaStages;  // FP8: a slab's e4m3 bytes landed (raw_k)
     static constexpr uint32_t kBad = kBars + 8 * kBarCount;  // the paged mode: a bad word a stage
     static constexpr size_t kSmem = kBad + 4 * kMlaStages + 1024;
     static_assert(kSmem <= 227 * 1024, "shared memory over the sm_90 limit");
@@ -1064,7 +1072,88 @@ struct MlaLayout {
 
 struct MlaParams : BaseParams, PartParams {  // Sq 1
     int row_blocks;
+    const float* k_descale;  // an FP8 cache's factors (attn_lt_flash_args), read with kF8 only
+    const float* v_descale;
+    int64_t descale_sh;
 };
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// An e4m3 K tile as TMA lands it in a stage (make_e4m3_row_map): slab j [64 keys][128 bytes] in the 128-byte
+// swizzle, a key's e4m3 columns 64j.. in its first 64 bytes (the rest the next slab's columns, or zeros), widened in
+// place to the fp16 tile the wgmma reads (slab j [64 keys][64 columns], the same swizzle) by the 128 threads of the
+// producer warpgroup (t: 0-127), each slab once landed(j) has returned. A key row is read and rewritten by the four
+// lanes of one warp that own it (warp w: keys 16w..16w + 15), its reads ordered before its writes by __syncwarp.
+// The two rows a quarter-warp touches are four apart, so that its reads (chunks c ^ r % 8) fall in disjoint banks
+// (its stores meet two ways).
+template <typename Landed>
+__device__ __forceinline__ void widen_e4m3_tile(uint32_t stage, int t, Landed&& landed) {
+    using L = MlaLayout;
+    const int lane = t % 32, c = lane % 4;
+    const int r0 = 16 * (t / 32) + 4 * ((lane / 4) % 2) + lane / 8;  // keys r0 and r0 + 8
+    const int sw = r0 % 8;  // keys r0 and r0 + 8 share their swizzle phase
+    const uint32_t ld = (c ^ sw) << 4, st_lo = ((2 * c) ^ sw) << 4, st_hi = ((2 * c + 1) ^ sw) << 4;
+#pragma unroll 1
+    for (int j = 0; j < L::kSlabs; ++j) {
+        landed(j);
+        const uint32_t row = stage + j * L::kSlab + r0 * 128;  // key r0; key r0 + 8 1024 bytes on
+        uint4 x[2];
+#pragma unroll
+        for (int u = 0; u < 2; ++u) x[u] = ld_shared_v4(row + 1024 * u + ld);
+        __syncwarp();
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            uint4 lo, hi;
+            f16x2x2_of_e4m3x4(x[u].x, lo.x, lo.y);
+            f16x2x2_of_e4m3x4(x[u].y, lo.z, lo.w);
+            f16x2x2_of_e4m3x4(x[u].z, hi.x, hi.y);
+            f16x2x2_of_e4m3x4(x[u].w, hi.z, hi.w);
+            st_shared_v4(row + 1024 * u + st_lo, lo);
+            st_shared_v4(row + 1024 * u + st_hi, hi);
+        }
+    }
+}
+
+// Q's tile (9 slabs of [64 rows][64] T in the 128-byte swizzle at sQ) rounded in place to fp16 for an FP8 cache's
+// fp16 MMAs, divided by 2^e (f16_headroom_exp of the largest element of rows [0, rows_valid)); returns 2^e. The 256
+// threads of both consumer warpgroups call it (t: 0-255) once Q has landed; red: 8 floats of shared memory.
+template <typename T>
+__device__ __forceinline__ float stage_q_mla_f16(uint32_t sQ, int rows_valid, int t, float* red) {
+    constexpr int kEach = MlaLayout::kQBytes / 16 / 256;  // 16-byte chunks a thread; chunk e: row (e % 512) / 8
+    float amax = 0.f;
+#pragma unroll 2
+    for (int u = 0; u < kEach; ++u) {
+        const int e = t + 256 * u;
+        if ((e % 512) / 8 >= rows_valid) continue;
+        const uint4 raw = ld_shared_v4(sQ + 16 * e);
+        const T* x = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(static_cast<float>(x[j])));
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    if (t % 32 == 0) red[t / 32] = amax;
+    bar_sync(3, 256);
+#pragma unroll
+    for (int w = 0; w < 8; ++w) amax = fmaxf(amax, red[w]);
+    const int ex = f16_headroom_exp(amax);
+    const float mul = __int_as_float((127 - ex) << 23);
+#pragma unroll 2
+    for (int u = 0; u < kEach; ++u) {
+        const uint32_t addr = sQ + 16 * (t + 256 * u);
+        const uint4 raw = ld_shared_v4(addr);
+        const T* x = reinterpret_cast<const T*>(&raw);
+        uint4 h;
+        uint32_t* hw = &h.x;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            hw[j] = pack2<__half>(static_cast<float>(x[2 * j]) * mul, static_cast<float>(x[2 * j + 1]) * mul);
+        st_shared_v4(addr, h);
+    }
+    fence_async_smem();  // the fp16 Q visible to the wgmma proxy
+    bar_sync(3, 256);
+    return __int_as_float((127 + ex) << 23);
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 // The paged mode (a serving batch, attn_lt_flash_sm90_batch): p.Sk is the key capacity that sized the grid, each
 // request's keys come from batch_request, its rows from its block table.
@@ -1081,12 +1170,14 @@ using MlaFwdParams = std::conditional_t<kPaged, MlaPagedParams, MlaParams>;
 // writes partials that merge_partials joins (MlaBatch). A block id outside the cache is read as block 0 and its keys
 // hidden (the stage's bad word); the V rows of hidden keys (the request's tail in its last block, a bad block) are
 // zeroed in shared memory before P V, so that whatever the cache holds there (unwritten slots) cannot reach O.
-template <typename T, bool kPaged = false>
+// kF8: the cache holds e4m3 elements (tmk a byte map, make_e4m3_row_map); see "An FP8 latent cache" above.
+template <typename T, bool kPaged = false, bool kF8 = false>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_decode_sm90(const __grid_constant__ CUtensorMap tmq, const __grid_constant__ CUtensorMap tmk,
                     const MlaFwdParams<kPaged> p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using L = MlaLayout;
+    using TW = std::conditional_t<kF8, __half, T>;  // the MMAs' operands
     extern __shared__ unsigned char smem_raw[];
     const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
     const uint32_t sQ = base, sK = base + L::kK, sP = base + L::kP, bars = base + L::kBars;
@@ -1096,6 +1187,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto full_k = [&](int s) { return bars + 8u * (1 + s); };
     auto empty_k = [&](int s) { return bars + 8u * (1 + kMlaStages + s); };
     const uint32_t p_full = bars + 8u * (1 + 2 * kMlaStages), p_empty = p_full + 8u;
+    auto raw_k = [&](int s, int j) { return bars + 8u * (3 + 2 * kMlaStages + L::kSlabs * s + j); };  // FP8
 
     const int rb = blockIdx.x % p.row_blocks, part = blockIdx.x / p.row_blocks;
     const int hk = blockIdx.y, b = blockIdx.z;
@@ -1120,8 +1212,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) {
         mbar_init(full_q, 1);
         for (int s = 0; s < kMlaStages; ++s) {
-            mbar_init(full_k(s), 1);
-            mbar_init(empty_k(s), 8);  // one arrival per consumer warp of both warpgroups
+            mbar_init(full_k(s), kF8 ? 128 : 1);  // FP8: every producer thread, its part of the tile widened
+            mbar_init(empty_k(s), 8);              // one arrival per consumer warp of both warpgroups
+            for (int j = 0; kF8 && j < L::kSlabs; ++j) mbar_init(raw_k(s, j), 1);
         }
         mbar_init(p_full, 128);  // every thread of warpgroup 1 (P and factors written)
         mbar_init(p_empty, 128);  // every thread of warpgroup 2 (P read)
@@ -1134,44 +1227,70 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     const int wg = threadIdx.x / 128;
     if (wg == 0) {
-        setmaxnreg_dec<kProducerRegs>();
-        if (threadIdx.x == 0 && n_tiles > 0) {
+        setmaxnreg_dec<kBusyProducerRegs<kF8>>();
+        // thread 0 loads Q once and a K tile a stage (FP8: a box a slab); with FP8 every thread then widens each
+        // slab as it lands and arrives on full_k
+        if (n_tiles == 0 || (!kF8 && threadIdx.x != 0)) return;
+        const bool issuer = threadIdx.x == 0;
+        auto load_k = [&](int s, int row, int blk) {  // K tile rows row.. of kv head hk, batch entry (block) blk
+            const uint32_t dst = sK + s * L::kKBytes;
+            if constexpr (kF8) {  // a slab a box and barrier, widened as it lands
+#pragma unroll 1
+                for (int j = 0; j < L::kSlabs; ++j) {
+                    mbar_expect_tx(raw_k(s, j), L::kSlab);
+                    tma_load_4d(dst + j * L::kSlab, &tmk, raw_k(s, j), 64 * j, row, hk, blk);
+                }
+            } else {
+                mbar_expect_tx(full_k(s), L::kKBytes);
+                tma_load_5d(dst, &tmk, full_k(s), 0, row, 0, hk, blk);
+            }
+        };
+        if (issuer) {
             prefetch_map(&tmq);
             prefetch_map(&tmk);
             mbar_expect_tx(full_q, L::kQBytes);
             tma_load_5d(sQ, &tmq, full_q, 0, h0, 0, 0, q_row);
-            int s = 0;
-            uint32_t ph = 0;
-            if constexpr (kPaged) {  // tile i: rows key % bs.. of block_table[b][key / bs], key = (t0 + i) * 64
-                const attn_lt_batch_args& a = p.batch;
-                const int log2_bs = paged_log2_bs(a);
-                const int32_t* table = a.block_table + b * a.bt_stride;
-                auto lookup = [&](int i) { return i < n_tiles ? __ldg(table + (((t0 + i) * kMlaKeys) >> log2_bs)) : 0; };
-                int next = lookup(0);
-                for (int i = 0; i < n_tiles; ++i) {
+        }
+        int s = 0;
+        uint32_t ph = 0;
+        // tile i's key block (paged: block_table[b][key / bs], key = (t0 + i) * 64, looked up a tile ahead)
+        int next = 0;
+        const int32_t* table = nullptr;
+        int log2_bs = 0;
+        if constexpr (kPaged) {
+            log2_bs = paged_log2_bs(p.batch);
+            table = p.batch.block_table + b * p.batch.bt_stride;
+        }
+        auto lookup = [&](int i) {
+            return kPaged && issuer && i < n_tiles ? __ldg(table + (((t0 + i) * kMlaKeys) >> log2_bs)) : 0;
+        };
+        next = lookup(0);
+        for (int i = 0; i < n_tiles; ++i) {
+            if (issuer) {
+                if constexpr (kPaged) {  // rows key % bs.. of the block
+                    const attn_lt_batch_args& a = p.batch;
                     const int id = next;
                     next = lookup(i + 1);  // in flight during this tile's wait and copy
                     const bool bad = !paged_id_ok(a, id);
                     mbar_wait(empty_k(s), ph ^ 1);
                     if (bad) atomicOr(a.error, ATTN_LT_BATCH_BAD_BLOCK);
                     st_shared_u32(base + L::kBad + 4u * s, bad ? 1u : 0u);  // before the arrival that releases it
-                    mbar_expect_tx(full_k(s), L::kKBytes);
-                    tma_load_5d(sK + s * L::kKBytes, &tmk, full_k(s), 0, ((t0 + i) * kMlaKeys) & ((1 << log2_bs) - 1),
-                                0, hk, bad ? 0 : id);
-                    ring_next<kMlaStages>(s, ph);
-                }
-            } else {
-                for (int i = 0; i < n_tiles; ++i) {
+                    load_k(s, ((t0 + i) * kMlaKeys) & ((1 << log2_bs) - 1), bad ? 0 : id);
+                } else {
                     mbar_wait(empty_k(s), ph ^ 1);
-                    mbar_expect_tx(full_k(s), L::kKBytes);
-                    tma_load_5d(sK + s * L::kKBytes, &tmk, full_k(s), 0, (t0 + i) * kMlaKeys, 0, hk, b);
-                    ring_next<kMlaStages>(s, ph);
+                    load_k(s, (t0 + i) * kMlaKeys, b);
                 }
             }
+            if constexpr (kF8) {
+                widen_e4m3_tile(sK + s * L::kKBytes, threadIdx.x, [&](int j) { mbar_wait(raw_k(s, j), ph); });
+                fence_async_smem();  // the fp16 tile visible to the wgmma proxy
+                mbar_arrive(full_k(s));
+            }
+            ring_next<kMlaStages>(s, ph);
         }
         return;
     }
-    setmaxnreg_inc<kConsumerRegs>();
+    setmaxnreg_inc<kBusyConsumerRegs<kF8>>();
     const int c = wg - 1;
     const int tid = threadIdx.x - 128 * wg;
     const int warp = tid / 32, lane = tid % 32;
@@ -1183,7 +1302,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto release = [&](uint32_t bar) {
         if (lane == 0) mbar_arrive(bar);
     };
+    float sl2 = p.sl2, vd = 1.f;  // the scores' scale (exp2 domain), O's factor
     if (n_tiles > 0) {
+        if constexpr (kF8) {
+            mbar_wait(full_q, 0);
+            const int hd = hk * static_cast<int>(p.descale_sh);
+            sl2 *= stage_q_mla_f16<T>(sQ, rows_valid, threadIdx.x - 128, sum_s) *
+                   (p.k_descale != nullptr ? p.k_descale[hd] : 1.f);
+            if (p.v_descale != nullptr) vd = p.v_descale[hd];
+        }
         int s = 0;
         uint32_t ph = 0;
         if (c == 0) {
@@ -1199,7 +1326,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < kMlaD / 16; ++kk)
-                    wgmma_ss<kMlaKeys, T>(sacc, make_desc(sQ + (kk / 4) * L::kSlab + (kk % 4) * 32, 16),
+                    wgmma_ss<kMlaKeys, TW>(sacc, make_desc(sQ + (kk / 4) * L::kSlab + (kk % 4) * 32, 16),
                                           make_desc(kb + (kk / 4) * L::kSlab + (kk % 4) * 32, 16), kk > 0);
                 wgmma_commit();
                 wgmma_wait<0>();
@@ -1227,8 +1354,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                     bar_sync(1, 128);  // zeros visible to this warpgroup's P V (warpgroup 2's: through p_full)
                 }
                 float corr[2];
-                online_softmax(sacc, m_r, l_r, p.sl2, corr);
-                to_a_fragments<T>(sacc, pf);
+                online_softmax(sacc, m_r, l_r, sl2, corr);
+                to_a_fragments<TW>(sacc, pf);
                 if (i > 0) mbar_wait(p_empty, (i - 1) & 1);  // warpgroup 2 has multiplied the previous P
                 // P to shared memory in the 128-byte swizzle (the A operand of warpgroup 2's wgmma): element
                 // (r, 8j + 2(l%4)) at r * 128 + ((j ^ r % 8) << 4) + (l%4) * 4; rows rw and rw + 8 share r % 8.
@@ -1250,7 +1377,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < kMlaKeys / 16; ++kk)
-                    wgmma_rs<256, T>(o, pf[kk], make_desc(kb + kk * 2048, L::kSlab));
+                    wgmma_rs<256, TW>(o, pf[kk], make_desc(kb + kk * 2048, L::kSlab));
                 wgmma_commit();
                 wgmma_wait<0>();
                 fence_regs(o);
@@ -1279,7 +1406,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < kMlaKeys / 16; ++kk)
-                    wgmma_ss_vt256<T>(o, make_desc(sP + kk * 32, 16),
+                    wgmma_ss_vt256<TW>(o, make_desc(sP + kk * 32, 16),
                                       make_desc(kb + 4 * L::kSlab + kk * 2048, L::kSlab));
                 wgmma_commit();
                 wgmma_wait<0>();
@@ -1294,7 +1421,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
     }
     // ---- epilogue: this warpgroup's 256 columns of the rows below the kv head's last query head
-    const float inv0 = l_r[0] > 0.f ? 1.f / l_r[0] : 0.f, inv1 = l_r[1] > 0.f ? 1.f / l_r[1] : 0.f;
+    const float inv0 = l_r[0] > 0.f ? vd / l_r[0] : 0.f, inv1 = l_r[1] > 0.f ? vd / l_r[1] : 0.f;
     const int64_t rows_out = int64_t(gridDim.z) * p.Hq;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -1317,7 +1444,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         if (c == 0 && lane % 4 == 0) {
             const float l = half ? l_r[1] : l_r[0], m = half ? m_r[1] : m_r[0];
-            const float lse = l > 0.f ? (m * p.sl2 + log2f(l)) * kLn2 : -INFINITY;
+            const float lse = l > 0.f ? (m * sl2 + log2f(l)) * kLn2 : -INFINITY;
             if (!direct) {
                 p.lse_part[part * rows_out + orow] = lse;
             } else if (p.lse != nullptr) {
@@ -1711,22 +1838,55 @@ cudaError_t launch(const attn_lt_flash_args& a, cudaStream_t stream) {
     return cudaGetLastError();
 }
 
+// An e4m3 (B, H, S, D) tensor (a paged cache: B blocks of S rows) seen as 4-D (D, S, H, B) with byte strides (row,
+// head, batch): one box of (128, rows, 1, 1) at column c lands as [rows][128 bytes] in the 128-byte swizzle, columns
+// c.. of each row (zeros past D): mla_decode_sm90's FP8 slabs (widen_e4m3_tile). A dimension of size 1 gets a
+// nominal legal stride.
+bool make_e4m3_row_map(CUtensorMap* map, const void* ptr, int64_t B, int64_t H, int64_t S, int64_t D, int64_t sb,
+                       int64_t sh, int64_t ss, uint32_t rows) {
+    const auto st = [](int64_t size, int64_t stride) { return cuuint64_t(size == 1 ? 16 : stride); };
+    const cuuint64_t dims[4] = {cuuint64_t(D), cuuint64_t(S), cuuint64_t(H), cuuint64_t(B)};
+    const cuuint64_t strides[3] = {st(S, ss), st(H, sh), st(B, sb)};
+    const cuuint32_t box[4] = {128, rows, 1, 1};
+    const cuuint32_t elem[4] = {1, 1, 1, 1};
+    return encode_tiled()(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, const_cast<void*>(ptr), dims, strides, box, elem,
+                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// An FP8 latent cache's descale factors (attn_lt_flash_args) into MLA decode's parameters.
+void set_descale(MlaParams& p, const attn_lt_flash_args& a) {
+    p.k_descale = a.k_descale;
+    p.v_descale = a.v_descale;
+    p.descale_sh = a.descale_sh;
+}
+
+// Whether FP8 cache arguments are ones MLA decode reads (D 576, e4m3; descale factors one a kv head or one for all,
+// 4-byte aligned); k's strides are checked with the others, as bytes.
+bool mla_e4m3_ok(const attn_lt_flash_args& a) {
+    return a.kv_dtype == ATTN_LT_E4M3 && a.D == kMlaD && (a.descale_sh == 0 || a.descale_sh == 1) &&
+           (reinterpret_cast<uintptr_t>(a.k_descale) | reinterpret_cast<uintptr_t>(a.v_descale)) % 4 == 0;
+}
+
 // MLA decode (mla_decode_sm90, then merge_partials when the keys are split into parts). q (B, Hq, 1, 576) is read
 // with the heads as the rows of its tile; v is k's first 512 columns (checked by the caller).
 template <typename T>
 cudaError_t launch_mla(const attn_lt_flash_args& a, cudaStream_t stream) {
     using L = MlaLayout;
     constexpr CUtensorMapDataType dt = tma_dtype<T>();
+    const bool f8 = a.kv_dtype == ATTN_LT_E4M3;
     alignas(64) CUtensorMap mq, mk;
     if (!make_map(&mq, dt, a.q, a.B, 1, a.Hq, kMlaD, a.q_sb, 0, a.q_sh, kMlaRows) ||
-        !make_map(&mk, dt, a.k, a.B, a.Hkv, a.Sk, kMlaD, a.k_sb, a.k_sh, a.k_ss, kMlaKeys))
+        !(f8 ? make_e4m3_row_map(&mk, a.k, a.B, a.Hkv, a.Sk, kMlaD, a.k_sb, a.k_sh, a.k_ss, kMlaKeys)
+             : make_map(&mk, dt, a.k, a.B, a.Hkv, a.Sk, kMlaD, a.k_sb, a.k_sh, a.k_ss, kMlaKeys)))
         return static_cast<cudaError_t>(ATTN_LT_ERR_TENSOR_MAP);
-    const auto kernel = mla_decode_sm90<T>;
+    const auto kernel = f8 ? mla_decode_sm90<T, false, true> : mla_decode_sm90<T>;
     cudaError_t err = opt_in_smem(reinterpret_cast<const void*>(kernel), L::kSmem);
     if (err != cudaSuccess) return err;
     MlaParams p{};
     static_cast<BaseParams&>(p) = base_params(a);
     static_cast<PartParams&>(p) = part_params(a, kMlaKeys);
+    set_descale(p, a);
     p.row_blocks = (p.group + kMlaRows - 1) / kMlaRows;
     const dim3 grid(static_cast<unsigned>(p.row_blocks * p.parts), static_cast<unsigned>(a.Hkv),
                     static_cast<unsigned>(a.B));
@@ -1985,16 +2145,20 @@ cudaError_t launch_mla_batch(const attn_lt_batch_args& ba, cudaStream_t stream) 
     using L = MlaLayout;
     constexpr CUtensorMapDataType dt = tma_dtype<T>();
     const attn_lt_flash_args& a = ba.f;
+    const bool f8 = a.kv_dtype == ATTN_LT_E4M3;
     alignas(64) CUtensorMap mq, mk;
     if (!make_map(&mq, dt, a.q, ba.total_q, 1, a.Hq, kMlaD, a.q_ss, 0, a.q_sh, kMlaRows) ||
-        !make_paged_map(&mk, dt, a.k, ba.num_blocks, ba.block_size, a.Hkv, kMlaD, a.k_sb, a.k_sh, a.k_ss, kMlaKeys,
-                        kMlaD / 64))
+        !(f8 ? make_e4m3_row_map(&mk, a.k, ba.num_blocks, a.Hkv, ba.block_size, kMlaD, a.k_sb, a.k_sh, a.k_ss,
+                                  kMlaKeys)
+             : make_paged_map(&mk, dt, a.k, ba.num_blocks, ba.block_size, a.Hkv, kMlaD, a.k_sb, a.k_sh, a.k_ss,
+                              kMlaKeys, kMlaD / 64)))
         return static_cast<cudaError_t>(ATTN_LT_ERR_TENSOR_MAP);
-    const auto kernel = mla_decode_sm90<T, true>;
+    const auto kernel = f8 ? mla_decode_sm90<T, true, true> : mla_decode_sm90<T, true>;
     cudaError_t err = opt_in_smem(reinterpret_cast<const void*>(kernel), L::kSmem);
     if (err != cudaSuccess) return err;
     MlaPagedParams p{};
     static_cast<BaseParams&>(p) = base_params(a);
+    set_descale(p, a);
     p.o_sb = a.o_ss;  // request b's output row q0
     p.o_part = a.o_part;
     p.lse_part = a.lse_part;
@@ -2079,7 +2243,9 @@ extern "C" int attn_lt_flash_sm90_fwd(const attn_lt_flash_args* a, void* stream)
     if (!(a->scale > 0.f)) return ATTN_LT_ERR_SCALE;
     if (!aligned16(a->q) || !aligned16(a->k) || !aligned16(a->v) || !aligned16(a->o)) return ATTN_LT_ERR_ALIGNMENT;
     if (a->dtype == ATTN_LT_E4M3) return fp8_prefill(*a, static_cast<cudaStream_t>(stream));
-    if ((a->dtype != ATTN_LT_F16 && a->dtype != ATTN_LT_BF16) || a->kv_dtype != ATTN_LT_NONE) return ATTN_LT_ERR_DTYPE;
+    if ((a->dtype != ATTN_LT_F16 && a->dtype != ATTN_LT_BF16) || (a->kv_dtype != ATTN_LT_NONE && !mla_e4m3_ok(*a)))
+        return ATTN_LT_ERR_DTYPE;
+    const int64_t kes = a->kv_dtype == ATTN_LT_E4M3 ? 1 : 2;  // k's and v's element bytes
     const bool decode = a->variant == ATTN_LT_FLASH_SM90_DECODE;
     if (a->variant != ATTN_LT_FLASH_SM90_DEFAULT && a->variant != ATTN_LT_FLASH_SM90_PLAIN &&
         a->variant != ATTN_LT_FLASH_SM90_GRID && !decode)
@@ -2107,8 +2273,8 @@ extern "C" int attn_lt_flash_sm90_fwd(const attn_lt_flash_args* a, void* stream)
         return ATTN_LT_ERR_VARIANT;
     }
     if (!stride_ok(a->B, a->q_sb) || !stride_ok(a->Hq, a->q_sh) || !stride_ok(a->Sq, a->q_ss) ||
-        !stride_ok(a->B, a->k_sb) || !stride_ok(a->Hkv, a->k_sh) || !stride_ok(a->Sk, a->k_ss) ||
-        !stride_ok(a->B, a->v_sb) || !stride_ok(a->Hkv, a->v_sh) || !stride_ok(a->Sk, a->v_ss) ||
+        !stride_ok(a->B, a->k_sb, kes) || !stride_ok(a->Hkv, a->k_sh, kes) || !stride_ok(a->Sk, a->k_ss, kes) ||
+        !stride_ok(a->B, a->v_sb, kes) || !stride_ok(a->Hkv, a->v_sh, kes) || !stride_ok(a->Sk, a->v_ss, kes) ||
         !stride_ok(a->B, a->o_sb) || !stride_ok(a->Hq, a->o_sh) || !stride_ok(a->Sq, a->o_ss))
         return ATTN_LT_ERR_STRIDES;
     cudaError_t err = check_device();
@@ -2131,9 +2297,9 @@ extern "C" int attn_lt_flash_sm90_fwd(const attn_lt_flash_args* a, void* stream)
 // (else ATTN_LT_ERR_BATCH); D = Dv 64, 128 or 256, or MLA decode (D 576, Dv 512: v = k, the same address and
 // strides, else ATTN_LT_ERR_LATENT; paged, block_size >= 64, f.Sq 1, split_keys a multiple of 64 with row blocks x
 // parts <= 65535, the partials [parts][B][Hq][512] then their LSEs in the workspace, else ATTN_LT_ERR_BATCH); no mask;
-// fp16/bf16; scale positive; q, k, v, o 16-byte aligned,
-// their head and row strides (and the caches' block strides) positive multiples of 8 elements below 2^39 (any for a
-// dimension of size 1); the blocks of a cache need not be contiguous. f.variant, f.splits and the batch strides of
+// fp16/bf16, the latent cache also e4m3 (kv_dtype, attn_lt.h); scale positive; q, k, v, o 16-byte aligned, their
+// head and row strides (and the caches' block strides) positive multiples of 16 bytes below 2^39 elements (any for
+// a dimension of size 1); the blocks of a cache need not be contiguous. f.variant, f.splits and the batch strides of
 // q and o are not read.
 extern "C" int attn_lt_flash_sm90_batch(const attn_lt_batch_args* args, void* stream) {
     if (args == nullptr) return ATTN_LT_ERR_ARGS;
@@ -2179,14 +2345,17 @@ extern "C" int attn_lt_flash_sm90_batch(const attn_lt_batch_args* args, void* st
     }
     if (!(a.scale > 0.f)) return ATTN_LT_ERR_SCALE;
     if (!aligned16(a.q) || !aligned16(a.k) || !aligned16(a.v) || !aligned16(a.o)) return ATTN_LT_ERR_ALIGNMENT;
-    if ((a.dtype != ATTN_LT_F16 && a.dtype != ATTN_LT_BF16) || a.kv_dtype != ATTN_LT_NONE) return ATTN_LT_ERR_DTYPE;
+    if ((a.dtype != ATTN_LT_F16 && a.dtype != ATTN_LT_BF16) || (a.kv_dtype != ATTN_LT_NONE && !mla_e4m3_ok(a)))
+        return ATTN_LT_ERR_DTYPE;
     if (a.mask_dtype != ATTN_LT_NONE) return ATTN_LT_ERR_MASK;
     const int64_t tq = args->total_q, tk = args->total_k, bs = args->block_size, nb = args->num_blocks;
-    if (!stride_ok(a.Hq, a.q_sh) || !stride_ok(tq, a.q_ss) || !stride_ok(a.Hkv, a.k_sh) ||
-        !stride_ok(a.Hkv, a.v_sh) || !stride_ok(a.Hq, a.o_sh) || !stride_ok(tq, a.o_ss))
+    const int64_t kes = a.kv_dtype == ATTN_LT_E4M3 ? 1 : 2;  // the caches' element bytes
+    if (!stride_ok(a.Hq, a.q_sh) || !stride_ok(tq, a.q_ss) || !stride_ok(a.Hkv, a.k_sh, kes) ||
+        !stride_ok(a.Hkv, a.v_sh, kes) || !stride_ok(a.Hq, a.o_sh) || !stride_ok(tq, a.o_ss))
         return ATTN_LT_ERR_STRIDES;
-    if (paged ? !stride_ok(bs, a.k_ss) || !stride_ok(bs, a.v_ss) || !stride_ok(nb, a.k_sb) || !stride_ok(nb, a.v_sb)
-              : !stride_ok(tk, a.k_ss) || !stride_ok(tk, a.v_ss))
+    if (paged ? !stride_ok(bs, a.k_ss, kes) || !stride_ok(bs, a.v_ss, kes) || !stride_ok(nb, a.k_sb, kes) ||
+                    !stride_ok(nb, a.v_sb, kes)
+              : !stride_ok(tk, a.k_ss, kes) || !stride_ok(tk, a.v_ss, kes))
         return ATTN_LT_ERR_STRIDES;
     cudaError_t err = check_device();
     if (err != cudaSuccess) return static_cast<int>(err);

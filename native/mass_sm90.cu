@@ -37,6 +37,7 @@
 #include <cuda.h>  // CUtensorMap and its enums only: the driver function is fetched at run time (no -lcuda)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <atomic>

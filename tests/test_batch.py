@@ -327,12 +327,16 @@ def test_fp8_cache_validation(change, error, match):
                                  max_seqlen_q=args["max_seqlen_q"], max_seqlen_k=args["max_seqlen_k"], **kw)
 
 
-def test_fp8_cache_refused_for_mla_and_steps_check_it():
-    q = torch.randn(2, 16, 576, dtype=torch.bfloat16)
-    cache = torch.randn(4, 64, 1, 576).to(F8)
-    with pytest.raises(ValueError, match="not available for MLA"):
-        attn_lt.paged_attention(q, cache, cache[..., :512], torch.zeros(2, 1, dtype=torch.int32),
-                                torch.ones(2, dtype=torch.int32))
+def test_fp8_latent_cache_explained_and_steps_check_fp8():
+    text = attn_lt.explain_batch(4, 128, 1, 576, head_dim_v=512, max_seqlen_q=1, max_seqlen_k=8192, block_size=64,
+                                 kv_dtype=F8)
+    assert "MLA decode blocks" in text and "FP8 latent cache" in text
+    q, lat = torch.randn(1, 16, 1, 576, dtype=torch.bfloat16), torch.randn(1, 1, 64, 576).to(F8)
+    assert "FP8 latent cache" in str(attn_lt.explain(q, lat, lat[..., :512]))
+    with pytest.raises(ValueError, match="one query a head"):
+        attn_lt.explain(q.expand(1, 16, 3, 576).contiguous(), lat, lat[..., :512])
+    with pytest.raises(ValueError, match="head dims D = Dv in .* or MLA decode's 576/512"):
+        attn_lt.explain(q[..., :192], lat[..., :192], lat[..., :128])
     with pytest.raises(ValueError, match="at most 16 query rows"):
         attn_lt.BatchStep(4, 32, 8, 128, max_seqlen_k=4096, max_seqlen_q=8, block_size=16, kv_dtype=F8,
                           device="cpu")

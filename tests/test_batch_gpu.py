@@ -211,16 +211,22 @@ def test_varlen_bad_offsets_are_reported():
                                  max_seqlen_q=4, max_seqlen_k=20, check=True)
 
 
+def owned_slots(k_cache, table, seqlens):
+    """(num_blocks, block_size) bool: the cache slots some request owns."""
+    bs = k_cache.shape[1]
+    owned = torch.zeros(k_cache.shape[:2], dtype=torch.bool, device="cuda")
+    for row, n in zip(table.tolist(), seqlens):
+        for j in range(-(-n // bs)):
+            owned[row[j], :min(bs, n - j * bs)] = True
+    return owned
+
+
 def mla_cache(seqlens, block_size, Hkv, dtype, poison_unused=True):
     """A paged latent cache (num_blocks, bs, Hkv, 576) and its v view (the first 512 columns); the slots no request
     owns (its last block's tail, the spare blocks) NaN when ``poison_unused``: MLA decode must never let them in."""
     k_cache, _, table, seqlens_k = random_pages(seqlens, block_size, Hkv, 576, dtype)
     if poison_unused:
-        owned = torch.zeros(k_cache.shape[:2], dtype=torch.bool, device="cuda")
-        for row, n in zip(table.tolist(), seqlens):
-            for j in range(-(-n // block_size)):
-                owned[row[j], :min(block_size, n - j * block_size)] = True
-        k_cache[~owned] = math.nan
+        k_cache[~owned_slots(k_cache, table, seqlens)] = math.nan
     return k_cache, k_cache[..., :512], table, seqlens_k
 
 
@@ -631,3 +637,64 @@ def test_step_returns_the_mass(paged):
     if paged:
         assert (mass[len(k_lens):] == 0).all()
     attn_lt.check_batch_errors()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("Hq,q_scale", [(16, 1.0), (128, 1.0), (64, 3e5)])
+def test_fp8_mla_paged_decode(dtype, Hq, q_scale):
+    """MLA decode on an FP8 latent cache (e4m3, one factor): lengths 0, 1, around a tile and a block, requests of
+    one part and of several, a permuted block table, unwritten slots NaN; q past fp16's range (q_scale, bf16) with
+    a small factor. Against FP64 on the cache's values."""
+    if not device_facts().hopper:
+        pytest.skip("MLA decode on a paged cache runs on the Hopper kernel")
+    if q_scale > 1 and dtype != torch.bfloat16:
+        pytest.skip("q past fp16's range is a bf16 case")
+    bs = 64
+    seqlens = [0, 1, 63, 64, 65, 5000, 1000, 3 * bs + 7, 2500]
+    k_cache, _, table, seqlens_k = mla_cache(seqlens, bs, 1, dtype, poison_unused=False)
+    k8, kd = fp8_kv(k_cache)
+    kd = kd / q_scale
+    k8.view(torch.uint8)[~owned_slots(k8, table, seqlens)] = 0x7F  # e4m3 NaN
+    kf = fp8_values(k8, kd)
+    q = (torch.randn(len(seqlens), Hq, 576, device="cuda") * q_scale).to(dtype)
+    out = torch.full((len(seqlens), Hq, 512), math.nan, dtype=dtype, device="cuda")
+    out, lse = attn_lt.paged_attention(q, k8, k8[..., :512], table, seqlens_k, k_descale=kd, v_descale=kd * q_scale,
+                                       return_lse=True, out=out, check=True)
+    vf = fp8_values(k8[..., :512], kd * q_scale)
+    ref, ref_lse = paged_reference(q, kf, vf, table, seqlens_k, causal=False)
+    check_against(out, lse, ref, ref_lse, mla_torch(q, kf.to(dtype), vf.to(dtype), table, seqlens_k))
+
+
+def test_fp8_mla_graph_replay_and_step():
+    """An FP8 MLA decode step (BatchStep) captured once in a CUDA graph, replayed after each plan of new lengths."""
+    if not device_facts().hopper:
+        pytest.skip("MLA decode on a paged cache runs on the Hopper kernel")
+    dtype, B, Hq, bs, max_blocks = torch.bfloat16, 6, 128, 64, 40
+    lat8, kd = fp8_kv(torch.randn(B * max_blocks, bs, 1, 576, dtype=dtype, device="cuda"))
+    table = torch.randperm(B * max_blocks).to(torch.int32).view(B, max_blocks).cuda()
+    seqlens = torch.ones(B, dtype=torch.int32, device="cuda")
+    q = torch.randn(B, Hq, 576, dtype=dtype, device="cuda")
+    out = torch.empty(B, Hq, 512, dtype=dtype, device="cuda")
+    step = attn_lt.BatchStep(B, Hq, 1, 576, head_dim_v=512, max_seqlen_k=max_blocks * bs, block_size=bs,
+                             kv_dtype=torch.float8_e4m3fn, dtype=dtype)
+    step.plan(seqlens_k=seqlens, block_table=table)
+    assert "FP8 latent cache" in step.explain()
+
+    def call():
+        step.run(q, lat8, lat8[..., :512], out=out, k_descale=kd, v_descale=kd)
+
+    call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    kf = fp8_values(lat8, kd)
+    for lengths in ([1, 0, 64, 65, 700, 2559], [2000, 1, 129, 1500, 63, 2560]):
+        seqlens.copy_(torch.tensor(lengths, dtype=torch.int32))
+        step.plan(seqlens_k=seqlens, block_table=table)
+        out.fill_(math.nan)
+        graph.replay()
+        ref, _ = paged_reference(q, kf, kf[..., :512], table, seqlens, causal=False)
+        owned = torch.tensor([n > 0 for n in lengths], device="cuda")
+        assert not torch.isnan(out[owned]).any()
+        assert rel_error(out[owned], ref[owned]) < 1e-2

@@ -317,6 +317,9 @@ def test_explain_batch(capsys):
     assert rc == 0 and "MLA decode blocks" in out
     rc, out, _ = run(capsys, "explain-batch", "--requests", "64", "--max-seqlen-k", "8192", "--fp8-kv", "--json")
     assert rc == 0 and json.loads(out)["kv"].startswith("K/V: an FP8 cache")
+    rc, out, _ = run(capsys, "explain-batch", "--requests", "8", "--heads-q", "128", "--heads-kv", "1", "--head-dim",
+                     "576", "--head-dim-v", "512", "--max-seqlen-k", "8192", "--block-size", "64", "--fp8-kv", "--json")
+    assert rc == 0 and json.loads(out)["kv"].startswith("K/V: an FP8 latent cache")
     rc, _, err = run(capsys, "explain-batch", "--requests", "64", "--max-seqlen-k", "8192", "--fp8-kv",
                      "--max-seqlen-q", "8")
     assert rc == 2 and "at most 16 query rows a kv head" in err
@@ -343,3 +346,6 @@ def test_explain_fp8(capsys):
     assert code == 0 and d["backend"] == "wmma" and "FP8 KV cache" in d["reasons"][0]
     code, _, err = run(capsys, "explain", "-s", "512", "-d", "96", "--fp8", "qkv")
     assert code == 2 and "head dims D = Dv 64, 128 or 256" in err
+    code, out, _ = run(capsys, "explain", "-b", "4", "-H", "128", "--kv-heads", "1", "--sq", "1", "--sk", "4096", "-d",
+                       "576", "--dv", "512", "--v-in-k", "--fp8", "kv")
+    assert code == 0 and "FP8 latent cache" in out and "MLA decode" in out, out

@@ -82,3 +82,25 @@ def test_fp8_dense_refusals():
         attn_lt.attention(q[..., :64], ragged, ragged)
     with pytest.raises(ValueError, match=r"\(2,\)"):
         attn_lt.attention(q, k8, v8, k_descale=torch.ones(3, device="cuda"))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fp8_mla_dense_decode(dtype):
+    """MLA decode on a dense FP8 latent cache (B, 1, Sk, 576), v = its first 512 columns: the Hopper MLA kernel,
+    the keys split in parts, against FP64 on the cache's values; explain says how it reads the cache."""
+    from attn_lt.fused import device_facts
+    if not device_facts().hopper:
+        pytest.skip("MLA decode runs on the Hopper kernel")
+    B, Hq, Sk = 3, 128, 3001
+    lat8, kd = fp8_kv(torch.randn(B, Sk, 1, 576, dtype=dtype, device="cuda"))
+    k8 = lat8.transpose(1, 2)
+    q = torch.randn(B, Hq, 1, 576, dtype=dtype, device="cuda")
+    out = torch.full((B, Hq, 1, 512), math.nan, dtype=dtype, device="cuda")
+    out, lse = attn_lt.attention(q, k8, k8[..., :512], k_descale=kd, v_descale=kd, out=out, return_lse=True)
+    kf = fp8_values(lat8, kd).transpose(1, 2)
+    ref, ref_lse = reference(q, kf, kf[..., :512], dtype=torch.float64)
+    check(out, q, kf, kf[..., :512], ref)
+    assert (lse.double() - ref_lse).abs().max().item() < 1e-3 * (1 + ref_lse.abs().max().item())
+    assert "FP8 latent cache" in str(attn_lt.explain(q, k8, k8[..., :512]))
+    with pytest.raises(ValueError, match="one query a head"):
+        attn_lt.attention(torch.randn(B, Hq, 2, 576, dtype=dtype, device="cuda"), k8, k8[..., :512], k_descale=kd)

@@ -10,8 +10,11 @@ in the same run, and the FP8 call's error.
    FlashInfer's HND layout (a block's rows of one head contiguous; the same logical tensor, other strides).
 3. **error**: the FP8 call against the FP64 attention of the cache's FP8 values (the kernel's own error) and of the
    bf16 values it was quantized from (what quantizing costs), beside the bf16 call's error against the latter.
+4. **MLA decode** (Hopper): DeepSeek's paged latent cache (blocks of 64, one latent head of 576, v its first 512
+   columns) in bf16 and in FP8 (one factor), Hq 128 and 16 query heads a request, equal and ragged lengths, with
+   the roofline of the latent's bytes read once and the same errors.
 
-    python tools/bench_fp8_kv.py [--out DIR]
+    python tools/bench_fp8_kv.py [--out DIR] [--only dense,batches,mla]
 
 Prints a short table last; writes DIR/fp8_kv.json. Medians of CUDA-event timings (triton's do_bench).
 """
@@ -112,37 +115,88 @@ def errors(rng: random.Random) -> dict:
             "quantization_alone": rel_error(ref_fp8_values, ref_bf16)}
 
 
+def mla(lengths: list[int], Hq: int, rate: float) -> dict:
+    """MLA decode on a paged latent cache, bf16 against FP8 (paged_attention)."""
+    kc, _, table, seqlens = random_pages(lengths, 64, 1, 576, DT)
+    kc8, kd = fp8_kv(kc)
+    q = torch.randn(len(lengths), Hq, 576, dtype=DT, device="cuda")
+    keys = sum(lengths)
+    res = {"B": len(lengths), "Hq": Hq, "lengths": [min(lengths), max(lengths)], "keys": keys}
+    for name, c, kw, width in (("bf16", kc, {}, 2), ("fp8", kc8, dict(k_descale=kd, v_descale=kd), 1)):
+        res[f"roofline_{name}_ms"] = keys * 576 * width / rate * 1e3
+        ms = res[f"mla_{name}_ms"] = time_ms(lambda: attn_lt.paged_attention(q, c, c[..., :512], table, seqlens, **kw))
+        res[f"mla_{name}_roofline"] = res[f"roofline_{name}_ms"] / ms
+        res[f"mla_{name}_tflops"] = 2 * Hq * keys * (576 + 512) / ms / 1e9
+    res["mla_speedup"] = res["mla_bf16_ms"] / res["mla_fp8_ms"]
+    return res
+
+
+def mla_errors(rng: random.Random) -> dict:
+    """MLA decode's errors (4 requests of up to 4k keys, Hq 128), as :func:`errors`."""
+    from attn_lt.testing import paged_reference
+    lengths = [rng.randrange(256, 4097) for _ in range(4)]
+    kc, _, table, seqlens = random_pages(lengths, 64, 1, 576, DT)
+    kc8, kd = fp8_kv(kc)
+    kf = fp8_values(kc8, kd)
+    q = torch.randn(len(lengths), 128, 576, dtype=DT, device="cuda")
+    out8 = attn_lt.paged_attention(q, kc8, kc8[..., :512], table, seqlens, k_descale=kd, v_descale=kd)
+    out16 = attn_lt.paged_attention(q, kc, kc[..., :512], table, seqlens)
+    ref_fp8_values = paged_reference(q, kf, kf[..., :512], table, seqlens, causal=False)[0]
+    ref_bf16 = paged_reference(q, kc, kc[..., :512], table, seqlens, causal=False)[0]
+    return {"fp8_vs_its_values": rel_error(out8, ref_fp8_values), "fp8_vs_bf16_values": rel_error(out8, ref_bf16),
+            "bf16_vs_bf16_values": rel_error(out16, ref_bf16),
+            "quantization_alone": rel_error(ref_fp8_values, ref_bf16)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench-results")
+    ap.add_argument("--only", default="dense,batches,mla", help="parts to run (comma-separated)")
     a = ap.parse_args()
+    parts = set(a.only.split(","))
     rng = random.Random(0)
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
     rate = copy_rate()
     res["copy_TBs"] = rate / 1e12
-    res["dense8k"] = dense(64, 8192, rate)
-    res["equal8k"] = batch([8192] * 64, rate)
-    res["ragged64"] = batch([rng.randrange(256, 8193) for _ in range(64)], rate)
-    res["ragged16"] = batch([65536] + [rng.randrange(4096, 65537) for _ in range(15)], rate)
-    res["errors"] = errors(rng)
+    if "dense" in parts:
+        res["dense8k"] = dense(64, 8192, rate)
+    if "batches" in parts:
+        res["equal8k"] = batch([8192] * 64, rate)
+        res["ragged64"] = batch([rng.randrange(256, 8193) for _ in range(64)], rate)
+        res["ragged16"] = batch([65536] + [rng.randrange(4096, 65537) for _ in range(15)], rate)
+        res["errors"] = errors(rng)
+    if "mla" in parts:
+        res["mla_equal"] = mla([4096] * 64, 128, rate)
+        res["mla_ragged"] = mla([rng.randrange(256, 8193) for _ in range(64)], 128, rate)
+        res["mla_h16"] = mla([8192] * 64, 16, rate)
+        res["mla_errors"] = mla_errors(rng)
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "fp8_kv.json"), "w") as f:
         json.dump(res, f, indent=1)
-    print(f"{res['gpu']}: copy rate {res['copy_TBs']:.2f} TB/s; FP8 KV decode, Hq {HQ} / Hkv {HKV}, D {D}, bf16 q")
+    print(f"{res['gpu']}: copy rate {res['copy_TBs']:.2f} TB/s; FP8 KV decode, bf16 q")
     print("| batch | call | bf16 ms (roofline) | FP8 ms (roofline) | FP8 speed-up |")
-    r = res["dense8k"]
-    print(f"| B{r['B']} {r['lengths']} | attention() | {r['dense_bf16_ms']:.3f} ({r['dense_bf16_roofline']:.0%}) | "
-          f"{r['dense_fp8_ms']:.3f} ({r['dense_fp8_roofline']:.0%}) | {r['dense_speedup']:.2f}x |")
-    for name in ("equal8k", "ragged64", "ragged16"):
+    if "dense8k" in res:
+        r = res["dense8k"]
+        print(f"| B{r['B']} {r['lengths']} Hq {HQ} / Hkv {HKV} D {D} | attention() | {r['dense_bf16_ms']:.3f} "
+              f"({r['dense_bf16_roofline']:.0%}) | {r['dense_fp8_ms']:.3f} ({r['dense_fp8_roofline']:.0%}) | "
+              f"{r['dense_speedup']:.2f}x |")
+    for name in ("equal8k", "ragged64", "ragged16") if "batches" in parts else ():
         r = res[name]
         for call in ("varlen", "paged16", "paged64", "paged16_hnd"):
-            print(f"| B{r['B']} {r['lengths']} | {call} | {r[f'{call}_bf16_ms']:.3f} "
+            print(f"| B{r['B']} {r['lengths']} Hq {HQ} / Hkv {HKV} D {D} | {call} | {r[f'{call}_bf16_ms']:.3f} "
                   f"({r[f'{call}_bf16_roofline']:.0%}) | {r[f'{call}_fp8_ms']:.3f} ({r[f'{call}_fp8_roofline']:.0%}) | "
                   f"{r[f'{call}_speedup']:.2f}x |")
-    e = res["errors"]
-    print(f"error (relative, 8 ragged requests): FP8 vs FP64 of its values {e['fp8_vs_its_values']:.2e}; FP8 vs FP64 "
-          f"of the bf16 cache {e['fp8_vs_bf16_values']:.2e} (quantization alone {e['quantization_alone']:.2e}); "
-          f"bf16 call vs the same {e['bf16_vs_bf16_values']:.2e}")
+    for name in ("mla_equal", "mla_ragged", "mla_h16") if "mla" in parts else ():
+        r = res[name]
+        print(f"| B{r['B']} {r['lengths']} Hq {r['Hq']} MLA 576/512 | paged64 | {r['mla_bf16_ms']:.3f} "
+              f"({r['mla_bf16_roofline']:.0%}, {r['mla_bf16_tflops']:.0f} TFLOP/s) | {r['mla_fp8_ms']:.3f} "
+              f"({r['mla_fp8_roofline']:.0%}, {r['mla_fp8_tflops']:.0f} TFLOP/s) | {r['mla_speedup']:.2f}x |")
+    for key, what in (("errors", "8 ragged requests, D 128"), ("mla_errors", "MLA, 4 requests, Hq 128")):
+        if key in res:
+            e = res[key]
+            print(f"error (relative, {what}): FP8 vs FP64 of its values {e['fp8_vs_its_values']:.2e}; FP8 vs FP64 "
+                  f"of the bf16 cache {e['fp8_vs_bf16_values']:.2e} (quantization alone "
+                  f"{e['quantization_alone']:.2e}); bf16 call vs the same {e['bf16_vs_bf16_values']:.2e}")
     return 0
 
 

@@ -4,7 +4,8 @@ compute-sanitizer (both pipeline variants; D 64/128/256, MLA prefill's q/k 192 w
 with v = k[..., :512] in parts, the decode kernel's 64-row blocks in parts, with and without a mask; fp16/bf16; key
 and query tails; causal with Sq != Sk both ways; GQA; a (B, S, H, D) view; dense masks read by TMA: bool and
 additive, shared by the heads, per head, one row for every query, a padded view; the FP8 prefill: e4m3 q, k, v
-through attention(), key and query tails, causal, GQA, a window with sinks). Exits 1 when an output is wrong, 2 when
+through attention(), key and query tails, causal, GQA, a window with sinks; MLA decode on an FP8 latent cache,
+dense through attention() and paged through paged_attention(), lengths 0 and past a tile, a bad block id). Exits 1 when an output is wrong, 2 when
 the kernels cannot run here. "persistent": shapes of more (query block, head) items than SMs, so that persistent
 CTAs take several (reusing the Q and O tiles and the ring from item to item). "wide": calls on the wide key tiles.
 
@@ -28,8 +29,8 @@ from bench_flash_sm90 import sm90_call  # noqa: E402
 
 import attn_lt  # noqa: E402
 from attn_lt import native  # noqa: E402
-from attn_lt.testing import (forced_flash_error, fp8_kv, fp8_values, random_qkv, reference,  # noqa: E402
-                             rel_error, tolerance)
+from attn_lt.testing import (forced_flash_error, fp8_kv, fp8_values, paged_reference, random_pages,  # noqa: E402
+                             random_qkv, reference, rel_error, tolerance)
 
 # (B, Hq, Hkv, Sq, Sk, D, dtype, causal, layout, variant)
 CASES = [
@@ -77,6 +78,12 @@ MLA_DECODE = [
     (2, 128, 1, 4000, torch.bfloat16, 2),  # two parts, as B 32 takes them
     (2, 128, 1, 2000, torch.bfloat16, 12),  # more parts than the wide merge takes (native/common.cuh)
 ]
+# MLA decode on an FP8 latent cache (one factor): (Hq, dtype, key lengths a request, paged: blocks of 64)
+MLA_FP8 = [
+    (128, torch.bfloat16, [333, 333], False),
+    (96, torch.float16, [1000], False),
+    (64, torch.bfloat16, [0, 65, 700, 1], True),
+]
 # the decode kernel (64-row blocks of positions x heads, keys in parts): (B, Hq, Hkv, Sq, Sk, dtype, causal, parts,
 # layout, mask kind: None, "bool" or "add", (B, 1, Sq, Sk)[, head dim: 128 unless given])
 DECODE = [
@@ -109,13 +116,42 @@ def padded_mask(kind, shape, dtype):
 
 #: The groups by name: ``sanitize_flash_sm90.py fp8 masked`` runs those alone (racecheck's time).
 GROUPS = {"plain": CASES, "persistent": PERSISTENT, "wide": WIDE, "mla": MLA, "mla_decode": MLA_DECODE,
-          "decode": DECODE, "masked": MASKED, "fp8": FP8}
+          "decode": DECODE, "masked": MASKED, "fp8": FP8, "mla_fp8": MLA_FP8}
 
 
 def only(group: list) -> list:
     """The group's cases, or none when the command line names other groups."""
     names = sys.argv[1:]
     return group if not names or any(GROUPS.get(n) is group for n in names) else []
+
+
+def mla_fp8_error(Hq, dt, lengths, paged):
+    """MLA decode on an FP8 latent cache against FP64 on its values: (relative error, ok); a paged batch with one
+    block id past the cache (its keys hidden, reported), compared on the other requests."""
+    B = len(lengths)
+    q = torch.randn(B, Hq, 576, device="cuda").to(dt)
+    if not paged:
+        lat8, kd = fp8_kv(torch.randn(B, lengths[0], 1, 576, device="cuda"))
+        k8, kf = lat8.transpose(1, 2), fp8_values(lat8, kd).transpose(1, 2)
+        out = attn_lt.attention(q[:, :, None], k8, k8[..., :512], k_descale=kd, v_descale=kd)
+        ref = reference(q[:, :, None], kf, kf[..., :512], dtype=torch.float64)[0]
+        err = rel_error(out, ref)
+        return err, err < 2e-2
+    k_cache, _, table, seqlens = random_pages(lengths, 64, 1, 576, dt)
+    k8, kd = fp8_kv(k_cache)
+    bad_table = table.clone()
+    bad_table[B - 2, 0] = k8.shape[0] + 5  # request B - 2's first block: outside the cache
+    out = attn_lt.paged_attention(q, k8, k8[..., :512], bad_table, seqlens, k_descale=kd, v_descale=kd)
+    try:
+        attn_lt.check_batch_errors()
+        reported = False
+    except ValueError:
+        reported = True
+    kf = fp8_values(k8, kd)
+    ref = paged_reference(q, kf, kf[..., :512], table, seqlens, causal=False)[0]
+    keep = [b for b in range(B) if b != B - 2 and lengths[b] > 0]
+    err = rel_error(out[keep], ref[keep])
+    return err, err < 2e-2 and reported and bool(torch.isfinite(out).all())
 
 
 def main() -> int:
@@ -187,6 +223,11 @@ def main() -> int:
         ok = err <= tolerance(rel_error(emu.to(torch.bfloat16), ref))
         bad += not ok
         print(f"B={B} Hq={Hq} Hkv={Hkv} Sq={Sq} Sk={Sk} D={D} e4m3 causal={int(causal)} window={window}: rel error "
+              f"{err:.2e} {'ok' if ok else 'WRONG'}", flush=True)
+    for Hq, dt, lengths, paged in only(MLA_FP8):
+        err, ok = mla_fp8_error(Hq, dt, lengths, paged)
+        bad += not ok
+        print(f"MLA decode FP8 latent Hq={Hq} {str(dt)[6:]} lengths={lengths} paged={int(paged)}: rel error "
               f"{err:.2e} {'ok' if ok else 'WRONG'}", flush=True)
     total = sum(len(only(g)) for g in GROUPS.values())
     print(f"{total - bad} passed, {bad} failed")
