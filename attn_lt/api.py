@@ -22,8 +22,9 @@ from .select import Decision, route_of, select
 from .validate import (FP8_KV_DTYPE, Case, address_alignment, check_descale, check_kv_descale, check_options,
                        check_out, check_sinks, check_tensors, mask_alignment, out_shape)
 from .device import stream_queries
-from .fused import (FP8_LATENT, MLA_DECODE, WMMA, FusedLaunch, Program as FusedProgram, device_facts, fp8_decode_launch,
-                    fp8_prefill_launch, fp8_prefill_refusal, fp8_refusal, fused_launch, hopper_kernel, stores_scores)
+from .fused import (FP8_LATENT, MLA_DECODE, WMMA, FusedLaunch, Program as FusedProgram, device_facts,
+                    fp8_decode_launch, fp8_prefill_launch, fp8_prefill_refusal, fp8_refusal, fused_launch, hopper_kernel,
+                    stores_scores)
 
 log = logging.getLogger("attn_lt")
 

@@ -780,8 +780,8 @@ class BatchStep:
     rows and no keys), so a CUDA graph captured over :meth:`run` once replays correctly after every later
     :meth:`plan` with new lengths, new requests and new block tables. MLA decode: ``head_dim`` 576 with
     ``head_dim_v`` 512 and v_cache = ``k_cache[..., :512]`` (Hopper). ``kv_dtype`` torch.float8_e4m3fn: an FP8 KV
-    cache (decode rows or an MLA latent cache, see :func:`paged_attention`; :meth:`run` takes its descale factors). Metadata is
-    checked on the device as in :func:`paged_attention` (:func:`check_batch_errors` reports it).
+    cache (decode rows or an MLA latent cache, see :func:`paged_attention`; :meth:`run` takes its descale factors).
+    Metadata is checked on the device as in :func:`paged_attention` (:func:`check_batch_errors` reports it).
     """
 
     def __init__(self, max_requests: int, heads_q: int, heads_kv: int, head_dim: int, *, max_seqlen_k: int,

@@ -241,7 +241,8 @@ def _explain_fp8(case, a):
     f8, half = torch.float8_e4m3fn, {"bf16": torch.bfloat16, "fp16": torch.float16}[case.dtype]
     q = torch.empty(case.B, case.Hq, case.Sq, case.D, dtype=f8 if a.fp8 == "qkv" else half, device="meta")
     k = torch.empty(case.B, case.Hkv, case.Sk, case.D, dtype=f8, device="meta")
-    v = k[..., :case.Dv] if case.v_in_k else torch.empty(case.B, case.Hkv, case.Sk, case.Dv, dtype=f8, device="meta")
+    v = (k[..., :case.Dv] if case.v_in_k  # an MLA latent cache: v is k's first columns
+         else torch.empty(case.B, case.Hkv, case.Sk, case.Dv, dtype=f8, device="meta"))
     mask = None
     if case.mask is not None:
         mask = torch.empty(1, 1, case.Sq, case.Sk, dtype=torch.bool if case.mask.dtype == "bool" else half,

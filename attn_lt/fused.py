@@ -309,8 +309,7 @@ def fp8_decode_launch(case: Case, facts: DeviceFacts | None = None) -> FusedLaun
     with one part each: 512 blocks are 1.3 waves of 396 slots)."""
     facts = facts or device_facts() or ASSUMED_DEVICE
     if (case.D, case.Dv) == MLA_DECODE:  # an FP8 latent cache: the MLA decode kernel, planned as in bf16
-        launch = fused_launch(case, facts)
-        return replace(launch, why=f"an FP8 latent cache: {launch.why}")
+        return fused_launch(case, facts)
     per_sm = FP8_CTAS_PER_SM[case.D]
     blocks = case.B * case.Hkv
     part = case.B * case.Hq * case.Sq * (case.Dv + 1) * 4

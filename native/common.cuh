@@ -1,8 +1,8 @@
 // Helpers every kernel file of the library shares: constants, shared-memory addresses, exp2, cp.async, packing
 // (device), and the launchers' per-device facts and shared-memory opt-in (host, asked of the runtime once).
 // Included inside each file's anonymous namespace (internal linkage per translation unit), after attn_lt.h (the
-// LSE merge takes attn_lt_flash_args), cuda_bf16.h, cuda_fp16.h, cuda_fp8.h, cuda_runtime.h, <atomic>, <cmath>, <mutex> and
-// <vector>.
+// LSE merge takes attn_lt_flash_args), cuda_bf16.h, cuda_fp16.h, cuda_fp8.h, cuda_runtime.h, <atomic>, <cmath>,
+// <mutex> and <vector>.
 #ifndef ATTN_LT_COMMON_CUH
 #define ATTN_LT_COMMON_CUH
 

@@ -32,8 +32,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 import attn_lt  # noqa: E402
-from attn_lt.testing import (cu_seqlens, fp8_kv, fp8_values, random_pages, rel_error, time_ms,  # noqa: E402
-                             varlen_reference)
+from attn_lt.testing import (cu_seqlens, fp8_kv, fp8_values, paged_reference, random_pages, rel_error,  # noqa: E402
+                             time_ms, varlen_reference)
 
 DT = torch.bfloat16
 HQ, HKV, D = 32, 8, 128
@@ -133,7 +133,6 @@ def mla(lengths: list[int], Hq: int, rate: float) -> dict:
 
 def mla_errors(rng: random.Random) -> dict:
     """MLA decode's errors (4 requests of up to 4k keys, Hq 128), as :func:`errors`."""
-    from attn_lt.testing import paged_reference
     lengths = [rng.randrange(256, 4097) for _ in range(4)]
     kc, _, table, seqlens = random_pages(lengths, 64, 1, 576, DT)
     kc8, kd = fp8_kv(kc)

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
-"""A few small shapes through the Hopper fused kernels (native/flash_sm90.cu), each run once, for
-compute-sanitizer (both pipeline variants; D 64/128/256, MLA prefill's q/k 192 with v 128, MLA decode's q/k 576
-with v = k[..., :512] in parts, the decode kernel's 64-row blocks in parts, with and without a mask; fp16/bf16; key
-and query tails; causal with Sq != Sk both ways; GQA; a (B, S, H, D) view; dense masks read by TMA: bool and
-additive, shared by the heads, per head, one row for every query, a padded view; the FP8 prefill: e4m3 q, k, v
-through attention(), key and query tails, causal, GQA, a window with sinks; MLA decode on an FP8 latent cache,
-dense through attention() and paged through paged_attention(), lengths 0 and past a tile, a bad block id). Exits 1 when an output is wrong, 2 when
-the kernels cannot run here. "persistent": shapes of more (query block, head) items than SMs, so that persistent
-CTAs take several (reusing the Q and O tiles and the ring from item to item). "wide": calls on the wide key tiles.
+"""A few small shapes through the Hopper fused kernels (native/flash_sm90.cu), each run once, for compute-sanitizer
+(both pipeline variants; D 64/128/256, MLA prefill's q/k 192 with v 128, MLA decode's q/k 576 with v = k[..., :512]
+in parts, the decode kernel's 64-row blocks in parts, with and without a mask; fp16/bf16; key and query tails; causal
+with Sq != Sk both ways; GQA; a (B, S, H, D) view; dense masks read by TMA: bool and additive, shared by the heads,
+per head, one row for every query, a padded view; the FP8 prefill: e4m3 q, k, v through attention(), key and query
+tails, causal, GQA, a window with sinks; MLA decode on an FP8 latent cache, dense through attention() and paged
+through paged_attention(), lengths 0 and past a tile, a bad block id). Exits 1 when an output is wrong, 2 when the
+kernels cannot run here. "persistent": shapes of more (query block, head) items than SMs, so that persistent CTAs
+take several (reusing the Q and O tiles and the ring from item to item). "wide": calls on the wide key tiles.
 
     compute-sanitizer --tool memcheck  python3 tools/dev/sanitize_flash_sm90.py
     compute-sanitizer --tool racecheck python3 tools/dev/sanitize_flash_sm90.py
