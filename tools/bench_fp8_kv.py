@@ -12,7 +12,8 @@ in the same run, and the FP8 call's error.
    bf16 values it was quantized from (what quantizing costs), beside the bf16 call's error against the latter.
 4. **MLA decode** (Hopper): DeepSeek's paged latent cache (blocks of 64, one latent head of 576, v its first 512
    columns) in bf16 and in FP8 (one factor), Hq 128 and 16 query heads a request, equal and ragged lengths, with
-   the roofline of the latent's bytes read once and the same errors.
+   the roofline of the latent's bytes read once, PyTorch SDPA (efficient, math) on the equal-length batches gathered
+   dense, and the same errors.
 
     python tools/bench_fp8_kv.py [--out DIR] [--only dense,batches,mla]
 
@@ -32,8 +33,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 import attn_lt  # noqa: E402
-from attn_lt.testing import (cu_seqlens, fp8_kv, fp8_values, paged_reference, random_pages, rel_error,  # noqa: E402
-                             time_ms, varlen_reference)
+from attn_lt.testing import (cu_seqlens, fp8_kv, fp8_values, paged_gather, paged_reference, random_pages,  # noqa: E402
+                             rel_error, sdpa, time_ms, varlen_reference)
+from torch.nn.attention import SDPBackend  # noqa: E402
 
 DT = torch.bfloat16
 HQ, HKV, D = 32, 8, 128
@@ -128,6 +130,14 @@ def mla(lengths: list[int], Hq: int, rate: float) -> dict:
         res[f"mla_{name}_roofline"] = res[f"roofline_{name}_ms"] / ms
         res[f"mla_{name}_tflops"] = 2 * Hq * keys * (576 + 512) / ms / 1e9
     res["mla_speedup"] = res["mla_bf16_ms"] / res["mla_fp8_ms"]
+    if min(lengths) == max(lengths):  # PyTorch SDPA beside it, on the same latent gathered dense (B, 1, Sk, 576)
+        k = paged_gather(kc, kc, table, seqlens)[0].view(len(lengths), lengths[0], 1, 576).transpose(1, 2)
+        qd = q[:, :, None]
+        for name, backend in (("efficient", SDPBackend.EFFICIENT_ATTENTION), ("math", SDPBackend.MATH)):
+            try:
+                res[f"sdpa_{name}_ms"] = time_ms(lambda: sdpa(qd, k, k[..., :512], backend=backend))
+            except RuntimeError as e:  # a backend that refuses the shape
+                res[f"sdpa_{name}_error"] = str(e).splitlines()[0]
     return res
 
 
@@ -187,9 +197,11 @@ def main() -> int:
                   f"{r[f'{call}_speedup']:.2f}x |")
     for name in ("mla_equal", "mla_ragged", "mla_h16") if "mla" in parts else ():
         r = res[name]
+        peers = "; ".join(f"SDPA {n} {r[f'sdpa_{n}_ms']:.3f} ms" for n in ("efficient", "math") if f"sdpa_{n}_ms" in r)
         print(f"| B{r['B']} {r['lengths']} Hq {r['Hq']} MLA 576/512 | paged64 | {r['mla_bf16_ms']:.3f} "
               f"({r['mla_bf16_roofline']:.0%}, {r['mla_bf16_tflops']:.0f} TFLOP/s) | {r['mla_fp8_ms']:.3f} "
-              f"({r['mla_fp8_roofline']:.0%}, {r['mla_fp8_tflops']:.0f} TFLOP/s) | {r['mla_speedup']:.2f}x |")
+              f"({r['mla_fp8_roofline']:.0%}, {r['mla_fp8_tflops']:.0f} TFLOP/s) | {r['mla_speedup']:.2f}x |"
+              + (f" {peers} (dense bf16)" if peers else ""))
     for key, what in (("errors", "8 ragged requests, D 128"), ("mla_errors", "MLA, 4 requests, Hq 128")):
         if key in res:
             e = res[key]
