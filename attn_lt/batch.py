@@ -126,8 +126,8 @@ class BatchPlan:
         elif self.decode_blocks:
             ctas = self.requests * self.Hkv * self.parts
             split = (f"keys in parts of {self.split_keys} ({self.parts} at capacity, {ctas} CTAs for {slots} slots "
-                     f"when every request is full; a request uses ceil(keys / {self.split_keys}) of them), "
-                     f"partials merged by LSE ({self.workspace_bytes / 2**20:.1f} MiB)"
+                     f"when every request is full; a request uses ceil(keys / {self.split_keys}) of them, one part "
+                     f"writes its output directly), partials merged by LSE ({self.workspace_bytes / 2**20:.1f} MiB)"
                      if self.parts > 1 else "keys whole (enough CTAs without a split)")
             lines.append(f"requests of at most {SMALL_ROWS} rows a kv head (query rows x {g}): decode blocks of "
                          f"native/flash.cu (mma.sync, 16 rows, the four warps splitting each key tile), {split}")

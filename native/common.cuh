@@ -266,19 +266,20 @@ __device__ __forceinline__ MergeTarget<T> merge_target(const attn_lt_flash_args&
     return {static_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh + pos * a.o_ss, a.lse ? a.lse + row : nullptr, a.splits,
             sink_of(a, h)};
 }
-// A batch row: decode-block row rr of kv head hk of request b (query row rr / g of head hk * g + rr % g), written
-// only for requests the decode blocks ran (at most 16 rows a kv head), with ceil(keys / split_keys) parts.
+// A batch row: decode-block row rr of kv head hk of request b (query row rr / g of head hk * g + rr % g), merged
+// only for requests the decode blocks ran (at most 16 rows a kv head) in more than one part of split_keys keys (a
+// request of one part wrote its rows itself).
 template <typename T>
 __device__ __forceinline__ MergeTarget<T> merge_target(const attn_lt_batch_args& a, int64_t row) {
     const int g = static_cast<int>(a.f.Hq / a.f.Hkv);
     const int rr = static_cast<int>(row % kBatchSmallRows);
     const int64_t bk = row / kBatchSmallRows, hk = bk % a.f.Hkv, b = bk / a.f.Hkv;
     const BatchRequest r = batch_request(a, static_cast<int>(b), false);
-    if (r.nq * g > kBatchSmallRows || rr >= r.nq * g) return {nullptr, nullptr, 0, -INFINITY};
+    const int parts = static_cast<int>(batch_parts(r.nk, a.split_keys));
+    if (r.nq * g > kBatchSmallRows || rr >= r.nq * g || parts == 1) return {nullptr, nullptr, 0, -INFINITY};
     const int64_t head = hk * g + rr % g, q = r.q0 + rr / g;
     return {static_cast<T*>(a.f.o) + q * a.f.o_ss + head * a.f.o_sh,
-            a.f.lse ? a.f.lse + head * a.total_q + q : nullptr, static_cast<int>(batch_parts(r.nk, a.split_keys)),
-            sink_of(a.f, head)};
+            a.f.lse ? a.f.lse + head * a.total_q + q : nullptr, parts, sink_of(a.f, head)};
 }
 // The MLA decode of a paged batch (native/flash_sm90.cu, at most one query row a request): rows are (b, query head)
 // of (B, Hq); a request of one part wrote its output itself, one without a row has none (no row to merge).
@@ -385,6 +386,75 @@ __global__ void __launch_bounds__(128) merge_partials(const A args) {
     if (lane == 0 && target.lse != nullptr) *target.lse = merged_lse(mx, wsum);
 }
 
+// A serving batch's decode rows (native/flash.cu's decode blocks, at most kBatchSmallRows rows a kv head) from up to
+// kRowMergeMaxParts parts (merge_partials takes more): a CTA a (request, kv head), a warp a row (rows warp, warp + 4,
+// ... of the request's g * nq), so that the grid is one wave and the rows a request lacks cost nothing (merge_partials'
+// CTA a row spent 19 us on 8192 mostly empty rows of a B64 decode step, H200). A request of one part wrote its rows
+// itself; one without keys gets 0 and LSE -inf (the sink's with one). A warp reads its row's part LSEs a lane each,
+// then loads kBatch parts' partial rows before adding any.
+constexpr int kRowMergeMaxParts = 32;
+template <int D, typename T>
+__global__ void __launch_bounds__(128) merge_batch_rows(const attn_lt_batch_args a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");  // launched early (see merge): wait for the partials
+#endif
+    constexpr int kPer = D / 32, kWarps = 4;
+    constexpr int kBatch = kPer <= 4 ? 8 : 4;
+    const int g = static_cast<int>(a.f.Hq / a.f.Hkv);
+    const int64_t bk = blockIdx.x, hk = bk % a.f.Hkv;
+    const BatchRequest r = batch_request(a, static_cast<int>(bk / a.f.Hkv), false);
+    const int sk = static_cast<int>(a.split_keys), n = (r.nk + sk - 1) / sk, n_rows = r.nq * g;  // (batch_parts)
+    if (n == 1 || n_rows > kBatchSmallRows) return;
+    const int64_t rows = merge_rows(a);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int rr = warp; rr < n_rows; rr += kWarps) {
+        const int64_t row = bk * kBatchSmallRows + rr, head = hk * g + rr % g, q = r.q0 + rr / g;
+        const float sink = sink_of(a.f, head);
+        float mx = sink;
+        for (int i = lane; i < n; i += 32) mx = fmaxf(mx, a.f.lse_part[i * rows + row]);
+#pragma unroll
+        for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        float acc[kPer] = {};
+        float wsum = 0.f;
+        if (mx != -INFINITY) {  // the same for the whole warp
+            for (int base = 0; base < n; base += 32) {
+                const int m = min(32, n - base);  // lane j holds the weight of part base + j
+                const float li = lane < m ? a.f.lse_part[(base + lane) * rows + row] : -INFINITY;
+                const float wl = li == -INFINITY ? 0.f : ex2((li - mx) * kLog2e);
+                wsum += wl;
+                for (int j0 = 0; j0 < m; j0 += kBatch) {
+                    float2 x[kBatch][kPer / 2];
+                    float w[kBatch];
+#pragma unroll
+                    for (int u = 0; u < kBatch; ++u) {
+                        w[u] = __shfl_sync(0xffffffffu, wl, (j0 + u) & 31);
+                        if (j0 + u >= m) w[u] = 0.f;
+                        const float* op = a.f.o_part + ((base + j0 + u) * rows + row) * D + lane * kPer;
+#pragma unroll
+                        for (int c = 0; c < kPer / 2; ++c)
+                            x[u][c] = w[u] != 0.f ? reinterpret_cast<const float2*>(op)[c] : make_float2(0.f, 0.f);
+                    }
+#pragma unroll
+                    for (int u = 0; u < kBatch; ++u)
+#pragma unroll
+                        for (int c = 0; c < kPer / 2; ++c) {
+                            acc[2 * c] = fmaf(w[u], x[u][c].x, acc[2 * c]);
+                            acc[2 * c + 1] = fmaf(w[u], x[u][c].y, acc[2 * c + 1]);
+                        }
+                }
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o /= 2) wsum += __shfl_xor_sync(0xffffffffu, wsum, o);
+        }
+        if (sink != -INFINITY) wsum += ex2((sink - mx) * kLog2e);  // the sink's column (no value)
+        const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+        T* out = static_cast<T*>(a.f.o) + q * a.f.o_ss + head * a.f.o_sh + lane * kPer;
+#pragma unroll
+        for (int c = 0; c < kPer; c += 2) *reinterpret_cast<unsigned*>(out + c) = pack2<T>(acc[c] * inv, acc[c + 1] * inv);
+        if (lane == 0 && a.f.lse != nullptr) a.f.lse[head * a.total_q + q] = merged_lse(mx, wsum);
+    }
+}
+
 // Wide rows from few splits (MLA decode: 512 columns, 2-8 parts over 4096 rows at B 32): merge_partials above
 // gives each split a warp and joins the warps through shared memory, which leaves this case latency-bound (ncu,
 // H100, B32 H128 two parts: 22 µs, a seventh of an 8k-key call, at 23 % of the DRAM rate). Here a CTA of D / 4
@@ -436,10 +506,10 @@ __global__ void __launch_bounds__(D / 4) merge_partials_wide(const A args) {
 
 // The most parts a merged row can have (the wide merge takes up to kWideMergeMaxSplits).
 __host__ __forceinline__ int64_t max_parts(const attn_lt_flash_args& a) { return a.splits; }
+__host__ __forceinline__ int64_t max_parts(const attn_lt_batch_args& a) { return batch_parts(a.f.Sk, a.split_keys); }
 __host__ __forceinline__ int64_t max_parts(const MlaBatch& m) {
     return batch_parts(m.a.f.Sk, m.a.split_keys);
 }
-__host__ __forceinline__ int64_t max_parts(const attn_lt_batch_args&) { return kWideMergeMaxSplits + 1; }
 
 // Join the splits. From sm_90 as a programmatic dependent launch: its launch overlaps the split kernel's last
 // blocks (a decode step is a few tens of microseconds, of which a dependent launch's latency is several).
@@ -460,6 +530,12 @@ cudaError_t merge(const A& args, cudaStream_t stream) {
     cfg.stream = stream;
     cfg.attrs = attr;
     cfg.numAttrs = dev->major >= 9 ? 1 : 0;
+    if constexpr (std::is_same_v<A, attn_lt_batch_args>) {
+        if (max_parts(args) <= kRowMergeMaxParts) {  // a CTA a (request, kv head)
+            cfg.gridDim = dim3(static_cast<unsigned>(a.B * a.Hkv));
+            return cudaLaunchKernelEx(&cfg, merge_batch_rows<D, T>, args);
+        }
+    }
     if constexpr (D >= 512) {  // 16-byte partial rows (o_part 16-byte aligned) and 8-byte output quads
         if (max_parts(args) <= kWideMergeMaxSplits && reinterpret_cast<uintptr_t>(a.o_part) % 16 == 0 &&
             reinterpret_cast<uintptr_t>(a.o) % 8 == 0 && (a.o_sb | a.o_sh | a.o_ss) % 4 == 0) {

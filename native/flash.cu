@@ -134,8 +134,8 @@ __device__ __forceinline__ void paged_fetch(PagedRows<D, F8>& p, const attn_lt_b
 }
 
 // The block ids of this thread's rows of the tile [n0, n0 + valid) from the entries paged_fetch loaded, by shuffle.
-// An id out of range is recorded (a.error and *bad: the softmax then hides the keys of such blocks) and its rows are
-// not read.
+// An id out of range is recorded (a.error, and *bad, this thread's flag, which the block joins at its next barrier:
+// the softmax then hides the keys of such blocks) and its rows are not read.
 template <int D, bool F8>
 __device__ __forceinline__ void paged_ids(PagedRows<D, F8>& p, const attn_lt_batch_args& a, int n0, int valid,
                                           int log2_bs, int* bad) {
@@ -155,11 +155,13 @@ __device__ __forceinline__ void paged_ids(PagedRows<D, F8>& p, const attn_lt_bat
     }
 }
 
-// The element offset of block blk's element row_col (its row times the row stride, plus the column): a paged cache's
-// block stride, and a block's rows, are below 2^31 elements (batch_status), so that each row costs one 32 x 32-bit
-// multiply-add into 64 bits.
-__device__ __forceinline__ int64_t paged_offset(int blk, int64_t sb, int row_col) {
-    return static_cast<int64_t>(blk) * static_cast<int32_t>(sb) + row_col;
+// The address of element row_col (its row in the block times the row stride, plus the column) of block blk (>= 0) of
+// a paged cache at `base`: a paged cache's block stride, and a block's rows, are below 2^31 elements
+// (batch_status), so that a row costs one 32 x 32-bit multiply-add into 64 bits.
+template <typename T>
+__device__ __forceinline__ const T* paged_at(const T* base, int blk, int64_t sb, int row_col) {
+    return base + (static_cast<uint64_t>(static_cast<uint32_t>(blk)) * static_cast<uint32_t>(sb) +
+                   static_cast<uint32_t>(row_col));
 }
 
 // The K and V rows of a key tile starting at key n0 from the block ids paged_ids fetched; rows without a block
@@ -175,8 +177,8 @@ __device__ __forceinline__ void paged_copy(T* dK, T* dV, const T* k, const T* v,
         const int r = r0 + i * P::kRowStep, j = (n0 + r) & mask;
         const bool ok = p.blk[i] >= 0;
         const int blk = ok ? p.blk[i] : 0;  // (nothing is read without ok: block 0 keeps the address in the cache)
-        cp_async16(dK + swz<D>(r, c), k + paged_offset(blk, a.k_sb, j * int(a.k_ss) + c), ok ? 16 : 0);
-        cp_async16(dV + swz<D>(r, c), v + paged_offset(blk, a.v_sb, j * int(a.v_ss) + c), ok ? 16 : 0);
+        cp_async16(dK + swz<D>(r, c), paged_at(k, blk, a.k_sb, j * int(a.k_ss) + c), ok ? 16 : 0);
+        cp_async16(dV + swz<D>(r, c), paged_at(v, blk, a.v_sb, j * int(a.v_ss) + c), ok ? 16 : 0);
     }
 }
 
@@ -201,7 +203,7 @@ __device__ __forceinline__ int swz8_v(int row, int chunk) {
 
 // Rows [0, valid) of an e4m3 key tile (K row r at k + r * k_ss, V likewise) into the ring, rows past valid zeroed.
 // A thread copies chunk c of rows r0, r0 + kRowStep, ...: kRowStep is a multiple of 8, so the rows share their
-// swizzle and each pass is one pointer step.
+// swizzle and each pass is one pointer step (a whole tile: nothing else; a decode block is issue-bound).
 template <int D>
 __device__ __forceinline__ void load_tile8(uint8_t* dK, uint8_t* dV, const uint8_t* k, const uint8_t* v, int64_t k_ss,
                                            int64_t v_ss, int valid) {
@@ -211,11 +213,20 @@ __device__ __forceinline__ void load_tile8(uint8_t* dK, uint8_t* dV, const uint8
     const int sk = swz8_k<D>(r0, c), sv = swz8_v<D>(r0, c);
     const uint8_t* pk = k + r0 * k_ss + c * 16;
     const uint8_t* pv = v + r0 * v_ss + c * 16;
+    const int64_t step_k = P::kRowStep * k_ss, step_v = P::kRowStep * v_ss;
+    if (valid == kBlockN) {
 #pragma unroll
-    for (int i = 0; i < P::kPasses; ++i) {
+        for (int i = 0; i < P::kPasses; ++i, pk += step_k, pv += step_v) {
+            cp_async16(dK + sk + i * P::kRowStep * D, pk);
+            cp_async16(dV + sv + i * P::kRowStep * D, pv);
+        }
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < P::kPasses; ++i, pk += step_k, pv += step_v) {
         const bool ok = r0 + i * P::kRowStep < valid;
-        cp_async16(dK + sk + i * P::kRowStep * D, ok ? pk + i * P::kRowStep * k_ss : k, ok ? 16 : 0);
-        cp_async16(dV + sv + i * P::kRowStep * D, ok ? pv + i * P::kRowStep * v_ss : v, ok ? 16 : 0);
+        cp_async16(dK + sk + i * P::kRowStep * D, ok ? pk : k, ok ? 16 : 0);
+        cp_async16(dV + sv + i * P::kRowStep * D, ok ? pv : v, ok ? 16 : 0);
     }
 }
 
@@ -228,19 +239,16 @@ __device__ __forceinline__ void paged_copy8(uint8_t* dK, uint8_t* dV, const uint
     const int r0 = threadIdx.x / P::kChunks, c = threadIdx.x % P::kChunks;
     const int mask = (1 << log2_bs) - 1;
     const int sk = swz8_k<D>(r0, c), sv = swz8_v<D>(r0, c);  // (load_tile8: one swizzle for the thread's rows)
-    const bool same = a.k_sb == a.v_sb && a.k_ss == a.v_ss;  // (vLLM's caches: one offset serves K and V)
     // blocks of at most kRowStep keys: every pass's row lies at the same place in its block
     const bool fixed_row = mask < P::kRowStep;
-    const int kr0 = ((n0 + r0) & mask) * int(a.k_ss) + c * 16, vr0 = ((n0 + r0) & mask) * int(a.v_ss) + c * 16;
+    const int j0 = (n0 + r0) & mask;
 #pragma unroll
     for (int i = 0; i < P::kPasses; ++i) {
-        const int r = r0 + i * P::kRowStep, j = (n0 + r) & mask;
+        const int j = fixed_row ? j0 : (j0 + i * P::kRowStep) & mask;
         const bool ok = p.blk[i] >= 0;
         const int blk = ok ? p.blk[i] : 0;  // (nothing is read without ok: block 0 keeps the address in the cache)
-        const int64_t ok_ = paged_offset(blk, a.k_sb, fixed_row ? kr0 : j * int(a.k_ss) + c * 16);
-        const int64_t ov = same ? ok_ : paged_offset(blk, a.v_sb, fixed_row ? vr0 : j * int(a.v_ss) + c * 16);
-        cp_async16(dK + sk + i * P::kRowStep * D, k + ok_, ok ? 16 : 0);
-        cp_async16(dV + sv + i * P::kRowStep * D, v + ov, ok ? 16 : 0);
+        cp_async16(dK + sk + i * P::kRowStep * D, paged_at(k, blk, a.k_sb, j * int(a.k_ss) + c * 16), ok ? 16 : 0);
+        cp_async16(dV + sv + i * P::kRowStep * D, paged_at(v, blk, a.v_sb, j * int(a.v_ss) + c * 16), ok ? 16 : 0);
     }
 }
 
@@ -255,9 +263,10 @@ __device__ __forceinline__ void mma_v8(float* oe, float* oo, const unsigned* p, 
 }
 
 // A decode block's 16 rows of Q (rows past m_valid zero) staged as fp16 in the order of the FP8 QK^T's A fragments:
-// word ((kk * 16 + row) * 4 + t) * 2 + h holds the pair of physical columns 16 (4 (kk / 4) + t) + 4 (kk % 4) + 2 h
-// and + 1. Q is divided by 2^e (f16_headroom_exp); returns 2^e, which the caller folds into the softmax scale.
-// Every thread of the block calls it (a block-wide max).
+// word ((kk * 8 + row % 8) * 4 + t) * 4 + 2 h + row / 8 holds the pair of physical columns
+// 16 (4 (kk / 4) + t) + 4 (kk % 4) + 2 h and + 1 of `row`, so that a lane's fragment is one 16-byte load whose four
+// registers are the MMA's A operand as they land. Q is divided by 2^e (f16_headroom_exp); returns 2^e, which the
+// caller folds into the softmax scale. Every thread of the block calls it (a block-wide max).
 template <int D, typename T>
 __device__ __forceinline__ float stage_q_f16(uint32_t* sQw, const T* qb, int m0, int m_valid, int g, int64_t q_sh,
                                              int64_t q_ss, float* red) {
@@ -290,7 +299,8 @@ __device__ __forceinline__ float stage_q_f16(uint32_t* sQw, const T* qb, int m0,
 #pragma unroll
         for (int j = 0; j < 8; j += 2) {
             const int d = c + j, ch = d / 16, kk = 4 * (ch / 4) + (d % 16) / 4;
-            sQw[((kk * 16 + r) * 4 + ch % 4) * 2 + (d % 4) / 2] = pack2<__half>(x[u][j] * mul, x[u][j + 1] * mul);
+            sQw[((kk * 8 + r % 8) * 4 + ch % 4) * 4 + (d % 4) / 2 * 2 + r / 8] =
+                pack2<__half>(x[u][j] * mul, x[u][j + 1] * mul);
         }
     }
     return __int_as_float((127 + e) << 23);
@@ -298,9 +308,8 @@ __device__ __forceinline__ float stage_q_f16(uint32_t* sQw, const T* qb, int m0,
 
 // The FP8 QK^T's A fragment of k step kk (rows lane / 4 and + 8) from the staged Q (stage_q_f16).
 __device__ __forceinline__ void q_frag_f16(unsigned* qf, const uint32_t* sQw, int kk, int lane) {
-    const uint2 lo = *reinterpret_cast<const uint2*>(sQw + ((kk * 16 + lane / 4) * 4 + lane % 4) * 2);
-    const uint2 hi = *reinterpret_cast<const uint2*>(sQw + ((kk * 16 + lane / 4 + 8) * 4 + lane % 4) * 2);
-    qf[0] = lo.x, qf[1] = hi.x, qf[2] = lo.y, qf[3] = hi.y;
+    const uint4 f = *reinterpret_cast<const uint4*>(sQw + ((kk * 8 + lane / 4) * 4 + lane % 4) * 4);
+    qf[0] = f.x, qf[1] = f.y, qf[2] = f.z, qf[3] = f.w;
 }
 
 // One element of the user mask in the exp2 domain: 0 or -inf for a bool mask (true = attend), else the additive
@@ -480,15 +489,12 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
     // (a fixed part before the window's first tile runs no tile: its partial is empty, which the merge weighs 0)
     const int t_end = min(n_tiles, start + per_split);
     const int t_begin = min(t_end, max(start, t_lo));
-    // Paged caches: log2 of the block size; a block id out of range seen by any thread (the softmax then hides the
-    // keys of such blocks).
-    int log2_bs = 0;
-    __shared__ int s_bad;
+    // Paged caches: log2 of the block size; a block id out of range seen by this thread, and by any thread as of the
+    // last barrier (joined there: the softmax then hides the keys of such blocks).
+    int log2_bs = 0, bad_seen = 0, bad_any = 0;
     PagedRows<D, F8> pages;  // (paged caches) the table entries of the next tile to issue, then its rows' block ids
     if constexpr (BT) {
         if (args.block_table != nullptr) log2_bs = __ffsll(args.block_size) - 1;
-        if (threadIdx.x == 0) s_bad = 0;
-        __syncthreads();
         if (log2_bs > 0 && t_begin < t_end)
             paged_fetch(pages, args, static_cast<int>(b), t_begin * kBlockN, min(kBlockN, Sk - t_begin * kBlockN),
                         log2_bs);
@@ -554,7 +560,7 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
                 uint8_t* dV = sV8 + slot * kBlockN * D;
                 if (log2_bs > 0) {
                     if constexpr (BT) {
-                        paged_ids(pages, args, n0, valid, log2_bs, &s_bad);
+                        paged_ids(pages, args, n0, valid, log2_bs, &bad_seen);
                         paged_copy8<D>(dK, dV, k, v, pages, a, n0, log2_bs);
                         const int n1 = n0 + kBlockN;
                         if (tile + 1 < t_end) paged_fetch(pages, args, static_cast<int>(b), n1, min(kBlockN, Sk - n1), log2_bs);
@@ -564,7 +570,7 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
                 }
             } else if (log2_bs > 0) {  // (paged: BT only)
                 if constexpr (BT) {
-                    paged_ids(pages, args, n0, valid, log2_bs, &s_bad);
+                    paged_ids(pages, args, n0, valid, log2_bs, &bad_seen);
                     paged_copy<D>(sK + slot * kBlockN * D, sV + slot * kBlockN * D, k, v, pages, a, n0, log2_bs);
                     const int n1 = n0 + kBlockN;
                     if (tile + 1 < t_end) paged_fetch(pages, args, static_cast<int>(b), n1, min(kBlockN, Sk - n1), log2_bs);
@@ -619,7 +625,9 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
     for (int it = t_begin; it < t_end; ++it) {
         const int buf = (it - t_begin) % kStages;
         cp_async_wait<kStages - 2>();
-        __syncthreads();  // tile it (and Q) is in; every warp is done with tile it - 1's buffer
+        // tile it (and Q) is in; every warp is done with tile it - 1's buffer; tile it's block ids were checked
+        if constexpr (BT) bad_any = __syncthreads_or(bad_seen);
+        else __syncthreads();
         load_stage((buf + kStages - 1) % kStages, it + kStages - 1);  // into the slot tile it - 1 used
         if constexpr (kQRegs) {
             if (it == t_begin) {
@@ -717,7 +725,7 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
         }
         // Scale to the exp2 domain (softcapped), add the user mask, mask the key tail and the window's edges (causal:
         // the triangle), online softmax.
-        const bool bad_blocks = BT && log2_bs > 0 && s_bad;  // (paged: some block id out of range)
+        const bool bad_blocks = bad_any;  // (paged: some block id out of range)
         const bool need_mask = n0 + kBlockN > Sk || (win.right >= 0 && n0 + kBlockN - 1 > p_first + shift + win.right) ||
                                (win.left >= 0 && n0 < p_last + shift - win.left) || bad_blocks;
         // (the common tile, nothing to mask, cap or store: one multiply a score)
@@ -759,18 +767,21 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
                 mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
                 mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
             }
-            // An all-masked row keeps reference 0, so nothing becomes NaN.
-            float ref[2], c[2];
+            // The reference m of a row (P = exp2(s - m)) moves to its new max only when a row of the warp passes
+            // its reference by more than kLazyMax (P stays below 2^kLazyMax, which fp16/bf16 P and the FP32 sums
+            // hold), so that O is rescaled about once a block, not on most of its first tiles. D 256 moves every
+            // time (its registers are full). An all-masked row keeps reference 0, so nothing becomes NaN.
+            constexpr float kLazyMax = 8.f;
+            float ref[2];
+            if (D == 256 || __any_sync(0xffffffffu, mx[0] > m[t][0] + kLazyMax || mx[1] > m[t][1] + kLazyMax)) {
+                float c[2];
 #pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                ref[r] = mx[r] == -INFINITY ? 0.f : mx[r];
-                c[r] = ex2((m[t][r] == -INFINITY ? ref[r] : m[t][r]) - ref[r]);
-                m[t][r] = mx[r];
-                l[t][r] *= c[r];
-            }
-            // O rescaled only when a row max of the warp moved (c = 1 otherwise; rare after the first tiles; D 256
-            // always: its registers are full)
-            if (D == 256 || __any_sync(0xffffffffu, c[0] != 1.f || c[1] != 1.f)) {
+                for (int r = 0; r < 2; ++r) {
+                    ref[r] = mx[r] == -INFINITY ? 0.f : mx[r];
+                    c[r] = ex2((m[t][r] == -INFINITY ? ref[r] : m[t][r]) - ref[r]);
+                    m[t][r] = mx[r];
+                    l[t][r] *= c[r];
+                }
 #pragma unroll
                 for (int d = 0; d < D / 8; ++d) {
                     o[t][d][0] *= c[0];
@@ -778,6 +789,9 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
                     o[t][d][2] *= c[1];
                     o[t][d][3] *= c[1];
                 }
+            } else {
+#pragma unroll
+                for (int r = 0; r < 2; ++r) ref[r] = m[t][r] == -INFINITY ? 0.f : m[t][r];
             }
             // P = exp2(S - m), straight into A fragments (two n8 tiles = one k16 step of P V).
 #pragma unroll
@@ -820,7 +834,8 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
             }
         }
     }
-    const bool split = gridDim.z > 1;
+    // (a serving batch's request of one part writes its rows itself; the merge skips it)
+    const bool split = fixed_parts ? Sk > split_tiles(args) * kBlockN : gridDim.z > 1;
     const int64_t rows_out = merge_rows(args);
     if constexpr (W) {
         // Join the four warps' online softmaxes of the same 16 rows: every warp puts its row max, row sum and
@@ -1427,7 +1442,7 @@ int batch_status(const attn_lt_batch_args& a) {
                   a.num_blocks <= 0 || a.num_blocks >= (1LL << 31) || a.max_blocks <= 0 ||
                   a.bt_stride < a.max_blocks || f.B * a.bt_stride >= (1LL << 31)))
         return ATTN_LT_ERR_BATCH;
-    // paged_offset: a block's stride and its rows below 2^31 elements
+    // paged_at: a block's stride and its rows below 2^31 elements
     if (paged && (f.k_sb >= (1LL << 31) || f.v_sb >= (1LL << 31) || a.block_size * (f.k_ss + f.v_ss) >= (1LL << 31)))
         return ATTN_LT_ERR_STRIDES;
     return 0;

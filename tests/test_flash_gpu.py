@@ -57,6 +57,17 @@ def test_gqa_folding_and_causal(Hkv, Sq, Sk, causal):
     check_flash(*rand_qkv(2, 8, Hkv, Sq, Sk, 128, "bf16"), causal=causal, splits=2)
 
 
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("Sq,Hkv,Sk,splits", [(1, 8, 4097, 1), (1, 8, 9000, 3), (16, 8, 3000, 2), (200, 8, 1500, 1)])
+def test_scores_growing_along_the_keys(Sq, Hkv, Sk, D, splits):
+    """Keys whose scale grows along the sequence (scores up to ~40 in the exp2 domain), so that rows pass their
+    softmax reference many times, by small steps and by large ones, on tiles after the first."""
+    q, k, v = rand_qkv(2, 32, Hkv, Sq, Sk, D, "bf16")
+    ramp = torch.linspace(0.2, 4.0, Sk, device=k.device) ** 2
+    k = (k.float() * ramp[:, None]).to(k.dtype)
+    check_flash(q, k, v, causal=Sq > 1, splits=splits)
+
+
 def test_views():
     check_flash(*rand_qkv(2, 8, 2, 7, 5000, 64, "fp16", layout="bshd"), causal=True, splits=5)
 

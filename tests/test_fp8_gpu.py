@@ -44,6 +44,24 @@ def test_fp8_dense_decode(dtype, D, Sq, causal):
     assert (lse.double() - ref_lse).abs().max().item() < 1e-3 * (1 + ref_lse.abs().max().item())
 
 
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_fp8_decode_scores_growing_along_the_keys(D):
+    """An FP8 cache whose keys grow along the sequence (e4m3 values times a per-key ramp folded into the cache), so
+    that rows pass their softmax reference many times on tiles after the first."""
+    B, Hq, Hkv, Sk, dtype = 2, 16, 4, 6000, torch.bfloat16
+    ramp = torch.linspace(0.2, 4.0, Sk, device="cuda") ** 2
+    k8, kd = fp8_kv(torch.randn(B, Sk, Hkv, D, dtype=dtype, device="cuda") * ramp[:, None, None])
+    v8, vd = fp8_kv(torch.randn(B, Sk, Hkv, D, dtype=dtype, device="cuda"))
+    kf, vf = fp8_values(k8, kd).transpose(1, 2), fp8_values(v8, vd).transpose(1, 2)
+    q = torch.randn(B, Hq, 1, D, dtype=dtype, device="cuda")
+    out = torch.full((B, Hq, 1, D), math.nan, dtype=dtype, device="cuda")
+    out, lse = attn_lt.attention(q, k8.transpose(1, 2), v8.transpose(1, 2), k_descale=kd, v_descale=vd, out=out,
+                                 return_lse=True)
+    ref, ref_lse = reference(q, kf, vf, dtype=torch.float64)
+    check(out, q, kf, vf, ref)
+    assert (lse.double() - ref_lse).abs().max().item() < 1e-3 * (1 + ref_lse.abs().max().item())
+
+
 def test_fp8_dense_mask_variants_and_layout():
     """A key-padding mask, gpt-oss's window and sinks, softcap, the (B, Sq, Hq, D) output, a one-value factor."""
     dtype, B, Hq, Hkv, Sk, D = torch.bfloat16, 3, 32, 8, 3000, 64
