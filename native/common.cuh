@@ -302,10 +302,48 @@ __device__ __forceinline__ float merged_lse(float mx, float wsum) {
     return wsum > 0.f ? mx + logf(wsum) : -INFINITY;
 }
 
+// A lane's share of the LSE merge of `count` parts of row `row`, part j being part_of(j) of the partials (its LSE at
+// lse_part[part * rows + row], its row at o_part[(part * rows + row) * D]): acc (the lane's D / 32 columns) and wsum
+// (the weights its lanes read) gain each part's weight exp(lse - mx) times its row. The weights are read a part a
+// lane; kBatch parts' rows are loaded before any is added, so that their latencies overlap.
+template <int D, typename PartOf>
+__device__ __forceinline__ void add_parts(float (&acc)[D / 32], float& wsum, const attn_lt_flash_args& a, int64_t rows,
+                                          int64_t row, int count, float mx, PartOf part_of) {
+    constexpr int kPer = D / 32;
+    constexpr int kBatch = kPer <= 4 ? 8 : kPer <= 8 ? 4 : 2;  // about 16 float2 loads a lane in flight
+    const int lane = threadIdx.x % 32;
+    for (int base = 0; base < count; base += 32) {
+        const int m = min(32, count - base);  // lane j holds the weight of part base + j
+        const float li = lane < m ? a.lse_part[part_of(base + lane) * rows + row] : -INFINITY;
+        const float wl = li == -INFINITY ? 0.f : ex2((li - mx) * kLog2e);
+        wsum += wl;
+        for (int j0 = 0; j0 < m; j0 += kBatch) {
+            float2 x[kBatch][kPer / 2];
+            float w[kBatch];
+#pragma unroll
+            for (int u = 0; u < kBatch; ++u) {
+                w[u] = __shfl_sync(0xffffffffu, wl, (j0 + u) & 31);
+                if (j0 + u >= m) w[u] = 0.f;
+                const float* op = a.o_part + (part_of(base + j0 + u) * rows + row) * D + lane * kPer;
+#pragma unroll
+                for (int c = 0; c < kPer / 2; ++c)
+                    x[u][c] = w[u] != 0.f ? reinterpret_cast<const float2*>(op)[c] : make_float2(0.f, 0.f);
+            }
+#pragma unroll
+            for (int u = 0; u < kBatch; ++u)
+#pragma unroll
+                for (int c = 0; c < kPer / 2; ++c) {
+                    acc[2 * c] = fmaf(w[u], x[u][c].x, acc[2 * c]);
+                    acc[2 * c + 1] = fmaf(w[u], x[u][c].y, acc[2 * c + 1]);
+                }
+        }
+    }
+}
+
 // Join a row's partials by their LSE: one CTA a row, its four warps taking every fourth split, D / 32 columns a
 // lane. A partial with LSE -inf (no visible key in its range) weighs nothing; a row with no visible key at all gives
 // 0 and LSE -inf. Latency, not bytes, bounds it (a decode step at batch 1 has a few dozen rows and up to 128
-// splits): the LSEs are read one split a thread and reduced across the CTA, and each warp loads kBatch of its
+// splits): the LSEs are read one split a thread and reduced across the CTA, and each warp loads several of its
 // splits' partial rows before adding any, so that a row's loads are in flight together, not one after another.
 template <int D, typename T, typename A>
 __global__ void __launch_bounds__(128) merge_partials(const A args) {
@@ -313,7 +351,6 @@ __global__ void __launch_bounds__(128) merge_partials(const A args) {
     asm volatile("griddepcontrol.wait;\n" ::: "memory");  // launched early (see merge): wait for the partials
 #endif
     constexpr int kPer = D / 32, kWarps = 4;
-    constexpr int kBatch = kPer <= 4 ? 8 : kPer <= 8 ? 4 : 2;  // about 16 float2 loads a lane in flight
     __shared__ float s_part[kWarps];
     __shared__ float s_acc[kWarps - 1][D];
     const attn_lt_flash_args& a = flash_of(args);
@@ -335,33 +372,7 @@ __global__ void __launch_bounds__(128) merge_partials(const A args) {
     float wsum = 0.f;
     if (mx != -INFINITY) {  // the same for the whole CTA
         const int mine = warp < n ? (n - warp + kWarps - 1) / kWarps : 0;  // splits warp, warp + 4, ...
-        for (int base = 0; base < mine; base += 32) {
-            const int m = min(32, mine - base);  // lane j holds the weight of split warp + 4 * (base + j)
-            const float li = lane < m ? a.lse_part[(warp + kWarps * (base + lane)) * rows + row] : -INFINITY;
-            const float wl = li == -INFINITY ? 0.f : ex2((li - mx) * kLog2e);
-            wsum += wl;
-            for (int j0 = 0; j0 < m; j0 += kBatch) {
-                float2 x[kBatch][kPer / 2];
-                float w[kBatch];
-#pragma unroll
-                for (int u = 0; u < kBatch; ++u) {
-                    w[u] = __shfl_sync(0xffffffffu, wl, (j0 + u) & 31);
-                    if (j0 + u >= m) w[u] = 0.f;
-                    const int64_t split = warp + kWarps * (base + j0 + u);
-                    const float* op = a.o_part + (split * rows + row) * D + lane * kPer;
-#pragma unroll
-                    for (int c = 0; c < kPer / 2; ++c)
-                        x[u][c] = w[u] != 0.f ? reinterpret_cast<const float2*>(op)[c] : make_float2(0.f, 0.f);
-                }
-#pragma unroll
-                for (int u = 0; u < kBatch; ++u)
-#pragma unroll
-                    for (int c = 0; c < kPer / 2; ++c) {
-                        acc[2 * c] = fmaf(w[u], x[u][c].x, acc[2 * c]);
-                        acc[2 * c + 1] = fmaf(w[u], x[u][c].y, acc[2 * c + 1]);
-                    }
-            }
-        }
+        add_parts<D>(acc, wsum, a, rows, row, mine, mx, [&](int j) { return int64_t(warp + kWarps * j); });
 #pragma unroll
         for (int o = 16; o > 0; o /= 2) wsum += __shfl_xor_sync(0xffffffffu, wsum, o);
     }
@@ -388,10 +399,9 @@ __global__ void __launch_bounds__(128) merge_partials(const A args) {
 
 // A serving batch's decode rows (native/flash.cu's decode blocks, at most kBatchSmallRows rows a kv head) from up to
 // kRowMergeMaxParts parts (merge_partials takes more): a CTA a (request, kv head), a warp a row (rows warp, warp + 4,
-// ... of the request's g * nq), so that the grid is one wave and the rows a request lacks cost nothing (merge_partials'
-// CTA a row spent 19 us on 8192 mostly empty rows of a B64 decode step, H200). A request of one part wrote its rows
-// itself; one without keys gets 0 and LSE -inf (the sink's with one). A warp reads its row's part LSEs a lane each,
-// then loads kBatch parts' partial rows before adding any.
+// ... of the request's g * nq), so that the grid is one wave and the rows a request lacks cost nothing (a CTA a row
+// would run 16 a kv head, most of them empty, in several waves of latency-bound CTAs). A request of one part wrote
+// its rows itself; one without keys gets 0 and LSE -inf (the sink's with one).
 constexpr int kRowMergeMaxParts = 32;
 template <int D, typename T>
 __global__ void __launch_bounds__(128) merge_batch_rows(const attn_lt_batch_args a) {
@@ -399,7 +409,6 @@ __global__ void __launch_bounds__(128) merge_batch_rows(const attn_lt_batch_args
     asm volatile("griddepcontrol.wait;\n" ::: "memory");  // launched early (see merge): wait for the partials
 #endif
     constexpr int kPer = D / 32, kWarps = 4;
-    constexpr int kBatch = kPer <= 4 ? 8 : 4;
     const int g = static_cast<int>(a.f.Hq / a.f.Hkv);
     const int64_t bk = blockIdx.x, hk = bk % a.f.Hkv;
     const BatchRequest r = batch_request(a, static_cast<int>(bk / a.f.Hkv), false);
@@ -417,32 +426,7 @@ __global__ void __launch_bounds__(128) merge_batch_rows(const attn_lt_batch_args
         float acc[kPer] = {};
         float wsum = 0.f;
         if (mx != -INFINITY) {  // the same for the whole warp
-            for (int base = 0; base < n; base += 32) {
-                const int m = min(32, n - base);  // lane j holds the weight of part base + j
-                const float li = lane < m ? a.f.lse_part[(base + lane) * rows + row] : -INFINITY;
-                const float wl = li == -INFINITY ? 0.f : ex2((li - mx) * kLog2e);
-                wsum += wl;
-                for (int j0 = 0; j0 < m; j0 += kBatch) {
-                    float2 x[kBatch][kPer / 2];
-                    float w[kBatch];
-#pragma unroll
-                    for (int u = 0; u < kBatch; ++u) {
-                        w[u] = __shfl_sync(0xffffffffu, wl, (j0 + u) & 31);
-                        if (j0 + u >= m) w[u] = 0.f;
-                        const float* op = a.f.o_part + ((base + j0 + u) * rows + row) * D + lane * kPer;
-#pragma unroll
-                        for (int c = 0; c < kPer / 2; ++c)
-                            x[u][c] = w[u] != 0.f ? reinterpret_cast<const float2*>(op)[c] : make_float2(0.f, 0.f);
-                    }
-#pragma unroll
-                    for (int u = 0; u < kBatch; ++u)
-#pragma unroll
-                        for (int c = 0; c < kPer / 2; ++c) {
-                            acc[2 * c] = fmaf(w[u], x[u][c].x, acc[2 * c]);
-                            acc[2 * c + 1] = fmaf(w[u], x[u][c].y, acc[2 * c + 1]);
-                        }
-                }
-            }
+            add_parts<D>(acc, wsum, a.f, rows, row, n, mx, [](int j) { return int64_t(j); });
 #pragma unroll
             for (int o = 16; o > 0; o /= 2) wsum += __shfl_xor_sync(0xffffffffu, wsum, o);
         }
