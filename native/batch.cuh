@@ -40,9 +40,11 @@ __device__ __forceinline__ BatchRequest batch_request(const attn_lt_batch_args& 
 }
 
 // The parts a request of `keys` keys runs in when the keys are cut in parts of split_keys (0: one part): ceil(keys /
-// split_keys), none without keys; with keys = f.Sk, the capacity's parts that size the grid and the partials.
-__host__ __device__ __forceinline__ int64_t batch_parts(int64_t keys, int64_t split_keys) {
-    return split_keys > 0 ? (keys + split_keys - 1) / split_keys : (keys > 0 ? 1 : 0);
+// split_keys), none without keys; with keys = f.Sk, the capacity's parts that size the grid and the partials. In
+// the kernels' 32-bit arithmetic (keys below 2^30, split_keys below 2^31) as in the host's 64-bit.
+template <typename I>
+__host__ __device__ __forceinline__ I batch_parts(I keys, I split_keys) {
+    return keys <= 0 ? 0 : split_keys > 0 ? (keys - 1) / split_keys + 1 : 1;
 }
 
 // Whether a block id read from the table names a block of the cache: [0, num_blocks).

@@ -275,7 +275,7 @@ __device__ __forceinline__ MergeTarget<T> merge_target(const attn_lt_batch_args&
     const int rr = static_cast<int>(row % kBatchSmallRows);
     const int64_t bk = row / kBatchSmallRows, hk = bk % a.f.Hkv, b = bk / a.f.Hkv;
     const BatchRequest r = batch_request(a, static_cast<int>(b), false);
-    const int parts = static_cast<int>(batch_parts(r.nk, a.split_keys));
+    const int parts = batch_parts(r.nk, a.split_keys);
     if (r.nq * g > kBatchSmallRows || rr >= r.nq * g || parts == 1) return {nullptr, nullptr, 0, -INFINITY};
     const int64_t head = hk * g + rr % g, q = r.q0 + rr / g;
     return {static_cast<T*>(a.f.o) + q * a.f.o_ss + head * a.f.o_sh,
@@ -293,7 +293,7 @@ __device__ __forceinline__ MergeTarget<T> merge_target(const MlaBatch& m, int64_
     const attn_lt_batch_args& a = m.a;
     const int64_t h = row % a.f.Hq, b = row / a.f.Hq;
     const BatchRequest r = batch_request(a, static_cast<int>(b), false);
-    const int parts = static_cast<int>(batch_parts(r.nk, a.split_keys));
+    const int parts = batch_parts(r.nk, a.split_keys);
     if (parts <= 1 || r.nq == 0) return {nullptr, nullptr, 0, -INFINITY};
     return {static_cast<T*>(a.f.o) + r.q0 * a.f.o_ss + h * a.f.o_sh, a.f.lse ? a.f.lse + h * a.total_q + r.q0 : nullptr,
             parts, -INFINITY};
@@ -412,7 +412,7 @@ __global__ void __launch_bounds__(128) merge_batch_rows(const attn_lt_batch_args
     const int g = static_cast<int>(a.f.Hq / a.f.Hkv);
     const int64_t bk = blockIdx.x, hk = bk % a.f.Hkv;
     const BatchRequest r = batch_request(a, static_cast<int>(bk / a.f.Hkv), false);
-    const int sk = static_cast<int>(a.split_keys), n = (r.nk + sk - 1) / sk, n_rows = r.nq * g;  // (batch_parts)
+    const int n = batch_parts(r.nk, a.split_keys), n_rows = r.nq * g;
     if (n == 1 || n_rows > kBatchSmallRows) return;
     const int64_t rows = merge_rows(a);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -490,9 +490,11 @@ __global__ void __launch_bounds__(D / 4) merge_partials_wide(const A args) {
 
 // The most parts a merged row can have (the wide merge takes up to kWideMergeMaxSplits).
 __host__ __forceinline__ int64_t max_parts(const attn_lt_flash_args& a) { return a.splits; }
-__host__ __forceinline__ int64_t max_parts(const attn_lt_batch_args& a) { return batch_parts(a.f.Sk, a.split_keys); }
+__host__ __forceinline__ int64_t max_parts(const attn_lt_batch_args& a) {
+    return batch_parts<int64_t>(a.f.Sk, a.split_keys);
+}
 __host__ __forceinline__ int64_t max_parts(const MlaBatch& m) {
-    return batch_parts(m.a.f.Sk, m.a.split_keys);
+    return batch_parts<int64_t>(m.a.f.Sk, m.a.split_keys);
 }
 
 // Join the splits. From sm_90 as a programmatic dependent launch: its launch overlaps the split kernel's last

@@ -481,11 +481,15 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
     // Serving batches split by a fixed part size (the part count follows the request's keys, the grid the capacity).
     const bool fixed_parts = BT && gridDim.z > 1;
     const int per_split = fixed_parts ? split_tiles(args) : (n_tiles - t_lo + gridDim.z - 1) / gridDim.z;
-    // A serving batch's parts run last part first: the parts only long requests have are scheduled before the
-    // parts every request has, so that the grid ends on many CTAs of similar length, not on a long request's tail.
+    // The parts of this block's keys (a serving batch's request: batch_parts, as the merge counts them). A serving
+    // batch's parts run last part first: the parts only long requests have are scheduled before the parts every
+    // request has, so that the grid ends on many CTAs of similar length, not on a long request's tail (H200: 1-3 %
+    // faster on ragged batches than counting each request's parts from its last, which ends on the short last parts).
+    const int n_parts = fixed_parts ? batch_parts(Sk, per_split * kBlockN) : static_cast<int>(gridDim.z);
     const int part = fixed_parts ? static_cast<int>(gridDim.z - 1 - blockIdx.z) : static_cast<int>(blockIdx.z);
     const int start = fixed_parts ? part * per_split : min(n_tiles, t_lo + part * per_split);
-    if (fixed_parts && start >= n_tiles) return;  // a part past the request's keys (the merge reads none)
+    if (fixed_parts && part >= n_parts) return;  // a part past the request's keys (the merge reads none)
+    const bool split = n_parts > 1;  // (a serving batch's request of one part writes its rows itself)
     // (a fixed part before the window's first tile runs no tile: its partial is empty, which the merge weighs 0)
     const int t_end = min(n_tiles, start + per_split);
     const int t_begin = min(t_end, max(start, t_lo));
@@ -834,8 +838,6 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
             }
         }
     }
-    // (a serving batch's request of one part writes its rows itself; the merge skips it)
-    const bool split = fixed_parts ? Sk > split_tiles(args) * kBlockN : gridDim.z > 1;
     const int64_t rows_out = merge_rows(args);
     if constexpr (W) {
         // Join the four warps' online softmaxes of the same 16 rows: every warp puts its row max, row sum and
@@ -1028,7 +1030,7 @@ int launch_batch(const attn_lt_batch_args& a, cudaStream_t stream) {
         }
     }
     if (g > kBatchSmallRows) return 0;
-    const int64_t parts = batch_parts(a.f.Sk, a.split_keys);
+    const int64_t parts = batch_parts<int64_t>(a.f.Sk, a.split_keys);
     const dim3 grid(1, bk, unsigned(parts));
     cudaError_t err = a.f.kv_dtype == ATTN_LT_E4M3 ? launch_kernel<D, T, 1, true, false, true, true>(a, grid, stream)
                                                    : launch_kernel<D, T, 1, true, false, true>(a, grid, stream);
@@ -1461,7 +1463,7 @@ extern "C" int attn_lt_batch_fwd(const attn_lt_batch_args* a, void* stream) {
     if (!aligned16(f.v) || !aligned16(f.o)) return ATTN_LT_ERR_ALIGNMENT;
     if ((f.v_ss | f.v_sh | f.v_sb) % 8 != 0 || (f.o_ss | f.o_sh) % 2 != 0) return ATTN_LT_ERR_STRIDES;
     if (a->split_keys < 0 || a->split_keys % kBlockN) return ATTN_LT_ERR_BATCH;
-    const int64_t parts = batch_parts(f.Sk, a->split_keys);
+    const int64_t parts = batch_parts<int64_t>(f.Sk, a->split_keys);
     if (parts > 65535) return ATTN_LT_ERR_BATCH;
     if (parts > 1 && (f.o_part == nullptr || f.lse_part == nullptr)) return ATTN_LT_ERR_ARGS;
     if (parts > 1) {  // the partials inside the workspace: outputs, then their LSEs

@@ -1203,7 +1203,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int all_tiles = (Sk + kMlaKeys - 1) / kMlaKeys;
     // the request's parts (paged: batch_parts, tiles_per_part tiles each; 0 without keys); one part writes the output
     int req_parts = p.parts;
-    if constexpr (kPaged) req_parts = static_cast<int>(batch_parts(Sk, p.batch.split_keys));
+    if constexpr (kPaged) req_parts = batch_parts(Sk, p.batch.split_keys);
     const bool direct = kPaged ? req_parts <= 1 : p.parts == 1;
     if (kPaged && (part >= max(req_parts, 1) || rows == 0)) return;  // the whole CTA, before any barrier
     const int t0 = part * p.tiles_per_part;
@@ -1796,8 +1796,15 @@ cudaError_t persistent_grid(Params& p, const attn_lt_flash_args& a, dim3& grid) 
 }
 
 // A prefill kernel's map of o (B, Hq, Sq, DV; 16-bit, dt) for its TMA stores, a box a 64-column slab of a
-// warpgroup's 64 rows (read only where tma_stores_o).
-bool make_o_map(CUtensorMap* map, CUtensorMapDataType dt, const attn_lt_flash_args& a, int64_t DV) {
+// warpgroup's 64 rows, where the kernel reads it (kRead: tma_stores_o); else `other` in its place (o's strides then
+// need not suit TMA).
+template <bool kRead>
+bool make_o_map(CUtensorMap* map, CUtensorMapDataType dt, const attn_lt_flash_args& a, int64_t DV,
+                const CUtensorMap& other) {
+    if constexpr (!kRead) {
+        *map = other;
+        return true;
+    }
     return make_map(map, dt, a.o, a.B, a.Hq, a.Sq, DV, a.o_sb, a.o_sh, a.o_ss, 64, 2, 1);
 }
 
@@ -1813,7 +1820,7 @@ cudaError_t launch(const attn_lt_flash_args& a, cudaStream_t stream) {
     if (!make_map(&mq, dt, a.q, a.B, a.Hq, a.Sq, D, a.q_sb, a.q_sh, a.q_ss, kBlockM) ||
         !make_map(&mk, dt, a.k, a.B, a.Hkv, a.Sk, D, a.k_sb, a.k_sh, a.k_ss, L::kBlockN) ||
         !make_map(&mv, dt, a.v, a.B, a.Hkv, a.Sk, DV, a.v_sb, a.v_sh, a.v_ss, L::kBlockN) ||
-        !make_o_map(&mo, dt, a, DV))
+        !make_o_map<tma_stores_o<D, DV, T, MK, false, kWide>()>(&mo, dt, a, DV, mq))
         return static_cast<cudaError_t>(ATTN_LT_ERR_TENSOR_MAP);
     if constexpr (MK != kNoMask) {
         p.m_rows = a.Sq == 1 || a.m_sq == 0 ? 1 : kBlockM;
@@ -2046,7 +2053,8 @@ cudaError_t launch_fp8(const attn_lt_flash_args& a, cudaStream_t stream) {
     alignas(64) CUtensorMap mq, mk, mv, mo;
     if (!make_map(&mq, dt, a.q, a.B, a.Hq, a.Sq, D, a.q_sb, a.q_sh, a.q_ss, kBlockM, 1) ||
         !make_map(&mk, dt, a.k, a.B, a.Hkv, a.Sk, D, a.k_sb, a.k_sh, a.k_ss, L::kBlockN, 1) ||
-        !make_vt_map(&mv, vt, a.B, a.Hkv, D, skp) || !make_o_map(&mo, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a, D))
+        !make_vt_map(&mv, vt, a.B, a.Hkv, D, skp) ||
+        !make_o_map<tma_stores_o<D, D, T, kNoMask, false, false>()>(&mo, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a, D, mq))
         return static_cast<cudaError_t>(ATTN_LT_ERR_TENSOR_MAP);
     const auto kernel = flash_sm90_fwd<D, D, T, true, kNoMask>;
     err = opt_in_smem(reinterpret_cast<const void*>(kernel), L::kSmem);
@@ -2164,7 +2172,7 @@ cudaError_t launch_mla_batch(const attn_lt_batch_args& ba, cudaStream_t stream) 
     p.lse_part = a.lse_part;
     const int64_t tiles = (a.Sk + kMlaKeys - 1) / kMlaKeys;
     p.tiles_per_part = static_cast<int>(ba.split_keys > 0 ? ba.split_keys / kMlaKeys : tiles);
-    p.parts = static_cast<int>(batch_parts(a.Sk, ba.split_keys));
+    p.parts = static_cast<int>(batch_parts<int64_t>(a.Sk, ba.split_keys));
     p.row_blocks = (p.group + kMlaRows - 1) / kMlaRows;
     p.batch = ba;
     const dim3 grid(static_cast<unsigned>(p.row_blocks * p.parts), static_cast<unsigned>(a.Hkv),
@@ -2332,7 +2340,7 @@ extern "C" int attn_lt_flash_sm90_batch(const attn_lt_batch_args* args, void* st
         if (a.v != a.k || a.v_sb != a.k_sb || a.v_sh != a.k_sh || a.v_ss != a.k_ss) return ATTN_LT_ERR_LATENT;
         if (!paged || args->block_size < kMlaKeys || a.Sq != 1 || args->split_keys < 0 || args->split_keys % kMlaKeys)
             return ATTN_LT_ERR_BATCH;
-        const int64_t parts = batch_parts(a.Sk, args->split_keys);
+        const int64_t parts = batch_parts<int64_t>(a.Sk, args->split_keys);
         const int64_t row_blocks = (a.Hq / a.Hkv + kMlaRows - 1) / kMlaRows;
         if (row_blocks * parts > 65535) return ATTN_LT_ERR_BATCH;
         if (parts > 1) {  // the partials inside the workspace: outputs [parts][B * Hq][512], then their LSEs

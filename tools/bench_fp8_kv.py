@@ -3,8 +3,8 @@
 per-kv-head factors) cache, varlen and paged, with the roofline of the bytes each reads at the copy rate measured
 in the same run, and the FP8 call's error.
 
-1. **equal lengths**: B 64, Hq 32 / Hkv 8, D 128, every request 8k keys: ``attention()`` on a dense cache, and the
-   batch calls.
+1. **equal lengths**: B 64, Hq 32 / Hkv 8, D 128, every request 8k keys: ``attention()`` on a dense cache (PyTorch
+   SDPA's cuDNN and FLASH beside it on the bf16 cache), and the batch calls.
 2. **ragged decode**: B 64, lengths uniform in [256, 8192]; and B 16, lengths in [4k, 64k] (the serving issue's).
    Paged caches in vLLM's layout (num_blocks, block_size, Hkv, D) with blocks of 16 and 64, and blocks of 16 in
    FlashInfer's HND layout (a block's rows of one head contiguous; the same logical tensor, other strides).
@@ -100,7 +100,18 @@ def dense(B: int, Sk: int, rate: float) -> dict:
     res["dense_speedup"] = res["dense_bf16_ms"] / res["dense_fp8_ms"]
     for name in ("bf16", "fp8"):
         res[f"dense_{name}_roofline"] = res[f"roofline_{name}_ms"] / res[f"dense_{name}_ms"]
+    sdpa_peers(res, q, k, v, (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)))
     return res
+
+
+def sdpa_peers(res: dict, q, k, v, backends) -> None:
+    """PyTorch SDPA's ``backends`` ((name, SDPBackend) pairs) on the bf16 cache: res["sdpa_NAME_ms"], or
+    res["sdpa_NAME_error"] where a backend refuses the shape."""
+    for name, backend in backends:
+        try:
+            res[f"sdpa_{name}_ms"] = time_ms(lambda: sdpa(q, k, v, backend=backend))
+        except RuntimeError as e:
+            res[f"sdpa_{name}_error"] = str(e).splitlines()[0]
 
 
 def errors(rng: random.Random) -> dict:
@@ -132,12 +143,8 @@ def mla(lengths: list[int], Hq: int, rate: float) -> dict:
     res["mla_speedup"] = res["mla_bf16_ms"] / res["mla_fp8_ms"]
     if min(lengths) == max(lengths):  # PyTorch SDPA beside it, on the same latent gathered dense (B, 1, Sk, 576)
         k = paged_gather(kc, kc, table, seqlens)[0].view(len(lengths), lengths[0], 1, 576).transpose(1, 2)
-        qd = q[:, :, None]
-        for name, backend in (("efficient", SDPBackend.EFFICIENT_ATTENTION), ("math", SDPBackend.MATH)):
-            try:
-                res[f"sdpa_{name}_ms"] = time_ms(lambda: sdpa(qd, k, k[..., :512], backend=backend))
-            except RuntimeError as e:  # a backend that refuses the shape
-                res[f"sdpa_{name}_error"] = str(e).splitlines()[0]
+        sdpa_peers(res, q[:, :, None], k, k[..., :512],
+                   (("efficient", SDPBackend.EFFICIENT_ATTENTION), ("math", SDPBackend.MATH)))
     return res
 
 
@@ -155,6 +162,12 @@ def mla_errors(rng: random.Random) -> dict:
     return {"fp8_vs_its_values": rel_error(out8, ref_fp8_values), "fp8_vs_bf16_values": rel_error(out8, ref_bf16),
             "bf16_vs_bf16_values": rel_error(out16, ref_bf16),
             "quantization_alone": rel_error(ref_fp8_values, ref_bf16)}
+
+
+def peers(r: dict, names) -> str:
+    """The SDPA peers' times of a result (bf16, gathered dense where the cache is paged)."""
+    said = "; ".join(f"SDPA {n} {r[f'sdpa_{n}_ms']:.3f} ms" for n in names if f"sdpa_{n}_ms" in r)
+    return f"{said} (bf16, dense)" if said else ""
 
 
 def main() -> int:
@@ -188,7 +201,7 @@ def main() -> int:
         r = res["dense8k"]
         print(f"| B{r['B']} {r['lengths']} Hq {HQ} / Hkv {HKV} D {D} | attention() | {r['dense_bf16_ms']:.3f} "
               f"({r['dense_bf16_roofline']:.0%}) | {r['dense_fp8_ms']:.3f} ({r['dense_fp8_roofline']:.0%}) | "
-              f"{r['dense_speedup']:.2f}x |")
+              f"{r['dense_speedup']:.2f}x | {peers(r, ('cudnn', 'flash'))}")
     for name in ("equal8k", "ragged64", "ragged16") if "batches" in parts else ():
         r = res[name]
         for call in ("varlen", "paged16", "paged64", "paged16_hnd"):
@@ -197,11 +210,10 @@ def main() -> int:
                   f"{r[f'{call}_speedup']:.2f}x |")
     for name in ("mla_equal", "mla_ragged", "mla_h16") if "mla" in parts else ():
         r = res[name]
-        peers = "; ".join(f"SDPA {n} {r[f'sdpa_{n}_ms']:.3f} ms" for n in ("efficient", "math") if f"sdpa_{n}_ms" in r)
         print(f"| B{r['B']} {r['lengths']} Hq {r['Hq']} MLA 576/512 | paged64 | {r['mla_bf16_ms']:.3f} "
               f"({r['mla_bf16_roofline']:.0%}, {r['mla_bf16_tflops']:.0f} TFLOP/s) | {r['mla_fp8_ms']:.3f} "
               f"({r['mla_fp8_roofline']:.0%}, {r['mla_fp8_tflops']:.0f} TFLOP/s) | {r['mla_speedup']:.2f}x |"
-              + (f" {peers} (dense bf16)" if peers else ""))
+              + f" {peers(r, ('efficient', 'math'))}")
     for key, what in (("errors", "8 ragged requests, D 128"), ("mla_errors", "MLA, 4 requests, Hq 128")):
         if key in res:
             e = res[key]

@@ -16,6 +16,9 @@
 #   batch      serving batches (bench_batch $BATCH_ARGS)          variants  window, sinks, softcap (bench_variants)
 #   mass       the attention mass per key (bench_key_mass)        sanitize-serving  memcheck: batches, mass, variants
 #   fp8        FP8 KV caches against bf16 (bench_fp8_kv)
+#   fp8-prefill  the FP8 prefill (e4m3 q, k, v) against bf16 and SDPA (bench_fp8_prefill)
+#   figures-prefill  the open issues' prefill figures: sm90 fp8-prefill variants (about 8 min: one device call)
+#   figures-serving  the open issues' serving figures: fp8 batch mass (about 8 min: one device call)
 set -uo pipefail
 OUT=${OUT:-results}
 mkdir -p "$OUT"
@@ -38,7 +41,10 @@ phase() {  # phase NAME TIMEOUT COMMAND...: run, log, print the tail
   tail -n "${TAIL:-12}" "$OUT/$name.log" | cut -c1-220
 }
 
-for p in ${PHASES:-tests}; do
+PHASES=${PHASES:-tests}
+PHASES=${PHASES/figures-prefill/sm90 fp8-prefill variants}
+PHASES=${PHASES/figures-serving/fp8 batch mass}
+for p in $PHASES; do
   case $p in
     tests) phase tests 300 python3 -m pytest -q -m gpu -rfs ${TEST_ARGS:-tests} ;;
     sanitize)
@@ -73,6 +79,7 @@ for p in ${PHASES:-tests}; do
     variants) phase variants 200 python3 tools/bench_variants.py --out "$OUT/variants" ;;
     mass) phase mass 200 python3 tools/bench_key_mass.py --reps 5 --out "$OUT/mass" ;;
     fp8) phase fp8 200 python3 tools/bench_fp8_kv.py --out "$OUT/fp8" ;;
+    fp8-prefill) phase fp8-prefill 300 python3 tools/bench_fp8_prefill.py --out "$OUT/fp8_prefill" ;;
     sanitize-serving)
       phase memcheck-batch 120 compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/dev/sanitize_batch.py
       phase memcheck-mass 120 compute-sanitizer --tool memcheck --error-exitcode 9 python3 tools/dev/sanitize_mass.py

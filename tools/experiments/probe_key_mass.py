@@ -2,7 +2,9 @@
 (native/mass_sm90.cu on Hopper) per kernel (torch.profiler, one call at a time), beside the CUDA-event times of the
 call with and without the mass and of the two kernels' sum, in one process on one GPU.
 
-    python3 tools/experiments/probe_key_mass.py [--reps 5]
+    python3 tools/experiments/probe_key_mass.py [--reps 5] [--window 64]
+
+``--window W``: the mass of the last W rows (key_mass_window) instead of every row's.
 
 Shapes: the issue's B1 H32/8 S16k D128 causal, B1 H32 S16k D64 and D256 (bf16). The events of a call include its
 host work before the first launch and whatever clock the GPU holds over the call's whole burst; the profiler's
@@ -45,19 +47,23 @@ def kernel_ms(fn, reps: int) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--window", type=int, default=None, help="the mass of the last W rows (default: every row)")
     args = ap.parse_args()
     print(torch.cuda.get_device_name())
     for Hq, Hkv, D, causal in SHAPES:
         q = torch.randn(1, Hq, 16384, D, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(1, Hkv, 16384, D, device="cuda", dtype=torch.bfloat16)
         kw = dict(causal=causal, backend="wmma")
+        mkw = dict(kw, return_key_mass=True, key_mass_window=args.window)
         plain = events_ms(lambda: attn_lt.attention(q, k, k, **kw), args.reps)
-        mass = events_ms(lambda: attn_lt.attention(q, k, k, return_key_mass=True, **kw), args.reps)
-        ks = kernel_ms(lambda: attn_lt.attention(q, k, k, return_key_mass=True, **kw), args.reps)
+        mass = events_ms(lambda: attn_lt.attention(q, k, k, **mkw), args.reps)
+        ks = kernel_ms(lambda: attn_lt.attention(q, k, k, **mkw), args.reps)
+        plain_ks = kernel_ms(lambda: attn_lt.attention(q, k, k, **kw), args.reps)
         total = sum(ks.values())
         print(f"H{Hq}/{Hkv} D{D} {'causal' if causal else 'full'}: events plain {plain:.3f} ms, with the mass "
               f"{mass:.3f} ({mass / plain:.3f}x); kernels " + ", ".join(f"{n} {t:.3f}" for n, t in ks.items()) +
-              f" (sum {total:.3f}, {total / ks.get('forward', plain):.3f}x the forward)", flush=True)
+              f" (sum {total:.3f}, {total / ks.get('forward', plain):.3f}x the forward); the plain call's kernels "
+              + ", ".join(f"{n} {t:.3f}" for n, t in plain_ks.items()), flush=True)
         del q, k
 
 
