@@ -3,8 +3,10 @@
 pass over every query row and over the last 64 rows (SnapKV's observation window), the long path's mass, and eager
 PyTorch where it fits (softmax(q kᵀ) summed over the rows: its time and peak memory); then serving batches
 (:func:`run_serving`). ``auto`` takes the faster of
-the first and the long path by ``attn_lt.fused.prefers_fused_mass``. Prints a table; ``--out DIR`` writes
-key_mass.json.
+the first and the long path by ``attn_lt.fused.prefers_fused_mass``. The plain call and the fused calls with the
+mass (and each serving batch's pair) are timed in turns (:func:`attn_lt.testing.time_turns`: twice, the second
+time in the reverse order, the better median kept), so that their ratios share the machine's clock drift; the long
+path and eager PyTorch by CUDA events, ``--reps`` calls each. Prints a table; ``--out DIR`` writes key_mass.json.
 
     python tools/bench_key_mass.py [--quick] [--out DIR]
 """
@@ -22,7 +24,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import attn_lt  # noqa: E402
-from attn_lt.testing import causal_mask, events_ms  # noqa: E402
+from attn_lt.testing import causal_mask, events_ms, time_turns  # noqa: E402
 
 #: (name, B, Hq, Hkv, Sq, Sk, D, causal)
 CASES = [("S16k causal D128", 1, 32, 8, 16384, 16384, 128, True),
@@ -42,6 +44,20 @@ def eager_mass(q, k, causal: bool, rows: int | None):
     if causal:
         s = s.masked_fill(~causal_mask(Sq, Sk, q.device)[-qq.shape[2]:], -math.inf)
     return s.softmax(-1).sum(2)
+
+
+def peak_gib(fn) -> float:
+    """Peak GiB of one call above the memory in use before it, or nan when it runs out of memory."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    try:
+        fn()
+        torch.cuda.synchronize()
+    except torch.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        return math.nan
+    return (torch.cuda.max_memory_allocated() - base) / 2**30
 
 
 def measure(fn, reps: int) -> tuple[float, float]:
@@ -76,15 +92,21 @@ def run_case(name: str, B: int, Hq: int, Hkv: int, Sq: int, Sk: int, D: int, cau
     calls["eager, all rows"] = lambda: eager_mass(q, k, causal, None)
     calls[f"eager, last {WINDOW}"] = lambda: eager_mass(q, k, causal, WINDOW)
     row = {"case": name, "shape": f"B{B} Hq{Hq} Hkv{Hkv} Sq{Sq} Sk{Sk} D{D}{' causal' if causal else ''}"}
+    fused = ("plain", "fused, all rows", f"fused, last {WINDOW}")
+    turns = time_turns({label: calls[label] for label in fused})
     for label, fn in calls.items():
-        ms, gib = measure(fn, reps)
-        row[label] = {"ms": ms, "peak_gib": gib}
+        if label in fused:
+            ms = turns[label]
+            row[label] = {"ms": math.nan if ms is None else ms, "peak_gib": peak_gib(fn)}
+        else:
+            ms, gib = measure(fn, reps)
+            row[label] = {"ms": ms, "peak_gib": gib}
     for label in calls:
         row[label]["over_plain"] = row[label]["ms"] / row["plain"]["ms"]
     return row
 
 
-def run_serving(reps: int) -> list[dict]:
+def run_serving() -> list[dict]:
     """Serving batches (varlen_attention / paged_attention with ``return_key_mass``) against the same call without
     it: ragged decode (B64, lengths U[256, 8192], Hq 32 / Hkv 8, D 128) on packed keys and on a paged cache of
     16-key blocks (permuted), and a packed prefill of 8 documents of 1k-8k tokens with the mass of each one's last
@@ -113,9 +135,8 @@ def run_serving(reps: int) -> list[dict]:
     }
     rows = []
     for name, fn in cases.items():
-        plain = events_ms(fn, reps)
-        mass = events_ms(lambda: fn(return_key_mass=True, key_mass_window=WINDOW), reps)
-        rows.append({"case": name, "plain_ms": plain, "mass_ms": mass, "over_plain": mass / plain})
+        t = time_turns({"plain": fn, "mass": lambda: fn(return_key_mass=True, key_mass_window=WINDOW)})
+        rows.append({"case": name, "plain_ms": t["plain"], "mass_ms": t["mass"], "over_plain": t["mass"] / t["plain"]})
     return rows
 
 
@@ -133,7 +154,7 @@ def main() -> None:
     for case in cases:
         rows.append(run_case(*case, reps=a.reps, with_lt=not a.no_lt))
         torch.cuda.empty_cache()
-    serving = run_serving(max(a.reps, 20))
+    serving = run_serving()
     gpu = torch.cuda.get_device_name()
     meta = {"gpu": gpu, "torch": torch.__version__, "dtype": "bf16", "reps": a.reps}
     if a.out:
