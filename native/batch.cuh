@@ -40,8 +40,8 @@ __device__ __forceinline__ BatchRequest batch_request(const attn_lt_batch_args& 
 }
 
 // The parts a request of `keys` keys runs in when the keys are cut in parts of split_keys (0: one part): ceil(keys /
-// split_keys), none without keys; with keys = f.Sk, the capacity's parts that size the grid and the partials. In
-// the kernels' 32-bit arithmetic (keys below 2^30, split_keys below 2^31) as in the host's 64-bit.
+// split_keys), none without keys; with keys = f.Sk, the capacity's parts that size the grid and the partials. Exact
+// without overflow for any non-negative keys and split_keys of I (the kernels' int, the host's int64_t).
 template <typename I>
 __host__ __device__ __forceinline__ I batch_parts(I keys, I split_keys) {
     return keys <= 0 ? 0 : split_keys > 0 ? (keys - 1) / split_keys + 1 : 1;

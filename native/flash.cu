@@ -481,15 +481,13 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
     // Serving batches split by a fixed part size (the part count follows the request's keys, the grid the capacity).
     const bool fixed_parts = BT && gridDim.z > 1;
     const int per_split = fixed_parts ? split_tiles(args) : (n_tiles - t_lo + gridDim.z - 1) / gridDim.z;
-    // The parts of this block's keys (a serving batch's request: batch_parts, as the merge counts them). A serving
-    // batch's parts run last part first: the parts only long requests have are scheduled before the parts every
-    // request has, so that the grid ends on many CTAs of similar length, not on a long request's tail (H200: 1-3 %
-    // faster on ragged batches than counting each request's parts from its last, which ends on the short last parts).
-    const int n_parts = fixed_parts ? batch_parts(Sk, per_split * kBlockN) : static_cast<int>(gridDim.z);
+    // A serving batch's parts run last part first: the parts only long requests have are scheduled before the
+    // parts every request has, so that the grid ends on many CTAs of similar length, not on a long request's tail.
     const int part = fixed_parts ? static_cast<int>(gridDim.z - 1 - blockIdx.z) : static_cast<int>(blockIdx.z);
     const int start = fixed_parts ? part * per_split : min(n_tiles, t_lo + part * per_split);
-    if (fixed_parts && part >= n_parts) return;  // a part past the request's keys (the merge reads none)
-    const bool split = n_parts > 1;  // (a serving batch's request of one part writes its rows itself)
+    // A part past the request's keys returns: batch_parts(Sk, split_keys) parts exist (n_tiles is every key tile
+    // here, the decode rows' window ending at the last key), and the merge reads only those.
+    if (fixed_parts && start >= n_tiles) return;
     // (a fixed part before the window's first tile runs no tile: its partial is empty, which the merge weighs 0)
     const int t_end = min(n_tiles, start + per_split);
     const int t_begin = min(t_end, max(start, t_lo));
@@ -838,6 +836,9 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
             }
         }
     }
+    // more than one part (batch_parts(Sk, split_keys) > 1, without its division); a serving batch's request of one
+    // part writes its rows itself
+    const bool split = fixed_parts ? Sk > split_tiles(args) * kBlockN : gridDim.z > 1;
     const int64_t rows_out = merge_rows(args);
     if constexpr (W) {
         // Join the four warps' online softmaxes of the same 16 rows: every warp puts its row max, row sum and

@@ -1796,8 +1796,7 @@ cudaError_t persistent_grid(Params& p, const attn_lt_flash_args& a, dim3& grid) 
 }
 
 // A prefill kernel's map of o (B, Hq, Sq, DV; 16-bit, dt) for its TMA stores, a box a 64-column slab of a
-// warpgroup's 64 rows, where the kernel reads it (kRead: tma_stores_o); else `other` in its place (o's strides then
-// need not suit TMA).
+// warpgroup's 64 rows, where the kernel reads it (kRead: tma_stores_o); else `other` in its place (not encoded).
 template <bool kRead>
 bool make_o_map(CUtensorMap* map, CUtensorMapDataType dt, const attn_lt_flash_args& a, int64_t DV,
                 const CUtensorMap& other) {

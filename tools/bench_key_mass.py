@@ -3,10 +3,10 @@
 pass over every query row and over the last 64 rows (SnapKV's observation window), the long path's mass, and eager
 PyTorch where it fits (softmax(q kᵀ) summed over the rows: its time and peak memory); then serving batches
 (:func:`run_serving`). ``auto`` takes the faster of
-the first and the long path by ``attn_lt.fused.prefers_fused_mass``. The plain call and the fused calls with the
-mass (and each serving batch's pair) are timed in turns (:func:`attn_lt.testing.time_turns`: twice, the second
-time in the reverse order, the better median kept), so that their ratios share the machine's clock drift; the long
-path and eager PyTorch by CUDA events, ``--reps`` calls each. Prints a table; ``--out DIR`` writes key_mass.json.
+the first and the long path by ``attn_lt.fused.prefers_fused_mass``. A case's calls (and each serving batch's pair)
+are timed in turns (:func:`attn_lt.testing.time_turns`: twice, the second time in the reverse order, the better
+median kept), so that their ratios share the machine's clock drift; each call's peak memory from one more call.
+Prints a table; ``--out DIR`` writes key_mass.json.
 
     python tools/bench_key_mass.py [--quick] [--out DIR]
 """
@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import attn_lt  # noqa: E402
-from attn_lt.testing import causal_mask, events_ms, time_turns  # noqa: E402
+from attn_lt.testing import causal_mask, time_turns  # noqa: E402
 
 #: (name, B, Hq, Hkv, Sq, Sk, D, causal)
 CASES = [("S16k causal D128", 1, 32, 8, 16384, 16384, 128, True),
@@ -60,21 +60,11 @@ def peak_gib(fn) -> float:
     return (torch.cuda.max_memory_allocated() - base) / 2**30
 
 
-def measure(fn, reps: int) -> tuple[float, float]:
-    """(median ms, peak GiB above the memory in use before), or (nan, nan) when it runs out of memory."""
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    try:
-        ms = events_ms(fn, reps)
-    except torch.OutOfMemoryError:
-        torch.cuda.empty_cache()
-        return math.nan, math.nan
-    return ms, (torch.cuda.max_memory_allocated() - base) / 2**30
+def ms_or_nan(ms: float | None) -> float:
+    return math.nan if ms is None else ms  # time_turns' None: out of memory
 
 
-def run_case(name: str, B: int, Hq: int, Hkv: int, Sq: int, Sk: int, D: int, causal: bool, *, reps: int,
-             with_lt: bool) -> dict:
+def run_case(name: str, B: int, Hq: int, Hkv: int, Sq: int, Sk: int, D: int, causal: bool, *, with_lt: bool) -> dict:
     """One case's row: each call's median ms, peak GiB and ratio to the plain call."""
     torch.manual_seed(0)
     q = torch.randn(B, Hq, Sq, D, device="cuda", dtype=torch.bfloat16)
@@ -92,15 +82,9 @@ def run_case(name: str, B: int, Hq: int, Hkv: int, Sq: int, Sk: int, D: int, cau
     calls["eager, all rows"] = lambda: eager_mass(q, k, causal, None)
     calls[f"eager, last {WINDOW}"] = lambda: eager_mass(q, k, causal, WINDOW)
     row = {"case": name, "shape": f"B{B} Hq{Hq} Hkv{Hkv} Sq{Sq} Sk{Sk} D{D}{' causal' if causal else ''}"}
-    fused = ("plain", "fused, all rows", f"fused, last {WINDOW}")
-    turns = time_turns({label: calls[label] for label in fused})
+    turns = time_turns(calls)
     for label, fn in calls.items():
-        if label in fused:
-            ms = turns[label]
-            row[label] = {"ms": math.nan if ms is None else ms, "peak_gib": peak_gib(fn)}
-        else:
-            ms, gib = measure(fn, reps)
-            row[label] = {"ms": ms, "peak_gib": gib}
+        row[label] = {"ms": ms_or_nan(turns[label]), "peak_gib": peak_gib(fn)}
     for label in calls:
         row[label]["over_plain"] = row[label]["ms"] / row["plain"]["ms"]
     return row
@@ -136,14 +120,14 @@ def run_serving() -> list[dict]:
     rows = []
     for name, fn in cases.items():
         t = time_turns({"plain": fn, "mass": lambda: fn(return_key_mass=True, key_mass_window=WINDOW)})
-        rows.append({"case": name, "plain_ms": t["plain"], "mass_ms": t["mass"], "over_plain": t["mass"] / t["plain"]})
+        plain, mass = ms_or_nan(t["plain"]), ms_or_nan(t["mass"])
+        rows.append({"case": name, "plain_ms": plain, "mass_ms": mass, "over_plain": mass / plain})
     return rows
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="the first and last cases only")
-    ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--no-lt", action="store_true", help="skip the long path's mass")
     ap.add_argument("--out")
     a = ap.parse_args()
@@ -152,11 +136,11 @@ def main() -> None:
     cases = [CASES[0], CASES[-1]] if a.quick else CASES
     rows = []
     for case in cases:
-        rows.append(run_case(*case, reps=a.reps, with_lt=not a.no_lt))
+        rows.append(run_case(*case, with_lt=not a.no_lt))
         torch.cuda.empty_cache()
     serving = run_serving()
     gpu = torch.cuda.get_device_name()
-    meta = {"gpu": gpu, "torch": torch.__version__, "dtype": "bf16", "reps": a.reps}
+    meta = {"gpu": gpu, "torch": torch.__version__, "dtype": "bf16", "timing": "time_turns"}
     if a.out:
         os.makedirs(a.out, exist_ok=True)
         with open(os.path.join(a.out, "key_mass.json"), "w") as f:

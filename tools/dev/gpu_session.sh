@@ -17,8 +17,8 @@
 #   mass       the attention mass per key (bench_key_mass)        sanitize-serving  memcheck: batches, mass, variants
 #   fp8        FP8 KV caches against bf16 (bench_fp8_kv)
 #   fp8-prefill  the FP8 prefill (e4m3 q, k, v) against bf16 and SDPA (bench_fp8_prefill)
-#   figures-prefill  the open issues' prefill figures: sm90 fp8-prefill variants (about 8 min: one device call)
-#   figures-serving  the open issues' serving figures: fp8 batch mass (about 8 min: one device call)
+#   figures-prefill / figures-serving / figures-variants  the figures the open issues ask of each GPU, each within
+#              one device call of 10 minutes: sm90 fp8-prefill / fp8 batch / variants mass
 set -uo pipefail
 OUT=${OUT:-results}
 mkdir -p "$OUT"
@@ -42,8 +42,9 @@ phase() {  # phase NAME TIMEOUT COMMAND...: run, log, print the tail
 }
 
 PHASES=${PHASES:-tests}
-PHASES=${PHASES/figures-prefill/sm90 fp8-prefill variants}
-PHASES=${PHASES/figures-serving/fp8 batch mass}
+PHASES=${PHASES//figures-prefill/sm90 fp8-prefill}
+PHASES=${PHASES//figures-serving/fp8 batch}
+PHASES=${PHASES//figures-variants/variants mass}
 for p in $PHASES; do
   case $p in
     tests) phase tests 300 python3 -m pytest -q -m gpu -rfs ${TEST_ARGS:-tests} ;;
@@ -77,7 +78,7 @@ for p in $PHASES; do
     generate) phase generate 300 python3 tools/bench_generate.py ${GENERATE_ARGS:-} --out "$OUT/generate" ;;
     batch) phase batch 200 python3 tools/bench_batch.py ${BATCH_ARGS:-} --out "$OUT/batch" ;;
     variants) phase variants 200 python3 tools/bench_variants.py --out "$OUT/variants" ;;
-    mass) phase mass 200 python3 tools/bench_key_mass.py --reps 5 --out "$OUT/mass" ;;
+    mass) phase mass 200 python3 tools/bench_key_mass.py --out "$OUT/mass" ;;
     fp8) phase fp8 200 python3 tools/bench_fp8_kv.py --out "$OUT/fp8" ;;
     fp8-prefill) phase fp8-prefill 300 python3 tools/bench_fp8_prefill.py --out "$OUT/fp8_prefill" ;;
     sanitize-serving)

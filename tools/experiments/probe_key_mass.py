@@ -1,6 +1,7 @@
-"""Where a call with the mass of every row spends its GPU time: the fused forward kernel and the mass pass
-(native/mass_sm90.cu on Hopper) per kernel (torch.profiler, one call at a time), beside the CUDA-event times of the
-call with and without the mass and of the two kernels' sum, in one process on one GPU.
+"""Where a call with the mass per key spends its GPU time: the fused forward kernel and the mass pass (native/
+mass_sm90.cu on Hopper for every row, native/flash.cu's key_mass_kernel for a few) per kernel (torch.profiler, one
+call at a time), beside the CUDA-event times of the call with and without the mass, and the kernels' sum over the
+mass call's own forward kernel and over the plain call's kernels, in one process on one GPU.
 
     python3 tools/experiments/probe_key_mass.py [--reps 5] [--window 64]
 
@@ -62,8 +63,9 @@ def main() -> None:
         total = sum(ks.values())
         print(f"H{Hq}/{Hkv} D{D} {'causal' if causal else 'full'}: events plain {plain:.3f} ms, with the mass "
               f"{mass:.3f} ({mass / plain:.3f}x); kernels " + ", ".join(f"{n} {t:.3f}" for n, t in ks.items()) +
-              f" (sum {total:.3f}, {total / ks.get('forward', plain):.3f}x the forward); the plain call's kernels "
-              + ", ".join(f"{n} {t:.3f}" for n, t in plain_ks.items()), flush=True)
+              f" (sum {total:.3f}, {total / ks.get('forward', plain):.3f}x its forward); the plain call's kernels "
+              + ", ".join(f"{n} {t:.3f}" for n, t in plain_ks.items())
+              + f" ({total / sum(plain_ks.values()):.3f}x)", flush=True)
         del q, k
 
 
