@@ -46,6 +46,11 @@ __device__ __forceinline__ int f16_headroom_exp(float amax) {
     return amax > 16384.f ? ((__float_as_int(amax) >> 23) & 0xff) - 127 - 13 : 0;
 }
 
+// The lazy softmax reference of both fused kernels: a row keeps its reference m (P = exp2(s - m)) while a tile's max
+// passes it by at most this (exp2 units; P then stays below 2^8, which fp16/bf16 P and the FP32 sums hold), so that
+// O is rescaled only when a row's max moves further.
+constexpr float kLazyRescale = 8.f;
+
 // 16-byte asynchronous copy global -> shared (bypassing L1); `bytes` < 16 zero-fills the rest (0: all zeros).
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int bytes = 16) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem), "r"(bytes)

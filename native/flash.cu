@@ -769,13 +769,12 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
                 mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
                 mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
             }
-            // The reference m of a row (P = exp2(s - m)) moves to its new max only when a row of the warp passes
-            // its reference by more than kLazyMax (P stays below 2^kLazyMax, which fp16/bf16 P and the FP32 sums
-            // hold), so that O is rescaled about once a block, not on most of its first tiles. D 256 moves every
-            // time (its registers are full). An all-masked row keeps reference 0, so nothing becomes NaN.
-            constexpr float kLazyMax = 8.f;
+            // The reference m of a row moves to its new max only when a row of the warp passes its reference by
+            // more than kLazyRescale, so that O is rescaled about once a block, not on most of its first tiles. D 256
+            // moves every time (its registers are full). An all-masked row keeps reference 0, so nothing becomes NaN.
             float ref[2];
-            if (D == 256 || __any_sync(0xffffffffu, mx[0] > m[t][0] + kLazyMax || mx[1] > m[t][1] + kLazyMax)) {
+            if (D == 256 ||
+                __any_sync(0xffffffffu, mx[0] > m[t][0] + kLazyRescale || mx[1] > m[t][1] + kLazyRescale)) {
                 float c[2];
 #pragma unroll
                 for (int r = 0; r < 2; ++r) {

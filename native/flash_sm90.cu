@@ -714,11 +714,11 @@ __global__ void __launch_bounds__(kThreads, 1)
             if (lane == 0) mbar_arrive(bar);
         };
         // O is rescaled only where a row's reference moved (corr is 1 otherwise). 16-bit at DV 256: the reference
-        // moves only when a tile's max passes it by more than kLazy (online_softmax's lazy; P then up to 2^kLazy,
-        // inside fp16's range too), after the first tiles rarely; at DV 64 and 128 the branch costs more than the
-        // rescales it saves, and the max is exact. FP8 (P in e4m3 times 2^8, no headroom): at DV <= 128 where the exact
-        // max moved; at DV 256 every tile (the branch costs more there).
-        constexpr float kLazy = !kFp8 && DV == 256 ? 8.f : 0.f;
+        // moves only when a tile's max passes it by more than kLazyRescale (online_softmax's lazy), after the first
+        // tiles rarely; at DV 64 and 128 the branch costs more than the rescales it saves, and the max is exact. FP8
+        // (P in e4m3 times 2^8, no headroom): at DV <= 128 where the exact max moved; at DV 256 every tile (the
+        // branch costs more there).
+        constexpr float kLazy = !kFp8 && DV == 256 ? kLazyRescale : 0.f;
         constexpr bool kSkipRescale = kLazy > 0.f || (kFp8 && DV <= 128);
         auto rescale_o = [&](const float(&corr)[2]) {
             if (fixed_ref) return;
@@ -1867,6 +1867,9 @@ void set_descale(MlaParams& p, const attn_lt_flash_args& a) {
     p.descale_sh = a.descale_sh;
 }
 
+// The bytes of a k or v element: 1 for an FP8 cache (kv_dtype), else 2 (q's dtype).
+int64_t kv_bytes(const attn_lt_flash_args& a) { return a.kv_dtype == ATTN_LT_E4M3 ? 1 : 2; }
+
 // Whether FP8 cache arguments are ones MLA decode reads (D 576, e4m3; descale factors one a kv head or one for all,
 // 4-byte aligned); k's strides are checked with the others, as bytes.
 bool mla_e4m3_ok(const attn_lt_flash_args& a) {
@@ -2252,7 +2255,7 @@ extern "C" int attn_lt_flash_sm90_fwd(const attn_lt_flash_args* a, void* stream)
     if (a->dtype == ATTN_LT_E4M3) return fp8_prefill(*a, static_cast<cudaStream_t>(stream));
     if ((a->dtype != ATTN_LT_F16 && a->dtype != ATTN_LT_BF16) || (a->kv_dtype != ATTN_LT_NONE && !mla_e4m3_ok(*a)))
         return ATTN_LT_ERR_DTYPE;
-    const int64_t kes = a->kv_dtype == ATTN_LT_E4M3 ? 1 : 2;  // k's and v's element bytes
+    const int64_t kes = kv_bytes(*a);
     const bool decode = a->variant == ATTN_LT_FLASH_SM90_DECODE;
     if (a->variant != ATTN_LT_FLASH_SM90_DEFAULT && a->variant != ATTN_LT_FLASH_SM90_PLAIN &&
         a->variant != ATTN_LT_FLASH_SM90_GRID && !decode)
@@ -2356,7 +2359,7 @@ extern "C" int attn_lt_flash_sm90_batch(const attn_lt_batch_args* args, void* st
         return ATTN_LT_ERR_DTYPE;
     if (a.mask_dtype != ATTN_LT_NONE) return ATTN_LT_ERR_MASK;
     const int64_t tq = args->total_q, tk = args->total_k, bs = args->block_size, nb = args->num_blocks;
-    const int64_t kes = a.kv_dtype == ATTN_LT_E4M3 ? 1 : 2;  // the caches' element bytes
+    const int64_t kes = kv_bytes(a);
     if (!stride_ok(a.Hq, a.q_sh) || !stride_ok(tq, a.q_ss) || !stride_ok(a.Hkv, a.k_sh, kes) ||
         !stride_ok(a.Hkv, a.v_sh, kes) || !stride_ok(a.Hq, a.o_sh) || !stride_ok(tq, a.o_ss))
         return ATTN_LT_ERR_STRIDES;

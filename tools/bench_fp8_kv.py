@@ -124,6 +124,12 @@ def errors(rng: random.Random) -> dict:
     out16 = attn_lt.varlen_attention(q, k, v, cu_q, cu_k, **kw)
     ref_fp8_values = varlen_reference(q, fp8_values(k8, kd), fp8_values(v8, vd), cu_q, cu_k)[0]
     ref_bf16 = varlen_reference(q, k, v, cu_q, cu_k)[0]
+    return error_report(out8, out16, ref_fp8_values, ref_bf16)
+
+
+def error_report(out8, out16, ref_fp8_values, ref_bf16) -> dict:
+    """The FP8 call's error against the FP64 attention of its cache's values and of the bf16 values they were
+    quantized from, the bf16 call's against the latter, and the quantization's alone."""
     return {"fp8_vs_its_values": rel_error(out8, ref_fp8_values), "fp8_vs_bf16_values": rel_error(out8, ref_bf16),
             "bf16_vs_bf16_values": rel_error(out16, ref_bf16),
             "quantization_alone": rel_error(ref_fp8_values, ref_bf16)}
@@ -160,9 +166,7 @@ def mla_errors(rng: random.Random) -> dict:
     out16 = attn_lt.paged_attention(q, kc, kc[..., :512], table, seqlens)
     ref_fp8_values = paged_reference(q, kf, kf[..., :512], table, seqlens, causal=False)[0]
     ref_bf16 = paged_reference(q, kc, kc[..., :512], table, seqlens, causal=False)[0]
-    return {"fp8_vs_its_values": rel_error(out8, ref_fp8_values), "fp8_vs_bf16_values": rel_error(out8, ref_bf16),
-            "bf16_vs_bf16_values": rel_error(out16, ref_bf16),
-            "quantization_alone": rel_error(ref_fp8_values, ref_bf16)}
+    return error_report(out8, out16, ref_fp8_values, ref_bf16)
 
 
 def peers(r: dict, names) -> str:
