@@ -22,9 +22,9 @@ from .select import Decision, route_of, select
 from .validate import (FP8_KV_DTYPE, Case, address_alignment, check_descale, check_kv_descale, check_options,
                        check_out, check_sinks, check_tensors, mask_alignment, out_shape)
 from .device import stream_queries
-from .fused import (FP8_LATENT, MLA_DECODE, WMMA, FusedLaunch, Program as FusedProgram, device_facts,
-                    fp8_decode_launch, fp8_prefill_launch, fp8_prefill_refusal, fp8_refusal, fused_launch, hopper_kernel,
-                    stores_scores)
+from .fused import (MLA_DECODE, WMMA, FusedLaunch, Program as FusedProgram, device_facts,
+                    fp8_decode_launch, fp8_kv_why, fp8_prefill_launch, fp8_prefill_refusal, fp8_refusal, fused_launch,
+                    hopper_kernel, stores_scores)
 
 log = logging.getLogger("attn_lt")
 
@@ -625,11 +625,6 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
     return res
 
 
-#: Why an FP8-cache call runs where it runs (what explain says; the FP8 prefill's: fused.fp8_prefill_launch).
-FP8_WHY = ("an FP8 KV cache: native/flash.cu's decode blocks read its bytes and convert them to fp16 in registers "
-           "(q staged in fp16, FP32 sums)")
-
-
 def _fp8_case(q, k, v, attn_mask, causal, scale, window, softcap, sinks, backend, return_key_mass, key_mass_window,
               out_layout, require_cuda: bool = True) -> Case:
     """The case of a call against an FP8 KV cache (q fp16/bf16: decode rows) or of the FP8 prefill (q e4m3 too),
@@ -744,8 +739,7 @@ def explain(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | Non
         case = _fp8_case(q, k, v, attn_mask, causal, scale, window, softcap, sinks, backend, return_key_mass,
                          key_mass_window, out_layout, require_cuda=False)
         fused = fp8_prefill_launch(case) if case.dtype == "e4m3" else fp8_decode_launch(case, device_facts())
-        why = (fused.why if case.dtype == "e4m3" else FP8_LATENT if (case.D, case.Dv) == MLA_DECODE
-               else FP8_WHY)
+        why = fused.why if case.dtype == "e4m3" else fp8_kv_why(case.D, case.Dv)
         decision = Decision("wmma", (why,), (("lt", ("the long path takes no FP8 K/V",)),))
         return Explanation(case, decision, None, fused=fused)
     case = check_tensors(q, k, v, attn_mask, causal, scale, require_cuda=False, window=window, softcap=softcap,

@@ -27,7 +27,7 @@ import torch
 
 from . import native
 from .device import stream_queries
-from .fused import ASSUMED_DEVICE, FP8_LATENT, MLA_DECODE, MLA_ROWS, DeviceFacts, device_facts, fp8_refusal
+from .fused import ASSUMED_DEVICE, MLA_DECODE, MLA_ROWS, DeviceFacts, device_facts, fp8_kv_why, fp8_refusal
 from .validate import FP8_KV_DTYPE, check_causal, check_kv_descale, check_options, check_scale, check_variants
 
 log = logging.getLogger("attn_lt")
@@ -222,15 +222,9 @@ def explain_batch(requests: int, heads_q: int, heads_kv: int, head_dim: int, *, 
             + ("\n" + mass_line(plan) if return_key_mass else ""))
 
 
-#: How the decode blocks read an FP8 KV cache (what explain says).
-FP8_LINE = ("K/V: an FP8 cache (e4m3, descale factors one a kv head or one for all): the decode blocks read its bytes "
-            "(half a 16-bit cache's) and convert them to fp16 in registers on their way into the MMAs (q staged in "
-            "fp16 under a power-of-two scale, FP32 sums)")
-
-
 def fp8_line(plan: BatchPlan) -> str:
     """How a batch of ``plan``'s capacity reads an FP8 cache (:func:`explain_batch`'s line for it)."""
-    return "K/V: " + FP8_LATENT if plan.latent else FP8_LINE
+    return "K/V: " + fp8_kv_why(plan.D, plan.Dv)
 
 
 def mass_line(plan: BatchPlan) -> str:

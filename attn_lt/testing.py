@@ -253,6 +253,54 @@ def time_turns(calls: dict, warmup_ms: float = 25, rep_ms: float = 200, turns: i
     return best
 
 
+def time_interleaved(calls: dict, warmup_ms: float = 25, rep_ms: float = 200, flush_mib: int = 256,
+                     gap_us: float = 500.0, seed: int = 0) -> dict:
+    """Median milliseconds of each of ``calls`` (name -> callable), timed call by call in rounds (every call once a
+    round, in an order shuffled each round), each between CUDA events after an L2 flush and a ``gap_us`` pause of
+    the GPU, so that the ratios between them share the GPU's clocks: no call always follows the same one (a
+    power-bound call slows the next), and the host queues the rounds ahead of the GPU (its own time stays out).
+    Rounds: ``rep_ms`` of calls (by the warm-up's times), at least 5 and at most 1000. None for a call that ran out
+    of memory."""
+    import random
+    import time
+
+    flush = torch.empty(flush_mib << 20, dtype=torch.int8, device="cuda")
+    live, est = {}, {}
+    for name, fn in calls.items():
+        try:
+            fn()
+            torch.cuda.synchronize()
+            live[name] = fn
+        except torch.OutOfMemoryError:
+            torch.cuda.empty_cache()
+    end = time.perf_counter() + warmup_ms / 1e3
+    while live and time.perf_counter() < end:
+        for fn in live.values():
+            fn()
+        torch.cuda.synchronize()
+    for name, fn in live.items():
+        est[name] = event_ms(fn)
+    rounds = max(5, min(1000, int(rep_ms / max(sum(est.values()), 1e-3))))
+    rng, names, pairs = random.Random(seed), list(live), []
+    gap = int(gap_us * 2e3)  # GPU cycles at up to 2 GHz
+    for _ in range(rounds if live else 0):
+        rng.shuffle(names)
+        for name in names:
+            if gap:
+                torch.cuda._sleep(gap)
+            flush.zero_()
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            live[name]()
+            e.record()
+            pairs.append((name, s, e))
+    torch.cuda.synchronize()
+    times: dict = {name: [] for name in live}
+    for name, s, e in pairs:
+        times[name].append(s.elapsed_time(e))
+    return {name: (sorted(times[name])[len(times[name]) // 2] if name in times else None) for name in calls}
+
+
 def attention_reference(q, k, v, *, attn_mask=None, causal=False, scale=None, return_lse=False,
                         dtype=torch.float64, **ignored):
     """``attn_lt.attention``'s signature and semantics in plain PyTorch, on any device and dtype, computed in

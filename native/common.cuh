@@ -271,20 +271,24 @@ __device__ __forceinline__ MergeTarget<T> merge_target(const attn_lt_flash_args&
     return {static_cast<T*>(a.o) + b * a.o_sb + h * a.o_sh + pos * a.o_ss, a.lse ? a.lse + row : nullptr, a.splits,
             sink_of(a, h)};
 }
-// A batch row: decode-block row rr of kv head hk of request b (query row rr / g of head hk * g + rr % g), merged
+// A batch row: decode-block row rr of kv head hk of request r (query row rr / g of head hk * g + rr % g), merged
 // only for requests the decode blocks ran (at most 16 rows a kv head) in more than one part of split_keys keys (a
 // request of one part wrote its rows itself).
 template <typename T>
-__device__ __forceinline__ MergeTarget<T> merge_target(const attn_lt_batch_args& a, int64_t row) {
+__device__ __forceinline__ MergeTarget<T> batch_row_target(const attn_lt_batch_args& a, const BatchRequest& r,
+                                                           int64_t hk, int rr) {
     const int g = static_cast<int>(a.f.Hq / a.f.Hkv);
-    const int rr = static_cast<int>(row % kBatchSmallRows);
-    const int64_t bk = row / kBatchSmallRows, hk = bk % a.f.Hkv, b = bk / a.f.Hkv;
-    const BatchRequest r = batch_request(a, static_cast<int>(b), false);
     const int parts = batch_parts(r.nk, a.split_keys);
     if (r.nq * g > kBatchSmallRows || rr >= r.nq * g || parts == 1) return {nullptr, nullptr, 0, -INFINITY};
     const int64_t head = hk * g + rr % g, q = r.q0 + rr / g;
     return {static_cast<T*>(a.f.o) + q * a.f.o_ss + head * a.f.o_sh,
             a.f.lse ? a.f.lse + head * a.total_q + q : nullptr, parts, sink_of(a.f, head)};
+}
+template <typename T>
+__device__ __forceinline__ MergeTarget<T> merge_target(const attn_lt_batch_args& a, int64_t row) {
+    const int64_t bk = row / kBatchSmallRows;
+    const BatchRequest r = batch_request(a, static_cast<int>(bk / a.f.Hkv), false);
+    return batch_row_target<T>(a, r, bk % a.f.Hkv, static_cast<int>(row % kBatchSmallRows));
 }
 // The MLA decode of a paged batch (native/flash_sm90.cu, at most one query row a request): rows are (b, query head)
 // of (B, Hq); a request of one part wrote its output itself, one without a row has none (no row to merge).
@@ -414,17 +418,17 @@ __global__ void __launch_bounds__(128) merge_batch_rows(const attn_lt_batch_args
     asm volatile("griddepcontrol.wait;\n" ::: "memory");  // launched early (see merge): wait for the partials
 #endif
     constexpr int kPer = D / 32, kWarps = 4;
-    const int g = static_cast<int>(a.f.Hq / a.f.Hkv);
-    const int64_t bk = blockIdx.x, hk = bk % a.f.Hkv;
+    const int64_t bk = blockIdx.x;
     const BatchRequest r = batch_request(a, static_cast<int>(bk / a.f.Hkv), false);
-    const int n = batch_parts(r.nk, a.split_keys), n_rows = r.nq * g;
-    if (n == 1 || n_rows > kBatchSmallRows) return;
+    const int n_rows = r.nq * static_cast<int>(a.f.Hq / a.f.Hkv);
     const int64_t rows = merge_rows(a);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     for (int rr = warp; rr < n_rows; rr += kWarps) {
-        const int64_t row = bk * kBatchSmallRows + rr, head = hk * g + rr % g, q = r.q0 + rr / g;
-        const float sink = sink_of(a.f, head);
-        float mx = sink;
+        const MergeTarget<T> target = batch_row_target<T>(a, r, bk % a.f.Hkv, rr);
+        if (target.out == nullptr) return;  // the request's rows are merged by none or all of them
+        const int64_t row = bk * kBatchSmallRows + rr;
+        const int n = target.parts;
+        float mx = target.sink;
         for (int i = lane; i < n; i += 32) mx = fmaxf(mx, a.f.lse_part[i * rows + row]);
 #pragma unroll
         for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
@@ -435,12 +439,12 @@ __global__ void __launch_bounds__(128) merge_batch_rows(const attn_lt_batch_args
 #pragma unroll
             for (int o = 16; o > 0; o /= 2) wsum += __shfl_xor_sync(0xffffffffu, wsum, o);
         }
-        if (sink != -INFINITY) wsum += ex2((sink - mx) * kLog2e);  // the sink's column (no value)
+        if (target.sink != -INFINITY) wsum += ex2((target.sink - mx) * kLog2e);  // the sink's column (no value)
         const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
-        T* out = static_cast<T*>(a.f.o) + q * a.f.o_ss + head * a.f.o_sh + lane * kPer;
+        T* out = target.out + lane * kPer;
 #pragma unroll
         for (int c = 0; c < kPer; c += 2) *reinterpret_cast<unsigned*>(out + c) = pack2<T>(acc[c] * inv, acc[c + 1] * inv);
-        if (lane == 0 && a.f.lse != nullptr) a.f.lse[head * a.total_q + q] = merged_lse(mx, wsum);
+        if (lane == 0 && target.lse != nullptr) *target.lse = merged_lse(mx, wsum);
     }
 }
 

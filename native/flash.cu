@@ -467,6 +467,8 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
             s_out = a.scores + at + hk * g * a.s_sh;
         }
     }
+    // whether every row's even keys start 8-byte aligned pairs (the score stores)
+    const bool s_pairs = W && reinterpret_cast<uintptr_t>(s_out) % 8 == 0 && a.s_sh % 2 == 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     // The merge of the splits (a dependent grid, see merge) launches once every CTA of this grid got here or
     // exited; it waits in griddepcontrol.wait until this grid has finished and its writes are visible.
@@ -730,8 +732,8 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
         const bool bad_blocks = bad_any;  // (paged: some block id out of range)
         const bool need_mask = n0 + kBlockN > Sk || (win.right >= 0 && n0 + kBlockN - 1 > p_first + shift + win.right) ||
                                (win.left >= 0 && n0 < p_last + shift - win.left) || bad_blocks;
-        // (the common tile, nothing to mask, cap or store: one multiply a score)
-        const bool plain = !capped && !need_mask && !has_mask && (!W || s_out == nullptr);
+        // (the common tile, nothing to mask or cap: one multiply a score)
+        const bool plain = !capped && !need_mask && !has_mask;
         unsigned pf[MT][kNW / 16][4];
 #pragma unroll
         for (int t = 0; t < MT; ++t) {
@@ -756,13 +758,31 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
                         x = -INFINITY;
                     else if (has_mask) x += mk[t][j][e];
                     s[t][j][e] = x;
-                    if constexpr (W) {
-                        const int row = lane / 4 + (e >> 1) * 8;
-                        if (s_out != nullptr && row < g && key < Sk) s_out[row * a.s_sh + key] = x;
-                    }
                 }
                 mx[0] = fmaxf(mx[0], fmaxf(s[t][j][0], s[t][j][1]));
                 mx[1] = fmaxf(mx[1], fmaxf(s[t][j][2], s[t][j][3]));
+            }
+            if constexpr (W) {
+                // the scores as the softmax takes them: a thread's rows lane / 4 and + 8 (those below g), keys
+                // key and key + 1 of each n8 tile, a pair in one 8-byte store where the row allows it
+                if (s_out != nullptr) {
+#pragma unroll
+                    for (int j = 0; j < kNW / 8; ++j) {
+                        const int key = n0 + wkey + j * 8 + (lane % 4) * 2;
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) {
+                            const int row = lane / 4 + 8 * h;
+                            if (row >= g || key >= Sk) continue;
+                            float* dst = s_out + row * a.s_sh + key;
+                            if (s_pairs && key + 1 < Sk) {
+                                *reinterpret_cast<float2*>(dst) = make_float2(s[t][j][2 * h], s[t][j][2 * h + 1]);
+                            } else {
+                                dst[0] = s[t][j][2 * h];
+                                if (key + 1 < Sk) dst[1] = s[t][j][2 * h + 1];
+                            }
+                        }
+                    }
+                }
             }
 #pragma unroll
             for (int r = 0; r < 2; ++r) {

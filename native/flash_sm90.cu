@@ -254,11 +254,25 @@ __device__ __forceinline__ void online_softmax(float (&sacc)[N], float (&m)[2], 
         ref[0] = m[0] * sc - bias;
         ref[1] = m[1] * sc - bias;
     } else {
+        // each row's max in kChains independent chains, joined at the end (the exponentials wait on it: one chain
+        // would put N / 4 dependent max instructions on the softmax's critical path)
+        constexpr int kChains = N / 4 >= 4 ? 4 : N / 4;
+        float mc[2][kChains];
+#pragma unroll
+        for (int c = 0; c < kChains; ++c) {
+            mc[0][c] = fmaxf(sacc[4 * c], sacc[4 * c + 1]);
+            mc[1][c] = fmaxf(sacc[4 * c + 2], sacc[4 * c + 3]);
+        }
+#pragma unroll
+        for (int j = kChains; j < N / 4; ++j) {
+            mc[0][j % kChains] = fmaxf(mc[0][j % kChains], fmaxf(sacc[4 * j], sacc[4 * j + 1]));
+            mc[1][j % kChains] = fmaxf(mc[1][j % kChains], fmaxf(sacc[4 * j + 2], sacc[4 * j + 3]));
+        }
         float mx[2] = {m[0], m[1]};
 #pragma unroll
-        for (int j = 0; j < N / 4; ++j) {
-            mx[0] = fmaxf(mx[0], fmaxf(sacc[4 * j], sacc[4 * j + 1]));
-            mx[1] = fmaxf(mx[1], fmaxf(sacc[4 * j + 2], sacc[4 * j + 3]));
+        for (int c = 0; c < kChains; ++c) {
+            mx[0] = fmaxf(mx[0], mc[0][c]);
+            mx[1] = fmaxf(mx[1], mc[1][c]);
         }
 #pragma unroll
         for (int r = 0; r < 2; ++r) {

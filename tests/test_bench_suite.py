@@ -508,6 +508,58 @@ def test_time_turns_alternates_the_order_and_keeps_the_best(monkeypatch):
     assert best == {"a": 2.0, "b": 1.0, "c": None}
 
 
+def test_time_interleaved_shuffles_the_calls_and_takes_medians(monkeypatch):
+    """attn_lt.testing.time_interleaved: every call once a round (as many rounds as the warm-up's times give
+    rep_ms, at least 5) in shuffled orders, each after a pause and an L2 flush and between its own events; medians;
+    None for a call that ran out of memory (on a simulated GPU clock)."""
+    import torch
+
+    from attn_lt import testing
+
+    clock, order, before = [0.0], [], []
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.t = None
+
+        def record(self):
+            self.t = clock[0]
+
+        def elapsed_time(self, end):
+            return end.t - self.t
+
+        def synchronize(self):
+            pass
+
+    class Flush:
+        def zero_(self):
+            before.append("flush")
+
+    costs = {"a": iter([5.0, 2.0] + [1.0, 2.0, 9.0, 3.0, 2.0] + [2.0] * 100), "b": iter([7.0] * 200)}
+
+    def call(name):
+        def fn():
+            if name == "c":
+                raise torch.OutOfMemoryError("out of memory")
+            order.append(name)
+            before.append(name)
+            clock[0] += next(costs[name])
+        return fn
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: before.append("pause"))
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: Flush())
+    got = testing.time_interleaved({n: call(n) for n in "abc"}, warmup_ms=0, rep_ms=40)
+    assert got["c"] is None and got["b"] == 7.0
+    assert got["a"] == 2.0  # the median of 1, 2, 9, 3, 2: 5 rounds (40 ms over the warm-up's 2 + 7)
+    timed = order[4:]  # after the first call of each and the warm-up's timed one
+    assert sorted(timed) == ["a"] * 5 + ["b"] * 5
+    assert any(timed[i] == "b" for i in range(0, 10, 2))  # not always the same order
+    assert before[4:7] == ["pause", "flush", timed[0]]  # a pause and a flush before each timed call
+
+
 def test_protocol_command_line_and_cases(tmp_path, monkeypatch):
     """The FA3-protocol benchmarks' shared command line: cases in order (head dims, lengths, causal), no GPU said
     before any directory is made."""

@@ -316,7 +316,7 @@ def test_explain_batch(capsys):
                      "576", "--head-dim-v", "512", "--max-seqlen-k", "8192", "--block-size", "64")
     assert rc == 0 and "MLA decode blocks" in out
     rc, out, _ = run(capsys, "explain-batch", "--requests", "64", "--max-seqlen-k", "8192", "--fp8-kv", "--json")
-    assert rc == 0 and json.loads(out)["kv"].startswith("K/V: an FP8 cache")
+    assert rc == 0 and json.loads(out)["kv"].startswith("K/V: an FP8 KV cache")
     rc, out, _ = run(capsys, "explain-batch", "--requests", "8", "--heads-q", "128", "--heads-kv", "1", "--head-dim",
                      "576", "--head-dim-v", "512", "--max-seqlen-k", "8192", "--block-size", "64", "--fp8-kv", "--json")
     assert rc == 0 and json.loads(out)["kv"].startswith("K/V: an FP8 latent cache")

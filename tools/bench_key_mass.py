@@ -3,12 +3,14 @@
 pass over every query row and over the last 64 rows (SnapKV's observation window), the long path's mass, and eager
 PyTorch where it fits (softmax(q kᵀ) summed over the rows: its time and peak memory); then serving batches
 (:func:`run_serving`). ``auto`` takes the faster of
-the first and the long path by ``attn_lt.fused.prefers_fused_mass``. A case's calls (and each serving batch's pair)
-are timed in turns (:func:`attn_lt.testing.time_turns`: twice, the second time in the reverse order, the better
-median kept), so that their ratios share the machine's clock drift; each call's peak memory from one more call.
+the first and the long path by ``attn_lt.fused.prefers_fused_mass``. A case's attn_lt calls (and each serving
+batch's pair) are timed call by call in rounds (:func:`attn_lt.testing.time_interleaved`, an L2 flush before each
+call), so that their ratios share the GPU's clocks; the eager calls, whose power draw would slow whatever follows
+them, are timed after them, each alone (:func:`attn_lt.testing.time_ms`). Each call's peak memory from one more
+call.
 Prints a table; ``--out DIR`` writes key_mass.json.
 
-    python tools/bench_key_mass.py [--quick] [--out DIR]
+    python tools/bench_key_mass.py [--quick] [--rep-ms 200] [--out DIR]
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import attn_lt  # noqa: E402
-from attn_lt.testing import causal_mask, time_turns  # noqa: E402
+from attn_lt.testing import causal_mask, time_interleaved, time_ms  # noqa: E402
 
 #: (name, B, Hq, Hkv, Sq, Sk, D, causal)
 CASES = [("S16k causal D128", 1, 32, 8, 16384, 16384, 128, True),
@@ -61,10 +63,11 @@ def peak_gib(fn) -> float:
 
 
 def ms_or_nan(ms: float | None) -> float:
-    return math.nan if ms is None else ms  # time_turns' None: out of memory
+    return math.nan if ms is None else ms  # the timers' None: out of memory
 
 
-def run_case(name: str, B: int, Hq: int, Hkv: int, Sq: int, Sk: int, D: int, causal: bool, *, with_lt: bool) -> dict:
+def run_case(name: str, B: int, Hq: int, Hkv: int, Sq: int, Sk: int, D: int, causal: bool, *, with_lt: bool,
+             rep_ms: float = 200) -> dict:
     """One case's row: each call's median ms, peak GiB and ratio to the plain call."""
     torch.manual_seed(0)
     q = torch.randn(B, Hq, Sq, D, device="cuda", dtype=torch.bfloat16)
@@ -79,18 +82,25 @@ def run_case(name: str, B: int, Hq: int, Hkv: int, Sq: int, Sk: int, D: int, cau
              f"fused, last {WINDOW}": call(return_key_mass=True, key_mass_window=WINDOW, backend="wmma")}
     if with_lt:
         calls["lt, all rows"] = call(return_key_mass=True, backend="lt")
-    calls["eager, all rows"] = lambda: eager_mass(q, k, causal, None)
-    calls[f"eager, last {WINDOW}"] = lambda: eager_mass(q, k, causal, WINDOW)
+    times = time_interleaved(calls, rep_ms=rep_ms)
+    eager = {"eager, all rows": lambda: eager_mass(q, k, causal, None),
+             f"eager, last {WINDOW}": lambda: eager_mass(q, k, causal, WINDOW)}
+    for label, fn in eager.items():
+        try:
+            times[label] = time_ms(fn)
+        except torch.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            times[label] = None
+    calls.update(eager)
     row = {"case": name, "shape": f"B{B} Hq{Hq} Hkv{Hkv} Sq{Sq} Sk{Sk} D{D}{' causal' if causal else ''}"}
-    turns = time_turns(calls)
     for label, fn in calls.items():
-        row[label] = {"ms": ms_or_nan(turns[label]), "peak_gib": peak_gib(fn)}
+        row[label] = {"ms": ms_or_nan(times[label]), "peak_gib": peak_gib(fn)}
     for label in calls:
         row[label]["over_plain"] = row[label]["ms"] / row["plain"]["ms"]
     return row
 
 
-def run_serving() -> list[dict]:
+def run_serving(rep_ms: float = 200) -> list[dict]:
     """Serving batches (varlen_attention / paged_attention with ``return_key_mass``) against the same call without
     it: ragged decode (B64, lengths U[256, 8192], Hq 32 / Hkv 8, D 128) on packed keys and on a paged cache of
     16-key blocks (permuted), and a packed prefill of 8 documents of 1k-8k tokens with the mass of each one's last
@@ -119,7 +129,8 @@ def run_serving() -> list[dict]:
     }
     rows = []
     for name, fn in cases.items():
-        t = time_turns({"plain": fn, "mass": lambda: fn(return_key_mass=True, key_mass_window=WINDOW)})
+        t = time_interleaved({"plain": fn, "mass": lambda: fn(return_key_mass=True, key_mass_window=WINDOW)},
+                             rep_ms=rep_ms)
         plain, mass = ms_or_nan(t["plain"]), ms_or_nan(t["mass"])
         rows.append({"case": name, "plain_ms": plain, "mass_ms": mass, "over_plain": mass / plain})
     return rows
@@ -129,6 +140,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="the first and last cases only")
     ap.add_argument("--no-lt", action="store_true", help="skip the long path's mass")
+    ap.add_argument("--rep-ms", type=float, default=200.0, help="milliseconds of calls a case's timing takes")
     ap.add_argument("--out")
     a = ap.parse_args()
     if not torch.cuda.is_available():
@@ -136,11 +148,11 @@ def main() -> None:
     cases = [CASES[0], CASES[-1]] if a.quick else CASES
     rows = []
     for case in cases:
-        rows.append(run_case(*case, with_lt=not a.no_lt))
+        rows.append(run_case(*case, with_lt=not a.no_lt, rep_ms=a.rep_ms))
         torch.cuda.empty_cache()
-    serving = run_serving()
+    serving = run_serving(a.rep_ms)
     gpu = torch.cuda.get_device_name()
-    meta = {"gpu": gpu, "torch": torch.__version__, "dtype": "bf16", "timing": "time_turns"}
+    meta = {"gpu": gpu, "torch": torch.__version__, "dtype": "bf16", "timing": "time_interleaved"}
     if a.out:
         os.makedirs(a.out, exist_ok=True)
         with open(os.path.join(a.out, "key_mass.json"), "w") as f:
