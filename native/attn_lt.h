@@ -138,8 +138,8 @@ typedef struct attn_lt_flash_args {
     int32_t window_left;  /* >= 0: query i (bottom-right aligned: position i + Sk - Sq) sees no key before
                              i + Sk - Sq - window_left; -1: unbounded */
     int32_t window_right; /* >= 0: nor a key after i + Sk - Sq + window_right; -1: unbounded (causal: 0) */
-    /* attn_lt_flash_fwd's and attn_lt_batch_fwd's decode blocks (at most 16 rows a kv head), for a sequence of one
-     * query row (Sq = 1; a batch: a request of one row), when not null: each head's scaled score of every key its
+    /* attn_lt_flash_fwd's (16-bit K/V; with an FP8 cache it refuses them) and attn_lt_batch_fwd's decode blocks (at
+     * most 16 rows a kv head), for a sequence of one query row (Sq = 1; a batch: a request of one row), when not null: each head's scaled score of every key its
      * row's tiles visit, in the exp2 domain (log2(e) x the scaled score after softcap, plus the mask; -inf for a key
      * the row does not see), FP32 at scores[b * s_sb + h * s_sh + j] (a packed-keys batch: cu_k[b] + h * s_sh + j).
      * Keys of tiles outside the row's window are not written. attn_lt_key_mass / attn_lt_batch_key_mass turn them

@@ -762,7 +762,7 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
                 mx[0] = fmaxf(mx[0], fmaxf(s[t][j][0], s[t][j][1]));
                 mx[1] = fmaxf(mx[1], fmaxf(s[t][j][2], s[t][j][3]));
             }
-            if constexpr (W) {
+            if constexpr (W && (BT || !F8)) {  // (a dense call on an FP8 cache stores none: attn_lt_flash_fwd)
                 // the scores as the softmax takes them: a thread's rows lane / 4 and + 8 (those below g), keys
                 // key and key + 1 of each n8 tile, a pair in one 8-byte store where the row allows it
                 if (s_out != nullptr) {
@@ -1509,6 +1509,7 @@ extern "C" int attn_lt_flash_fwd(const attn_lt_flash_args* a, void* stream) {
     if (a == nullptr || a->o == nullptr || a->v == nullptr) return ATTN_LT_ERR_ARGS;
     if (const int status = qk_status(*a)) return status;
     if (a->kv_dtype != ATTN_LT_NONE && !decode_rows(*a)) return ATTN_LT_ERR_DTYPE;  // FP8 K/V: decode blocks only
+    if (a->kv_dtype != ATTN_LT_NONE && a->scores != nullptr) return ATTN_LT_ERR_DTYPE;  // (no scores stored: batches)
     if (a->B * a->Hkv > 65535) return ATTN_LT_ERR_HEADS;  // the grid's y
     if (a->Dv != 0 && a->Dv != a->D) return ATTN_LT_ERR_HEAD_DIM;
     if (a->q_sb % 8 != 0) return ATTN_LT_ERR_STRIDES;
@@ -1534,7 +1535,8 @@ extern "C" int attn_lt_key_mass(const attn_lt_mass_args* m, void* stream) {
     if (const int status = qk_status(*a)) return status;
     // scores are stored by decode blocks only: one row, at most 16 rows a kv head
     if (m->from_scores && !(a->Sq == 1 && a->Hq / a->Hkv <= kBatchSmallRows)) return ATTN_LT_ERR_ARGS;
-    if (a->kv_dtype != ATTN_LT_NONE && !m->from_scores) return ATTN_LT_ERR_DTYPE;  // (key_mass_kernel reads K)
+    // FP8 K/V: key_mass_kernel reads K, and a dense call on an FP8 cache stores no scores (a batch's do)
+    if (a->kv_dtype != ATTN_LT_NONE) return ATTN_LT_ERR_DTYPE;
     if (a->B > 65535 || a->Hkv > 65535 || a->Hq > 65535) return ATTN_LT_ERR_HEADS;  // the grids' (B, Hkv or Hq)
     if (a->q_sb % 8 != 0) return ATTN_LT_ERR_STRIDES;
     if ((a->Sq + 8) * (a->Hq / a->Hkv) >= (1LL << 30)) return ATTN_LT_ERR_LENGTH;

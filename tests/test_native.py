@@ -67,6 +67,24 @@ def test_mass_launcher_refuses_stored_scores_where_no_decode_block_stores_them()
     assert status(Sq=2) == 10001
     assert status(Hq=64, Hkv=2) == 10001  # 32 rows a kv head: the sm90 decode kernel, which stores none
     assert status(from_scores=3) == 10001
+    assert status(kv_dtype=native.DTYPE_CODES["e4m3"]) == 10007  # a dense call on an FP8 cache stores no scores
+
+
+@pytest.mark.native
+def test_dense_forward_on_an_fp8_cache_refuses_to_store_scores():
+    """attn_lt_flash_fwd with an FP8 KV cache and a scores buffer: ATTN_LT_ERR_DTYPE before any GPU work (only a
+    serving batch's decode blocks store scores with FP8 K/V; fake addresses)."""
+    lib = native.load()
+    f = native.FlashArgs()
+    f.q, f.k, f.v, f.o, f.lse = 0x10000, 0x20000, 0x30000, 0x40000, 0x50000
+    f.B, f.Hq, f.Hkv, f.Sq, f.Sk, f.D, f.Dv = 2, 8, 2, 1, 4096, 128, 128
+    f.q_sh, f.q_ss, f.q_sb = 128, 1024, 1024
+    f.k_sh, f.k_ss, f.k_sb = 128, 256, 1048576
+    f.v_sh, f.v_ss, f.v_sb = 128, 256, 1048576
+    f.o_sh, f.o_ss, f.o_sb = 128, 1024, 1024
+    f.scale, f.dtype, f.kv_dtype, f.splits = 0.1, native.DTYPE_CODES["bf16"], native.DTYPE_CODES["e4m3"], 1
+    f.scores, f.s_sb, f.s_sh = 0x60000, 8 * 4096, 4096
+    assert lib.attn_lt_flash_fwd(ctypes.byref(f), None) == 10007
 
 
 @pytest.mark.native
