@@ -87,9 +87,9 @@ def prefers_fused_mass(case: Case, key_mass_window: int | None) -> bool:
     """Whether the fused call and its mass pass are faster than the long path's mass for ``case`` summing the last
     ``key_mass_window`` rows (None: all), both able to run it. The long path computes every row's scores, the pass
     only the summed rows', against every key tile: for a decode step (at most :data:`DECODE_ROWS` rows a kv head)
-    the long path stays (H100, B8 H32/8 Sk 32k: 0.56 ms against 0.78 before the decode blocks stored the scores
-    (:func:`stores_scores`); H200 with them: 0.307 against the fused 0.300, the plain call 0.259, within a run's
-    spread, and not yet measured on an H100). Every row at head dim 256 takes the
+    the long path, as fast as the fused call within a run's spread where its decode blocks store the scores
+    (:func:`stores_scores`; H200, B8 H32/8 Sk 32k: 0.307 ms against 0.300, the plain call 0.259; not measured so on
+    an H100, where the fused call read K again: 0.56 against 0.78). Every row at head dim 256 takes the
     pass where the Hopper kernel runs (native/mass_sm90.cu; H200, B1 H32 S16k: 20.8 ms against 35.5) and the long
     path elsewhere (the sm_80 pass: 68.8 ms on the H100, against 41.8); a window of rows at any head dim, or every
     row at 64 and 128, takes the pass."""
@@ -269,10 +269,11 @@ def fp8_refusal(rows: int, D: int, Dv: int) -> str | None:
     return None
 
 
-#: How MLA decode reads an FP8 latent cache, and how the decode blocks read an FP8 KV cache (see fp8_kv_why).
+#: How MLA decode reads an FP8 latent cache (fp8_kv_why's line for it).
 FP8_LATENT = ("an FP8 latent cache (e4m3, a descale factor a kv head or one for all): native/flash_sm90.cu's MLA "
               "decode kernel reads its bytes (half a 16-bit cache's) and widens each tile to fp16 in shared memory "
               "(q rounded to fp16 under a power-of-two scale, FP32 sums)")
+#: How native/flash.cu's decode blocks read an FP8 KV cache (fp8_kv_why's line for the other head dims).
 FP8_BLOCKS = ("an FP8 KV cache (e4m3, descale factors one a kv head or one for all): native/flash.cu's decode blocks "
               "read its bytes (half a 16-bit cache's) and convert them to fp16 in registers on their way into the "
               "MMAs (q staged in fp16 under a power-of-two scale, FP32 sums)")

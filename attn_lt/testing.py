@@ -256,15 +256,15 @@ def time_turns(calls: dict, warmup_ms: float = 25, rep_ms: float = 200, turns: i
 def time_interleaved(calls: dict, warmup_ms: float = 25, rep_ms: float = 200, flush_mib: int = 256,
                      gap_us: float = 500.0, seed: int = 0) -> dict:
     """Median milliseconds of each of ``calls`` (name -> callable), timed call by call in rounds (every call once a
-    round, in an order shuffled each round), each between CUDA events after an L2 flush and a ``gap_us`` pause of
-    the GPU, so that the ratios between them share the GPU's clocks: no call always follows the same one (a
+    round, in an order shuffled each round), each between CUDA events after a ``gap_us`` pause of the GPU and then an
+    L2 flush, so that the ratios between them share the GPU's clocks: no call always follows the same one (a
     power-bound call slows the next), and the host queues the rounds ahead of the GPU (its own time stays out).
-    Rounds: ``rep_ms`` of calls (by the warm-up's times), at least 5 and at most 1000. None for a call that ran out
-    of memory."""
+    Rounds: ``rep_ms`` of the calls themselves (by the warm-up's times; the pauses and flushes come on top), at least
+    5 and at most 1000. None for a call that ran out of memory (in its first call; the flush buffer is taken
+    after)."""
     import random
     import time
 
-    flush = torch.empty(flush_mib << 20, dtype=torch.int8, device="cuda")
     live, est = {}, {}
     for name, fn in calls.items():
         try:
@@ -273,6 +273,7 @@ def time_interleaved(calls: dict, warmup_ms: float = 25, rep_ms: float = 200, fl
             live[name] = fn
         except torch.OutOfMemoryError:
             torch.cuda.empty_cache()
+    flush = torch.empty(flush_mib << 20, dtype=torch.int8, device="cuda")
     end = time.perf_counter() + warmup_ms / 1e3
     while live and time.perf_counter() < end:
         for fn in live.values():

@@ -139,11 +139,11 @@ typedef struct attn_lt_flash_args {
                              i + Sk - Sq - window_left; -1: unbounded */
     int32_t window_right; /* >= 0: nor a key after i + Sk - Sq + window_right; -1: unbounded (causal: 0) */
     /* attn_lt_flash_fwd's (16-bit K/V; with an FP8 cache it refuses them) and attn_lt_batch_fwd's decode blocks (at
-     * most 16 rows a kv head), for a sequence of one query row (Sq = 1; a batch: a request of one row), when not null: each head's scaled score of every key its
-     * row's tiles visit, in the exp2 domain (log2(e) x the scaled score after softcap, plus the mask; -inf for a key
-     * the row does not see), FP32 at scores[b * s_sb + h * s_sh + j] (a packed-keys batch: cu_k[b] + h * s_sh + j).
-     * Keys of tiles outside the row's window are not written. attn_lt_key_mass / attn_lt_batch_key_mass turn them
-     * into the mass per key in place (from_scores). */
+     * most 16 rows a kv head), for a sequence of one query row (Sq = 1; a batch: a request of one row), when not
+     * null: each head's scaled score of every key its row's tiles visit, in the exp2 domain (log2(e) x the scaled
+     * score after softcap, plus the mask; -inf for a key the row does not see), FP32 at scores[b * s_sb + h * s_sh +
+     * j] (a packed-keys batch: cu_k[b] + h * s_sh + j). Keys of tiles outside the row's window are not written.
+     * attn_lt_key_mass / attn_lt_batch_key_mass turn them into the mass per key in place (from_scores). */
     float* scores;
     int64_t s_sb, s_sh;
     /* FP8 KV caches (attn_lt_flash_fwd's and attn_lt_batch_fwd's decode blocks: at most 16 rows a kv head, D 64, 128
@@ -237,8 +237,9 @@ typedef struct attn_lt_batch_args {
  * score after softcap and mask, and P 0 for keys the row does not see (causal, window, bool mask, the key tail). f
  * carries the forward call's arguments: q, k, their strides, the mask, scale, causal, window, softcap, dtype, and
  * f.lse, that call's LSE (FP32 (B, Hq, Sq) contiguous; it includes the sinks, so P is the share of the row's
- * denominator). A row whose LSE is -inf adds nothing. D 64, 128 or 256; q and k as attn_lt_flash_fwd takes them; f.v,
- * f.o, the partials and f.splits are not read. */
+ * denominator). A row whose LSE is -inf adds nothing. D 64, 128 or 256; q and k as attn_lt_flash_fwd takes them, in
+ * 16 bits (FP8 K/V: ATTN_LT_ERR_DTYPE; attn_lt_batch_key_mass takes a batch's); f.v, f.o, the partials and f.splits
+ * are not read. */
 typedef struct attn_lt_mass_args {
     attn_lt_flash_args f;
     float* mass;

@@ -1509,7 +1509,7 @@ extern "C" int attn_lt_flash_fwd(const attn_lt_flash_args* a, void* stream) {
     if (a == nullptr || a->o == nullptr || a->v == nullptr) return ATTN_LT_ERR_ARGS;
     if (const int status = qk_status(*a)) return status;
     if (a->kv_dtype != ATTN_LT_NONE && !decode_rows(*a)) return ATTN_LT_ERR_DTYPE;  // FP8 K/V: decode blocks only
-    if (a->kv_dtype != ATTN_LT_NONE && a->scores != nullptr) return ATTN_LT_ERR_DTYPE;  // (no scores stored: batches)
+    if (a->kv_dtype != ATTN_LT_NONE && a->scores != nullptr) return ATTN_LT_ERR_DTYPE;  // FP8: only batches store them
     if (a->B * a->Hkv > 65535) return ATTN_LT_ERR_HEADS;  // the grid's y
     if (a->Dv != 0 && a->Dv != a->D) return ATTN_LT_ERR_HEAD_DIM;
     if (a->q_sb % 8 != 0) return ATTN_LT_ERR_STRIDES;

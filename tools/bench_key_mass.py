@@ -140,7 +140,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="the first and last cases only")
     ap.add_argument("--no-lt", action="store_true", help="skip the long path's mass")
-    ap.add_argument("--rep-ms", type=float, default=200.0, help="milliseconds of calls a case's timing takes")
+    ap.add_argument("--rep-ms", type=float, default=200.0,
+                    help="milliseconds of the calls themselves that a case's timing covers (pauses and flushes on top)")
     ap.add_argument("--out")
     a = ap.parse_args()
     if not torch.cuda.is_available():

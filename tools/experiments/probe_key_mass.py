@@ -68,8 +68,9 @@ def main() -> None:
         plain_ks = kernel_ms(lambda: attn_lt.attention(q, k, v, **kw), args.reps)
         total = sum(ks.values())
         print(f"B{B} H{Hq}/{Hkv} Sq{Sq} Sk{Sk} D{D} {'causal' if causal else 'full'}: events plain {plain:.3f} ms, "
-              f"with the mass {mass:.3f} ({mass / plain:.3f}x); kernels " + ", ".join(f"{n} {t:.3f}" for n, t in ks.items()) +
-              f" (sum {total:.3f}, {total / ks.get('forward', plain):.3f}x its forward); the plain call's kernels "
+              f"with the mass {mass:.3f} ({mass / plain:.3f}x); kernels "
+              + ", ".join(f"{n} {t:.3f}" for n, t in ks.items())
+              + f" (sum {total:.3f}, {total / ks.get('forward', plain):.3f}x its forward); the plain call's kernels "
               + ", ".join(f"{n} {t:.3f}" for n, t in plain_ks.items())
               + f" ({total / sum(plain_ks.values()):.3f}x)", flush=True)
         del q, k, v
