@@ -265,7 +265,7 @@ def time_interleaved(calls: dict, warmup_ms: float = 25, rep_ms: float = 200, fl
     import random
     import time
 
-    live, est = {}, {}
+    live = {}
     for name, fn in calls.items():
         try:
             fn()
@@ -279,9 +279,8 @@ def time_interleaved(calls: dict, warmup_ms: float = 25, rep_ms: float = 200, fl
         for fn in live.values():
             fn()
         torch.cuda.synchronize()
-    for name, fn in live.items():
-        est[name] = event_ms(fn)
-    rounds = max(5, min(1000, int(rep_ms / max(sum(est.values()), 1e-3))))
+    round_ms = sum(event_ms(fn) for fn in live.values())
+    rounds = max(5, min(1000, int(rep_ms / max(round_ms, 1e-3))))
     rng, names, pairs = random.Random(seed), list(live), []
     gap = int(gap_us * 2e3)  # GPU cycles at up to 2 GHz
     for _ in range(rounds if live else 0):

@@ -762,7 +762,7 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
                 mx[0] = fmaxf(mx[0], fmaxf(s[t][j][0], s[t][j][1]));
                 mx[1] = fmaxf(mx[1], fmaxf(s[t][j][2], s[t][j][3]));
             }
-            if constexpr (W && (BT || !F8)) {  // (a dense call on an FP8 cache stores none: attn_lt_flash_fwd)
+            if constexpr (W) {
                 // the scores as the softmax takes them: a thread's rows lane / 4 and + 8 (those below g), keys
                 // key and key + 1 of each n8 tile, a pair in one 8-byte store where the row allows it
                 if (s_out != nullptr) {

@@ -12,7 +12,8 @@
 //     Default pipeline (variant 0): the QK^T of tile i+1 and the PV of tile i are in flight while the softmax of
 //     tile i+1 runs (FA3's intra-warpgroup overlap), and in 16 bits for DV <= 128 the two consumer warpgroups take
 //     turns issuing their GEMMs through two named barriers (FA3's ping-pong), so one's softmax hides under the
-//     other's GEMMs (kPingPong). Variant 1 runs the plain sequence (QK, wait, softmax, PV, wait), for tests and benchmarks.
+//     other's GEMMs (kPingPong). Variant 1 runs the plain sequence (QK, wait, softmax, PV, wait), for tests and
+//     benchmarks.
 // Key tiles are visited from the last one down, so the tiles that need a mask (the key tail, the causal diagonal)
 // come first; causal tiles wholly above the diagonal are never loaded. GQA reads kv head h / (Hq / Hkv) in place.
 // Dense calls without a mask run persistent (persistent_grid says when): a grid of one CTA an SM takes the (query
@@ -863,8 +864,8 @@ __global__ void __launch_bounds__(kThreads, 1)
             pending = false;
         };
         // Ping-pong (kPingPong): warpgroup c waits on barrier 1 + c before issuing a step's GEMMs and arrives on the
-        // other's after. Warpgroup 0 goes first (its own arrival) and takes warpgroup 1's
-        // last arrival at the end, so that both barriers end balanced whatever the steps.
+        // other's after. Warpgroup 0 goes first (its own arrival) and takes warpgroup 1's last arrival at the end, so
+        // that both barriers end balanced whatever the steps.
         if (kPingPong && c == 0) bar_arrive(1, 256);
         for (int r = 0;; ++r) {
             Item it;
