@@ -409,6 +409,10 @@ constexpr int stages() {
 // F8 (W blocks only): k and v hold e4m3 (attn_lt_flash_args::kv_dtype), the MMAs run in fp16.
 template <bool BT>
 using KernelArgs = std::conditional_t<BT, attn_lt_batch_args, attn_lt_flash_args>;
+// Decode blocks that can store a step's scores (attn_lt_flash_args::scores): a dense call on an FP8 cache stores
+// none (attn_lt_flash_fwd refuses them), so its blocks are built without the store path.
+template <bool W, bool BT, bool F8>
+constexpr bool kStoresScores = W && (BT || !F8);
 
 // CTAs an SM the registers must leave room for: FP8 decode blocks (D <= 128) three, so that a memory-bound decode
 // has twelve warps an SM to hide its latencies (their stages are half as large; four CTAs would spill at D 64);
@@ -458,7 +462,7 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
     // Decode blocks of a one-row sequence store their rows' scores (attn_lt_flash_args::scores) here: head hk g + r
     // at s_out[r * s_sh + key].
     float* s_out = nullptr;
-    if constexpr (W) {
+    if constexpr (kStoresScores<W, BT, F8>) {
         if (a.scores != nullptr && Sq == 1) {
             int64_t at = b * a.s_sb;
             if constexpr (BT) {
@@ -762,7 +766,7 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
                 mx[0] = fmaxf(mx[0], fmaxf(s[t][j][0], s[t][j][1]));
                 mx[1] = fmaxf(mx[1], fmaxf(s[t][j][2], s[t][j][3]));
             }
-            if constexpr (W) {
+            if constexpr (kStoresScores<W, BT, F8>) {
                 // the scores as the softmax takes them: a thread's rows lane / 4 and + 8 (those below g), keys
                 // key and key + 1 of each n8 tile, a pair in one 8-byte store where the row allows it
                 if (s_out != nullptr) {

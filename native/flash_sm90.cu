@@ -131,7 +131,7 @@ struct Layout {
     static constexpr int kStages = ES == 1 ? (D <= 128 ? 4 : 2) : MK == kNoMask ? Cfg<D>::kStages : D == 64 ? 3 : 2;
     static constexpr uint32_t kQBytes = kBlockM * D * ES, kKBytes = kBlockN * D * ES, kVBytes = kBlockN * DV * ES;
     static constexpr uint32_t kQSlab = kBlockM * 128, kKVSlab = kBlockN * 128;  // bytes of one 128-byte-wide slab
-    // bytes a row of a Q or K slab: 128, or 64 (e4m3 at D 64: one slab in the 64-byte swizzle, make_desc64)
+    // bytes a row of a Q or K slab: 128, or 64 (e4m3 at D 64: one slab in the 64-byte swizzle, smem_desc64)
     static constexpr uint32_t kRowBytes = D * ES < 128 ? D * ES : 128;
     static_assert(kQSlab % 1024 == 0 && kKVSlab % 1024 == 0, "slabs of whole 8-row swizzle atoms");
     // mask tiles: bytes an element, a box row (128, or 64 for a bool tile of 64 keys), keys a box row, boxes a tile
@@ -701,31 +701,28 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint32_t q_wg = sQ + 64 * c * L::kRowBytes;
         // S = Q K^T: k-step kk reads 32 bytes (16 columns; FP8 32) of slab kk / 4, 32 bytes into its 128-byte rows
         // (FP8 at D 64: 64-byte rows, two k-steps).
+        const SmemDesc q_desc = L::kRowBytes == 64 ? smem_desc64(q_wg) : smem_desc(q_wg, 16);
+        const SmemDesc k_desc = L::kRowBytes == 64 ? smem_desc64(sK) : smem_desc(sK, 16);
+        const SmemDesc v_desc = smem_desc(sV, kFp8 ? 16 : L::kKVSlab);
         auto issue_qk = [&](int s) {
-            const uint32_t k_base = sK + s * L::kKBytes;
+            const SmemDesc qd = q_desc.uniform(), kd = k_desc.moved(s * L::kKBytes).uniform();
 #pragma unroll
             for (int kk = 0; kk < D * int(sizeof(T)) / 32; ++kk) {
-                uint64_t da, db;
-                if constexpr (L::kRowBytes == 64) {
-                    da = make_desc64(q_wg + kk * 32);
-                    db = make_desc64(k_base + kk * 32);
-                } else {
-                    da = make_desc(q_wg + (kk / 4) * L::kQSlab + (kk % 4) * 32, 16);
-                    db = make_desc(k_base + (kk / 4) * L::kKVSlab + (kk % 4) * 32, 16);
-                }
-                if constexpr (kFp8) wgmma_ss_e4m3<BN>(sacc, da, db, kk > 0);
-                else wgmma_ss<BN, T>(sacc, da, db, kk > 0);
+                const uint32_t q_off = L::kRowBytes == 64 ? kk * 32 : (kk / 4) * L::kQSlab + (kk % 4) * 32;
+                const uint32_t k_off = L::kRowBytes == 64 ? kk * 32 : (kk / 4) * L::kKVSlab + (kk % 4) * 32;
+                if constexpr (kFp8) wgmma_ss_e4m3<BN>(sacc, qd.at(q_off), kd.at(k_off), kk > 0);
+                else wgmma_ss<BN, T>(sacc, qd.at(q_off), kd.at(k_off), kk > 0);
             }
         };
         // O += P V: k-step kk reads keys [16kk, 16kk + 16) = two 8-row atoms (2048 bytes); the DV columns span the
         // DV / 64 slabs, LBO apart. FP8: the tile is V transposed (DV rows of 128 keys, K-major): k-step kk reads
         // 32 bytes (keys) into every row.
         auto issue_pv = [&](int s) {
-            const uint32_t v_base = sV + s * L::kVBytes;
+            const SmemDesc vd = v_desc.moved(s * L::kVBytes).uniform();
 #pragma unroll
             for (int kk = 0; kk < BN / kKP; ++kk) {
-                if constexpr (kFp8) wgmma_rs_e4m3<DV>(o, pf[kk], make_desc(v_base + kk * 32, 16));
-                else wgmma_rs<DV, T>(o, pf[kk], make_desc(v_base + kk * 2048, L::kKVSlab));
+                if constexpr (kFp8) wgmma_rs_e4m3<DV>(o, pf[kk], vd.at(kk * 32));
+                else wgmma_rs<DV, T>(o, pf[kk], vd.at(kk * 2048));
             }
         };
         auto release = [&](uint32_t bar) {
@@ -1342,10 +1339,12 @@ __global__ void __launch_bounds__(kThreads, 1)
                 const uint32_t kb = sK + s * L::kKBytes;
                 mbar_wait(full_k(s), ph);
                 wgmma_fence();
+                const SmemDesc qd = smem_desc(sQ, 16).uniform(), kd = smem_desc(kb, 16).uniform();
 #pragma unroll
-                for (int kk = 0; kk < kMlaD / 16; ++kk)
-                    wgmma_ss<kMlaKeys, TW>(sacc, make_desc(sQ + (kk / 4) * L::kSlab + (kk % 4) * 32, 16),
-                                          make_desc(kb + (kk / 4) * L::kSlab + (kk % 4) * 32, 16), kk > 0);
+                for (int kk = 0; kk < kMlaD / 16; ++kk) {
+                    const uint32_t off = (kk / 4) * L::kSlab + (kk % 4) * 32;
+                    wgmma_ss<kMlaKeys, TW>(sacc, qd.at(off), kd.at(off), kk > 0);
+                }
                 wgmma_commit();
                 wgmma_wait<0>();
                 fence_regs(sacc);
@@ -1393,9 +1392,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                 fence_regs(o);
                 fence_regs(pf);
                 wgmma_fence();
+                const SmemDesc vd = smem_desc(kb, L::kSlab).uniform();
 #pragma unroll
-                for (int kk = 0; kk < kMlaKeys / 16; ++kk)
-                    wgmma_rs<256, TW>(o, pf[kk], make_desc(kb + kk * 2048, L::kSlab));
+                for (int kk = 0; kk < kMlaKeys / 16; ++kk) wgmma_rs<256, TW>(o, pf[kk], vd.at(kk * 2048));
                 wgmma_commit();
                 wgmma_wait<0>();
                 fence_regs(o);
@@ -1422,10 +1421,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                 scale_rows(o, corr_s[rw], corr_s[rw + 8]);
                 fence_regs(o);
                 wgmma_fence();
+                const SmemDesc pd = smem_desc(sP, 16).uniform(), vd = smem_desc(kb + 4 * L::kSlab, L::kSlab).uniform();
 #pragma unroll
-                for (int kk = 0; kk < kMlaKeys / 16; ++kk)
-                    wgmma_ss_vt256<TW>(o, make_desc(sP + kk * 32, 16),
-                                      make_desc(kb + 4 * L::kSlab + kk * 2048, L::kSlab));
+                for (int kk = 0; kk < kMlaKeys / 16; ++kk) wgmma_ss_vt256<TW>(o, pd.at(kk * 32), vd.at(kk * 2048));
                 wgmma_commit();
                 wgmma_wait<0>();
                 fence_regs(o);
@@ -1608,10 +1606,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint32_t kb = sK + s * L::kKVBytes, vb = sV + s * L::kKVBytes;
         mbar_wait(full_kv(s), (i / kGqStages) & 1);
         wgmma_fence();
+        const SmemDesc qd = smem_desc(sQ, 16).uniform(), kd = smem_desc(kb, 16).uniform();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk)
-            wgmma_ss<kGqKeys, T>(sacc, make_desc(sQ + (kk / 4) * L::kQSlab + (kk % 4) * 32, 16),
-                                 make_desc(kb + (kk / 4) * L::kKVSlab + (kk % 4) * 32, 16), kk > 0);
+            wgmma_ss<kGqKeys, T>(sacc, qd.at((kk / 4) * L::kQSlab + (kk % 4) * 32),
+                                 kd.at((kk / 4) * L::kKVSlab + (kk % 4) * 32), kk > 0);
         wgmma_commit();
         wgmma_wait<0>();
         fence_regs(sacc);
@@ -1636,8 +1635,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         fence_regs(o);
         fence_regs(pf);
         wgmma_fence();
+        const SmemDesc vd = smem_desc(vb, L::kKVSlab).uniform();
 #pragma unroll
-        for (int kk = 0; kk < kGqKeys / 16; ++kk) wgmma_rs<D, T>(o, pf[kk], make_desc(vb + kk * 2048, L::kKVSlab));
+        for (int kk = 0; kk < kGqKeys / 16; ++kk) wgmma_rs<D, T>(o, pf[kk], vd.at(kk * 2048));
         wgmma_commit();
         wgmma_wait<0>();
         fence_regs(o);

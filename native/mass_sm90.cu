@@ -228,11 +228,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     const float sc = p.sc, cap_in = p.cap_in;
     const bool capped = cap_in > 0.f;
     auto issue = [&](float (&acc)[N / 2], int s) {
-        const uint32_t q_base = sQ + s * L::kQBytes;
+        const SmemDesc qd = smem_desc(sQ + s * L::kQBytes, 16).uniform();
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk)
-            wgmma_rs_kmajor<N, T>(acc, kf[kk], make_desc(q_base + (kk / 4) * L::kQSlab + (kk % 4) * 32, 16), kk > 0);
+            wgmma_rs_kmajor<N, T>(acc, kf[kk], qd.at((kk / 4) * L::kQSlab + (kk % 4) * 32), kk > 0);
         wgmma_commit();
     };
     // this thread's sums (its columns) over the tiles for keys kc0 + rw ([0]) and + 8 ([1]), in 4 chains each (the

@@ -169,11 +169,12 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
             mbar_wait(full(s), ph);
             const uint32_t q_wg = (k_res ? stage(s) : sR) + wg_rows, k_base = k_res ? sR : stage(s);
+            const SmemDesc qd = smem_desc(q_wg, 16).uniform(), kd = smem_desc(k_base, 16).uniform();
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < D / 16; ++kk)
-                wgmma_ss<kTileN, T>(acc, make_desc(q_wg + (kk / 4) * L::kSlabQ + (kk % 4) * 32, 16),
-                                    make_desc(k_base + (kk / 4) * L::kSlabK + (kk % 4) * 32, 16), kk > 0);
+                wgmma_ss<kTileN, T>(acc, qd.at((kk / 4) * L::kSlabQ + (kk % 4) * 32),
+                                    kd.at((kk / 4) * L::kSlabK + (kk % 4) * 32), kk > 0);
             wgmma_commit();
             wgmma_wait<0>();
             fence_regs(acc);

@@ -140,13 +140,27 @@ __device__ __forceinline__ void fence_regs(uint32_t (&r)[N][4]) {
 // Shared-memory matrix descriptor, 128-byte swizzle: start address, leading byte offset (LBO; unused by K-major
 // swizzled operands, the slab stride of an MN-major one), stride byte offset (SBO = 1024: the next 8-row atom),
 // base offset 0 (every atom starts on a 1024-byte boundary; K-steps inside an atom add 32 bytes to the start).
-__device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t lbo) {
-    return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t((lbo & 0x3FFFF) >> 4) << 16) | (uint64_t(1024 >> 4) << 32) |
-           (1ull << 62);
+// A tile's k-steps differ only in the start address, bits 0-13 of the low word in 16-byte units: at(offset) is the
+// descriptor `offset` bytes on, one 32-bit add (the start stays below 2^18 bytes, shared memory being 228 KB);
+// moved(offset) the same as a descriptor (a stage's tile from the first stage's).
+// uniform() broadcasts the low word from lane 0, which lets the compiler keep a tile's descriptors in uniform
+// registers (one uniform add a k-step) where the address derives from values it cannot prove warp-uniform (a
+// warpgroup or stage index): take it once a tile.
+struct SmemDesc {
+    uint32_t lo, hi;
+    __device__ __forceinline__ SmemDesc moved(uint32_t offset) const { return {lo + (offset >> 4), hi}; }
+    __device__ __forceinline__ uint64_t at(uint32_t offset) const {
+        const SmemDesc d = moved(offset);
+        return (uint64_t(d.hi) << 32) | d.lo;
+    }
+    __device__ __forceinline__ SmemDesc uniform() const { return {__shfl_sync(0xffffffffu, lo, 0), hi}; }
+};
+__device__ __forceinline__ SmemDesc smem_desc(uint32_t addr, uint32_t lbo) {
+    return {((addr & 0x3FFFF) >> 4) | (((lbo & 0x3FFFF) >> 4) << 16), (1024 >> 4) | (1u << 30)};
 }
 // The same for a tile of 64-byte rows in the 64-byte swizzle (8-row atoms of 512 bytes; the FP8 prefill's D 64).
-__device__ __forceinline__ uint64_t make_desc64(uint32_t addr) {
-    return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(16 >> 4) << 16) | (uint64_t(512 >> 4) << 32) | (2ull << 62);
+__device__ __forceinline__ SmemDesc smem_desc64(uint32_t addr) {
+    return {((addr & 0x3FFFF) >> 4) | ((16 >> 4) << 16), (512 >> 4) | (2u << 30)};
 }
 
 // wgmma operand lists. Accumulator fragment of m64nNk16 (f32), warp w of the warpgroup, lane l:
