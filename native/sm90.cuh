@@ -145,7 +145,7 @@ __device__ __forceinline__ void fence_regs(uint32_t (&r)[N][4]) {
 // moved(offset) the same as a descriptor (a stage's tile from the first stage's).
 // uniform() broadcasts the low word from lane 0, which lets the compiler keep a tile's descriptors in uniform
 // registers (one uniform add a k-step) where the address derives from values it cannot prove warp-uniform (a
-// warpgroup or stage index): take it once a tile.
+// warpgroup or stage index): take it once a tile, in every lane of the warp (where the wgmma that uses it runs).
 struct SmemDesc {
     uint32_t lo, hi;
     __device__ __forceinline__ SmemDesc moved(uint32_t offset) const { return {lo + (offset >> 4), hi}; }
