@@ -472,7 +472,7 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
         }
     }
     // whether every row's even keys start 8-byte aligned pairs (the score stores)
-    const bool s_pairs = W && reinterpret_cast<uintptr_t>(s_out) % 8 == 0 && a.s_sh % 2 == 0;
+    const bool s_pairs = kStoresScores<W, BT, F8> && reinterpret_cast<uintptr_t>(s_out) % 8 == 0 && a.s_sh % 2 == 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     // The merge of the splits (a dependent grid, see merge) launches once every CTA of this grid got here or
     // exited; it waits in griddepcontrol.wait until this grid has finished and its writes are visible.

@@ -700,7 +700,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         // this warpgroup's 64 rows in every Q slab (8-row atoms, 1024-aligned; 512 in the 64-byte swizzle)
         const uint32_t q_wg = sQ + 64 * c * L::kRowBytes;
         // S = Q K^T: k-step kk reads 32 bytes (16 columns; FP8 32) of slab kk / 4, 32 bytes into its 128-byte rows
-        // (FP8 at D 64: 64-byte rows, two k-steps).
+        // (FP8 at D 64: 64-byte rows, two k-steps, both in slab 0).
         const SmemDesc q_desc = L::kRowBytes == 64 ? smem_desc64(q_wg) : smem_desc(q_wg, 16);
         const SmemDesc k_desc = L::kRowBytes == 64 ? smem_desc64(sK) : smem_desc(sK, 16);
         const SmemDesc v_desc = smem_desc(sV, kFp8 ? 16 : L::kKVSlab);
@@ -708,10 +708,9 @@ __global__ void __launch_bounds__(kThreads, 1)
             const SmemDesc qd = q_desc.uniform(), kd = k_desc.moved(s * L::kKBytes).uniform();
 #pragma unroll
             for (int kk = 0; kk < D * int(sizeof(T)) / 32; ++kk) {
-                const uint32_t q_off = L::kRowBytes == 64 ? kk * 32 : (kk / 4) * L::kQSlab + (kk % 4) * 32;
-                const uint32_t k_off = L::kRowBytes == 64 ? kk * 32 : (kk / 4) * L::kKVSlab + (kk % 4) * 32;
-                if constexpr (kFp8) wgmma_ss_e4m3<BN>(sacc, qd.at(q_off), kd.at(k_off), kk > 0);
-                else wgmma_ss<BN, T>(sacc, qd.at(q_off), kd.at(k_off), kk > 0);
+                const uint64_t da = qd.at(kstep_offset(kk, L::kQSlab)), db = kd.at(kstep_offset(kk, L::kKVSlab));
+                if constexpr (kFp8) wgmma_ss_e4m3<BN>(sacc, da, db, kk > 0);
+                else wgmma_ss<BN, T>(sacc, da, db, kk > 0);
             }
         };
         // O += P V: k-step kk reads keys [16kk, 16kk + 16) = two 8-row atoms (2048 bytes); the DV columns span the
@@ -1341,10 +1340,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                 wgmma_fence();
                 const SmemDesc qd = smem_desc(sQ, 16).uniform(), kd = smem_desc(kb, 16).uniform();
 #pragma unroll
-                for (int kk = 0; kk < kMlaD / 16; ++kk) {
-                    const uint32_t off = (kk / 4) * L::kSlab + (kk % 4) * 32;
-                    wgmma_ss<kMlaKeys, TW>(sacc, qd.at(off), kd.at(off), kk > 0);
-                }
+                for (int kk = 0; kk < kMlaD / 16; ++kk)
+                    wgmma_ss<kMlaKeys, TW>(sacc, qd.at(kstep_offset(kk, L::kSlab)), kd.at(kstep_offset(kk, L::kSlab)),
+                                          kk > 0);
                 wgmma_commit();
                 wgmma_wait<0>();
                 fence_regs(sacc);
@@ -1609,8 +1607,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         const SmemDesc qd = smem_desc(sQ, 16).uniform(), kd = smem_desc(kb, 16).uniform();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk)
-            wgmma_ss<kGqKeys, T>(sacc, qd.at((kk / 4) * L::kQSlab + (kk % 4) * 32),
-                                 kd.at((kk / 4) * L::kKVSlab + (kk % 4) * 32), kk > 0);
+            wgmma_ss<kGqKeys, T>(sacc, qd.at(kstep_offset(kk, L::kQSlab)),
+                                 kd.at(kstep_offset(kk, L::kKVSlab)), kk > 0);
         wgmma_commit();
         wgmma_wait<0>();
         fence_regs(sacc);

@@ -232,7 +232,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk)
-            wgmma_rs_kmajor<N, T>(acc, kf[kk], qd.at((kk / 4) * L::kQSlab + (kk % 4) * 32), kk > 0);
+            wgmma_rs_kmajor<N, T>(acc, kf[kk], qd.at(kstep_offset(kk, L::kQSlab)), kk > 0);
         wgmma_commit();
     };
     // this thread's sums (its columns) over the tiles for keys kc0 + rw ([0]) and + 8 ([1]), in 4 chains each (the

@@ -173,8 +173,8 @@ __global__ void __launch_bounds__(kThreads, 1)
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < D / 16; ++kk)
-                wgmma_ss<kTileN, T>(acc, qd.at((kk / 4) * L::kSlabQ + (kk % 4) * 32),
-                                    kd.at((kk / 4) * L::kSlabK + (kk % 4) * 32), kk > 0);
+                wgmma_ss<kTileN, T>(acc, qd.at(kstep_offset(kk, L::kSlabQ)),
+                                    kd.at(kstep_offset(kk, L::kSlabK)), kk > 0);
             wgmma_commit();
             wgmma_wait<0>();
             fence_regs(acc);
