@@ -89,19 +89,20 @@ constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
 // Key tiles: kBlockN keys, in a kStages-deep ring. kWideN (0: none) is the tile of the default pipeline's dense calls
 // without a mask or window from kWideFrom keys (kWideFromCausal with causal rows; wide_tiles), FA3's 192 at D 64 and
 // 176 at D 128: a longer tile spreads its fixed costs (the row max and sum across a quad, O's rescale, the barriers)
-// over more keys, while shorter rows lose more to the longer last tile and causal ones to the wider diagonal (H200,
-// FA3 protocol, over 128-key tiles: D 64 1.02-1.06x from S 4k, 0.90x at S 512, causal 1.02x from S 8k; D 128
-// 1.02-1.07x from S 2k-4k, 0.92x at S 512, causal 1.04-1.07x from S 8k, 0.95x at S 2k). At D 128 O then has no
-// staging tile of its own (it is staged in Q's, as at D 256). The plain pipeline keeps kBlockN.
+// over more keys, while shorter rows lose more to the longer last tile and causal ones to the wider diagonal, and at
+// D 128 O then has no staging tile of its own (it is staged in Q's, as at D 256), so that a persistent CTA's item
+// cannot end in the next one's first step (H200, FA3 protocol, over the persistent kernel's 128-key tiles: D 64
+// 0.98x at S 4k, 1.02-1.06x at S 8k-16k, causal 1.02x from S 8k; D 128 0.97x at S 2k, 1.00x at S 4k, 1.02-1.07x
+// at S 8k-16k, causal 1.04-1.07x from S 8k). The plain pipeline keeps kBlockN.
 template <int D>
 struct Cfg;
 template <>
 struct Cfg<64> {
-    static constexpr int kBlockN = 128, kStages = 4, kWideN = 192, kWideFrom = 4096, kWideFromCausal = 8192;
+    static constexpr int kBlockN = 128, kStages = 4, kWideN = 192, kWideFrom = 8192, kWideFromCausal = 8192;
 };
 template <>
 struct Cfg<128> {
-    static constexpr int kBlockN = 128, kStages = 2, kWideN = 176, kWideFrom = 2048, kWideFromCausal = 8192;
+    static constexpr int kBlockN = 128, kStages = 2, kWideN = 176, kWideFrom = 4096, kWideFromCausal = 8192;
 };
 template <>
 struct Cfg<192> {  // MLA prefill: q/k head dim 192, v's 128 (the only DV built with D = 192; no mask)

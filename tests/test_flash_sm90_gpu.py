@@ -239,19 +239,19 @@ def test_g_persistent_items_equal_grid(sm90, B, Hq, Hkv, Sq, Sk, D, causal, vari
 
 @gpu
 @pytest.mark.parametrize("B,Hq,Hkv,Sq,Sk,D,dtype,causal", [
-    (1, 4, 2, 97, 4097, 64, "bf16", False),     # 192-key tiles: a key tail of 65 in the first tile visited, GQA
-    (2, 2, 1, 300, 4225, 64, "fp16", False),    # a key tail of 1
-    (1, 4, 4, 1, 6000, 64, "bf16", False),      # one query row
+    (1, 4, 2, 97, 8321, 64, "bf16", False),     # 192-key tiles: a key tail of 65 in the first tile visited, GQA
+    (2, 2, 1, 300, 8257, 64, "fp16", False),    # a key tail of 1
+    (1, 4, 4, 1, 9000, 64, "bf16", False),      # one query row
     (1, 2, 1, 700, 8193, 64, "bf16", True),     # causal from 8192 keys, Sq < Sk
-    (1, 4, 2, 513, 2048, 128, "bf16", False),   # 176-key tiles: a key tail of 112
-    (2, 2, 1, 129, 2113, 128, "fp16", False),   # a key tail of 1
+    (1, 4, 2, 513, 4160, 128, "bf16", False),   # 176-key tiles: a key tail of 112
+    (2, 2, 1, 129, 4225, 128, "fp16", False),   # a key tail of 1
     (1, 8, 2, 1100, 4097, 128, "bf16", False),  # a partial last query block (1100 rows), GQA 4
-    (3, 16, 4, 300, 4100, 64, "bf16", False),   # more items than SMs: O's own tile and the deferred epilogue
-    (2, 16, 4, 700, 2100, 128, "fp16", False),  # more items than SMs, O staged in the Q tile
+    (3, 16, 4, 300, 8300, 64, "bf16", False),   # more items than SMs: O's own tile and the deferred epilogue
+    (2, 16, 4, 700, 4200, 128, "fp16", False),  # more items than SMs, O staged in the Q tile
     (1, 2, 2, 8300, 8300, 128, "fp16", True),   # causal, the diagonal across 176-key tiles
 ], ids=str)
 def test_g_wide_key_tiles(sm90, B, Hq, Hkv, Sq, Sk, D, dtype, causal):
-    """Calls without a window or mask from 4096 keys (D 64) or 2048 (D 128), causal ones from 8192, run on 192- or
+    """Calls without a window or mask from 8192 keys (D 64) or 4096 (D 128), causal ones from 8192, run on 192- or
     176-key tiles (native/flash_sm90.cu's Cfg): key tails inside a tile, the causal diagonal, Sq != Sk, GQA, fp16
     and bf16, persistent CTAs taking several items; the grid variant gives the same bits."""
     q, k, v = rand_qkv(B, Hq, Hkv, Sq, Sk, D, dtype)

@@ -49,13 +49,13 @@ PERSISTENT = [
     (2, 8, 4, 1030, 300, 256, torch.float16, False, "bhsd", "default"),
     (3, 16, 16, 500, 500, 64, torch.bfloat16, False, "bhsd", "plain"),
 ]
-# wide key tiles (native/flash_sm90.cu's Cfg: 192 keys at D 64 from 4096 keys, 176 at D 128 from 2048; causal
+# wide key tiles (native/flash_sm90.cu's Cfg: 192 keys at D 64 from 8192 keys, 176 at D 128 from 4096; causal
 # from 8192), key tails inside a tile
 WIDE = [
-    (1, 2, 1, 97, 4097, 64, torch.bfloat16, False, "bhsd", "default"),
-    (1, 2, 2, 130, 2113, 128, torch.float16, False, "bshd", "default"),
+    (1, 2, 1, 97, 8321, 64, torch.bfloat16, False, "bhsd", "default"),
+    (1, 2, 2, 130, 4225, 128, torch.float16, False, "bshd", "default"),
     (1, 2, 1, 200, 8200, 128, torch.bfloat16, True, "bhsd", "default"),
-    (3, 16, 4, 300, 4100, 64, torch.bfloat16, False, "bhsd", "default"),  # more items than SMs
+    (3, 16, 4, 300, 8300, 64, torch.bfloat16, False, "bhsd", "default"),  # more items than SMs
 ]
 # MLA prefill, q/k head dim 192 and v's 128: (B, Hq, Hkv, Sq, Sk, dtype, causal, variant)
 # the FP8 prefill: (B, Hq, Hkv, Sq, Sk, D, causal, window)
