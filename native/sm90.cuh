@@ -245,12 +245,11 @@ __device__ __forceinline__ void wgmma_ss(float* d, uint64_t da, uint64_t db, int
                  ", %" #A2 ", %" #A3 "}, %" #IB ", p, 1, 1, " #TB ";\n}\n"                                     \
                  : ACC                                                                                         \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d))
-// D += A (registers) * B (N-major): P V.
+// D = [D if scale_d] + A (registers) * B (N-major): P V.
 template <int N, typename T>
-__device__ __forceinline__ void wgmma_rs(float* d, const uint32_t* a, uint64_t db) {
+__device__ __forceinline__ void wgmma_rs(float* d, const uint32_t* a, uint64_t db, int scale_d = 1) {
     constexpr bool bf16 = std::is_same<T, __nv_bfloat16>::value;
     static_assert(N == 64 || N == 128 || N == 256, "head dim");
-    const int scale_d = 1;
     if constexpr (N == 64) {
         if constexpr (bf16) WGMMA_RS(64, "bf16", 1, WG_D32, WG_ACC32(d, 0), 32, 33, 34, 35, 36, 37);
         else WGMMA_RS(64, "f16", 1, WG_D32, WG_ACC32(d, 0), 32, 33, 34, 35, 36, 37);
@@ -285,24 +284,26 @@ __device__ __forceinline__ void wgmma_rs_kmajor(float* d, const uint32_t* a, uin
                  ", p, 1, 1;\n}\n"                                                                           \
                  : ACC                                                                                        \
                  : "l"(da), "l"(db), "r"(scale_d))
-#define WGMMA_RS_E4M3(NN, REGS, ACC, A0, A1, A2, A3, IB)                                                    \
-    asm volatile("wgmma.mma_async.sync.aligned.m64n" #NN "k32.f32.e4m3.e4m3 {" REGS "}, {%" #A0 ", %" #A1   \
-                 ", %" #A2 ", %" #A3 "}, %" #IB ", 1, 1, 1;\n"                                              \
+#define WGMMA_RS_E4M3(NN, REGS, ACC, A0, A1, A2, A3, IB, IS)                                                \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #IS ", 0;\n"                                          \
+                 "wgmma.mma_async.sync.aligned.m64n" #NN "k32.f32.e4m3.e4m3 {" REGS "}, {%" #A0 ", %" #A1   \
+                 ", %" #A2 ", %" #A3 "}, %" #IB ", p, 1, 1;\n}\n"                                           \
                  : ACC                                                                                      \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db))
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d))
 // D (m64 x N) = [D if scale_d] + A (m64 x k32, shared) * B (k32 x N, shared): Q K^T in FP8.
 template <int N>
 __device__ __forceinline__ void wgmma_ss_e4m3(float* d, uint64_t da, uint64_t db, int scale_d) {
     static_assert(N == 128, "the FP8 key tile");
     WGMMA_SS_E4M3(128, WG_D64, WG_ACC64(d), 64, 65, 66);
 }
-// D (m64 x N) += A (m64 x k32, registers) * B (k32 x N, shared, K-major): P V in FP8 (V transposed).
+// D (m64 x N) = [D if scale_d] + A (m64 x k32, registers) * B (k32 x N, shared, K-major): P V in FP8 (V
+// transposed).
 template <int N>
-__device__ __forceinline__ void wgmma_rs_e4m3(float* d, const uint32_t* a, uint64_t db) {
+__device__ __forceinline__ void wgmma_rs_e4m3(float* d, const uint32_t* a, uint64_t db, int scale_d = 1) {
     static_assert(N == 64 || N == 128 || N == 256, "the FP8 head dims");
-    if constexpr (N == 64) WGMMA_RS_E4M3(64, WG_D32, WG_ACC32(d, 0), 32, 33, 34, 35, 36);
-    else if constexpr (N == 128) WGMMA_RS_E4M3(128, WG_D64, WG_ACC64(d), 64, 65, 66, 67, 68);
-    else WGMMA_RS_E4M3(256, WG_D128, WG_ACC128(d), 128, 129, 130, 131, 132);
+    if constexpr (N == 64) WGMMA_RS_E4M3(64, WG_D32, WG_ACC32(d, 0), 32, 33, 34, 35, 36, 37);
+    else if constexpr (N == 128) WGMMA_RS_E4M3(128, WG_D64, WG_ACC64(d), 64, 65, 66, 67, 68, 69);
+    else WGMMA_RS_E4M3(256, WG_D128, WG_ACC128(d), 128, 129, 130, 131, 132, 133);
 }
 
 // D (m64 x 256, f32) += A (m64 x k16, shared, K-major) * B (k16 x 256, shared, N-major: imm-trans-b = 1).
