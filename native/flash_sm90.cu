@@ -697,10 +697,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         float o[DV / 2];
         float sacc[BN / 2];      // S accumulator, m64 x BN fragment; after the softmax, P in FP32
         uint32_t pf[BN / kKP][4];  // P as the A operand of PV, one k-step each
-        if constexpr (kFreshO) {  // (the registers a first P V reads and ignores)
+        auto zero_o = [&]() {
 #pragma unroll
             for (int i = 0; i < DV / 2; ++i) o[i] = 0.f;
-        }
+        };
+        if constexpr (kFreshO) zero_o();  // (the registers a first P V reads and ignores)
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) sacc[i] = 0.f;
 #pragma unroll
@@ -728,12 +729,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         // 32 bytes (keys) into every row. O's reset (kFreshO: see o above).
         bool o_fresh = false;
         auto reset_o = [&]() {
-            if constexpr (kFreshO) {
-                o_fresh = true;
-            } else {
-#pragma unroll
-                for (int i = 0; i < DV / 2; ++i) o[i] = 0.f;
-            }
+            if constexpr (kFreshO) o_fresh = true;
+            else zero_o();
         };
         auto issue_pv = [&](int s) {
             const SmemDesc vd = v_desc.moved(s * L::kVBytes).uniform();
@@ -799,10 +796,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         // TMA, issued by the warpgroup's thread 0, whose bulk group is waited on before the tile is written again);
         // LSE (natural log) from the quad's lane 0.
         auto finish = [&](const Item& it, const Scales& x, float(&m)[2], float(&l)[2]) {
-            if (o_fresh) {  // no key tile: O is zero
-#pragma unroll
-                for (int i = 0; i < DV / 2; ++i) o[i] = 0.f;
-            }
+            if (o_fresh) zero_o();  // no key tile: O is zero
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
