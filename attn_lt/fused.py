@@ -311,7 +311,7 @@ def fp8_prefill_launch(case: Case) -> FusedLaunch:
     its keys rounded up to 128)."""
     vt = case.B * case.Hkv * case.Dv * (-(-case.Sk // 128) * 128)
     return FusedLaunch("sm90", 128, 1, vt, "e4m3 q, k, v: V transposed into the workspace, then the Hopper kernel "
-                       f"with FP8 wgmma (128-key tiles, P in e4m3 times 2^8), O in bf16; {PERSISTENT}")
+                       f"with FP8 wgmma (P in e4m3 times 2^8), O in bf16; {PERSISTENT}")
 
 
 def fp8_decode_launch(case: Case, facts: DeviceFacts | None = None) -> FusedLaunch:

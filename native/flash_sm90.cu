@@ -26,7 +26,8 @@
 // Shared memory (one 1024-byte aligned block; every tile in 128-byte swizzle, the layout TMA writes and wgmma reads):
 //   sQ           [D/64 slabs][kBlockM rows][64 elements]   (a slab: rows of 128 bytes, 8-row atoms of 1024 bytes,
 //   sK[kStages]  [D/64 slabs][kBlockN rows][64 elements]    16-byte chunk c of row r stored at chunk c ^ (r % 8))
-//   sV[kStages]  [D/64 slabs][kBlockN rows][64 elements]
+//   sV[kStages]  [D/64 slabs][kBlockN rows][64 elements]    (FP8: V transposed, [kBlockN/kVtKeys slabs][DV rows]
+//                                                            [kVtKeys keys], in the 128- or 64-byte swizzle)
 //   sM[kStages]  [boxes][kBlockM rows][mask row of 128 or 64 bytes]   (masked kernels only; see below)
 //   sO           [DV/64 slabs][kBlockM rows][64 elements]   (Layout::kOwnO: no mask, where it fits)
 //   mbarriers    full_q, full_k[kStages], full_v[kStages], empty_k[kStages], empty_v[kStages], empty_q
@@ -94,23 +95,29 @@ constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
 // cannot end in the next one's first step (H200, FA3 protocol, over the persistent kernel's 128-key tiles: D 64
 // 0.98x at S 4k, 1.02-1.06x at S 8k-16k, causal 1.02x from S 8k; D 128 0.97x at S 2k, 1.00x at S 4k, 1.02-1.07x
 // at S 8k-16k, causal 1.04-1.07x from S 8k). The plain pipeline keeps kBlockN.
+// kFp8WideN (0: none): the FP8 prefill's wide key tiles (else 128 keys), from kFp8WideFrom keys without a window.
+// Its GEMMs take half the 16-bit time a key, so a tile's fixed costs weigh twice as much: at D 128 192 keys (FA3:
+// 224), three stages deep (H200, FA3 protocol, over 128-key tiles: S 2k 1.03x, 4k 1.02-1.05x, 8k-16k 1.05-1.10x,
+// causal 1.01x at 2k and 1.01-1.07x from 4k; S 512 0.94x and 1k 0.95x, causal 0.89x and 0.92x).
 template <int D>
 struct Cfg;
 template <>
 struct Cfg<64> {
     static constexpr int kBlockN = 128, kStages = 4, kWideN = 192, kWideFrom = 8192, kWideFromCausal = 8192;
+    static constexpr int kFp8WideN = 0;
 };
 template <>
 struct Cfg<128> {
     static constexpr int kBlockN = 128, kStages = 2, kWideN = 176, kWideFrom = 4096, kWideFromCausal = 8192;
+    static constexpr int kFp8WideN = 192, kFp8WideFrom = 2048;
 };
 template <>
 struct Cfg<192> {  // MLA prefill: q/k head dim 192, v's 128 (the only DV built with D = 192; no mask)
-    static constexpr int kBlockN = 128, kStages = 2, kWideN = 0;
+    static constexpr int kBlockN = 128, kStages = 2, kWideN = 0, kFp8WideN = 0;
 };
 template <>
 struct Cfg<256> {
-    static constexpr int kBlockN = 64, kStages = 2, kWideN = 0;
+    static constexpr int kBlockN = 64, kStages = 2, kWideN = 0, kFp8WideN = 0;
 };
 
 // The (q/k head dim, v head dim) pairs built: DV = D, MLA prefill's (192, 128), and MLA decode's (576, 512) (the
@@ -123,17 +130,24 @@ constexpr bool head_dims_built(int64_t D, int64_t DV) {
 enum MaskKind { kNoMask = 0, kBoolMask = 1, kAddMask = 2 };
 
 // ES: bytes an element of q, k and v (2; 1: the FP8 prefill, 128-key tiles, V transposed: a stage's V tile is DV
-// rows of the tile's 128 keys). kWide: Cfg<D>::kWideN-key tiles (16-bit, no mask).
+// rows of the tile's keys, in slabs of kVtKeys keys). kWide: Cfg<D>::kWideN-key tiles (FP8: kFp8WideN), no mask.
 template <int D, int DV, int MK, int ES = 2, bool kWide = false>
 struct Layout {
-    static_assert(!kWide || (Cfg<D>::kWideN > 0 && ES == 2 && MK == kNoMask), "wide tiles: 16-bit, no mask");
-    static constexpr int kBlockN = kWide ? Cfg<D>::kWideN : ES == 1 ? 128 : Cfg<D>::kBlockN;
-    // a mask tile a stage takes the room of the deeper ring at D = 64
-    static constexpr int kStages = ES == 1 ? (D <= 128 ? 4 : 2) : MK == kNoMask ? Cfg<D>::kStages : D == 64 ? 3 : 2;
+    static constexpr int kWideN = ES == 1 ? Cfg<D>::kFp8WideN : Cfg<D>::kWideN;
+    static_assert(!kWide || (kWideN > 0 && MK == kNoMask), "wide tiles: built per Cfg, no mask");
+    static constexpr int kBlockN = kWide ? kWideN : ES == 1 ? 128 : Cfg<D>::kBlockN;
+    // a mask tile a stage takes the room of the deeper ring at D = 64; FP8's wide tiles three
+    static constexpr int kStages = ES == 1 ? (kWide ? 3 : D <= 128 ? 4 : 2)
+                                           : MK == kNoMask ? Cfg<D>::kStages : D == 64 ? 3 : 2;
     static constexpr uint32_t kQBytes = kBlockM * D * ES, kKBytes = kBlockN * D * ES, kVBytes = kBlockN * DV * ES;
     static constexpr uint32_t kQSlab = kBlockM * 128, kKVSlab = kBlockN * 128;  // bytes of one 128-byte-wide slab
     // bytes a row of a Q or K slab: 128, or 64 (e4m3 at D 64: one slab in the 64-byte swizzle, smem_desc64)
     static constexpr uint32_t kRowBytes = D * ES < 128 ? D * ES : 128;
+    // FP8: the transposed V tile's slabs, a TMA box each: DV rows of kVtKeys keys (128: the 128-byte swizzle; 64: the
+    // 64-byte, smem_desc64), kVtSlab bytes apart
+    static constexpr int kVtKeys = kBlockN % 128 == 0 ? 128 : 64;
+    static constexpr uint32_t kVtSlab = DV * kVtKeys;
+    static_assert(ES == 2 || (kBlockN % kVtKeys == 0 && kVtSlab % 1024 == 0), "whole transposed-V slabs");
     static_assert(kQSlab % 1024 == 0 && kKVSlab % 1024 == 0, "slabs of whole 8-row swizzle atoms");
     // mask tiles: bytes an element, a box row (128, or 64 for a bool tile of 64 keys), keys a box row, boxes a tile
     static constexpr uint32_t kMaskEs = MK == kBoolMask ? 1 : 2;
@@ -649,8 +663,11 @@ __global__ void __launch_bounds__(kThreads, 1)
                                         n0 + x * L::kMaskCols, mr, mh, mb);
                     mbar_wait(empty_v(s), ph ^ 1);
                     mbar_expect_tx(full_v(s), L::kVBytes);
-                    if constexpr (kFp8)  // the transposed V: (keys, DV, Hkv, B), a box of DV rows of the tile's keys
-                        tma_load_4d(sV + s * L::kVBytes, &tmv, full_v(s), n0, 0, hk, b);
+                    if constexpr (kFp8)  // the transposed V: (keys, DV, Hkv, B), a box a slab (DV rows of kVtKeys keys)
+#pragma unroll
+                        for (int x = 0; x < BN / L::kVtKeys; ++x)
+                            tma_load_4d(sV + s * L::kVBytes + x * L::kVtSlab, &tmv, full_v(s), n0 + x * L::kVtKeys, 0,
+                                        hk, b);
                     else
                         tma_load_5d(sV + s * L::kVBytes, &tmv, full_v(s), 0, k0 + n0, 0, hk, bz);
                     ring_next<kStages>(s, ph);
@@ -714,7 +731,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         // (FP8 at D 64: 64-byte rows, two k-steps, both in slab 0).
         const SmemDesc q_desc = L::kRowBytes == 64 ? smem_desc64(q_wg) : smem_desc(q_wg, 16);
         const SmemDesc k_desc = L::kRowBytes == 64 ? smem_desc64(sK) : smem_desc(sK, 16);
-        const SmemDesc v_desc = smem_desc(sV, kFp8 ? 16 : L::kKVSlab);
+        const SmemDesc v_desc =
+            !kFp8 ? smem_desc(sV, L::kKVSlab) : L::kVtKeys == 64 ? smem_desc64(sV) : smem_desc(sV, 16);
         auto issue_qk = [&](int s) {
             const SmemDesc qd = q_desc.uniform(), kd = k_desc.moved(s * L::kKBytes).uniform();
 #pragma unroll
@@ -725,19 +743,21 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
         };
         // O += P V: k-step kk reads keys [16kk, 16kk + 16) = two 8-row atoms (2048 bytes); the DV columns span the
-        // DV / 64 slabs, LBO apart. FP8: the tile is V transposed (DV rows of 128 keys, K-major): k-step kk reads
-        // 32 bytes (keys) into every row. O's reset (kFreshO: see o above).
+        // DV / 64 slabs, LBO apart. FP8: the tile is V transposed (DV rows of the tile's keys, K-major): k-step kk
+        // reads 32 bytes (keys) of every row of slab kk / kVtSteps. O's reset (kFreshO: see o above).
         bool o_fresh = false;
         auto reset_o = [&]() {
             if constexpr (kFreshO) o_fresh = true;
             else zero_o();
         };
+        constexpr int kVtSteps = L::kVtKeys / kKP;
         auto issue_pv = [&](int s) {
             const SmemDesc vd = v_desc.moved(s * L::kVBytes).uniform();
 #pragma unroll
             for (int kk = 0; kk < BN / kKP; ++kk) {
                 const int acc = kk > 0 || !o_fresh;
-                if constexpr (kFp8) wgmma_rs_e4m3<DV>(o, pf[kk], vd.at(kk * 32), acc);
+                if constexpr (kFp8)
+                    wgmma_rs_e4m3<DV>(o, pf[kk], vd.at(kk / kVtSteps * L::kVtSlab + kk % kVtSteps * 32), acc);
                 else wgmma_rs<DV, T>(o, pf[kk], vd.at(kk * 2048), acc);
             }
             o_fresh = false;
@@ -2000,8 +2020,8 @@ cudaError_t launch_gqa_decode_masked(const attn_lt_flash_args& a, int mk, cudaSt
 // e4m3 wgmma takes both operands K-major, so P V needs V with the keys contiguous: transpose_v_e4m3 writes V
 // transposed into the workspace first (a copy of V's bytes, a few percent of the call at 4k keys), its keys permuted
 // within each 32 (fp8_key_of) so that P's accumulator registers, packed in order, are the A fragments of P V
-// (to_e4m3_fragments). Then the prefill kernel runs with T = e4m3: 128-key tiles, QK^T and PV in k32 steps, P
-// times 2^8 in e4m3, O staged in its own tile and written in bf16.
+// (to_e4m3_fragments). Then the prefill kernel runs with T = e4m3: 128-key tiles (wide_tiles: Cfg<D>::kFp8WideN),
+// QK^T and PV in k32 steps, P times 2^8 in e4m3, O staged in its own tile and written in bf16.
 
 // The key at position n (0..31) of a 32-key step of the transposed V: the accumulator holds, in the order the A
 // fragment reads positions 4t + 0..3 and 16 + 4t + 0..3 (t = lane % 4), keys 2t + {0, 1, 8, 9} and 16 + 2t + ...
@@ -2048,23 +2068,24 @@ __global__ void __launch_bounds__(256) transpose_v_e4m3(const uint8_t* __restric
     }
 }
 
-// The transposed V (B, Hkv, DV, Skp) bytes as 4-D (Skp, DV, Hkv, B): a box of (128 keys, DV rows) is a stage's V tile
-// (rows of 128 bytes, 128-byte swizzle).
-bool make_vt_map(CUtensorMap* map, const void* vt, int64_t B, int64_t Hkv, int64_t DV, int64_t Skp) {
+// The transposed V (B, Hkv, DV, Skp) bytes as 4-D (Skp, DV, Hkv, B): a box of (keys = 128 or 64, DV rows) is a slab
+// of a stage's V tile (rows of 128 bytes in the 128-byte swizzle, or of 64 in the 64-byte; Layout::kVtKeys).
+bool make_vt_map(CUtensorMap* map, const void* vt, int64_t B, int64_t Hkv, int64_t DV, int64_t Skp, uint32_t keys) {
     const cuuint64_t dims[4] = {cuuint64_t(Skp), cuuint64_t(DV), cuuint64_t(Hkv), cuuint64_t(B)};
     const cuuint64_t strides[3] = {cuuint64_t(Skp), cuuint64_t(DV * Skp), cuuint64_t(Hkv * DV * Skp)};
-    const cuuint32_t box[4] = {128, cuuint32_t(DV), 1, 1};
+    const cuuint32_t box[4] = {keys, cuuint32_t(DV), 1, 1};
     const cuuint32_t elem[4] = {1, 1, 1, 1};
     return encode_tiled()(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, const_cast<void*>(vt), dims, strides, box, elem,
-                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                          CU_TENSOR_MAP_INTERLEAVE_NONE,
+                          keys == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
                           CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 // The FP8 prefill (checked by attn_lt_flash_sm90_fwd): V transposed into a.o_part, then the kernel.
-template <int D>
+template <int D, bool kWide>
 cudaError_t launch_fp8(const attn_lt_flash_args& a, cudaStream_t stream) {
     using T = __nv_fp8_e4m3;
-    using L = Layout<D, D, kNoMask, 1>;
+    using L = Layout<D, D, kNoMask, 1, kWide>;
     const int64_t skp = (a.Sk + 127) / 128 * 128;
     uint8_t* vt = reinterpret_cast<uint8_t*>(a.o_part);
     transpose_v_e4m3<D><<<dim3(static_cast<unsigned>(skp / 128), static_cast<unsigned>(a.Hkv),
@@ -2086,10 +2107,10 @@ cudaError_t launch_fp8(const attn_lt_flash_args& a, cudaStream_t stream) {
     alignas(64) CUtensorMap mq, mk, mv, mo;
     if (!make_map(&mq, dt, a.q, a.B, a.Hq, a.Sq, D, a.q_sb, a.q_sh, a.q_ss, kBlockM, 1) ||
         !make_map(&mk, dt, a.k, a.B, a.Hkv, a.Sk, D, a.k_sb, a.k_sh, a.k_ss, L::kBlockN, 1) ||
-        !make_vt_map(&mv, vt, a.B, a.Hkv, D, skp) ||
-        !make_o_map<tma_stores_o<D, D, T, kNoMask, false, false>()>(&mo, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a, D, mq))
+        !make_vt_map(&mv, vt, a.B, a.Hkv, D, skp, L::kVtKeys) ||
+        !make_o_map<tma_stores_o<D, D, T, kNoMask, false, kWide>()>(&mo, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a, D, mq))
         return static_cast<cudaError_t>(ATTN_LT_ERR_TENSOR_MAP);
-    const auto kernel = flash_sm90_fwd<D, D, T, true, kNoMask>;
+    const auto kernel = flash_sm90_fwd<D, D, T, true, kNoMask, false, false, kWide>;
     err = opt_in_smem(reinterpret_cast<const void*>(kernel), L::kSmem);
     if (err != cudaSuccess) return err;
     dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(a.Hq), static_cast<unsigned>(a.B));
@@ -2099,11 +2120,20 @@ cudaError_t launch_fp8(const attn_lt_flash_args& a, cudaStream_t stream) {
     return cudaGetLastError();
 }
 
-// Whether the default pipeline runs a call without a mask on Cfg<D>::kWideN-key tiles (see Cfg).
-template <int D>
+// Whether the default pipeline runs a call without a mask on Cfg<D>::kWideN-key tiles (FP8: kFp8WideN; see Cfg).
+template <int D, bool kFp8 = false>
 bool wide_tiles(const attn_lt_flash_args& a) {
-    return Cfg<D>::kWideN > 0 && a.window_left < 0 && a.window_right < 0 &&
-           a.Sk >= (a.causal ? Cfg<D>::kWideFromCausal : Cfg<D>::kWideFrom);
+    if (a.window_left >= 0 || a.window_right >= 0) return false;
+    if constexpr (kFp8) return a.Sk >= Cfg<D>::kFp8WideFrom;
+    else return a.Sk >= (a.causal ? Cfg<D>::kWideFromCausal : Cfg<D>::kWideFrom);
+}
+
+// The FP8 prefill on D's key tiles (wide_tiles).
+template <int D>
+cudaError_t launch_fp8_tiles(const attn_lt_flash_args& a, cudaStream_t stream) {
+    if constexpr (Cfg<D>::kFp8WideN > 0)
+        if (wide_tiles<D, true>(a)) return launch_fp8<D, true>(a, stream);
+    return launch_fp8<D, false>(a, stream);
 }
 
 // The plain pipeline is built without masks, and D != DV without masks (mask_kind, the head dims and the variant are
@@ -2254,9 +2284,9 @@ int fp8_prefill(const attn_lt_flash_args& a, cudaStream_t stream) {
     cudaError_t err = check_device();
     if (err != cudaSuccess) return static_cast<int>(err);
     if (encode_tiled() == nullptr) return static_cast<int>(cudaErrorNotSupported);
-    return static_cast<int>(a.D == 64    ? launch_fp8<64>(a, stream)
-                            : a.D == 128 ? launch_fp8<128>(a, stream)
-                                         : launch_fp8<256>(a, stream));
+    return static_cast<int>(a.D == 64    ? launch_fp8_tiles<64>(a, stream)
+                            : a.D == 128 ? launch_fp8_tiles<128>(a, stream)
+                                         : launch_fp8_tiles<256>(a, stream));
 }
 
 }  // namespace

@@ -50,7 +50,8 @@ def check(out, qf, kf, vf, rows=None, **kw):
 
 @pytest.mark.parametrize("D", [64, 128, 256])
 @pytest.mark.parametrize("Sq,Sk,causal", [(4096, 4096, True), (4097, 4097, False), (97, 4095, True),
-                                          (1, 1, False), (1, 97, True), (300, 1, False), (128, 4096, False)])
+                                          (1, 1, False), (1, 97, True), (300, 1, False), (128, 4096, False),
+                                          (130, 2113, True), (384, 2304, False)])
 def test_fp8_prefill(D, Sq, Sk, causal):
     B, Hq, Hkv = (1, 8, 2) if Sq * Sk > 1 << 22 else (2, 8, 2)
     q8, k8, v8, qd, kd, vd, qf, kf, vf = inputs(B, Hq, Hkv, Sq, Sk, D)
@@ -85,6 +86,17 @@ def test_fp8_prefill_variants_layouts_and_factors():
     bf16 = attn_lt.attention(qf.to(BF16), kf.to(BF16), vf.to(BF16), causal=True)  # the same values in bf16
     ref, _ = reference(qf, kf, vf, causal=True, dtype=torch.float64)
     assert rel_error(bf16, ref) < err  # the bf16 call is the more exact (its inputs hold the FP8 values exactly)
+
+
+def test_fp8_prefill_wide_tiles_with_sinks_and_softcap():
+    """D 128 from 2048 keys runs wide key tiles: sinks and softcap on them, the last tile partial."""
+    B, Hq, Hkv, Sq, Sk, D = 1, 8, 2, 200, 2200, 128
+    q8, k8, v8, qd, kd, vd, qf, kf, vf = inputs(B, Hq, Hkv, Sq, Sk, D, seed=2)
+    sinks = torch.randn(Hq, device="cuda")
+    out = attn_lt.attention(q8, k8, v8, causal=True, sinks=sinks, q_descale=qd, k_descale=kd, v_descale=vd)
+    check(out, qf, kf, vf, causal=True, sinks=sinks)
+    out = attn_lt.attention(q8, k8, v8, softcap=30.0, q_descale=qd, k_descale=kd, v_descale=vd)
+    check(out, qf, kf, vf, softcap=30.0)
 
 
 def test_fp8_prefill_refusals():

@@ -39,7 +39,9 @@ def sm90_call(q, k, v, causal=False, scale=None, variant="default", out=None, ls
     returns ``(run, out, lse)`` where ``run()`` launches on the current stream (no allocation, no
     synchronisation). ``launch(args, stream)``: the entry point (default ``native.flash_sm90``)."""
     B, Hq, Sq, D = q.shape
-    out = torch.empty(B, Hq, Sq, v.shape[3], dtype=q.dtype, device=q.device) if out is None else out
+    fp8 = q.dtype == torch.float8_e4m3fn  # the FP8 prefill: o bf16, V transposed into a workspace (descale 1)
+    o_dtype = torch.bfloat16 if fp8 else q.dtype
+    out = torch.empty(B, Hq, Sq, v.shape[3], dtype=o_dtype, device=q.device) if out is None else out
     lse = torch.empty(B, Hq, Sq, dtype=torch.float32, device=q.device) if lse is None else lse
     a = native.FlashArgs()
     a.q, a.k, a.v, a.o, a.lse = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr()
@@ -49,11 +51,23 @@ def sm90_call(q, k, v, causal=False, scale=None, variant="default", out=None, ls
     a.v_sb, a.v_sh, a.v_ss = v.stride()[:3]
     a.o_sb, a.o_sh, a.o_ss = out.stride()[:3]
     a.scale = D**-0.5 if scale is None else scale
-    a.causal, a.dtype = int(causal), native.DTYPE_CODES["bf16" if q.dtype == torch.bfloat16 else "fp16"]
+    a.causal = int(causal)
+    a.dtype = native.DTYPE_CODES["e4m3" if fp8 else "bf16" if q.dtype == torch.bfloat16 else "fp16"]
+    a.kv_dtype = native.DTYPE_CODES["e4m3"] if fp8 else 0
     a.variant = native.FLASH_SM90_VARIANTS[variant]
+    workspace = None
+    if fp8:
+        workspace = torch.empty(B * k.shape[1] * v.shape[3] * (-(-k.shape[2] // 128) * 128), dtype=torch.uint8,
+                                device=q.device)
+        a.o_part = workspace.data_ptr()
     stream = torch.cuda.current_stream().cuda_stream
     launch = native.flash_sm90 if launch is None else launch
-    return (lambda: launch(a, stream)), out, lse
+
+    def run():
+        launch(a, stream)
+        return workspace  # kept alive with the call
+
+    return run, out, lse
 
 
 def sdpa_call(q, k, v, causal, backend):

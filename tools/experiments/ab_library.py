@@ -5,6 +5,7 @@ second time in the reverse order, the better median kept). Checks first that the
 
     python3 tools/experiments/ab_library.py --other OLD/libattn_lt.so --out DIR [--dims 64,128,256]
                                             [--lengths 512,1024,2048,4096,16384] [--causal 0,1] [--variant default]
+                                            [--fp8]
 
 Prints a line a case (TFLOP/s and ratios); writes DIR/ab_library.json. Separate processes differ by several percent
 on the same build; calls in turns in one process share the machine's drift.
@@ -44,6 +45,7 @@ def main(argv=None) -> int:
     ap = protocol_parser(__doc__, "ab_library.json", "64,128,256", "512,1024,2048,4096,16384")
     ap.add_argument("--other", required=True, help="the other build's libattn_lt.so")
     ap.add_argument("--variant", default="default", choices=sorted(native.FLASH_SM90_VARIANTS))
+    ap.add_argument("--fp8", action="store_true", help="the FP8 prefill (e4m3 q, k, v; cuDNN on their bf16 values)")
     ap.set_defaults(rep_ms=40.0)
     a = protocol_start(ap, argv, "ab_library")
     if a is None:
@@ -54,8 +56,9 @@ def main(argv=None) -> int:
         H, B = HIDDEN // D, TOKENS // S
         torch.manual_seed(S + D + causal)
         q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        run, out, _ = sm90_call(q, k, v, causal=causal, variant=a.variant)
-        run_other, out_other, _ = sm90_call(q, k, v, causal=causal, variant=a.variant, launch=other)
+        x = [t.to(torch.float8_e4m3fn) for t in (q, k, v)] if a.fp8 else (q, k, v)
+        run, out, _ = sm90_call(*x, causal=causal, variant=a.variant)
+        run_other, out_other, _ = sm90_call(*x, causal=causal, variant=a.variant, launch=other)
         out.fill_(float("nan"))
         out_other.fill_(float("nan"))
         run()
@@ -67,10 +70,10 @@ def main(argv=None) -> int:
         rows.append(dict(D=D, S=S, causal=int(causal), **{f"tf_{n}": x for n, x in tf.items()}, same=same))
         print(protocol_line(D, S, causal, tf, [("this", "other"), ("this", "cudnn"), ("other", "cudnn")],
                             f" same {same}"), flush=True)
-        del q, k, v, out, out_other
+        del q, k, v, x, out, out_other
     with open(os.path.join(a.out, "ab_library.json"), "w") as f:
-        json.dump({"gpu": torch.cuda.get_device_name(), "other": a.other, "variant": a.variant, "rows": rows}, f,
-                  indent=1)
+        json.dump({"gpu": torch.cuda.get_device_name(), "other": a.other, "variant": a.variant, "fp8": a.fp8,
+                   "rows": rows}, f, indent=1)
     return 0 if all(r["same"] for r in rows) else 1
 
 
