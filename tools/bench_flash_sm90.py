@@ -28,7 +28,9 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import attn_lt  # noqa: E402
 from attn_lt import native  # noqa: E402
+from attn_lt.fused import fp8_prefill_launch  # noqa: E402
 from attn_lt.testing import reference, rel_error, time_ms, time_turns, tolerance  # noqa: E402
+from attn_lt.validate import Case  # noqa: E402
 
 TOKENS, HIDDEN = 16384, 2048
 PROVIDERS = ("sm90", "sm90_grid", "sm90_plain", "flash", "cudnn", "wmma")
@@ -56,9 +58,9 @@ def sm90_call(q, k, v, causal=False, scale=None, variant="default", out=None, ls
     a.kv_dtype = native.DTYPE_CODES["e4m3"] if fp8 else 0
     a.variant = native.FLASH_SM90_VARIANTS[variant]
     workspace = None
-    if fp8:
-        workspace = torch.empty(B * k.shape[1] * v.shape[3] * (-(-k.shape[2] // 128) * 128), dtype=torch.uint8,
-                                device=q.device)
+    if fp8:  # the workspace attention() would take (V transposed)
+        case = Case.contiguous(B, Hq, k.shape[1], Sq, k.shape[2], D, Dv=v.shape[3])
+        workspace = torch.empty(fp8_prefill_launch(case).workspace_bytes, dtype=torch.uint8, device=q.device)
         a.o_part = workspace.data_ptr()
     stream = torch.cuda.current_stream().cuda_stream
     launch = native.flash_sm90 if launch is None else launch
