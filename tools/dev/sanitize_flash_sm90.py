@@ -64,8 +64,10 @@ FP8 = [
     (2, 2, 2, 97, 97, 256, False, None),
     (1, 4, 2, 257, 129, 128, False, (40, 3)),
     (2, 4, 2, 200, 300, 64, True, None),
-    (1, 2, 1, 130, 2113, 128, True, None),  # wide key tiles (from 2048 keys at D 128)
+    (1, 2, 1, 130, 2113, 128, True, None),  # wide key tiles (Cfg's kFp8WideFrom)
     (1, 2, 2, 97, 2304, 128, False, None),
+    (1, 2, 1, 70, 4200, 64, True, None),
+    (1, 2, 2, 100, 2500, 64, False, None),
 ]
 MLA = [
     (1, 2, 1, 200, 333, torch.bfloat16, True, "default"),
