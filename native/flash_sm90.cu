@@ -95,8 +95,8 @@ constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
 // cannot end in the next one's first step (H200, FA3 protocol, over the persistent kernel's 128-key tiles: D 64
 // 0.98x at S 4k, 1.02-1.06x at S 8k-16k, causal 1.02x from S 8k; D 128 0.97x at S 2k, 1.00x at S 4k, 1.02-1.07x
 // at S 8k-16k, causal 1.04-1.07x from S 8k). The plain pipeline keeps kBlockN.
-// kFp8WideN (0: none): the FP8 prefill's wide key tiles (else 128 keys), from kFp8WideFrom keys without a window
-// (kFp8WideFromCausal with causal rows). Its GEMMs take half the 16-bit time a key, so a tile's fixed costs weigh
+// kFp8WideN (0: none): the FP8 prefill's wide key tiles (else 128 keys) in a kFp8WideStages-deep ring, from
+// kFp8WideFrom keys without a window (kFp8WideFromCausal with causal rows). Its GEMMs take half the 16-bit time a key, so a tile's fixed costs weigh
 // twice as much: 192 keys (FA3: 224 at D 128, 160 at D 64), at D 128 three stages deep (H200, FA3 protocol, over
 // 128-key tiles: D 128 S 2k 1.03x, 4k 1.02-1.05x, 8k-16k 1.05-1.10x, causal 1.01x at 2k and 1.01-1.07x from 4k, S 512
 // 0.94x and 1k 0.95x, causal 0.89x and 0.92x; D 64 S 2k 1.05x, 4k 1.06x, 8k-16k 1.08-1.09x, causal 0.97x at 2k,
@@ -106,20 +106,20 @@ struct Cfg;
 template <>
 struct Cfg<64> {
     static constexpr int kBlockN = 128, kStages = 4, kWideN = 192, kWideFrom = 8192, kWideFromCausal = 8192;
-    static constexpr int kFp8WideN = 192, kFp8WideFrom = 2048, kFp8WideFromCausal = 4096;
+    static constexpr int kFp8WideN = 192, kFp8WideStages = 4, kFp8WideFrom = 2048, kFp8WideFromCausal = 4096;
 };
 template <>
 struct Cfg<128> {
     static constexpr int kBlockN = 128, kStages = 2, kWideN = 176, kWideFrom = 4096, kWideFromCausal = 8192;
-    static constexpr int kFp8WideN = 192, kFp8WideFrom = 2048, kFp8WideFromCausal = 2048;
+    static constexpr int kFp8WideN = 192, kFp8WideStages = 3, kFp8WideFrom = 2048, kFp8WideFromCausal = 2048;
 };
 template <>
 struct Cfg<192> {  // MLA prefill: q/k head dim 192, v's 128 (the only DV built with D = 192; no mask)
-    static constexpr int kBlockN = 128, kStages = 2, kWideN = 0, kFp8WideN = 0;
+    static constexpr int kBlockN = 128, kStages = 2, kWideN = 0, kFp8WideN = 0, kFp8WideStages = 0;
 };
 template <>
 struct Cfg<256> {
-    static constexpr int kBlockN = 64, kStages = 2, kWideN = 0, kFp8WideN = 0;
+    static constexpr int kBlockN = 64, kStages = 2, kWideN = 0, kFp8WideN = 0, kFp8WideStages = 0;
 };
 
 // The (q/k head dim, v head dim) pairs built: DV = D, MLA prefill's (192, 128), and MLA decode's (576, 512) (the
@@ -138,8 +138,8 @@ struct Layout {
     static constexpr int kWideN = ES == 1 ? Cfg<D>::kFp8WideN : Cfg<D>::kWideN;
     static_assert(!kWide || (kWideN > 0 && MK == kNoMask), "wide tiles: built per Cfg, no mask");
     static constexpr int kBlockN = kWide ? kWideN : ES == 1 ? 128 : Cfg<D>::kBlockN;
-    // a mask tile a stage takes the room of the deeper ring at D = 64; FP8 wide tiles at D 128: three
-    static constexpr int kStages = ES == 1 ? (kWide && D > 64 ? 3 : D <= 128 ? 4 : 2)
+    // a mask tile a stage takes the room of the deeper ring at D = 64
+    static constexpr int kStages = ES == 1 ? (kWide ? Cfg<D>::kFp8WideStages : D <= 128 ? 4 : 2)
                                            : MK == kNoMask ? Cfg<D>::kStages : D == 64 ? 3 : 2;
     static constexpr uint32_t kQBytes = kBlockM * D * ES, kKBytes = kBlockN * D * ES, kVBytes = kBlockN * DV * ES;
     static constexpr uint32_t kQSlab = kBlockM * 128, kKVSlab = kBlockN * 128;  // bytes of one 128-byte-wide slab
@@ -746,20 +746,19 @@ __global__ void __launch_bounds__(kThreads, 1)
         };
         // O += P V: k-step kk reads keys [16kk, 16kk + 16) = two 8-row atoms (2048 bytes); the DV columns span the
         // DV / 64 slabs, LBO apart. FP8: the tile is V transposed (DV rows of the tile's keys, K-major): k-step kk
-        // reads 32 bytes (keys) of every row of slab kk / kVtSteps. O's reset (kFreshO: see o above).
+        // reads 32 bytes (keys) of every row of its slab. O's reset (kFreshO: see o above).
         bool o_fresh = false;
         auto reset_o = [&]() {
             if constexpr (kFreshO) o_fresh = true;
             else zero_o();
         };
-        constexpr int kVtSteps = L::kVtKeys / kKP;
         auto issue_pv = [&](int s) {
             const SmemDesc vd = v_desc.moved(s * L::kVBytes).uniform();
 #pragma unroll
             for (int kk = 0; kk < BN / kKP; ++kk) {
                 const int acc = kk > 0 || !o_fresh;
                 if constexpr (kFp8)
-                    wgmma_rs_e4m3<DV>(o, pf[kk], vd.at(kk / kVtSteps * L::kVtSlab + kk % kVtSteps * 32), acc);
+                    wgmma_rs_e4m3<DV>(o, pf[kk], vd.at(kstep_offset(kk, L::kVtSlab, L::kVtKeys / 32)), acc);
                 else wgmma_rs<DV, T>(o, pf[kk], vd.at(kk * 2048), acc);
             }
             o_fresh = false;

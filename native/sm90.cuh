@@ -155,10 +155,10 @@ struct SmemDesc {
     }
     __device__ __forceinline__ SmemDesc uniform() const { return {__shfl_sync(0xffffffffu, lo, 0), hi}; }
 };
-// The offset of k-step kk (16 columns of 16 bits, or 32 of e4m3: 32 bytes) in a K-major tile of 128-byte-wide
-// slabs `slab` bytes apart: slab kk / 4, 32 bytes a step into its rows.
-__device__ __forceinline__ constexpr uint32_t kstep_offset(int kk, uint32_t slab) {
-    return (kk / 4) * slab + (kk % 4) * 32;
+// The offset of k-step kk (16 columns of 16 bits, or 32 of e4m3: 32 bytes) in a K-major tile of slabs `slab` bytes
+// apart, `steps` k-steps a slab (4: rows of 128 bytes; 2: of 64): slab kk / steps, 32 bytes a step into its rows.
+__device__ __forceinline__ constexpr uint32_t kstep_offset(int kk, uint32_t slab, int steps = 4) {
+    return (kk / steps) * slab + (kk % steps) * 32;
 }
 __device__ __forceinline__ SmemDesc smem_desc(uint32_t addr, uint32_t lbo) {
     return {((addr & 0x3FFFF) >> 4) | (((lbo & 0x3FFFF) >> 4) << 16), (1024 >> 4) | (1u << 30)};
