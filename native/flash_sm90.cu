@@ -96,17 +96,18 @@ constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
 // 0.98x at S 4k, 1.02-1.06x at S 8k-16k, causal 1.02x from S 8k; D 128 0.97x at S 2k, 1.00x at S 4k, 1.02-1.07x
 // at S 8k-16k, causal 1.04-1.07x from S 8k). The plain pipeline keeps kBlockN.
 // kFp8WideN (0: none): the FP8 prefill's wide key tiles (else 128 keys) in a kFp8WideStages-deep ring, from
-// kFp8WideFrom keys without a window (kFp8WideFromCausal with causal rows). Its GEMMs take half the 16-bit time a key, so a tile's fixed costs weigh
-// twice as much: 192 keys (FA3: 224 at D 128, 160 at D 64), at D 128 three stages deep (H200, FA3 protocol, over
-// 128-key tiles: D 128 S 2k 1.03x, 4k 1.02-1.05x, 8k-16k 1.05-1.10x, causal 1.01x at 2k and 1.01-1.07x from 4k, S 512
-// 0.94x and 1k 0.95x, causal 0.89x and 0.92x; D 64 S 2k 1.05x, 4k 1.06x, 8k-16k 1.08-1.09x, causal 0.97x at 2k,
-// 1.02x at 4k, 1.04-1.10x from 8k).
+// kFp8WideFrom keys without a window (kFp8WideFromCausal with causal rows). Its GEMMs take half the 16-bit time a
+// key, so a tile's fixed costs weigh twice as much: 192 keys at D 128, three stages deep (FA3: 224), and 256 at D 64
+// (FA3: 160). H200, FA3 protocol, over 128-key tiles: D 128 S 2k 1.03x, 4k 1.02-1.05x, 8k-16k 1.05-1.10x, causal
+// 1.01x at 2k and 1.01-1.07x from 4k, S 512 0.94x and 1k 0.95x, causal 0.89x and 0.92x. D 64 with 192 keys: S 2k
+// 1.05x, 4k 1.06x, 8k-16k 1.08-1.09x, causal 0.97x at 2k, 1.02x at 4k, 1.04-1.10x from 8k; 256 keys over 192: S 2k
+// 1.04-1.05x, 4k 1.06x, 8k 1.05x, 16k 1.08-1.09x, causal 1.03-1.04x at 4k, 1.07x at 8k, 0.99x at 16k (on the grid).
 template <int D>
 struct Cfg;
 template <>
 struct Cfg<64> {
     static constexpr int kBlockN = 128, kStages = 4, kWideN = 192, kWideFrom = 8192, kWideFromCausal = 8192;
-    static constexpr int kFp8WideN = 192, kFp8WideStages = 4, kFp8WideFrom = 2048, kFp8WideFromCausal = 4096;
+    static constexpr int kFp8WideN = 256, kFp8WideStages = 4, kFp8WideFrom = 2048, kFp8WideFromCausal = 4096;
 };
 template <>
 struct Cfg<128> {

@@ -293,8 +293,9 @@ __device__ __forceinline__ void wgmma_rs_kmajor(float* d, const uint32_t* a, uin
 // D (m64 x N) = [D if scale_d] + A (m64 x k32, shared) * B (k32 x N, shared): Q K^T in FP8.
 template <int N>
 __device__ __forceinline__ void wgmma_ss_e4m3(float* d, uint64_t da, uint64_t db, int scale_d) {
-    static_assert(N == 128 || N == 192, "the FP8 key tile");
-    if constexpr (N == 192) WGMMA_SS_E4M3(192, WG_D96, WG_ACC96(d), 96, 97, 98);
+    static_assert(N == 128 || N == 192 || N == 256, "the FP8 key tile");
+    if constexpr (N == 256) WGMMA_SS_E4M3(256, WG_D128, WG_ACC128(d), 128, 129, 130);
+    else if constexpr (N == 192) WGMMA_SS_E4M3(192, WG_D96, WG_ACC96(d), 96, 97, 98);
     else WGMMA_SS_E4M3(128, WG_D64, WG_ACC64(d), 64, 65, 66);
 }
 // D (m64 x N) = [D if scale_d] + A (m64 x k32, registers) * B (k32 x N, shared, K-major): P V in FP8 (V
