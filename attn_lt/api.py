@@ -19,8 +19,9 @@ import torch
 from . import config, fastpath
 from .chunks import ChunkPlan, plan_chunks, out_strides
 from .select import Decision, route_of, select
-from .validate import (FP8_KV_DTYPE, Case, address_alignment, check_descale, check_kv_descale, check_options,
-                       check_out, check_sinks, check_tensors, mask_alignment, out_shape)
+from .validate import (FP8_KV_DTYPE, Case, address_alignment, check_causal, check_descale, check_kv_descale,
+                       check_options, check_out, check_sinks, check_softcap, check_tensors, check_window,
+                       descale_tensor, mask_alignment, out_shape)
 from .device import stream_queries
 from .fused import (MLA_DECODE, WMMA, FusedLaunch, Program as FusedProgram, device_facts,
                     fp8_decode_launch, fp8_kv_why, fp8_prefill_launch, fp8_prefill_refusal, fp8_refusal, fused_launch,
@@ -563,6 +564,19 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
     (the same tensors but the key length and the K/V strides: a decode loop's steps) on the same plan, as the fused
     kernels take the key length as data. Use :func:`plan` to hold a plan yourself.
     """
+    if isinstance(q, torch.Tensor) and torch.compiler.is_compiling():
+        if out is not None:
+            raise ValueError("out= is not supported inside torch.compile (attention returns a new output there)")
+        causal = check_causal(causal)
+        window = check_window(window, causal)
+        res = torch.ops.attn_lt.attention(q, k, v, attn_mask, causal, scale, backend, workspace_bytes, threshold,
+                                          algo_policy, None if window is None else list(window),
+                                          check_softcap(softcap), sinks, bool(return_key_mass), key_mass_window,
+                                          out_layout, *(descale_tensor(n, x, q.device) for n, x in
+                                                        (("k_descale", k_descale), ("v_descale", v_descale),
+                                                         ("q_descale", q_descale))))
+        got = (res[0],) + ((res[1],) if return_lse else ()) + ((res[2],) if return_key_mass else ())
+        return got if len(got) > 1 else got[0]
     if (k_descale is not None or v_descale is not None or q_descale is not None
             or getattr(k, "dtype", None) == FP8_KV_DTYPE):
         return _attention_fp8(q, k, v, attn_mask=attn_mask, causal=causal, scale=scale, backend=backend,
@@ -570,19 +584,6 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
                               key_mass_window=key_mass_window, out_layout=out_layout, window=window, softcap=softcap,
                               sinks=sinks, k_descale=k_descale, v_descale=v_descale, q_descale=q_descale)
     if isinstance(q, torch.Tensor):
-        if torch.compiler.is_compiling():
-            if out is not None:
-                raise ValueError("out= is not supported inside torch.compile")
-            if return_key_mass:
-                raise ValueError("return_key_mass is not supported inside torch.compile")
-            if window is not None or softcap is not None or sinks is not None:
-                raise ValueError("window, softcap and sinks are not supported inside torch.compile")
-            check_options(out_layout=out_layout)
-            res = torch.ops.attn_lt.attention(q, k, v, attn_mask, causal, scale, backend, workspace_bytes,
-                                              threshold, algo_policy)
-            if out_layout == "bshd":
-                res = (res[0].transpose(1, 2).contiguous(), res[1])
-            return res if return_lse else res[0]
         if fastpath.call is not None:  # a remembered family's cached fused call, launched in C++; else None
             res = fastpath.call(q, k, v, attn_mask, causal, scale, backend, return_lse, out, workspace_bytes,
                                 threshold, algo_policy, return_key_mass, key_mass_window, out_layout, window, softcap,
@@ -748,17 +749,26 @@ def explain(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | Non
                         key_mass_window)
 
 
-# torch.compile: attention() dispatches to this custom op while compiling; the fake implementation gives shapes
-# (and the same validation errors) without GPU work.
+# torch.compile: attention() dispatches to this custom op while compiling (no out=); it returns (out, lse, mass), an
+# empty FP32 tensor for a mass not asked for. The fake implementation gives shapes (and the same validation errors)
+# without GPU work.
 @torch.library.custom_op("attn_lt::attention", mutates_args=())
 def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None, causal: bool,
                   scale: float | None, backend: str, workspace_bytes: int | None, threshold: int | None,
-                  algo_policy: str | None) -> tuple[torch.Tensor, torch.Tensor]:
-    return attention(q, k, v, attn_mask=attn_mask, causal=causal, scale=scale, backend=backend, return_lse=True,
-                     workspace_bytes=workspace_bytes, threshold=threshold, algo_policy=algo_policy)
+                  algo_policy: str | None, window: list[int] | None = None, softcap: float = 0.0,
+                  sinks: torch.Tensor | None = None, return_key_mass: bool = False, key_mass_window: int | None = None,
+                  out_layout: str = "bhsd", k_descale: torch.Tensor | None = None,
+                  v_descale: torch.Tensor | None = None,
+                  q_descale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    res = attention(q, k, v, attn_mask=attn_mask, causal=causal, scale=scale, backend=backend, return_lse=True,
+                    workspace_bytes=workspace_bytes, threshold=threshold, algo_policy=algo_policy,
+                    return_key_mass=return_key_mass, key_mass_window=key_mass_window, out_layout=out_layout,
+                    window=window, softcap=softcap, sinks=sinks, k_descale=k_descale, v_descale=v_descale,
+                    q_descale=q_descale)
+    return res[0], res[1], res[2] if return_key_mass else q.new_empty(0, dtype=torch.float32)
 
 
-def _no_backward(ctx, grad_out, grad_lse):
+def _no_backward(ctx, *grads):
     raise NotImplementedError(_NO_BACKWARD)
 
 
@@ -766,7 +776,19 @@ _attention_op.register_autograd(_no_backward)
 
 
 @_attention_op.register_fake
-def _attention_fake(q, k, v, attn_mask, causal, scale, backend, workspace_bytes, threshold, algo_policy):
-    case = check_tensors(q, k, v, attn_mask, causal, scale, require_cuda=False)
-    return (q.new_empty(case.B, case.Hq, case.Sq, case.Dv),
-            q.new_empty(case.B, case.Hq, case.Sq, dtype=torch.float32))
+def _attention_fake(q, k, v, attn_mask, causal, scale, backend, workspace_bytes, threshold, algo_policy, window=None,
+                    softcap=0.0, sinks=None, return_key_mass=False, key_mass_window=None, out_layout="bhsd",
+                    k_descale=None, v_descale=None, q_descale=None):
+    if k.dtype == FP8_KV_DTYPE:
+        case = _fp8_case(q, k, v, attn_mask, causal, scale, window, softcap, sinks, backend, return_key_mass,
+                         key_mass_window, out_layout, require_cuda=False)
+        dtype = torch.bfloat16 if case.dtype == "e4m3" else q.dtype
+    else:
+        case = check_tensors(q, k, v, attn_mask, causal, scale, require_cuda=False, window=window, softcap=softcap,
+                             sinks=sinks)
+        check_options(case, workspace_bytes=workspace_bytes, threshold=threshold, return_key_mass=return_key_mass,
+                      key_mass_window=key_mass_window, out_layout=out_layout)
+        dtype = q.dtype
+    mass = (case.B, case.Hq, case.Sk) if return_key_mass else (0,)
+    return (q.new_empty(out_shape(case, out_layout), dtype=dtype),
+            q.new_empty(case.B, case.Hq, case.Sq, dtype=torch.float32), q.new_empty(mass, dtype=torch.float32))

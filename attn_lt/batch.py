@@ -12,7 +12,8 @@ decoding) runs on decode blocks whose keys are cut into parts of a fixed size (:
 longer requests (prefill chunks) on row blocks. MLA decode (q/k head dim 576, v the first 512 columns of a paged
 latent cache) runs on the Hopper MLA kernel, its keys in parts likewise. Device metadata is never trusted: kernels
 stay inside the tensors, record what was wrong in a device flag, and ``check=True`` (or :func:`check_batch_errors`)
-raises with it.
+raises with it. Inside ``torch.compile`` the two calls are custom ops (``attn_lt::varlen_attention``,
+``attn_lt::paged_attention``) and take every argument but ``out``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ import torch
 from . import native
 from .device import stream_queries
 from .fused import ASSUMED_DEVICE, MLA_DECODE, MLA_ROWS, DeviceFacts, device_facts, fp8_kv_why, fp8_refusal
-from .validate import FP8_KV_DTYPE, check_causal, check_kv_descale, check_options, check_scale, check_variants
+from .validate import (FP8_KV_DTYPE, check_causal, check_kv_descale, check_options, check_scale, check_softcap,
+                       check_variants, check_window, descale_tensor)
 
 log = logging.getLogger("attn_lt")
 
@@ -285,7 +287,11 @@ def _check_capacity(requests, Hq, Hkv, D, max_q, max_k, block_size, Dv=None) -> 
 
 def _check_latent(k, v, names: tuple[str, str]) -> None:
     """MLA decode reads one latent cache as K and V: v must be k's first columns (its address and strides)."""
-    if not (v.data_ptr() == k.data_ptr() and v.stride() == k.stride()):
+    try:
+        same = v.data_ptr() == k.data_ptr() and v.stride() == k.stride()
+    except RuntimeError:  # fake tensors while torch.compile traces have no address: checked when the op runs
+        return
+    if not same:
         raise ValueError(f"MLA decode (head dims {LATENT_DIMS[0]}/{LATENT_DIMS[1]}) reads one latent cache as K and V: "
                          f"{names[1]} must be {names[0]}[..., :{LATENT_DIMS[1]}] (the same memory); got {names[0]} "
                          f"{_shape(k)}, {names[1]} {_shape(v)} at different addresses or strides")
@@ -607,6 +613,40 @@ def _finish(out, lse, return_lse: bool, mass=None):
     return got if len(got) > 1 else out
 
 
+def _traced(op, args: tuple, q, out, causal, scale, return_lse, check, window, softcap, sinks, return_key_mass,
+            key_mass_window, k_descale, v_descale):
+    """A batch call while torch.compile traces it: its custom op (:func:`_varlen_op`, :func:`_paged_op`), the
+    variants and descale factors as the op takes them, the results as the call returns them."""
+    if out is not None:
+        raise ValueError("out= is not supported inside torch.compile (the batch calls return a new output there)")
+    causal = check_causal(causal)
+    window = check_window(window, causal)
+    got = op(*args, causal, scale, bool(return_lse), bool(check), None if window is None else list(window),
+             check_softcap(softcap), sinks, bool(return_key_mass), key_mass_window,
+             descale_tensor("k_descale", k_descale, q.device), descale_tensor("v_descale", v_descale, q.device))
+    return _finish(got[0], got[1], bool(return_lse), got[2] if return_key_mass else None)
+
+
+def _op_results(got, return_lse: bool, return_key_mass: bool, q) -> tuple:
+    """A batch call's results as its custom op returns them: (out, lse, mass), an empty FP32 tensor for what was
+    not asked for."""
+    got = got if isinstance(got, tuple) else (got,)
+    return (got[0], got[1] if return_lse else q.new_empty(0, dtype=torch.float32),  # (outputs never alias)
+            got[-1] if return_key_mass else q.new_empty(0, dtype=torch.float32))
+
+
+def _fake_results(q, Dv: int, return_lse: bool, mass_shape) -> tuple:
+    """The shapes of a batch call's custom op results (see :func:`_op_results`); ``mass_shape`` None when not asked."""
+    rows, Hq = q.shape[0], q.shape[1]
+    return (q.new_empty((rows, Hq, Dv)), q.new_empty((Hq, rows) if return_lse else 0, dtype=torch.float32),
+            q.new_empty(0 if mass_shape is None else mass_shape, dtype=torch.float32))
+
+
+def _concrete(*ints) -> bool:
+    """Whether these ints are known while tracing (not symbolic: a capacity torch.compile made dynamic)."""
+    return all(x is None or isinstance(x, int) for x in ints)
+
+
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, max_seqlen_k: int,
                      causal: bool = False, scale: float | None = None, return_lse: bool = False, out=None,
                      check: bool = False, window=None, softcap: float | None = None, sinks=None,
@@ -637,6 +677,49 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
     ``check=True`` synchronises after the call and raises ``ValueError`` if this or an earlier unchecked call on the
     GPU met bad lengths (:func:`check_batch_errors`).
     """
+    if torch.compiler.is_compiling():
+        return _traced(torch.ops.attn_lt.varlen_attention, (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                       max_seqlen_k), q, out, causal, scale, return_lse, check, window, softcap, sinks,
+                       return_key_mass, key_mass_window, k_descale, v_descale)
+    c = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, out, window,
+                      softcap, sinks, return_key_mass, key_mass_window, k_descale, v_descale)
+    q, k, v = _readable("q", q, True), _readable("k", k, True), _readable("v", v, True)
+    out, lse = _outputs(q, c.Hq, c.D, c.out, return_lse or c.want_mass)
+    plan = plan_batch(c.B, c.Hq, c.Hkv, c.D, max_seqlen_q=c.max_q, max_seqlen_k=c.max_k,
+                      facts=device_facts(c.device.index))
+    mass = _mass_tensor(plan, k.shape[0], c.device, False) if c.want_mass else None
+    if k.shape[0] == 0:  # no keys at all: every request's rows are zeros (only the lengths are not checked)
+        _no_keys(out, lse, c.variant[2])
+        return _finish(out, lse, return_lse, mass)
+    _launch(plan, q, k, v, out, lse, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), None, None, c.dtype,
+            c.scale, c.causal, c.device, check, c.variant, mass, key_mass_window, c.kv)
+    return _finish(out, lse, return_lse, mass)
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """A batch call's arguments with every rule checked that needs no GPU work (:func:`_check_varlen`,
+    :func:`_check_paged`): what the launch takes."""
+    dtype: str
+    Hq: int
+    Hkv: int
+    D: int
+    Dv: int
+    B: int
+    max_q: int
+    max_k: int
+    causal: bool
+    scale: float
+    want_mass: bool
+    device: torch.device
+    out: torch.Tensor | None
+    variant: tuple
+    kv: tuple | None
+
+
+def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, out, window,
+                  softcap, sinks, return_key_mass, key_mass_window, k_descale, v_descale) -> _Checked:
+    """:func:`varlen_attention`'s arguments checked (TypeError / ValueError naming the shapes)."""
     dtype, Hq, Hkv, D, _ = _check_data(q, k, v, ("q", "k", "v"), 3)
     causal = check_causal(causal)
     scale = D ** -0.5 if scale is None else check_scale(scale)
@@ -657,16 +740,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
     out = _check_out(out, (q.shape[0], Hq, D), q.dtype, device)
     variant = _variant(window, softcap, sinks, causal, q, False)
     kv = check_kv_descale(k_descale, v_descale, _kv_fp8(k), Hkv, device)
-    q, k, v = _readable("q", q, True), _readable("k", k, True), _readable("v", v, True)
-    out, lse = _outputs(q, Hq, D, out, return_lse or want_mass)
-    plan = plan_batch(B, Hq, Hkv, D, max_seqlen_q=max_q, max_seqlen_k=max_k, facts=device_facts(device.index))
-    mass = _mass_tensor(plan, k.shape[0], device, False) if want_mass else None
-    if k.shape[0] == 0:  # no keys at all: every request's rows are zeros (only the lengths are not checked)
-        _no_keys(out, lse, variant[2])
-        return _finish(out, lse, return_lse, mass)
-    _launch(plan, q, k, v, out, lse, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), None, None, dtype,
-            scale, causal, device, check, variant, mass, key_mass_window, kv)
-    return _finish(out, lse, return_lse, mass)
+    return _Checked(dtype, Hq, Hkv, D, D, B, max_q, max_k, causal, scale, want_mass, device, out, variant, kv)
 
 
 def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q=None, max_seqlen_q: int | None = None,
@@ -706,6 +780,31 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
     slots past its length are masked, not skipped): keep unused cache slots finite, e.g. allocate the cache with
     ``torch.zeros`` (MLA decode and the decode rows need not: they never let those slots reach the output).
     """
+    if torch.compiler.is_compiling():
+        return _traced(torch.ops.attn_lt.paged_attention, (q, k_cache, v_cache, block_table, seqlens_k, cu_seqlens_q,
+                       max_seqlen_q, max_seqlen_k), q, out, causal, scale, return_lse, check, window, softcap, sinks,
+                       return_key_mass, key_mass_window, k_descale, v_descale)
+    c = _check_paged(q, k_cache, v_cache, block_table, seqlens_k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal,
+                     scale, out, window, softcap, sinks, return_key_mass, key_mass_window, k_descale, v_descale)
+    q = _readable("q", q, True)
+    k_cache, v_cache = _readable("k_cache", k_cache, False), _readable("v_cache", v_cache, False)
+    if block_table.stride(1) != 1 or block_table.stride(0) < block_table.shape[1]:  # (an expanded table: stride 0)
+        block_table = block_table.contiguous()
+    out, lse = _outputs(q, c.Hq, c.Dv, c.out, return_lse or c.want_mass)
+    plan = plan_batch(c.B, c.Hq, c.Hkv, c.D, max_seqlen_q=c.max_q, max_seqlen_k=c.max_k, block_size=k_cache.shape[1],
+                      Dv=c.Dv, facts=device_facts(c.device.index))
+    # every row of the mass is written, but that of a request without query rows (possible with cu_seqlens_q)
+    mass = _mass_tensor(plan, 0, c.device, cu_seqlens_q is None) if c.want_mass else None
+    _launch(plan, q, k_cache, v_cache, out, lse, None if cu_seqlens_q is None else cu_seqlens_q.contiguous(), None,
+            seqlens_k.contiguous(), block_table, c.dtype, c.scale, c.causal, c.device, check, c.variant, mass,
+            key_mass_window, c.kv)
+    return _finish(out, lse, return_lse, mass)
+
+
+def _check_paged(q, k_cache, v_cache, block_table, seqlens_k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, scale,
+                 out, window, softcap, sinks, return_key_mass, key_mass_window, k_descale, v_descale) -> _Checked:
+    """:func:`paged_attention`'s arguments checked (TypeError / ValueError naming the shapes), but the caches'
+    layout (read from their addresses when the call runs)."""
     dtype, Hq, Hkv, D, Dv = _check_data(q, k_cache, v_cache, ("q", "k_cache", "v_cache"), 4)
     causal = check_causal(causal)
     scale = D ** -0.5 if scale is None else check_scale(scale)
@@ -738,24 +837,61 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
     device = _check_devices({"q": q, "k_cache": k_cache, "v_cache": v_cache, "block_table": block_table,
                              "seqlens_k": seqlens_k, "cu_seqlens_q": cu_seqlens_q, "out": out})
     out = _check_out(out, (q.shape[0], Hq, Dv), q.dtype, device)
-    facts = device_facts(device.index)
     if Dv != D:
-        _check_latent_device(facts, device)
-    q = _readable("q", q, True)
-    k_cache, v_cache = _readable("k_cache", k_cache, False), _readable("v_cache", v_cache, False)
-    if block_table.stride(1) != 1 or block_table.stride(0) < max_blocks:  # (an expanded table: stride 0)
-        block_table = block_table.contiguous()
+        _check_latent_device(device_facts(device.index), device)
     variant = _variant(window, softcap, sinks, causal, q, Dv != D)
     kv = check_kv_descale(k_descale, v_descale, _kv_fp8(k_cache), Hkv, device)
-    out, lse = _outputs(q, Hq, Dv, out, return_lse or want_mass)
-    plan = plan_batch(B, Hq, Hkv, D, max_seqlen_q=max_q, max_seqlen_k=max_k, block_size=block_size, Dv=Dv,
-                      facts=facts)
-    # every row of the mass is written, but that of a request without query rows (possible with cu_seqlens_q)
-    mass = _mass_tensor(plan, 0, device, cu_seqlens_q is None) if want_mass else None
-    _launch(plan, q, k_cache, v_cache, out, lse, None if cu_seqlens_q is None else cu_seqlens_q.contiguous(), None,
-            seqlens_k.contiguous(), block_table, dtype, scale, causal, device, check, variant, mass, key_mass_window,
-            kv)
-    return _finish(out, lse, return_lse, mass)
+    return _Checked(dtype, Hq, Hkv, D, Dv, B, max_q, max_k, causal, scale, want_mass, device, out, variant, kv)
+
+
+# torch.compile: the batch calls dispatch to these custom ops while compiling (no out=); the fake implementations
+# give the shapes, and the errors of every argument rule that needs no address, without GPU work.
+@torch.library.custom_op("attn_lt::varlen_attention", mutates_args=())
+def _varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+               cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool, scale: float | None,
+               return_lse: bool, check: bool, window: list[int] | None, softcap: float, sinks: torch.Tensor | None,
+               return_key_mass: bool, key_mass_window: int | None, k_descale: torch.Tensor | None,
+               v_descale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    got = varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                           causal=causal, scale=scale, return_lse=return_lse, check=check, window=window,
+                           softcap=softcap, sinks=sinks, return_key_mass=return_key_mass,
+                           key_mass_window=key_mass_window, k_descale=k_descale, v_descale=v_descale)
+    return _op_results(got, return_lse, return_key_mass, q)
+
+
+@_varlen_op.register_fake
+def _varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, return_lse, check,
+                 window, softcap, sinks, return_key_mass, key_mass_window, k_descale, v_descale):
+    if _concrete(max_seqlen_q, max_seqlen_k):  # (symbolic capacities are checked when the op runs)
+        _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, None, window,
+                      softcap, sinks, return_key_mass, key_mass_window, k_descale, v_descale)
+    return _fake_results(q, v.shape[-1], return_lse, (q.shape[1], k.shape[0]) if return_key_mass else None)
+
+
+@torch.library.custom_op("attn_lt::paged_attention", mutates_args=())
+def _paged_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+              seqlens_k: torch.Tensor, cu_seqlens_q: torch.Tensor | None, max_seqlen_q: int | None,
+              max_seqlen_k: int | None, causal: bool, scale: float | None, return_lse: bool, check: bool,
+              window: list[int] | None, softcap: float, sinks: torch.Tensor | None, return_key_mass: bool,
+              key_mass_window: int | None, k_descale: torch.Tensor | None,
+              v_descale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    got = paged_attention(q, k_cache, v_cache, block_table, seqlens_k, cu_seqlens_q=cu_seqlens_q,
+                          max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal, scale=scale,
+                          return_lse=return_lse, check=check, window=window, softcap=softcap, sinks=sinks,
+                          return_key_mass=return_key_mass, key_mass_window=key_mass_window, k_descale=k_descale,
+                          v_descale=v_descale)
+    return _op_results(got, return_lse, return_key_mass, q)
+
+
+@_paged_op.register_fake
+def _paged_fake(q, k_cache, v_cache, block_table, seqlens_k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, scale,
+                return_lse, check, window, softcap, sinks, return_key_mass, key_mass_window, k_descale, v_descale):
+    if _concrete(max_seqlen_q, max_seqlen_k):
+        _check_paged(q, k_cache, v_cache, block_table, seqlens_k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal,
+                     scale, None, window, softcap, sinks, return_key_mass, key_mass_window, k_descale, v_descale)
+    max_k = block_table.shape[1] * k_cache.shape[1] if max_seqlen_k is None else max_seqlen_k
+    return _fake_results(q, v_cache.shape[-1], return_lse,
+                         (block_table.shape[0], q.shape[1], max_k) if return_key_mass else None)
 
 
 class BatchStep:

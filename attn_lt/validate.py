@@ -278,18 +278,25 @@ def check_kv_descale(k_descale, v_descale, fp8: bool, Hkv: int, device) -> tuple
     return check_descale({"k_descale": k_descale, "v_descale": v_descale}, Hkv, device)
 
 
+def descale_tensor(name: str, x, device):
+    """A descale factor given as a Python number (positive and finite, else ValueError) as the one-value FP32
+    tensor on ``device`` the kernels read; anything else as it is (:func:`check_descale` checks it)."""
+    if isinstance(x, numbers.Real) and not isinstance(x, bool):
+        if not (0 < float(x) < math.inf):
+            raise ValueError(f"{name} must be positive and finite, got {x}")
+        return torch.full((1,), float(x), dtype=torch.float32, device=device)
+    return x
+
+
 def check_descale(factors: dict, Hkv: int, device) -> tuple:
     """FP8 descale factors by name (:func:`check_kv_descale`'s rule for each): ``(*factors, head_stride)`` in the
     dict's order, all per kv head or all one value."""
     got, per_head = [], set()
     for name, x in factors.items():
+        x = descale_tensor(name, x, device)
         if x is None:
             got.append(None)
             continue
-        if isinstance(x, numbers.Real) and not isinstance(x, bool):
-            if not (0 < float(x) < math.inf):
-                raise ValueError(f"{name} must be positive and finite, got {x}")
-            x = torch.full((1,), float(x), dtype=torch.float32, device=device)
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name} must be None, a number or a float32 tensor, got {type(x).__name__}")
         if x.dtype != torch.float32:

@@ -87,6 +87,80 @@ def test_paged_validation(change, error, match):
                                 **kw)
 
 
+def _fake_cuda(*shape, dtype=torch.bfloat16):
+    return torch.empty(*shape, dtype=dtype, device="cuda")  # (inside a FakeTensorMode: no GPU needed)
+
+
+def test_batch_custom_ops_give_shapes_and_errors_without_a_gpu():
+    """The torch.library ops behind torch.compile: the outputs' shapes (an empty tensor for what was not asked for)
+    and the calls' own validation errors, on fake CUDA tensors."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q, k, cu_s = _fake_cuda(100, 8, 128), _fake_cuda(300, 2, 128), _fake_cuda(5, dtype=torch.int32)
+        out, lse, mass = torch.ops.attn_lt.varlen_attention(q, k, k, cu_s, cu_s, 64, 128, True, None, True, False,
+                                                            [32, 0], 30.0, None, True, None, None, None)
+        assert (out.shape, lse.shape, mass.shape) == ((100, 8, 128), (8, 100), (8, 300))
+        assert out.dtype == torch.bfloat16 and lse.dtype == mass.dtype == torch.float32
+        kc, table, lengths = _fake_cuda(40, 16, 2, 128), _fake_cuda(4, 10, dtype=torch.int32), _fake_cuda(
+            4, dtype=torch.int32)
+        out, lse, mass = torch.ops.attn_lt.paged_attention(_fake_cuda(4, 8, 128), kc, kc, table, lengths, None, None,
+                                                           None, True, None, False, False, None, 0.0, None, True,
+                                                           None, None, None)
+        assert (out.shape, lse.shape, mass.shape) == ((4, 8, 128), (0,), (4, 8, 160))
+        with pytest.raises(ValueError, match="one row a request"):
+            torch.ops.attn_lt.paged_attention(_fake_cuda(3, 8, 128), kc, kc, table, lengths, None, None, None, True,
+                                              None, False, False, None, 0.0, None, False, None, None, None)
+        with pytest.raises(ValueError, match="softcap must be positive"):
+            torch.ops.attn_lt.varlen_attention(q, k, k, cu_s, cu_s, 64, 128, True, None, False, False, None, -2.0,
+                                               None, False, None, None, None)
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_batch_calls_trace_into_their_custom_ops(strict):
+    """torch.export (and so torch.compile's graph capture) takes the batch calls and dense attention with their
+    variants as one op each; capacities made symbolic (a dynamic max_seqlen) trace too."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.export import Dim
+
+    class Step(torch.nn.Module):
+        def forward(self, q, k, cu_q, cu_k, rows, kc, table, lengths, q1, sinks, dq, dk):
+            out, lse = attn_lt.varlen_attention(q, k, k, cu_q, cu_k, max_seqlen_q=rows.shape[0],
+                                                max_seqlen_k=k.shape[0], causal=True, window=(32, 0), softcap=30.0,
+                                                return_lse=True)
+            paged, mass = attn_lt.paged_attention(q1, kc, kc, table, lengths, sinks=sinks, return_key_mass=True,
+                                                  k_descale=None)
+            dense = attn_lt.attention(dq, dk, dk, window=(8, -1), softcap=20.0, sinks=sinks, out_layout="bshd")
+            return out, lse, paged, mass, dense
+
+    with FakeTensorMode():
+        args = (_fake_cuda(100, 8, 128), _fake_cuda(300, 2, 128), _fake_cuda(5, dtype=torch.int32),
+                _fake_cuda(5, dtype=torch.int32), _fake_cuda(64), _fake_cuda(40, 16, 2, 128),
+                _fake_cuda(4, 10, dtype=torch.int32), _fake_cuda(4, dtype=torch.int32), _fake_cuda(4, 8, 128),
+                _fake_cuda(8, dtype=torch.float32), _fake_cuda(2, 8, 33, 128), _fake_cuda(2, 2, 97, 128))
+        dims = ({0: Dim("total_q", min=2, max=4096)}, {0: Dim("total_k", min=2, max=65536)}, None, None,
+                {0: Dim("max_q", min=2, max=4096)}) + (None,) * 7
+        program = torch.export.export(Step(), args, dynamic_shapes=dims, strict=strict)
+    code = program.graph_module.code
+    for op in ("attn_lt.varlen_attention", "attn_lt.paged_attention", "attn_lt.attention"):
+        assert code.count(op) == 1, code
+    assert "[32, -1], 30.0" in code and "[8, -1], 20.0" in code
+
+
+def test_batch_op_results_never_alias():
+    """A custom op's outputs may not alias each other: what was not asked for is a fresh empty tensor each."""
+    q = torch.randn(3, 2, 64)
+    out, lse, mass = batch._op_results(q.clone(), False, False, q)
+    assert lse.shape == mass.shape == (0,) and lse is not mass and lse.untyped_storage() is not mass.untyped_storage()
+
+
+def test_batch_calls_refuse_out_while_compiling(monkeypatch):
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="out= is not supported inside torch.compile"):
+        attn_lt.varlen_attention(q, k, v, cu([5, 5]), cu([12, 8]), max_seqlen_q=5, max_seqlen_k=12, out=q)
+
+
 def test_plan_decode_parts_follow_the_capacity():
     p = batch.plan_batch(64, 32, 8, 128, max_seqlen_q=1, max_seqlen_k=8192, block_size=16, facts=H100)
     assert p.decode_blocks and p.row_kernel is None

@@ -698,3 +698,60 @@ def test_fp8_mla_graph_replay_and_step():
         owned = torch.tensor([n > 0 for n in lengths], device="cuda")
         assert not torch.isnan(out[owned]).any()
         assert rel_error(out[owned], ref[owned]) < 1e-2
+
+
+def test_torch_compile_of_the_batch_calls():
+    """torch.compile (fullgraph) of a serving step's attention: a packed prefill with a window, softcap and sinks,
+    and paged decode with the mass per key, equal to the eager calls; new lengths, tables and a new total of query
+    rows run without recompiling past the first dynamic shape."""
+    import torch._dynamo.testing
+
+    Hq, Hkv, D, bs = 8, 2, 128, 16
+    sinks = torch.randn(Hq, device="cuda")
+    k_cache = torch.randn(64, bs, Hkv, D, dtype=torch.bfloat16, device="cuda")
+    v_cache = torch.randn_like(k_cache)
+
+    def step(q, k, v, cu_q, cu_k, q1, table, lengths):
+        pre, lse = attn_lt.varlen_attention(q, k, v, cu_q, cu_k, max_seqlen_q=512, max_seqlen_k=1024, causal=True,
+                                            window=(100, 0), softcap=30.0, sinks=sinks, return_lse=True)
+        dec, mass = attn_lt.paged_attention(q1, k_cache, v_cache, table, lengths, return_key_mass=True)
+        return pre, lse, dec, mass
+
+    counter = torch._dynamo.testing.CompileCounterWithBackend("inductor")
+    compiled = torch.compile(step, backend=counter, fullgraph=True)
+    torch.manual_seed(0)
+    for q_lens in ([300, 1, 77], [5, 400, 0], [512, 2, 9]):
+        k_lens = [n + 50 for n in q_lens]
+        q = torch.randn(sum(q_lens), Hq, D, dtype=torch.bfloat16, device="cuda")
+        k = torch.randn(sum(k_lens), Hkv, D, dtype=torch.bfloat16, device="cuda")
+        v = torch.randn_like(k)
+        table = torch.randperm(64, device="cuda").to(torch.int32).view(4, 16)
+        lengths = torch.randint(0, 16 * bs, (4,), dtype=torch.int32, device="cuda")
+        q1 = torch.randn(4, Hq, D, dtype=torch.bfloat16, device="cuda")
+        args = (q, k, v, cu(q_lens), cu(k_lens), q1, table, lengths)
+        got, want = compiled(*args), step(*args)
+        for g, w in zip(got, want):
+            assert torch.equal(g, w)
+    assert counter.frame_count <= 2  # the first shapes, then dynamic ones
+    attn_lt.check_batch_errors()
+
+
+def test_torch_compile_cuda_graphs_replay_new_lengths():
+    """torch.compile's CUDA graphs (mode="reduce-overhead") over paged decode: each call with new lengths and a new
+    block table (same shapes) replays the captured graph and equals the eager call."""
+    Hq, Hkv, D, bs, B = 16, 4, 128, 16, 8
+    k_cache = torch.randn(B * 32, bs, Hkv, D, dtype=torch.bfloat16, device="cuda")
+    v_cache = torch.randn_like(k_cache)
+
+    def decode(q, table, lengths):
+        return attn_lt.paged_attention(q, k_cache, v_cache, table, lengths, window=(64, 0))
+
+    compiled = torch.compile(decode, mode="reduce-overhead", fullgraph=True)
+    rng = torch.Generator(device="cuda").manual_seed(0)
+    for _ in range(6):
+        q = torch.randn(B, Hq, D, dtype=torch.bfloat16, device="cuda", generator=rng)
+        table = torch.randperm(B * 32, device="cuda", generator=rng).to(torch.int32).view(B, 32)
+        lengths = torch.randint(0, 32 * bs, (B,), dtype=torch.int32, device="cuda", generator=rng)
+        got = compiled(q, table, lengths).clone()
+        assert torch.equal(got, decode(q, table, lengths))
+    attn_lt.check_batch_errors()

@@ -129,12 +129,35 @@ def test_custom_op_fake_gives_shapes_and_errors_on_meta_tensors():
     """The torch.library op behind torch.compile: shapes (and validation) without any device work."""
     q = torch.empty(2, 8, 33, 64, dtype=torch.bfloat16, device="meta")
     k = torch.empty(2, 2, 97, 64, dtype=torch.bfloat16, device="meta")
-    out, lse = torch.ops.attn_lt.attention(q, k, k, None, True, None, "auto", None, None, None)
+    out, lse, mass = torch.ops.attn_lt.attention(q, k, k, None, True, None, "auto", None, None, None)
     assert out.shape == (2, 8, 33, 64) and out.dtype == torch.bfloat16 and lse.shape == (2, 8, 33)
-    assert lse.dtype == torch.float32
+    assert lse.dtype == torch.float32 and mass.shape == (0,)
+    # the variants, the mass and the output layout
+    out, lse, mass = torch.ops.attn_lt.attention(q, k, k, None, True, None, "auto", None, None, None, [16, 0], 30.0,
+                                                 None, True, 8, "bshd")
+    assert out.shape == (2, 33, 8, 64) and mass.shape == (2, 8, 97) and mass.dtype == torch.float32
+    with pytest.raises(ValueError, match="softcap must be positive"):
+        torch.ops.attn_lt.attention(q, k, k, None, True, None, "auto", None, None, None, None, -1.0)
     with pytest.raises(ValueError, match="multiple of kv heads"):
         torch.ops.attn_lt.attention(q, k[:, :1].expand(2, 3, 97, 64), k[:, :1].expand(2, 3, 97, 64), None, False,
                                     None, "auto", None, None, None)
+
+
+def test_attention_traces_into_its_op_with_symbolic_lengths():
+    """torch.export (torch.compile's graph capture) of attention() with a window and the mass per key, the query and
+    key lengths dynamic: one op, traced on fake CUDA tensors without a GPU."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.export import Dim
+
+    class Layer(torch.nn.Module):
+        def forward(self, q, k):
+            return attn_lt.attention(q, k, k, causal=True, window=(64, 0), return_key_mass=True)
+
+    with FakeTensorMode():
+        q, k = (torch.empty(2, h, s, 128, dtype=torch.bfloat16, device="cuda") for h, s in ((8, 33), (2, 97)))
+        program = torch.export.export(Layer(), (q, k), dynamic_shapes=({2: Dim("Sq", min=2, max=65536)},
+                                                                         {2: Dim("Sk", min=2, max=65536)}))
+    assert program.graph_module.code.count("attn_lt.attention") == 1
 
 
 def test_custom_op_fake_reads_no_data_pointer():

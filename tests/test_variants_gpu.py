@@ -255,3 +255,27 @@ def test_window_mask_helper():
     assert m.tolist() == [[False, True, True, False, False], [False, False, True, True, False],
                           [False, False, False, True, True]]
     assert device_facts() is not None
+
+
+def test_torch_compile_with_variants_mass_and_fp8():
+    """torch.compile (fullgraph) of attention() with a window, softcap and sinks (gpt-oss's and Gemma 2's layers),
+    the mass per key, the (B, S, H, D) output and the FP8 prefill: the same results as the eager calls."""
+    B, Hq, Hkv, S, D = 2, 8, 2, 700, 128
+    q = torch.randn(B, Hq, S, D, dtype=torch.bfloat16, device="cuda")
+    k, v = (torch.randn(B, Hkv, S, D, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    sinks = torch.randn(Hq, device="cuda")
+    e4m3, hopper = torch.float8_e4m3fn, device_facts().hopper
+
+    def layers(q, k, v):
+        local = attn_lt.attention(q, k, v, causal=True, window=(128, 0), sinks=sinks, out_layout="bshd")
+        capped, lse = attn_lt.attention(q, k, v, causal=True, softcap=50.0, return_lse=True)
+        _, mass = attn_lt.attention(q, k, v, causal=True, return_key_mass=True, key_mass_window=64)
+        if not hopper:  # (the FP8 prefill runs on the Hopper kernel)
+            return local, capped, lse, mass
+        fp8 = attn_lt.attention(q.to(e4m3), k.to(e4m3), v.to(e4m3), causal=True, q_descale=1.0, k_descale=1.0)
+        return local, capped, lse, mass, fp8
+
+    got = torch.compile(layers, fullgraph=True)(q, k, v)
+    want = layers(q, k, v)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype and torch.equal(g, w)

@@ -161,6 +161,8 @@ def _float_sinks(sinks: torch.Tensor) -> torch.Tensor:
     and the copy reused while the parameter is unchanged (its version), not on every layer's call."""
     if sinks.dtype == torch.float32 and sinks.dim() == 1 and sinks.is_contiguous():
         return sinks.detach()
+    if torch.compiler.is_compiling():  # a conversion in the compiled graph (the cache below is the eager path's)
+        return sinks.detach().reshape(-1).float().contiguous()
     hit = _FLOAT_SINKS.get(id(sinks))  # the caller's object (a parameter: the same one every call)
     if hit is not None and hit[0]() is sinks and hit[1] == sinks._version:
         return hit[2]
