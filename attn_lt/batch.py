@@ -219,13 +219,20 @@ def explain_batch(requests: int, heads_q: int, heads_kv: int, head_dim: int, *, 
     fp8 = kv_dtype is not None and kv_dtype == FP8_KV_DTYPE
     if kv_dtype is not None and not fp8 and kv_dtype not in _DTYPES:
         raise TypeError(f"kv_dtype must be torch.float16, torch.bfloat16 or {FP8_KV_DTYPE}, got {kv_dtype}")
-    _check_fp8(fp8, max_seqlen_q, heads_q, heads_kv, plan.D, plan.Dv, return_key_mass)
-    return (str(plan) + ("\n" + fp8_line(plan) if fp8 else "")
+    return (str(plan) + ("\n" + fp8_line(plan, return_key_mass) if fp8 else "")
             + ("\n" + mass_line(plan) if return_key_mass else ""))
 
 
-def fp8_line(plan: BatchPlan) -> str:
+def fp8_line(plan: BatchPlan, want_mass: bool = False) -> str:
     """How a batch of ``plan``'s capacity reads an FP8 cache (:func:`explain_batch`'s line for it)."""
+    if _fp8_converted(plan.max_seqlen_q, plan.Hq, plan.Hkv, plan.D, plan.Dv, want_mass):
+        return ("K/V: an FP8 KV cache with prefill rows (more than 16 query rows a kv head at capacity) or the mass "
+                "of many-row requests: converted to q's dtype first (each element times its descale factor, in FP32, "
+                "rounded once), then the 16-bit kernels run; "
+                + ("the blocks the table names, B x max_blocks of them (a new buffer of B x max_blocks x "
+                   f"{plan.block_size} x Hkv x (D + Dv) x 2 bytes each call)" if plan.kind == "paged" else
+                   "all of k and v (total_k x Hkv x (D + Dv) x 2 bytes each call)")
+                + ". Decode-only calls read the FP8 bytes: " + fp8_kv_why(plan.D, plan.Dv))
     return "K/V: " + fp8_kv_why(plan.D, plan.Dv)
 
 
@@ -345,15 +352,51 @@ def _kv_fp8(k) -> bool:
 
 
 def _check_fp8(fp8: bool, max_q: int, Hq: int, Hkv: int, D: int, Dv: int, want_mass: bool = False) -> None:
-    """An FP8 KV cache runs on the decode blocks (at most SMALL_ROWS query rows a kv head at capacity) or as MLA
-    decode's latent cache, and the mass per key only from one-row requests' stored scores (ValueError otherwise)."""
+    """A BatchStep's FP8 KV cache runs on the decode blocks (at most SMALL_ROWS query rows a kv head at capacity) or
+    as MLA decode's latent cache, and the mass per key only from one-row requests' stored scores (ValueError
+    otherwise; the batch functions convert such a cache instead: :func:`_fp8_converted`)."""
     if not fp8:
         return
     why = fp8_refusal(max_q * (Hq // Hkv), D, Dv)
     if why is not None:
-        raise ValueError(f"{why}: max_seqlen_q {max_q} x {Hq // Hkv}")
+        raise ValueError(f"{why}: max_seqlen_q {max_q} x {Hq // Hkv} (paged_attention and varlen_attention take "
+                         "prefill rows against an FP8 cache, converting it first)")
     if want_mass and max_q != 1:
-        raise ValueError("return_key_mass with an FP8 KV cache needs one query row a request (max_seqlen_q 1)")
+        raise ValueError("return_key_mass with an FP8 KV cache needs one query row a request (max_seqlen_q 1) in a "
+                         "BatchStep (paged_attention and varlen_attention convert the cache for it)")
+
+
+def _fp8_converted(max_q: int, Hq: int, Hkv: int, D: int, Dv: int, want_mass: bool = False) -> bool:
+    """Whether a batch call converts its FP8 KV cache to q's dtype before the 16-bit kernels run
+    (:func:`_converted_kv`): its requests may have more query rows a kv head than the decode blocks take (prefill
+    chunks: max_seqlen_q x Hq / Hkv above 16), or it asks for the mass of many-row requests. Never MLA's latent
+    cache (its decode takes one row a request)."""
+    return (D, Dv) != LATENT_DIMS and (fp8_refusal(max_q * (Hq // Hkv), D, Dv) is not None
+                                       or (want_mass and max_q != 1))
+
+
+def _converted_kv(k, v, kv: tuple, dtype, block_table=None) -> tuple:
+    """An FP8 KV cache as ``dtype`` for the 16-bit kernels: each element times its kv head's descale factor (``kv``
+    as :func:`attn_lt.validate.check_kv_descale` returns it), computed in FP32 and rounded once. Packed keys convert
+    whole. A paged cache converts the blocks block_table names, gathered in the table's order into a cache of its
+    B x max_blocks blocks, with a table of their places: -1 where the id is outside the cache, so that the kernels
+    skip and report it as they do in the original. Returns (k, v, block_table) (the table None for packed keys)."""
+    kd, vd, _ = kv
+    if block_table is not None:
+        ids = block_table.long()
+        ok = (ids >= 0) & (ids < k.shape[0])
+        rows = torch.where(ok, ids, 0).flatten()
+        k, v = (x.view(torch.uint8)[rows].view(x.dtype) for x in (k, v))  # (gathered as bytes)
+        places = torch.arange(rows.numel(), dtype=torch.int32, device=rows.device).view(block_table.shape)
+        block_table = torch.where(ok, places, -1)
+
+    def scaled(x, factor):
+        y = x.to(dtype)  # (e4m3 values are exact in fp16 and bf16)
+        if factor is not None:
+            y.mul_(factor.view(-1, 1))  # one factor, or one a kv head (dim -2): the product in FP32
+        return y
+
+    return scaled(k, kd), scaled(v, vd), block_table
 
 
 def _check_index(name: str, t, shape_hint: str, dims: int, length: int | None = None) -> None:
@@ -657,7 +700,9 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
     q: (total_q, Hq, D); k: (total_k, Hkv, D); v: (total_k, Hkv, D); fp16 or bf16, D 64, 128 or 256, Hq a
     multiple of Hkv (GQA read in place). k and v may be an FP8 KV cache (torch.float8_e4m3fn, both) with
     ``k_descale`` / ``v_descale`` (None, a number, or FP32 one value or (Hkv,) on the device: k's values are its
-    elements times k_descale): decode rows only, at most 16 query rows a kv head (max_seqlen_q x Hq / Hkv).
+    elements times k_descale): the decode blocks read its bytes for up to 16 query rows a kv head (max_seqlen_q x
+    Hq / Hkv); with more (prefill chunks) k and v are converted to q's dtype first (each call: a new buffer of
+    total_k x Hkv x 2D x 2 bytes), see :func:`explain_batch`.
     ``cu_seqlens_q`` / ``cu_seqlens_k``: int32 (B + 1,) on q's device, request b owning rows [cu[b], cu[b + 1]).
     ``max_seqlen_q`` / ``max_seqlen_k``: host ints, the capacity the launch is planned for (any lengths up to them
     run without re-planning; a CUDA graph captured with them replays for any such lengths). ``causal``:
@@ -684,6 +729,10 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
     c = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, out, window,
                       softcap, sinks, return_key_mass, key_mass_window, k_descale, v_descale)
     q, k, v = _readable("q", q, True), _readable("k", k, True), _readable("v", v, True)
+    kv = c.kv
+    if c.convert:
+        k, v, _ = _converted_kv(k, v, kv, q.dtype)
+        kv = None
     out, lse = _outputs(q, c.Hq, c.D, c.out, return_lse or c.want_mass)
     plan = plan_batch(c.B, c.Hq, c.Hkv, c.D, max_seqlen_q=c.max_q, max_seqlen_k=c.max_k,
                       facts=device_facts(c.device.index))
@@ -692,7 +741,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
         _no_keys(out, lse, c.variant[2])
         return _finish(out, lse, return_lse, mass)
     _launch(plan, q, k, v, out, lse, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), None, None, c.dtype,
-            c.scale, c.causal, c.device, check, c.variant, mass, key_mass_window, c.kv)
+            c.scale, c.causal, c.device, check, c.variant, mass, key_mass_window, kv)
     return _finish(out, lse, return_lse, mass)
 
 
@@ -715,6 +764,7 @@ class _Checked:
     out: torch.Tensor | None
     variant: tuple
     kv: tuple | None
+    convert: bool  # an FP8 cache converted to q's dtype first (_fp8_converted)
 
 
 def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, out, window,
@@ -725,7 +775,7 @@ def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
     scale = D ** -0.5 if scale is None else check_scale(scale)
     want_mass = _mass_options(return_key_mass, key_mass_window, False)
     max_q, max_k = _positive_int("max_seqlen_q", max_seqlen_q), _positive_int("max_seqlen_k", max_seqlen_k)
-    _check_fp8(_kv_fp8(k), max_q, Hq, Hkv, D, D, want_mass)
+    convert = _kv_fp8(k) and _fp8_converted(max_q, Hq, Hkv, D, D, want_mass)
     _check_index("cu_seqlens_q", cu_seqlens_q, "(B + 1,) with B >= 1", 1)
     B = cu_seqlens_q.shape[0] - 1
     if B < 1:
@@ -740,7 +790,8 @@ def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
     out = _check_out(out, (q.shape[0], Hq, D), q.dtype, device)
     variant = _variant(window, softcap, sinks, causal, q, False)
     kv = check_kv_descale(k_descale, v_descale, _kv_fp8(k), Hkv, device)
-    return _Checked(dtype, Hq, Hkv, D, D, B, max_q, max_k, causal, scale, want_mass, device, out, variant, kv)
+    return _Checked(dtype, Hq, Hkv, D, D, B, max_q, max_k, causal, scale, want_mass, device, out, variant, kv,
+                    convert)
 
 
 def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q=None, max_seqlen_q: int | None = None,
@@ -761,9 +812,11 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
 
     FP8 KV cache: k_cache and v_cache torch.float8_e4m3fn (e4m3, q and out stay fp16/bf16) with ``k_descale`` /
     ``v_descale`` (None, a number, or FP32 one value or (Hkv,) on the device: a key's values are its elements times
-    k_descale), as vLLM and FlashInfer store it; decode rows only (at most 16 query rows a kv head: max_seqlen_q x
-    Hq / Hkv), or MLA decode's latent cache (below, Hopper: pass the latent's factor as both); the bytes read are
-    half those of a bf16 cache.
+    k_descale), as vLLM and FlashInfer store it: the decode blocks read its bytes, half those of a bf16 cache, for
+    up to 16 query rows a kv head (max_seqlen_q x Hq / Hkv); with more (prefill chunks, mixed batches) the blocks
+    block_table names are converted to q's dtype first (each call: a new buffer of B x max_blocks blocks in 16
+    bits; engines that split decode and prefill calls keep decode on the FP8 bytes). MLA decode reads its latent
+    cache in FP8 too (below, Hopper: pass the latent's factor as both).
 
     MLA decode (DeepSeek's latent cache, Hopper): k_cache (num_blocks, block_size, Hkv, 576), v_cache =
     ``k_cache[..., :512]`` (the same memory, read once), block_size >= 64 (FlashMLA's 64), q (B, Hq, 576) one row a
@@ -790,6 +843,10 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
     k_cache, v_cache = _readable("k_cache", k_cache, False), _readable("v_cache", v_cache, False)
     if block_table.stride(1) != 1 or block_table.stride(0) < block_table.shape[1]:  # (an expanded table: stride 0)
         block_table = block_table.contiguous()
+    kv = c.kv
+    if c.convert:
+        k_cache, v_cache, block_table = _converted_kv(k_cache, v_cache, kv, q.dtype, block_table)
+        kv = None
     out, lse = _outputs(q, c.Hq, c.Dv, c.out, return_lse or c.want_mass)
     plan = plan_batch(c.B, c.Hq, c.Hkv, c.D, max_seqlen_q=c.max_q, max_seqlen_k=c.max_k, block_size=k_cache.shape[1],
                       Dv=c.Dv, facts=device_facts(c.device.index))
@@ -797,7 +854,7 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
     mass = _mass_tensor(plan, 0, c.device, cu_seqlens_q is None) if c.want_mass else None
     _launch(plan, q, k_cache, v_cache, out, lse, None if cu_seqlens_q is None else cu_seqlens_q.contiguous(), None,
             seqlens_k.contiguous(), block_table, c.dtype, c.scale, c.causal, c.device, check, c.variant, mass,
-            key_mass_window, c.kv)
+            key_mass_window, kv)
     return _finish(out, lse, return_lse, mass)
 
 
@@ -830,7 +887,7 @@ def _check_paged(q, k_cache, v_cache, block_table, seqlens_k, cu_seqlens_q, max_
         max_q = _positive_int("max_seqlen_q", max_seqlen_q)
     max_k = max_blocks * block_size if max_seqlen_k is None else _positive_int("max_seqlen_k", max_seqlen_k)
     _check_capacity(B, Hq, Hkv, D, max_q, max_k, block_size, Dv)
-    _check_fp8(_kv_fp8(k_cache), max_q, Hq, Hkv, D, Dv, want_mass)
+    convert = _kv_fp8(k_cache) and _fp8_converted(max_q, Hq, Hkv, D, Dv, want_mass)
     if q.shape[0] < 1 or k_cache.shape[0] < 1:
         raise ValueError(f"q {_shape(q)} and k_cache {_shape(k_cache)} must not be empty")
     _check_out_type(out, q.dtype)
@@ -841,7 +898,8 @@ def _check_paged(q, k_cache, v_cache, block_table, seqlens_k, cu_seqlens_q, max_
         _check_latent_device(device_facts(device.index), device)
     variant = _variant(window, softcap, sinks, causal, q, Dv != D)
     kv = check_kv_descale(k_descale, v_descale, _kv_fp8(k_cache), Hkv, device)
-    return _Checked(dtype, Hq, Hkv, D, Dv, B, max_q, max_k, causal, scale, want_mass, device, out, variant, kv)
+    return _Checked(dtype, Hq, Hkv, D, Dv, B, max_q, max_k, causal, scale, want_mass, device, out, variant, kv,
+                    convert)
 
 
 # torch.compile: the batch calls dispatch to these custom ops while compiling (no out=); the fake implementations

@@ -643,7 +643,7 @@ def cmd_explain_batch(a) -> int:
                           max_seqlen_k=a.max_seqlen_k, block_size=a.block_size, Dv=a.head_dim_v)
         d = plan.to_dict()
         if a.fp8_kv:
-            d["kv"] = fp8_line(plan)
+            d["kv"] = fp8_line(plan, a.key_mass)
         if a.key_mass:
             d["key_mass"] = mass_line(plan)
         print(json.dumps(d, indent=2))

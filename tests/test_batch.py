@@ -384,9 +384,9 @@ F8 = torch.float8_e4m3fn
 @pytest.mark.parametrize("change,error,match", [
     (dict(v=torch.randn(20, 2, 64).to(F8)), TypeError, "both torch.float8_e4m3fn"),
     (dict(k=torch.randn(20, 2, 64).to(F8), v=torch.randn(20, 2, 64).to(F8), max_seqlen_q=5), ValueError,
-     r"at most 16 query rows a kv head .*max_seqlen_q 5 x 4"),
+     "CUDA device"),  # prefill rows: valid (the cache converted first), refused at the device check
     (dict(k=torch.randn(20, 2, 64).to(F8), v=torch.randn(20, 2, 64).to(F8), max_seqlen_q=2, return_key_mass=True),
-     ValueError, "one query row a request"),
+     ValueError, "CUDA device"),
     (dict(q=torch.randn(10, 8, 64).to(F8)), TypeError, "q has dtype"),
     (dict(k=torch.randn(20, 2, 64).to(F8), v=torch.randn(20, 2, 64).to(F8), max_seqlen_q=4), ValueError,
      "CUDA device"),  # 16 rows a kv head: valid, refused at the device check
@@ -411,9 +411,30 @@ def test_fp8_latent_cache_explained_and_steps_check_fp8():
         attn_lt.explain(q.expand(1, 16, 3, 576).contiguous(), lat, lat[..., :512])
     with pytest.raises(ValueError, match="head dims D = Dv in .* or MLA decode's 576/512"):
         attn_lt.explain(q[..., :192], lat[..., :192], lat[..., :128])
-    with pytest.raises(ValueError, match="at most 16 query rows"):
+    with pytest.raises(ValueError, match="at most 16 query rows.*converting it first"):
         attn_lt.BatchStep(4, 32, 8, 128, max_seqlen_k=4096, max_seqlen_q=8, block_size=16, kv_dtype=F8,
                           device="cpu")
+    decode = attn_lt.explain_batch(8, 32, 8, 128, max_seqlen_q=4, max_seqlen_k=4096, block_size=16, kv_dtype=F8)
+    prefill = attn_lt.explain_batch(8, 32, 8, 128, max_seqlen_q=512, max_seqlen_k=4096, block_size=16, kv_dtype=F8)
+    assert "decode blocks" in decode and "converted" not in decode
+    assert "converted to q's dtype first" in prefill and "B x max_blocks" in prefill
+
+
+def test_fp8_conversion_gathers_the_tables_blocks():
+    """A paged FP8 cache converted for prefill rows: the blocks in the table's order, times each kv head's factor
+    (FP32, rounded once), and -1 in the new table where an id was outside the cache."""
+    k = torch.randn(6, 4, 2, 64).to(F8)
+    v = torch.randn(6, 4, 2, 64).to(F8)
+    table = torch.tensor([[5, 0, 9], [-2, 3, 3]], dtype=torch.int32)
+    kd, vd = torch.tensor([0.5, 3.0]), torch.tensor([0.25])
+    k16, v16, t = batch._converted_kv(k, v, (kd, vd, 1), torch.bfloat16, table)
+    assert k16.shape == (6, 4, 2, 64) and k16.dtype == torch.bfloat16
+    assert t.tolist() == [[0, 1, -1], [-1, 4, 5]]
+    for place, block in ((0, 5), (1, 0), (4, 3), (5, 3)):
+        assert torch.equal(k16[place], (k[block].float() * kd.view(2, 1)).to(torch.bfloat16))
+        assert torch.equal(v16[place], (v[block].float() * 0.25).to(torch.bfloat16))
+    k16, v16, t = batch._converted_kv(k[0], v[0], (None, None, 0), torch.float16)  # packed keys, no factors
+    assert t is None and torch.equal(k16, k[0].to(torch.float16))
     with pytest.raises(TypeError, match="kv_dtype"):
         attn_lt.BatchStep(4, 32, 8, 128, max_seqlen_k=4096, block_size=16, kv_dtype=torch.float32, device="cpu")
 

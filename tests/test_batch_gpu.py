@@ -571,13 +571,54 @@ def test_fp8_bad_block_reported_and_refusals():
     assert not torch.isnan(out).any()
     with pytest.raises(ValueError, match="block id outside"):
         attn_lt.check_batch_errors()
-    with pytest.raises(ValueError, match="decode blocks"):  # prefill rows against an FP8 cache
-        attn_lt.paged_attention(torch.randn(40, Hq, D, dtype=dtype, device="cuda"), k8, v8, table, seqlens_k,
-                                cu_seqlens_q=cu([20, 20]), max_seqlen_q=20)
     with pytest.raises(ValueError, match="FP8 KV cache"):  # factors for a 16-bit cache
         attn_lt.paged_attention(q, kf.to(dtype), vf.to(dtype), table, seqlens_k, k_descale=kd)
     with pytest.raises(ValueError, match=r"\(4,\)"):
         attn_lt.paged_attention(q, k8, v8, table, seqlens_k, k_descale=torch.ones(3, device="cuda"))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block_size", [16, 64])
+def test_fp8_cache_with_prefill_rows(dtype, block_size):
+    """Prefill chunks and decode rows in one call against a paged FP8 cache (converted to q's dtype first): lengths
+    0, 1, block_size +- 1, a chunk of 512 rows against 3000 keys; permuted tables; per-head factors. Then the same
+    with a window and sinks, the mass per key, packed (varlen) keys, and an out-of-range block id reported."""
+    Hq, Hkv, D, bs = 16, 4, 128, block_size
+    seqlens, q_lens = [0, 1, bs - 1, bs + 1, 3000, 700], [0, 1, bs - 1, 5, 512, 1]
+    k8, v8, table, seqlens_k, kd, vd, kf, vf = fp8_pages(seqlens, bs, Hkv, D, dtype)
+    cq = cu(q_lens)
+    q = torch.randn(sum(q_lens), Hq, D, dtype=dtype, device="cuda")
+    out = torch.full_like(q, math.nan)
+    out, lse = attn_lt.paged_attention(q, k8, v8, table, seqlens_k, cu_seqlens_q=cq, max_seqlen_q=512, k_descale=kd,
+                                       v_descale=vd, return_lse=True, out=out, check=True)
+    ref, ref_lse = paged_reference(q, kf, vf, table, seqlens_k, cu_seqlens_q=cq)
+    k, v, ck = paged_gather(kf, vf, table, seqlens_k)
+    check_fp8_against(out, lse, q, k, v, cq, ck, True, ref, ref_lse)
+    # the variants and the mass: equal to the 16-bit call on the converted values
+    sinks = torch.randn(Hq, device="cuda")
+    k16, v16 = kf.to(dtype), vf.to(dtype)
+    for kw in (dict(window=(100, 0), sinks=sinks), dict(return_key_mass=True, key_mass_window=64)):
+        got = attn_lt.paged_attention(q, k8, v8, table, seqlens_k, cu_seqlens_q=cq, max_seqlen_q=512,
+                                      k_descale=kd, v_descale=vd, check=True, **kw)
+        want = attn_lt.paged_attention(q, k16, v16, table, seqlens_k, cu_seqlens_q=cq, max_seqlen_q=512, **kw)
+        for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+            assert torch.equal(g, w), kw
+    # packed keys
+    kp, kdp = fp8_kv(torch.randn(int(ck[-1]), Hkv, D, dtype=dtype, device="cuda"))
+    vp, vdp = fp8_kv(torch.randn(int(ck[-1]), Hkv, D, dtype=dtype, device="cuda"))
+    out, lse = attn_lt.varlen_attention(q, kp, vp, cq, ck, max_seqlen_q=512, max_seqlen_k=3000, causal=True,
+                                        k_descale=kdp, v_descale=vdp, return_lse=True, check=True)
+    kpf, vpf = fp8_values(kp, kdp), fp8_values(vp, vdp)
+    ref, ref_lse = varlen_reference(q, kpf, vpf, cq, ck, causal=True)
+    check_fp8_against(out, lse, q, kpf, vpf, cq, ck, True, ref, ref_lse)
+    # a block id outside the cache in the chunk's row: skipped and reported
+    bad = table.clone()
+    bad[4, 2] = k8.shape[0] + 5
+    out = attn_lt.paged_attention(q, k8, v8, bad, seqlens_k, cu_seqlens_q=cq, max_seqlen_q=512, k_descale=kd,
+                                  v_descale=vd)
+    assert not torch.isnan(out).any()
+    with pytest.raises(ValueError, match="block id outside"):
+        attn_lt.check_batch_errors()
 
 
 def test_fp8_step_graph_replay():
