@@ -722,7 +722,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
     ``check=True`` synchronises after the call and raises ``ValueError`` if this or an earlier unchecked call on the
     GPU met bad lengths (:func:`check_batch_errors`).
     """
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() and isinstance(q, torch.Tensor):
         return _traced(torch.ops.attn_lt.varlen_attention, (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                        max_seqlen_k), q, out, causal, scale, return_lse, check, window, softcap, sinks,
                        return_key_mass, key_mass_window, k_descale, v_descale)
@@ -833,7 +833,7 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
     slots past its length are masked, not skipped): keep unused cache slots finite, e.g. allocate the cache with
     ``torch.zeros`` (MLA decode and the decode rows need not: they never let those slots reach the output).
     """
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() and isinstance(q, torch.Tensor):
         return _traced(torch.ops.attn_lt.paged_attention, (q, k_cache, v_cache, block_table, seqlens_k, cu_seqlens_q,
                        max_seqlen_q, max_seqlen_k), q, out, causal, scale, return_lse, check, window, softcap, sinks,
                        return_key_mass, key_mass_window, k_descale, v_descale)
