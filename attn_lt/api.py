@@ -19,9 +19,9 @@ import torch
 from . import config, fastpath
 from .chunks import ChunkPlan, plan_chunks, out_strides
 from .select import Decision, route_of, select
-from .validate import (FP8_KV_DTYPE, Case, address_alignment, check_causal, check_descale, check_kv_descale,
-                       check_options, check_out, check_sinks, check_softcap, check_tensors, check_window,
-                       descale_tensor, mask_alignment, out_shape)
+from .validate import (FP8_KV_DTYPE, Case, address_alignment, call_results, check_descale, check_kv_descale,
+                       check_options, check_out, check_sinks, check_tensors, descale_tensor, mask_alignment,
+                       op_results, op_variants, out_shape)
 from .device import stream_queries
 from .fused import (MLA_DECODE, WMMA, FusedLaunch, Program as FusedProgram, device_facts,
                     fp8_decode_launch, fp8_kv_why, fp8_prefill_launch, fp8_prefill_refusal, fp8_refusal, fused_launch,
@@ -567,16 +567,14 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
     if isinstance(q, torch.Tensor) and torch.compiler.is_compiling():
         if out is not None:
             raise ValueError("out= is not supported inside torch.compile (attention returns a new output there)")
-        causal = check_causal(causal)
-        window = check_window(window, causal)
-        res = torch.ops.attn_lt.attention(q, k, v, attn_mask, causal, scale, backend, workspace_bytes, threshold,
-                                          algo_policy, None if window is None else list(window),
-                                          check_softcap(softcap), sinks, bool(return_key_mass), key_mass_window,
-                                          out_layout, *(descale_tensor(n, x, q.device) for n, x in
-                                                        (("k_descale", k_descale), ("v_descale", v_descale),
-                                                         ("q_descale", q_descale))))
-        got = (res[0],) + ((res[1],) if return_lse else ()) + ((res[2],) if return_key_mass else ())
-        return got if len(got) > 1 else got[0]
+        causal, window, softcap = op_variants(causal, window, softcap)
+        got = torch.ops.attn_lt.attention(q, k, v, attn_mask, causal, scale, backend, workspace_bytes, threshold,
+                                          algo_policy, window, softcap, sinks, bool(return_key_mass),
+                                          key_mass_window, out_layout,
+                                          *(descale_tensor(n, x, q.device) for n, x in
+                                            (("k_descale", k_descale), ("v_descale", v_descale),
+                                             ("q_descale", q_descale))))
+        return call_results(got[0], got[1], bool(return_lse), got[2] if return_key_mass else None)
     if (k_descale is not None or v_descale is not None or q_descale is not None
             or getattr(k, "dtype", None) == FP8_KV_DTYPE):
         return _attention_fp8(q, k, v, attn_mask=attn_mask, causal=causal, scale=scale, backend=backend,
@@ -750,8 +748,8 @@ def explain(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | Non
 
 
 # torch.compile: attention() dispatches to this custom op while compiling (no out=); it returns (out, lse, mass), an
-# empty FP32 tensor for a mass not asked for. The fake implementation gives shapes (and the same validation errors)
-# without GPU work.
+# empty FP32 tensor for a mass not asked for (op_results). The fake implementation gives shapes (and the same
+# validation errors) without GPU work.
 @torch.library.custom_op("attn_lt::attention", mutates_args=())
 def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None, causal: bool,
                   scale: float | None, backend: str, workspace_bytes: int | None, threshold: int | None,
@@ -760,12 +758,12 @@ def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: 
                   out_layout: str = "bhsd", k_descale: torch.Tensor | None = None,
                   v_descale: torch.Tensor | None = None,
                   q_descale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    res = attention(q, k, v, attn_mask=attn_mask, causal=causal, scale=scale, backend=backend, return_lse=True,
+    got = attention(q, k, v, attn_mask=attn_mask, causal=causal, scale=scale, backend=backend, return_lse=True,
                     workspace_bytes=workspace_bytes, threshold=threshold, algo_policy=algo_policy,
                     return_key_mass=return_key_mass, key_mass_window=key_mass_window, out_layout=out_layout,
                     window=window, softcap=softcap, sinks=sinks, k_descale=k_descale, v_descale=v_descale,
                     q_descale=q_descale)
-    return res[0], res[1], res[2] if return_key_mass else q.new_empty(0, dtype=torch.float32)
+    return op_results(got, True, return_key_mass, q)
 
 
 def _no_backward(ctx, *grads):

@@ -29,8 +29,8 @@ import torch
 from . import native
 from .device import stream_queries
 from .fused import ASSUMED_DEVICE, MLA_DECODE, MLA_ROWS, DeviceFacts, device_facts, fp8_kv_why, fp8_refusal
-from .validate import (FP8_KV_DTYPE, check_causal, check_kv_descale, check_options, check_scale, check_softcap,
-                       check_variants, check_window, descale_tensor)
+from .validate import (FP8_KV_DTYPE, call_results, check_causal, check_kv_descale, check_options, check_scale,
+                       check_variants, descale_tensor, op_results, op_variants)
 
 log = logging.getLogger("attn_lt")
 
@@ -650,36 +650,22 @@ def _mass_options(return_key_mass, key_mass_window, latent: bool) -> bool:
     return bool(return_key_mass)
 
 
-def _finish(out, lse, return_lse: bool, mass=None):
-    """out, then lse when asked for, then the mass when asked for (as :func:`attn_lt.attention` returns them)."""
-    got = (out,) + ((lse,) if return_lse else ()) + ((mass,) if mass is not None else ())
-    return got if len(got) > 1 else out
-
-
 def _traced(op, args: tuple, q, out, causal, scale, return_lse, check, window, softcap, sinks, return_key_mass,
             key_mass_window, k_descale, v_descale):
     """A batch call while torch.compile traces it: its custom op (:func:`_varlen_op`, :func:`_paged_op`), the
     variants and descale factors as the op takes them, the results as the call returns them."""
     if out is not None:
         raise ValueError("out= is not supported inside torch.compile (the batch calls return a new output there)")
-    causal = check_causal(causal)
-    window = check_window(window, causal)
-    got = op(*args, causal, scale, bool(return_lse), bool(check), None if window is None else list(window),
-             check_softcap(softcap), sinks, bool(return_key_mass), key_mass_window,
-             descale_tensor("k_descale", k_descale, q.device), descale_tensor("v_descale", v_descale, q.device))
-    return _finish(got[0], got[1], bool(return_lse), got[2] if return_key_mass else None)
-
-
-def _op_results(got, return_lse: bool, return_key_mass: bool, q) -> tuple:
-    """A batch call's results as its custom op returns them: (out, lse, mass), an empty FP32 tensor for what was
-    not asked for."""
-    got = got if isinstance(got, tuple) else (got,)
-    return (got[0], got[1] if return_lse else q.new_empty(0, dtype=torch.float32),  # (outputs never alias)
-            got[-1] if return_key_mass else q.new_empty(0, dtype=torch.float32))
+    causal, window, softcap = op_variants(causal, window, softcap)
+    got = op(*args, causal, scale, bool(return_lse), bool(check), window, softcap, sinks, bool(return_key_mass),
+             key_mass_window, descale_tensor("k_descale", k_descale, q.device),
+             descale_tensor("v_descale", v_descale, q.device))
+    return call_results(got[0], got[1], bool(return_lse), got[2] if return_key_mass else None)
 
 
 def _fake_results(q, Dv: int, return_lse: bool, mass_shape) -> tuple:
-    """The shapes of a batch call's custom op results (see :func:`_op_results`); ``mass_shape`` None when not asked."""
+    """The shapes of a batch call's custom op results (:func:`attn_lt.validate.op_results`); ``mass_shape`` None
+    when not asked for."""
     rows, Hq = q.shape[0], q.shape[1]
     return (q.new_empty((rows, Hq, Dv)), q.new_empty((Hq, rows) if return_lse else 0, dtype=torch.float32),
             q.new_empty(0 if mass_shape is None else mass_shape, dtype=torch.float32))
@@ -728,21 +714,21 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
                        return_key_mass, key_mass_window, k_descale, v_descale)
     c = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, out, window,
                       softcap, sinks, return_key_mass, key_mass_window, k_descale, v_descale)
-    q, k, v = _readable("q", q, True), _readable("k", k, True), _readable("v", v, True)
     kv = c.kv
-    if c.convert:
+    if c.convert:  # (new contiguous tensors: read as they are)
         k, v, _ = _converted_kv(k, v, kv, q.dtype)
         kv = None
+    q, k, v = _readable("q", q, True), _readable("k", k, True), _readable("v", v, True)
     out, lse = _outputs(q, c.Hq, c.D, c.out, return_lse or c.want_mass)
     plan = plan_batch(c.B, c.Hq, c.Hkv, c.D, max_seqlen_q=c.max_q, max_seqlen_k=c.max_k,
                       facts=device_facts(c.device.index))
     mass = _mass_tensor(plan, k.shape[0], c.device, False) if c.want_mass else None
     if k.shape[0] == 0:  # no keys at all: every request's rows are zeros (only the lengths are not checked)
         _no_keys(out, lse, c.variant[2])
-        return _finish(out, lse, return_lse, mass)
+        return call_results(out, lse, return_lse, mass)
     _launch(plan, q, k, v, out, lse, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), None, None, c.dtype,
             c.scale, c.causal, c.device, check, c.variant, mass, key_mass_window, kv)
-    return _finish(out, lse, return_lse, mass)
+    return call_results(out, lse, return_lse, mass)
 
 
 @dataclass(frozen=True)
@@ -855,7 +841,7 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
     _launch(plan, q, k_cache, v_cache, out, lse, None if cu_seqlens_q is None else cu_seqlens_q.contiguous(), None,
             seqlens_k.contiguous(), block_table, c.dtype, c.scale, c.causal, c.device, check, c.variant, mass,
             key_mass_window, kv)
-    return _finish(out, lse, return_lse, mass)
+    return call_results(out, lse, return_lse, mass)
 
 
 def _check_paged(q, k_cache, v_cache, block_table, seqlens_k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, causal, scale,
@@ -914,7 +900,7 @@ def _varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: 
                            causal=causal, scale=scale, return_lse=return_lse, check=check, window=window,
                            softcap=softcap, sinks=sinks, return_key_mass=return_key_mass,
                            key_mass_window=key_mass_window, k_descale=k_descale, v_descale=v_descale)
-    return _op_results(got, return_lse, return_key_mass, q)
+    return op_results(got, return_lse, return_key_mass, q)
 
 
 @_varlen_op.register_fake
@@ -938,7 +924,7 @@ def _paged_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, blo
                           return_lse=return_lse, check=check, window=window, softcap=softcap, sinks=sinks,
                           return_key_mass=return_key_mass, key_mass_window=key_mass_window, k_descale=k_descale,
                           v_descale=v_descale)
-    return _op_results(got, return_lse, return_key_mass, q)
+    return op_results(got, return_lse, return_key_mass, q)
 
 
 @_paged_op.register_fake
@@ -1124,7 +1110,7 @@ class BatchStep:
         kv = check_kv_descale(k_descale, v_descale, self.fp8, p.Hkv, self.device)
         if not paged and k_cache.shape[0] == 0:
             _no_keys(out, lse, variant[2])
-            return _finish(out, lse, return_lse, mass)
+            return call_results(out, lse, return_lse, mass)
         a = self._args
         a.f.scale = self.scale if scale is None else check_scale(scale)
         _set_tensors(a, q, k_cache, v_cache, out, lse, paged)
@@ -1135,7 +1121,7 @@ class BatchStep:
         else:
             with torch.cuda.device(self.device):
                 _run(a, p, self._raw_stream(self.device.index), paged, mass, key_mass_window)
-        return _finish(out, lse, return_lse, mass)
+        return call_results(out, lse, return_lse, mass)
 
     def _check_run(self, q, k_cache, v_cache, paged: bool) -> tuple:
         """run()'s checks of q and the caches: TypeError / ValueError, or the tensors as the kernels read them (q

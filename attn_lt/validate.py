@@ -419,3 +419,28 @@ def check_out(out, case: Case, q, layout: str = "bhsd", dtype=None) -> None:
             and out.device == q.device and out.is_contiguous()):
         desc = f"{tuple(out.shape)} {out.dtype} on {out.device}" if isinstance(out, torch.Tensor) else type(out)
         raise ValueError(f"out must be a contiguous {shape} {dtype} tensor on {q.device}, got {desc}")
+
+
+# ---- torch.compile: the custom ops' conventions (attn_lt::attention, ::varlen_attention, ::paged_attention) ------
+
+def op_variants(causal, window, softcap) -> tuple[bool, list[int] | None, float]:
+    """A call's ``causal``, ``window`` and ``softcap`` as its custom op takes them while torch.compile traces it,
+    checked as the call checks them."""
+    causal = check_causal(causal)
+    window = check_window(window, causal)
+    return causal, None if window is None else list(window), check_softcap(softcap)
+
+
+def call_results(out, lse, return_lse: bool, mass=None):
+    """What attention() and the batch calls return: out, then lse when asked for, then the mass when asked for (not
+    None)."""
+    got = (out,) + ((lse,) if return_lse else ()) + ((mass,) if mass is not None else ())
+    return got if len(got) > 1 else out
+
+
+def op_results(got, return_lse: bool, return_key_mass: bool, like: torch.Tensor) -> tuple:
+    """A call's results (:func:`call_results`) as its custom op returns them: (out, lse, mass), a new empty FP32
+    tensor on ``like``'s device for each one not asked for (an op's outputs never alias)."""
+    got = got if isinstance(got, tuple) else (got,)
+    return (got[0], got[1] if return_lse else like.new_empty(0, dtype=torch.float32),
+            got[-1] if return_key_mass else like.new_empty(0, dtype=torch.float32))

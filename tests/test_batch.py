@@ -9,6 +9,7 @@ import torch
 import attn_lt
 from attn_lt import batch
 from attn_lt.fused import DeviceFacts
+from attn_lt.validate import op_results
 from attn_lt.testing import cu_seqlens, paged_gather, paged_reference, random_pages, reference, varlen_reference
 
 H100 = DeviceFacts(132, True, 232448)
@@ -150,7 +151,7 @@ def test_batch_calls_trace_into_their_custom_ops(strict):
 def test_batch_op_results_never_alias():
     """A custom op's outputs may not alias each other: what was not asked for is a fresh empty tensor each."""
     q = torch.randn(3, 2, 64)
-    out, lse, mass = batch._op_results(q.clone(), False, False, q)
+    out, lse, mass = op_results(q.clone(), False, False, q)
     assert lse.shape == mass.shape == (0,) and lse is not mass and lse.untyped_storage() is not mass.untyped_storage()
 
 
