@@ -573,7 +573,7 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
                                           key_mass_window, out_layout,
                                           *(descale_tensor(n, x, q.device) for n, x in
                                             (("k_descale", k_descale), ("v_descale", v_descale),
-                                             ("q_descale", q_descale))))
+                                             ("q_descale", q_descale))), return_lse=bool(return_lse))
         return call_results(got[0], got[1], bool(return_lse), got[2] if return_key_mass else None)
     if (k_descale is not None or v_descale is not None or q_descale is not None
             or getattr(k, "dtype", None) == FP8_KV_DTYPE):
@@ -748,7 +748,7 @@ def explain(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | Non
 
 
 # torch.compile: attention() dispatches to this custom op while compiling (no out=); it returns (out, lse, mass), an
-# empty FP32 tensor for a mass not asked for (op_results). The fake implementation gives shapes (and the same
+# empty FP32 tensor for an LSE or mass not asked for (op_results). The fake implementation gives shapes (and the same
 # validation errors) without GPU work.
 @torch.library.custom_op("attn_lt::attention", mutates_args=())
 def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None, causal: bool,
@@ -757,13 +757,14 @@ def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: 
                   sinks: torch.Tensor | None = None, return_key_mass: bool = False, key_mass_window: int | None = None,
                   out_layout: str = "bhsd", k_descale: torch.Tensor | None = None,
                   v_descale: torch.Tensor | None = None,
-                  q_descale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    got = attention(q, k, v, attn_mask=attn_mask, causal=causal, scale=scale, backend=backend, return_lse=True,
+                  q_descale: torch.Tensor | None = None,
+                  return_lse: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    got = attention(q, k, v, attn_mask=attn_mask, causal=causal, scale=scale, backend=backend, return_lse=return_lse,
                     workspace_bytes=workspace_bytes, threshold=threshold, algo_policy=algo_policy,
                     return_key_mass=return_key_mass, key_mass_window=key_mass_window, out_layout=out_layout,
                     window=window, softcap=softcap, sinks=sinks, k_descale=k_descale, v_descale=v_descale,
                     q_descale=q_descale)
-    return op_results(got, True, return_key_mass, q)
+    return op_results(got, return_lse, return_key_mass, q)
 
 
 def _no_backward(ctx, *grads):
@@ -776,7 +777,7 @@ _attention_op.register_autograd(_no_backward)
 @_attention_op.register_fake
 def _attention_fake(q, k, v, attn_mask, causal, scale, backend, workspace_bytes, threshold, algo_policy, window=None,
                     softcap=0.0, sinks=None, return_key_mass=False, key_mass_window=None, out_layout="bhsd",
-                    k_descale=None, v_descale=None, q_descale=None):
+                    k_descale=None, v_descale=None, q_descale=None, return_lse=True):
     if k.dtype == FP8_KV_DTYPE:
         case = _fp8_case(q, k, v, attn_mask, causal, scale, window, softcap, sinks, backend, return_key_mass,
                          key_mass_window, out_layout, require_cuda=False)
@@ -788,5 +789,6 @@ def _attention_fake(q, k, v, attn_mask, causal, scale, backend, workspace_bytes,
                       key_mass_window=key_mass_window, out_layout=out_layout)
         dtype = q.dtype
     mass = (case.B, case.Hq, case.Sk) if return_key_mass else (0,)
-    return (q.new_empty(out_shape(case, out_layout), dtype=dtype),
-            q.new_empty(case.B, case.Hq, case.Sq, dtype=torch.float32), q.new_empty(mass, dtype=torch.float32))
+    lse = (case.B, case.Hq, case.Sq) if return_lse else (0,)
+    return (q.new_empty(out_shape(case, out_layout), dtype=dtype), q.new_empty(lse, dtype=torch.float32),
+            q.new_empty(mass, dtype=torch.float32))

@@ -228,10 +228,10 @@ def fp8_line(plan: BatchPlan, want_mass: bool = False) -> str:
     if _fp8_converted(plan.max_seqlen_q, plan.Hq, plan.Hkv, plan.D, plan.Dv, want_mass):
         return ("K/V: an FP8 KV cache with prefill rows (more than 16 query rows a kv head at capacity) or the mass "
                 "of many-row requests: converted to q's dtype first (each element times its descale factor, in FP32, "
-                "rounded once), then the 16-bit kernels run; "
-                + ("the blocks the table names, B x max_blocks of them (a new buffer of B x max_blocks x "
-                   f"{plan.block_size} x Hkv x (D + Dv) x 2 bytes each call)" if plan.kind == "paged" else
-                   "all of k and v (total_k x Hkv x (D + Dv) x 2 bytes each call)")
+                "rounded once, one kernel reading the FP8 bytes once), then the 16-bit kernels run; "
+                + ("the blocks each request's keys use, in a new buffer of 1 + B x max_blocks blocks each call "
+                   f"(x {plan.block_size} x Hkv x (D + Dv) x 2 bytes)" if plan.kind == "paged" else
+                   "all of k and v (a new buffer of total_k x Hkv x (D + Dv) x 2 bytes each call)")
                 + ". Decode-only calls read the FP8 bytes: " + fp8_kv_why(plan.D, plan.Dv))
     return "K/V: " + fp8_kv_why(plan.D, plan.Dv)
 
@@ -351,52 +351,24 @@ def _kv_fp8(k) -> bool:
     return k.dtype == FP8_KV_DTYPE
 
 
-def _check_fp8(fp8: bool, max_q: int, Hq: int, Hkv: int, D: int, Dv: int, want_mass: bool = False) -> None:
-    """A BatchStep's FP8 KV cache runs on the decode blocks (at most SMALL_ROWS query rows a kv head at capacity) or
-    as MLA decode's latent cache, and the mass per key only from one-row requests' stored scores (ValueError
-    otherwise; the batch functions convert such a cache instead: :func:`_fp8_converted`)."""
-    if not fp8:
-        return
-    why = fp8_refusal(max_q * (Hq // Hkv), D, Dv)
-    if why is not None:
-        raise ValueError(f"{why}: max_seqlen_q {max_q} x {Hq // Hkv} (paged_attention and varlen_attention take "
-                         "prefill rows against an FP8 cache, converting it first)")
-    if want_mass and max_q != 1:
-        raise ValueError("return_key_mass with an FP8 KV cache needs one query row a request (max_seqlen_q 1) in a "
-                         "BatchStep (paged_attention and varlen_attention convert the cache for it)")
-
-
 def _fp8_converted(max_q: int, Hq: int, Hkv: int, D: int, Dv: int, want_mass: bool = False) -> bool:
     """Whether a batch call converts its FP8 KV cache to q's dtype before the 16-bit kernels run
-    (:func:`_converted_kv`): its requests may have more query rows a kv head than the decode blocks take (prefill
+    (:func:`_fp8_buffers`): its requests may have more query rows a kv head than the decode blocks take (prefill
     chunks: max_seqlen_q x Hq / Hkv above 16), or it asks for the mass of many-row requests. Never MLA's latent
     cache (its decode takes one row a request)."""
     return (D, Dv) != LATENT_DIMS and (fp8_refusal(max_q * (Hq // Hkv), D, Dv) is not None
                                        or (want_mass and max_q != 1))
 
 
-def _converted_kv(k, v, kv: tuple, dtype, block_table=None) -> tuple:
-    """An FP8 KV cache as ``dtype`` for the 16-bit kernels: each element times its kv head's descale factor (``kv``
-    as :func:`attn_lt.validate.check_kv_descale` returns it), computed in FP32 and rounded once. Packed keys convert
-    whole. A paged cache converts the blocks block_table names, gathered in the table's order into a cache of its
-    B x max_blocks blocks, with a table of their places: -1 where the id is outside the cache, so that the kernels
-    skip and report it as they do in the original. Returns (k, v, block_table) (the table None for packed keys)."""
-    kd, vd, _ = kv
-    if block_table is not None:
-        ids = block_table.long()
-        ok = (ids >= 0) & (ids < k.shape[0])
-        rows = torch.where(ok, ids, 0).flatten()
-        k, v = (x.view(torch.uint8)[rows].view(x.dtype) for x in (k, v))  # (gathered as bytes)
-        places = torch.arange(rows.numel(), dtype=torch.int32, device=rows.device).view(block_table.shape)
-        block_table = torch.where(ok, places, -1)
-
-    def scaled(x, factor):
-        y = x.to(dtype)  # (e4m3 values are exact in fp16 and bf16)
-        if factor is not None:
-            y.mul_(factor.view(-1, 1))  # one factor, or one a kv head (dim -2): the product in FP32
-        return y
-
-    return scaled(k, kd), scaled(v, vd), block_table
+def _fp8_buffers(k, dtype, block_table=None) -> tuple:
+    """The buffers an FP8 KV cache is converted into for the 16-bit kernels (native/attn_lt.h's
+    attn_lt_batch_convert_kv, run by :func:`_launch`): k and v in ``dtype``, packed as k, or, for a paged cache,
+    1 + B x max_blocks blocks (block 0 zeros) with the table of their places. Returns (k, v, table or None)."""
+    if block_table is None:
+        return torch.empty(k.shape, dtype=dtype, device=k.device), torch.empty(k.shape, dtype=dtype, device=k.device), None
+    shape = (1 + block_table.numel(),) + tuple(k.shape[1:])
+    return (torch.empty(shape, dtype=dtype, device=k.device), torch.empty(shape, dtype=dtype, device=k.device),
+            torch.empty(block_table.shape, dtype=torch.int32, device=k.device))
 
 
 def _check_index(name: str, t, shape_hint: str, dims: int, length: int | None = None) -> None:
@@ -521,11 +493,19 @@ def _set_tensors(a, q, k, v, out, lse, paged: bool) -> None:
     """q (rows, Hq, D), out (rows, Hq, Dv), lse (Hq, rows) or None; k, v packed (total_k, Hkv, D) or caches
     (num_blocks, block_size, Hkv, D)."""
     f = a.f
-    f.q, f.k, f.v, f.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
+    f.q, f.o = q.data_ptr(), out.data_ptr()
     f.lse = lse.data_ptr() if lse is not None else None
     f.q_ss, f.q_sh = q.stride(0), q.stride(1)
     f.o_ss, f.o_sh = out.stride(0), out.stride(1)
     a.total_q = q.shape[0]
+    _set_cache(a, k, v, paged)
+
+
+def _set_cache(a, k, v, paged: bool) -> None:
+    """k, v packed (total_k, Hkv, D) or caches (num_blocks, block_size, Hkv, D): their addresses, strides and
+    extent."""
+    f = a.f
+    f.k, f.v = k.data_ptr(), v.data_ptr()
     if paged:
         f.k_sb, f.k_ss, f.k_sh = k.stride(0), k.stride(1), k.stride(2)
         f.v_sb, f.v_ss, f.v_sh = v.stride(0), v.stride(1), v.stride(2)
@@ -577,7 +557,7 @@ def _set_metadata(a, cu_q, cu_k, seqlens_k, block_table) -> None:
 
 def _launch(plan: BatchPlan, q, k, v, out, lse, cu_q, cu_k, seqlens_k, block_table, dtype: str, scale: float,
             causal: bool, device: torch.device, check: bool, variant: tuple = (None, 0.0, None), mass=None,
-            mass_window: int | None = None, kv=None):
+            mass_window: int | None = None, kv=None, converted=None):
     current_device, raw_stream, is_capturing = stream_queries()
     with torch.cuda.device(device) if current_device() != device.index else contextlib.nullcontext():
         capturing = is_capturing()
@@ -592,15 +572,28 @@ def _launch(plan: BatchPlan, q, k, v, out, lse, cu_q, cu_k, seqlens_k, block_tab
         _set_metadata(a, cu_q, cu_k, seqlens_k, block_table)
         _set_variant(a, *variant)
         _set_kv(a, kv)
-        _run(a, plan, raw_stream(device.index), block_table is not None, mass, mass_window)
+        _run(a, plan, raw_stream(device.index), block_table is not None, mass, mass_window, converted)
         if check:
             check_batch_errors(device)
 
 
-def _run(a, plan: BatchPlan, stream: int, paged: bool, mass=None, mass_window: int | None = None) -> None:
+def _run(a, plan: BatchPlan, stream: int, paged: bool, mass=None, mass_window: int | None = None,
+         converted=None) -> None:
     """Launch a batch's arguments ``a`` on ``stream``; with ``mass`` (FP32, as :func:`_mass_tensor` makes it), the
     mass per key after the call: one-row requests' from the scores their decode blocks store there, the others' by a
-    pass over their keys (each request's last ``mass_window`` rows; None: all)."""
+    pass over their keys (each request's last ``mass_window`` rows; None: all). ``converted``: the buffers
+    (:func:`_fp8_buffers`) that ``a``'s FP8 cache is converted into first, on the same stream; the 16-bit kernels
+    then read them (through a copy of ``a``: a BatchStep's arguments keep the cache for its next call)."""
+    if converted is not None:
+        k16, v16, table16 = converted
+        native.batch_convert_kv(native.ConvertArgs(b=a, k_out=k16.data_ptr(), v_out=v16.data_ptr(),
+                                                   table_out=None if table16 is None else table16.data_ptr()),
+                                stream)
+        a = native.BatchArgs.from_buffer_copy(a)
+        _set_cache(a, k16, v16, paged)
+        if paged:  # (the table of the places: the same shape, contiguous)
+            a.block_table, a.bt_stride = table16.data_ptr(), table16.stride(0)
+        _set_kv(a, None)
     if mass is None:
         native.batch(a, stream)
         return
@@ -714,10 +707,6 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
                        return_key_mass, key_mass_window, k_descale, v_descale)
     c = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, out, window,
                       softcap, sinks, return_key_mass, key_mass_window, k_descale, v_descale)
-    kv = c.kv
-    if c.convert:  # (new contiguous tensors: read as they are)
-        k, v, _ = _converted_kv(k, v, kv, q.dtype)
-        kv = None
     q, k, v = _readable("q", q, True), _readable("k", k, True), _readable("v", v, True)
     out, lse = _outputs(q, c.Hq, c.D, c.out, return_lse or c.want_mass)
     plan = plan_batch(c.B, c.Hq, c.Hkv, c.D, max_seqlen_q=c.max_q, max_seqlen_k=c.max_k,
@@ -727,7 +716,8 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
         _no_keys(out, lse, c.variant[2])
         return call_results(out, lse, return_lse, mass)
     _launch(plan, q, k, v, out, lse, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), None, None, c.dtype,
-            c.scale, c.causal, c.device, check, c.variant, mass, key_mass_window, kv)
+            c.scale, c.causal, c.device, check, c.variant, mass, key_mass_window, c.kv,
+            _fp8_buffers(k, q.dtype) if c.convert else None)
     return call_results(out, lse, return_lse, mass)
 
 
@@ -800,8 +790,8 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
     ``v_descale`` (None, a number, or FP32 one value or (Hkv,) on the device: a key's values are its elements times
     k_descale), as vLLM and FlashInfer store it: the decode blocks read its bytes, half those of a bf16 cache, for
     up to 16 query rows a kv head (max_seqlen_q x Hq / Hkv); with more (prefill chunks, mixed batches) the blocks
-    block_table names are converted to q's dtype first (each call: a new buffer of B x max_blocks blocks in 16
-    bits; engines that split decode and prefill calls keep decode on the FP8 bytes). MLA decode reads its latent
+    each request's keys use are converted to q's dtype first (each call: a new buffer of 1 + B x max_blocks blocks
+    in 16 bits; engines that split decode and prefill calls keep decode on the FP8 bytes). MLA decode reads its latent
     cache in FP8 too (below, Hopper: pass the latent's factor as both).
 
     MLA decode (DeepSeek's latent cache, Hopper): k_cache (num_blocks, block_size, Hkv, 576), v_cache =
@@ -829,10 +819,6 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
     k_cache, v_cache = _readable("k_cache", k_cache, False), _readable("v_cache", v_cache, False)
     if block_table.stride(1) != 1 or block_table.stride(0) < block_table.shape[1]:  # (an expanded table: stride 0)
         block_table = block_table.contiguous()
-    kv = c.kv
-    if c.convert:
-        k_cache, v_cache, block_table = _converted_kv(k_cache, v_cache, kv, q.dtype, block_table)
-        kv = None
     out, lse = _outputs(q, c.Hq, c.Dv, c.out, return_lse or c.want_mass)
     plan = plan_batch(c.B, c.Hq, c.Hkv, c.D, max_seqlen_q=c.max_q, max_seqlen_k=c.max_k, block_size=k_cache.shape[1],
                       Dv=c.Dv, facts=device_facts(c.device.index))
@@ -840,7 +826,7 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
     mass = _mass_tensor(plan, 0, c.device, cu_seqlens_q is None) if c.want_mass else None
     _launch(plan, q, k_cache, v_cache, out, lse, None if cu_seqlens_q is None else cu_seqlens_q.contiguous(), None,
             seqlens_k.contiguous(), block_table, c.dtype, c.scale, c.causal, c.device, check, c.variant, mass,
-            key_mass_window, kv)
+            key_mass_window, c.kv, _fp8_buffers(k_cache, q.dtype, block_table) if c.convert else None)
     return call_results(out, lse, return_lse, mass)
 
 
@@ -954,7 +940,8 @@ class BatchStep:
     rows and no keys), so a CUDA graph captured over :meth:`run` once replays correctly after every later
     :meth:`plan` with new lengths, new requests and new block tables. MLA decode: ``head_dim`` 576 with
     ``head_dim_v`` 512 and v_cache = ``k_cache[..., :512]`` (Hopper). ``kv_dtype`` torch.float8_e4m3fn: an FP8 KV
-    cache (decode rows or an MLA latent cache, see :func:`paged_attention`; :meth:`run` takes its descale factors).
+    cache (read as :func:`paged_attention` reads it: decode rows on its bytes, prefill rows from a copy converted
+    first; an MLA latent cache; :meth:`run` takes its descale factors).
     Metadata is checked on the device as in :func:`paged_attention` (:func:`check_batch_errors` reports it).
     """
 
@@ -970,7 +957,6 @@ class BatchStep:
         if kv_dtype not in (dtype, FP8_KV_DTYPE):
             raise TypeError(f"kv_dtype must be dtype ({dtype}) or {FP8_KV_DTYPE} (an FP8 KV cache), got {kv_dtype}")
         self.fp8 = kv_dtype == FP8_KV_DTYPE
-        _check_fp8(self.fp8, max_seqlen_q, heads_q, heads_kv, head_dim, Dv)
         device = torch.device("cuda" if device is None else device)
         if device.type != "cuda":
             raise ValueError(f"a BatchStep runs on a CUDA device, got {device}")
@@ -1081,7 +1067,8 @@ class BatchStep:
         cache's factors (as :func:`paged_attention` takes them; tensors keep a captured graph valid when they
         change); ``return_key_mass`` / ``key_mass_window``: also the mass per key, as :func:`paged_attention` and
         :func:`varlen_attention` return it (paged: (max_requests, Hq, max_seqlen_k), zeros for requests past the
-        planned ones). Launch only (no sync, no allocation but out, lse and the mass when not given). Returns out,
+        planned ones). Launch only (no sync, no allocation but out, lse and the mass when not given, and an FP8
+        cache's converted copy where prefill rows need one, :func:`explain_batch`). Returns out,
         or ``(out, lse)`` with lse FP32 (Hq, total_q); the mass comes last."""
         if not self._requests:
             raise ValueError("BatchStep.run() before plan(): plan the step's requests first")
@@ -1097,8 +1084,8 @@ class BatchStep:
             q, k_cache, v_cache = checked
         p = self._plan
         want_mass = _mass_options(return_key_mass, key_mass_window, p.latent)
-        if want_mass:
-            _check_fp8(self.fp8, p.max_seqlen_q, p.Hq, p.Hkv, p.D, p.Dv, True)
+        converted = (_fp8_buffers(k_cache, q.dtype, self._table if paged else None)
+                     if self.fp8 and _fp8_converted(p.max_seqlen_q, p.Hq, p.Hkv, p.D, p.Dv, want_mass) else None)
         if out is not None:
             _check_out_type(out, q.dtype)
             out = _check_out(out, (q.shape[0], p.Hq, p.Dv), q.dtype, self.device)
@@ -1117,10 +1104,10 @@ class BatchStep:
         _set_variant(a, *variant)
         _set_kv(a, kv)
         if self._current_device() == self.device.index:
-            _run(a, p, self._raw_stream(self.device.index), paged, mass, key_mass_window)
+            _run(a, p, self._raw_stream(self.device.index), paged, mass, key_mass_window, converted)
         else:
             with torch.cuda.device(self.device):
-                _run(a, p, self._raw_stream(self.device.index), paged, mass, key_mass_window)
+                _run(a, p, self._raw_stream(self.device.index), paged, mass, key_mass_window, converted)
         return call_results(out, lse, return_lse, mass)
 
     def _check_run(self, q, k_cache, v_cache, paged: bool) -> tuple:

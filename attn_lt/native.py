@@ -18,7 +18,7 @@ from . import config
 
 log = logging.getLogger("attn_lt")
 
-ABI_VERSION = 21
+ABI_VERSION = 22
 _PKG = Path(__file__).resolve().parent
 _LIB_PATH = _PKG / "_native" / "libattn_lt.so"
 SOURCE_DIR = _PKG.parent / "native"
@@ -124,6 +124,12 @@ class BatchMassArgs(ctypes.Structure):
                 ("from_scores", ctypes.c_int64)]
 
 
+class ConvertArgs(ctypes.Structure):
+    """Mirror of ``attn_lt_convert_args`` in native/attn_lt.h."""
+
+    _fields_ = [("b", BatchArgs)] + [(n, ctypes.c_void_p) for n in ("k_out", "v_out", "table_out")]
+
+
 class ScoresArgs(ctypes.Structure):
     """Mirror of ``attn_lt_scores_args`` in native/attn_lt.h."""
 
@@ -219,7 +225,7 @@ def load() -> ctypes.CDLL:
         lib.attn_lt_scores_sm90.restype = ctypes.c_int
         lib.attn_lt_scores_sm90.argtypes = [ctypes.POINTER(ScoresArgs), ctypes.c_void_p]
         for name, args in (("attn_lt_batch_fwd", BatchArgs), ("attn_lt_key_mass", MassArgs),
-                           ("attn_lt_batch_key_mass", BatchMassArgs)):
+                           ("attn_lt_batch_key_mass", BatchMassArgs), ("attn_lt_batch_convert_kv", ConvertArgs)):
             getattr(lib, name).restype = ctypes.c_int
             getattr(lib, name).argtypes = [ctypes.POINTER(args), ctypes.c_void_p]  # a stream is 64 bits, not an int
     except AttributeError as e:  # the right ABI number but not our symbols
@@ -294,6 +300,15 @@ def batch(args: BatchArgs, stream: int) -> None:
             lambda a: f"requests={a.f.B} Hq={a.f.Hq} Hkv={a.f.Hkv} max_q={a.f.Sq} max_k={a.f.Sk} D={a.f.D} "
                       f"total_q={a.total_q} total_k={a.total_k} block_size={a.block_size} "
                       f"split_keys={a.split_keys} variant={a.f.variant}")
+
+
+def batch_convert_kv(args: ConvertArgs, stream: int) -> None:
+    """Convert a batch's FP8 KV cache for the 16-bit kernels (native/flash.cu's attn_lt_batch_convert_kv: the packed
+    rows, or the blocks each request's keys use and a table of their places); raises :class:`CudaError` on
+    failure."""
+    _launch("attn_lt_batch_convert_kv", args, stream,
+            lambda a: f"requests={a.b.f.B} Hkv={a.b.f.Hkv} D={a.b.f.D} total_k={a.b.total_k} "
+                      f"block_size={a.b.block_size} max_blocks={a.b.max_blocks}")
 
 
 def key_mass(args: MassArgs, stream: int) -> None:

@@ -8,7 +8,7 @@
 #define ATTN_LT_H
 #include <stdint.h>
 
-#define ATTN_LT_ABI_VERSION 21
+#define ATTN_LT_ABI_VERSION 22
 
 #ifdef __cplusplus
 extern "C" {
@@ -269,6 +269,24 @@ typedef struct attn_lt_batch_mass_args {
                             (attn_lt_flash_args::scores, laid out as mass): their P from them, in place */
 } attn_lt_batch_mass_args;
 int attn_lt_batch_key_mass(const attn_lt_batch_mass_args* args, void* stream);
+
+/* An FP8 KV cache converted for the 16-bit kernels (native/flash.cu), for the prefill rows the decode blocks cannot
+ * take: b holds the batch call's arguments with its FP8 cache (b.f.kv_dtype ATTN_LT_E4M3, f.k, f.v, their strides
+ * and descale factors as attn_lt_batch_fwd takes them; D = Dv = 64, 128 or 256). Each element becomes its value
+ * (element x factor in FP32, rounded once to b.f.dtype) in k_out and v_out (16-byte aligned, contiguous). Packed
+ * keys: all total_k rows, (total_k, Hkv, D). A paged cache: (1 + B x max_blocks, block_size, Hkv, D), block 0
+ * zeros; and table_out, int32 (B, max_blocks) contiguous: for request b's block j within its keys (the metadata
+ * read as attn_lt_batch_fwd reads it; a bad request has none), the place 1 + b x max_blocks + j that holds its
+ * conversion, or -1 where the table's id lies outside [0, num_blocks) (the batch call then skips and reports it);
+ * past its keys 0 (never read for them). The converted cache then runs as a 16-bit batch (num_blocks 1 + B x
+ * max_blocks, bt_stride max_blocks). Nothing is reported here. */
+typedef struct attn_lt_convert_args {
+    attn_lt_batch_args b;
+    void* k_out;
+    void* v_out;
+    int32_t* table_out;
+} attn_lt_convert_args;
+int attn_lt_batch_convert_kv(const attn_lt_convert_args* args, void* stream);
 
 /* native/flash.cu: every request of the batch (the decode blocks, their merge, and the row blocks, the latter by
  * attn_lt_flash_sm90_batch with f.variant ATTN_LT_BATCH_SM90; MLA decode, D 576, by attn_lt_flash_sm90_batch). */

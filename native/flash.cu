@@ -1474,6 +1474,101 @@ int batch_status(const attn_lt_batch_args& a) {
     return 0;
 }
 
+// ---- an FP8 KV cache converted for the 16-bit kernels (attn_lt_batch_convert_kv) -------------------------------
+
+// 16 e4m3 elements (one 16-byte chunk) times factor f, in FP32, rounded once to T: two 16-byte chunks at dst.
+template <typename T>
+__device__ __forceinline__ void convert_chunk(uint4 x, float f, T* dst) {
+    const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+    uint32_t o[8];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        uint32_t lo, hi;
+        f16x2x2_of_e4m3x4(w[i], lo, hi);  // (exact: e4m3 values are fp16 values)
+        const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&lo));
+        const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&hi));
+        o[2 * i] = pack2<T>(a.x * f, a.y * f);
+        o[2 * i + 1] = pack2<T>(b.x * f, b.y * f);
+    }
+    uint4* d = reinterpret_cast<uint4*>(dst);
+    d[0] = make_uint4(o[0], o[1], o[2], o[3]);
+    d[1] = make_uint4(o[4], o[5], o[6], o[7]);
+}
+
+__device__ __forceinline__ float descale_of(const float* d, int64_t sh, int h) { return d ? __ldg(d + h * sh) : 1.f; }
+
+// Paged: block (j, b, kv) converts request b's table entry j of K (kv 0) or V (kv 1) to place 1 + b max_blocks + j,
+// and the K block writes table_out; j = max_blocks (b = 0): place 0, the zero block. 128 threads, 16-byte chunks.
+template <typename T>
+__global__ void __launch_bounds__(128) convert_paged_e4m3(attn_lt_convert_args c) {
+    const attn_lt_batch_args& a = c.b;
+    const attn_lt_flash_args& f = a.f;
+    const int j = blockIdx.x, b = blockIdx.y, kv = blockIdx.z;
+    const int64_t row_chunks = f.Hkv * f.D / 16, chunks = a.block_size * row_chunks;
+    T* out = static_cast<T*>(kv ? c.v_out : c.k_out);
+    if (j == a.max_blocks) {
+        if (b != 0) return;
+        for (int64_t i = threadIdx.x; i < 2 * chunks; i += blockDim.x)
+            reinterpret_cast<uint4*>(out)[i] = make_uint4(0u, 0u, 0u, 0u);
+        return;
+    }
+    const BatchRequest r = batch_request(a, b, false);  // (the batch call reports what is wrong)
+    const int64_t used = (int64_t(r.nk) + a.block_size - 1) / a.block_size;
+    int64_t place = 0;  // past the request's keys: the zero block, never read for them
+    int id = 0;
+    if (j < used) {
+        id = __ldg(a.block_table + b * a.bt_stride + j);
+        place = paged_id_ok(a, id) ? 1 + int64_t(b) * a.max_blocks + j : -1;
+    }
+    if (kv == 0 && threadIdx.x == 0) c.table_out[int64_t(b) * a.max_blocks + j] = static_cast<int32_t>(place);
+    if (place <= 0) return;
+    const uint8_t* src = static_cast<const uint8_t*>(kv ? f.v : f.k) + id * (kv ? f.v_sb : f.k_sb);
+    const int64_t ss = kv ? f.v_ss : f.k_ss, sh = kv ? f.v_sh : f.k_sh;
+    const float* d = kv ? f.v_descale : f.k_descale;
+    T* dst = out + place * a.block_size * f.Hkv * f.D;
+    for (int64_t i = threadIdx.x; i < chunks; i += blockDim.x) {
+        const int64_t t = i / row_chunks, hc = i % row_chunks;
+        const int h = static_cast<int>(hc / (f.D / 16));
+        const int64_t c16 = hc % (f.D / 16);
+        const uint4 x = __ldg(reinterpret_cast<const uint4*>(src + t * ss + h * sh + 16 * c16));
+        convert_chunk<T>(x, descale_of(d, f.descale_sh, h), dst + i * 16);
+    }
+}
+
+// Packed keys: every row of k and v (blockIdx.y: 0 K, 1 V), grid-stride over the 16-byte chunks.
+template <typename T>
+__global__ void __launch_bounds__(256) convert_packed_e4m3(attn_lt_convert_args c) {
+    const attn_lt_flash_args& f = c.b.f;
+    const int kv = blockIdx.y;
+    const int64_t row_chunks = f.Hkv * f.D / 16, chunks = c.b.total_k * row_chunks;
+    const uint8_t* src = static_cast<const uint8_t*>(kv ? f.v : f.k);
+    const int64_t ss = kv ? f.v_ss : f.k_ss, sh = kv ? f.v_sh : f.k_sh;
+    const float* d = kv ? f.v_descale : f.k_descale;
+    T* out = static_cast<T*>(kv ? c.v_out : c.k_out);
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < chunks; i += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t t = i / row_chunks, hc = i % row_chunks;
+        const int h = static_cast<int>(hc / (f.D / 16));
+        const uint4 x = __ldg(reinterpret_cast<const uint4*>(src + t * ss + h * sh + 16 * (hc % (f.D / 16))));
+        convert_chunk<T>(x, descale_of(d, f.descale_sh, h), out + i * 16);
+    }
+}
+
+template <typename T>
+cudaError_t launch_convert(const attn_lt_convert_args& c, cudaStream_t s) {
+    if (c.b.block_table != nullptr) {
+        convert_paged_e4m3<T><<<dim3(static_cast<unsigned>(c.b.max_blocks + 1), static_cast<unsigned>(c.b.f.B), 2),
+                                128, 0, s>>>(c);
+    } else if (c.b.total_k > 0) {
+        int dev = 0, sms = 0;
+        cudaError_t err = cudaGetDevice(&dev);
+        if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+        if (err != cudaSuccess) return err;
+        const int64_t need = (c.b.total_k * c.b.f.Hkv * c.b.f.D / 16 + 255) / 256;
+        convert_packed_e4m3<T><<<dim3(static_cast<unsigned>(std::min<int64_t>(need, 8LL * sms)), 2), 256, 0, s>>>(c);
+    }
+    return cudaGetLastError();
+}
+
 }  // namespace
 
 extern "C" int attn_lt_batch_fwd(const attn_lt_batch_args* a, void* stream) {
@@ -1565,4 +1660,24 @@ extern "C" int attn_lt_batch_key_mass(const attn_lt_batch_mass_args* m, void* st
     if (reinterpret_cast<uintptr_t>(m->b.f.lse) % 4 || reinterpret_cast<uintptr_t>(m->mass) % 4)
         return ATTN_LT_ERR_ALIGNMENT;
     return launch_mass_of<true>(*m, static_cast<cudaStream_t>(stream));
+}
+
+extern "C" int attn_lt_batch_convert_kv(const attn_lt_convert_args* c, void* stream) {
+    if (c == nullptr || c->b.error == nullptr || c->k_out == nullptr || c->v_out == nullptr) return ATTN_LT_ERR_ARGS;
+    if (const int status = batch_status(c->b)) return status;
+    const attn_lt_batch_args& a = c->b;
+    const attn_lt_flash_args& f = a.f;
+    if (f.kv_dtype != ATTN_LT_E4M3 || (f.D != 64 && f.D != 128 && f.D != 256) || (f.Dv != 0 && f.Dv != f.D))
+        return ATTN_LT_ERR_DTYPE;
+    if (f.v == nullptr) return ATTN_LT_ERR_ARGS;
+    if (!aligned16(f.v) || !aligned16(c->k_out) || !aligned16(c->v_out)) return ATTN_LT_ERR_ALIGNMENT;
+    if (a.block_table != nullptr) {
+        if (c->table_out == nullptr) return ATTN_LT_ERR_ARGS;
+        if (reinterpret_cast<uintptr_t>(c->table_out) % 4) return ATTN_LT_ERR_ALIGNMENT;
+        // places 1 .. B max_blocks are int32 table entries; the grid's x and y
+        if (f.B * a.max_blocks >= (1LL << 31) - 1 || f.B > 65535) return ATTN_LT_ERR_BATCH;
+    }
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    if (f.dtype == ATTN_LT_BF16) return static_cast<int>(launch_convert<__nv_bfloat16>(*c, s));
+    return static_cast<int>(launch_convert<__half>(*c, s));
 }

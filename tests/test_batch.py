@@ -402,7 +402,7 @@ def test_fp8_cache_validation(change, error, match):
                                  max_seqlen_q=args["max_seqlen_q"], max_seqlen_k=args["max_seqlen_k"], **kw)
 
 
-def test_fp8_latent_cache_explained_and_steps_check_fp8():
+def test_fp8_latent_cache_and_prefill_rows_explained():
     text = attn_lt.explain_batch(4, 128, 1, 576, head_dim_v=512, max_seqlen_q=1, max_seqlen_k=8192, block_size=64,
                                  kv_dtype=F8)
     assert "MLA decode blocks" in text and "FP8 latent cache" in text
@@ -412,30 +412,13 @@ def test_fp8_latent_cache_explained_and_steps_check_fp8():
         attn_lt.explain(q.expand(1, 16, 3, 576).contiguous(), lat, lat[..., :512])
     with pytest.raises(ValueError, match="head dims D = Dv in .* or MLA decode's 576/512"):
         attn_lt.explain(q[..., :192], lat[..., :192], lat[..., :128])
-    with pytest.raises(ValueError, match="at most 16 query rows.*converting it first"):
-        attn_lt.BatchStep(4, 32, 8, 128, max_seqlen_k=4096, max_seqlen_q=8, block_size=16, kv_dtype=F8,
-                          device="cpu")
     decode = attn_lt.explain_batch(8, 32, 8, 128, max_seqlen_q=4, max_seqlen_k=4096, block_size=16, kv_dtype=F8)
     prefill = attn_lt.explain_batch(8, 32, 8, 128, max_seqlen_q=512, max_seqlen_k=4096, block_size=16, kv_dtype=F8)
     assert "decode blocks" in decode and "converted" not in decode
-    assert "converted to q's dtype first" in prefill and "B x max_blocks" in prefill
+    assert "converted to q's dtype first" in prefill and "1 + B x max_blocks" in prefill
 
 
-def test_fp8_conversion_gathers_the_tables_blocks():
-    """A paged FP8 cache converted for prefill rows: the blocks in the table's order, times each kv head's factor
-    (FP32, rounded once), and -1 in the new table where an id was outside the cache."""
-    k = torch.randn(6, 4, 2, 64).to(F8)
-    v = torch.randn(6, 4, 2, 64).to(F8)
-    table = torch.tensor([[5, 0, 9], [-2, 3, 3]], dtype=torch.int32)
-    kd, vd = torch.tensor([0.5, 3.0]), torch.tensor([0.25])
-    k16, v16, t = batch._converted_kv(k, v, (kd, vd, 1), torch.bfloat16, table)
-    assert k16.shape == (6, 4, 2, 64) and k16.dtype == torch.bfloat16
-    assert t.tolist() == [[0, 1, -1], [-1, 4, 5]]
-    for place, block in ((0, 5), (1, 0), (4, 3), (5, 3)):
-        assert torch.equal(k16[place], (k[block].float() * kd.view(2, 1)).to(torch.bfloat16))
-        assert torch.equal(v16[place], (v[block].float() * 0.25).to(torch.bfloat16))
-    k16, v16, t = batch._converted_kv(k[0], v[0], (None, None, 0), torch.float16)  # packed keys, no factors
-    assert t is None and torch.equal(k16, k[0].to(torch.float16))
+def test_fp8_step_refuses_other_kv_dtypes():
     with pytest.raises(TypeError, match="kv_dtype"):
         attn_lt.BatchStep(4, 32, 8, 128, max_seqlen_k=4096, block_size=16, kv_dtype=torch.float32, device="cpu")
 

@@ -594,10 +594,20 @@ def test_fp8_cache_with_prefill_rows(dtype, block_size):
     ref, ref_lse = paged_reference(q, kf, vf, table, seqlens_k, cu_seqlens_q=cq)
     k, v, ck = paged_gather(kf, vf, table, seqlens_k)
     check_fp8_against(out, lse, q, k, v, cq, ck, True, ref, ref_lse)
-    # the variants and the mass: equal to the 16-bit call on the converted values
+    # equal to the 16-bit call on the converted values, plain, with the variants and with the mass; the blocks no
+    # request uses poisoned (NaN, never read) and the table's entries past each request's keys out of range (never
+    # read: nothing reported)
+    used = torch.cat([table[b, :-(-n // bs)] for b, n in enumerate(seqlens)]).long()
+    spare = torch.ones(k8.shape[0], dtype=torch.bool, device="cuda")
+    spare[used] = False
+    spare[0] = False  # (block 0 stays finite: the 16-bit kernels read it in place of pages past the keys)
+    for x in (k8, v8):
+        x.view(torch.uint8)[spare] = 0x7F  # e4m3 NaN
+    for b, n in enumerate(seqlens):
+        table[b, -(-n // bs):] = -7 if b % 2 else k8.shape[0] + 11
     sinks = torch.randn(Hq, device="cuda")
-    k16, v16 = kf.to(dtype), vf.to(dtype)
-    for kw in (dict(window=(100, 0), sinks=sinks), dict(return_key_mass=True, key_mass_window=64)):
+    k16, v16 = fp8_values(k8, kd).to(dtype), fp8_values(v8, vd).to(dtype)
+    for kw in (dict(), dict(window=(100, 0), sinks=sinks), dict(return_key_mass=True, key_mass_window=64)):
         got = attn_lt.paged_attention(q, k8, v8, table, seqlens_k, cu_seqlens_q=cq, max_seqlen_q=512,
                                       k_descale=kd, v_descale=vd, check=True, **kw)
         want = attn_lt.paged_attention(q, k16, v16, table, seqlens_k, cu_seqlens_q=cq, max_seqlen_q=512, **kw)
@@ -649,6 +659,59 @@ def test_fp8_step_graph_replay():
         graph.replay()
         eager = attn_lt.paged_attention(q, k8, v8, tab, lens, k_descale=kd, v_descale=vd)
         assert rel_error(out, eager) < 1e-2, f"iteration {it}"
+    attn_lt.check_batch_errors()
+
+
+@pytest.mark.parametrize("paged", [True, False])
+def test_fp8_step_with_prefill_rows(paged):
+    """BatchStep on an FP8 cache with prefill chunks (converted first, as the batch calls convert it): one capture
+    replayed after new plans (requests joining and leaving, new lengths and tables) and new factor values equals a
+    16-bit step on the converted values, bitwise; so do the LSE and the mass of an eager run."""
+    rng = random.Random(7)
+    dtype, cap, Hq, Hkv, D, bs, max_q, max_blocks = torch.bfloat16, 4, 16, 4, 128, 16, 96, 32
+    max_k = max_blocks * bs
+    kw = dict(max_seqlen_k=max_k, max_seqlen_q=max_q, block_size=bs if paged else 0, dtype=dtype)
+    step = attn_lt.BatchStep(cap, Hq, Hkv, D, kv_dtype=torch.float8_e4m3fn, **kw)
+    twin = attn_lt.BatchStep(cap, Hq, Hkv, D, **kw)
+    assert "converted to q's dtype first" in step.explain()
+    shape = (cap * max_blocks + 3, bs, Hkv, D) if paged else (cap * max_k, Hkv, D)
+    k8, kd = fp8_kv(torch.randn(shape, dtype=dtype, device="cuda"))
+    v8, vd = fp8_kv(torch.randn(shape, dtype=dtype, device="cuda"))
+    q = torch.randn(cap * max_q, Hq, D, dtype=dtype, device="cuda")
+
+    def new_plan() -> int:
+        B = rng.randrange(1, cap + 1)
+        q_lens = [rng.choice([1, rng.randrange(0, max_q + 1)]) for _ in range(B)]
+        k_lens = [rng.randrange(n, max_k + 1) for n in q_lens]
+        table = torch.randperm(shape[0])[:B * max_blocks].to(torch.int32).view(B, max_blocks).cuda()
+        for st in (step, twin):
+            if paged:
+                st.plan(cu(q_lens), torch.tensor(k_lens, dtype=torch.int32, device="cuda"), table)
+            else:
+                st.plan(cu(q_lens), cu_seqlens_k=cu(k_lens))
+        return sum(q_lens)
+
+    def converted():
+        return fp8_values(k8, kd).to(dtype), fp8_values(v8, vd).to(dtype)
+
+    rows = new_plan()
+    out = torch.empty_like(q)
+    step.run(q, k8, v8, out=out, k_descale=kd, v_descale=vd)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step.run(q, k8, v8, out=out, k_descale=kd, v_descale=vd)
+    for it in range(12):
+        rows = new_plan()
+        kd.mul_(1.01)
+        q.copy_(torch.randn_like(q))
+        out.fill_(math.nan)
+        graph.replay()
+        assert torch.equal(out[:rows], twin.run(q, *converted())[:rows]), f"iteration {it}"
+    got = step.run(q, k8, v8, k_descale=kd, v_descale=vd, return_lse=True, return_key_mass=True, key_mass_window=8)
+    want = twin.run(q, *converted(), return_lse=True, return_key_mass=True, key_mass_window=8)
+    assert torch.equal(got[0][:rows], want[0][:rows]) and torch.equal(got[1][:, :rows], want[1][:, :rows])
+    assert torch.equal(got[2], want[2])
     attn_lt.check_batch_errors()
 
 

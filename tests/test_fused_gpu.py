@@ -77,6 +77,13 @@ def test_torch_compile_matches_eager():
         eager = m(x)
         compiled = torch.compile(m, fullgraph=True)(x)
     assert torch.equal(compiled, eager) or rel_error(compiled, eager.float()) < 1e-2
+    # the LSE only where asked for: the op's placeholder otherwise (the call keeps its LSE-free route), both equal to
+    # the eager call's
+    q, k, v = rand_qkv(2, 8, 2, 97, 300, 128, "bf16")
+    f = torch.compile(lambda q, k, v, r: attn_lt.attention(q, k, v, causal=True, return_lse=r), fullgraph=True)
+    out, lse = f(q, k, v, True)
+    e_out, e_lse = attn_lt.attention(q, k, v, causal=True, return_lse=True)
+    assert torch.equal(out, e_out) and torch.equal(lse, e_lse) and torch.equal(f(q, k, v, False), e_out)
     with pytest.raises(NotImplementedError, match="no backward"):
         m(x)  # weights require grad: a clear error instead of silently detached outputs
 

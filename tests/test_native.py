@@ -31,6 +31,7 @@ def test_struct_matches_header():
     assert native.FlashArgs.kv_dtype.offset == ctypes.sizeof(native.FlashArgs) - 16  # (ABI 20: q_descale last)
     assert ctypes.sizeof(native.MassArgs) == ctypes.sizeof(native.FlashArgs) + 3 * 8
     assert ctypes.sizeof(native.BatchMassArgs) == ctypes.sizeof(native.BatchArgs) + 3 * 8
+    assert ctypes.sizeof(native.ConvertArgs) == ctypes.sizeof(native.BatchArgs) + 3 * 8
     assert native.FlashArgs().window_left == native.BatchArgs().f.window_right == -1  # no window unless asked
     header = (native.SOURCE_DIR / "attn_lt.h").read_text()
     assert f"#define ATTN_LT_ABI_VERSION {native.ABI_VERSION}" in header

@@ -136,6 +136,9 @@ def test_custom_op_fake_gives_shapes_and_errors_on_meta_tensors():
     out, lse, mass = torch.ops.attn_lt.attention(q, k, k, None, True, None, "auto", None, None, None, [16, 0], 30.0,
                                                  None, True, 8, "bshd")
     assert out.shape == (2, 33, 8, 64) and mass.shape == (2, 8, 97) and mass.dtype == torch.float32
+    # an LSE not asked for is an empty placeholder (the call keeps its LSE-free fast route)
+    out, lse, mass = torch.ops.attn_lt.attention(q, k, k, None, True, None, "auto", None, None, None, return_lse=False)
+    assert out.shape == (2, 8, 33, 64) and lse.shape == (0,) and mass.shape == (0,)
     with pytest.raises(ValueError, match="softcap must be positive"):
         torch.ops.attn_lt.attention(q, k, k, None, True, None, "auto", None, None, None, None, -1.0)
     with pytest.raises(ValueError, match="multiple of kv heads"):

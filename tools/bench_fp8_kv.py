@@ -10,12 +10,16 @@ in the same run, and the FP8 call's error.
    FlashInfer's HND layout (a block's rows of one head contiguous; the same logical tensor, other strides).
 3. **error**: the FP8 call against the FP64 attention of the cache's FP8 values (the kernel's own error) and of the
    bf16 values it was quantized from (what quantizing costs), beside the bf16 call's error against the latter.
-4. **MLA decode** (Hopper): DeepSeek's paged latent cache (blocks of 64, one latent head of 576, v its first 512
+4. **prefill chunks** (chunked prefill against an FP8 cache, which the batch calls convert to bf16 first): 4
+   chunks of 2048 rows against prefixes of 8k-32k keys, blocks of 16, permuted tables; the same batch from the bf16
+   cache, and the conversion's floor (the FP8 bytes of the blocks the requests use read once, their bf16 written
+   once, at the copy rate).
+5. **MLA decode** (Hopper): DeepSeek's paged latent cache (blocks of 64, one latent head of 576, v its first 512
    columns) in bf16 and in FP8 (one factor), Hq 128 and 16 query heads a request, equal and ragged lengths, with
    the roofline of the latent's bytes read once, PyTorch SDPA (efficient, math) on the equal-length batches gathered
    dense, and the same errors.
 
-    python tools/bench_fp8_kv.py [--out DIR] [--only dense,batches,mla]
+    python tools/bench_fp8_kv.py [--out DIR] [--only dense,batches,prefill,mla]
 
 Prints a short table last; writes DIR/fp8_kv.json. Medians of CUDA-event timings (triton's do_bench).
 """
@@ -105,6 +109,28 @@ def dense(B: int, Sk: int, rate: float) -> dict:
     return res
 
 
+def prefill(lengths: list[int], chunk: int, rate: float) -> dict:
+    """Prefill chunks of ``chunk`` rows ending requests of ``lengths`` keys (their prefixes cached), paged in blocks
+    of 16: the bf16 cache against its FP8 copy (converted first)."""
+    bs = 16
+    kc, vc, table, seqlens = random_pages(lengths, bs, HKV, D, DT)
+    kc8, kcd = fp8_kv(kc)
+    vc8, vcd = fp8_kv(vc)
+    q = torch.randn(chunk * len(lengths), HQ, D, dtype=DT, device="cuda")
+    cq = cu_seqlens([chunk] * len(lengths))
+    kw = dict(cu_seqlens_q=cq, max_seqlen_q=chunk, causal=True)
+    blocks = sum(-(-n // bs) for n in lengths)
+    res = {"B": len(lengths), "lengths": [min(lengths), max(lengths)], "chunk": chunk,
+           "conversion_floor_ms": blocks * bs * HKV * D * 2 * 3 / rate * 1e3}
+    res["bf16_ms"] = time_ms(lambda: attn_lt.paged_attention(q, kc, vc, table, seqlens, **kw))
+    res["fp8_ms"] = time_ms(lambda: attn_lt.paged_attention(q, kc8, vc8, table, seqlens, k_descale=kcd,
+                                                            v_descale=vcd, **kw))
+    res["fp8_over_bf16"] = res["fp8_ms"] / res["bf16_ms"]
+    flops = sum(4 * chunk * HQ * D * (n - chunk + (chunk + 1) / 2) for n in lengths)  # causal: the chunk's triangle
+    res["bf16_tflops"] = flops / res["bf16_ms"] / 1e9
+    return res
+
+
 def sdpa_peers(res: dict, q, k, v, backends) -> None:
     """PyTorch SDPA's ``backends`` ((name, SDPBackend) pairs) on the bf16 cache: res["sdpa_NAME_ms"], or
     res["sdpa_NAME_error"] where a backend refuses the shape."""
@@ -180,7 +206,7 @@ def peers(r: dict, names) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench-results")
-    ap.add_argument("--only", default="dense,batches,mla", help="parts to run (comma-separated)")
+    ap.add_argument("--only", default="dense,batches,prefill,mla", help="parts to run (comma-separated)")
     a = ap.parse_args()
     parts = set(a.only.split(","))
     rng = random.Random(0)
@@ -194,6 +220,8 @@ def main() -> int:
         res["ragged64"] = batch([rng.randrange(256, 8193) for _ in range(64)], rate)
         res["ragged16"] = batch([65536] + [rng.randrange(4096, 65537) for _ in range(15)], rate)
         res["errors"] = errors(rng)
+    if "prefill" in parts:
+        res["prefill"] = prefill([8192, 16384, 24576, 32768], 2048, rate)
     if "mla" in parts:
         res["mla_equal"] = mla([4096] * 64, 128, rate)
         res["mla_ragged"] = mla([rng.randrange(256, 8193) for _ in range(64)], 128, rate)
@@ -215,6 +243,11 @@ def main() -> int:
             print(f"| B{r['B']} {r['lengths']} Hq {HQ} / Hkv {HKV} D {D} | {call} | {r[f'{call}_bf16_ms']:.3f} "
                   f"({r[f'{call}_bf16_roofline']:.0%}) | {r[f'{call}_fp8_ms']:.3f} ({r[f'{call}_fp8_roofline']:.0%}) | "
                   f"{r[f'{call}_speedup']:.2f}x |")
+    if "prefill" in res:
+        r = res["prefill"]
+        print(f"| B{r['B']} chunks of {r['chunk']} rows, prefixes {r['lengths']} | paged16 | {r['bf16_ms']:.3f} "
+              f"({r['bf16_tflops']:.0f} TFLOP/s) | {r['fp8_ms']:.3f} (conversion floor {r['conversion_floor_ms']:.3f}) "
+              f"| {1 / r['fp8_over_bf16']:.2f}x |")
     for name in ("mla_equal", "mla_ragged", "mla_h16") if "mla" in parts else ():
         r = res[name]
         print(f"| B{r['B']} {r['lengths']} Hq {r['Hq']} MLA 576/512 | paged64 | {r['mla_bf16_ms']:.3f} "

@@ -82,6 +82,19 @@ def main() -> int:
         kc8, kcd = fp8_kv(kc)
         attn_lt.paged_attention(qp, kc8, fp8_kv(vc)[0], table, sk, k_descale=kcd, return_key_mass=True)
         bad += reported("bad metadata (FP8 cache)")
+        # prefill rows against an FP8 cache (converted first): packed keys; paged, with the bad metadata above
+        o = attn_lt.varlen_attention(q, k8, v8, cu(q_lens), cu(k_lens), max_seqlen_q=130, max_seqlen_k=700,
+                                     causal=True, k_descale=kd, v_descale=vd)
+        ref, _ = varlen_reference(q, fp8_values(k8, kd), fp8_values(v8, vd), cu(q_lens), cu(k_lens), causal=True)
+        owned = ~torch.isnan(ref[:, 0, 0])
+        err = rel_error(o[owned], ref[owned])
+        print(f"varlen FP8 prefill rows D{D}: error {err:.2e}")
+        bad += err > 2e-2
+        qc_lens = [40, 1, 17, 0]
+        qc = torch.randn(sum(qc_lens), Hq, D, dtype=dt, device="cuda")
+        attn_lt.paged_attention(qc, kc8, fp8_kv(vc)[0], table, sk, cu_seqlens_q=cu(qc_lens), max_seqlen_q=40,
+                                k_descale=kcd)
+        bad += reported("bad metadata (FP8 cache, prefill rows)")
     from attn_lt.fused import device_facts
     if device_facts().hopper:  # MLA decode on a paged latent cache: one part, several parts, a bad block
         kc, _, table, sk = random_pages([2100, 1, 0, 70], 64, 1, 576, dt)
