@@ -32,6 +32,14 @@ def reported(what: str) -> int:
     return 1
 
 
+def off(what: str, o, ref) -> int:
+    """1 when the output is off its reference (the rows the reference owns: not NaN), else 0; prints the error."""
+    owned = ~torch.isnan(ref[:, 0, 0])
+    err = rel_error(o[owned], ref[owned])
+    print(f"{what}: error {err:.2e}")
+    return int(err > 2e-2)
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("no GPU")
@@ -46,17 +54,12 @@ def main() -> int:
         o = attn_lt.varlen_attention(q, k, v, cu(q_lens), cu(k_lens), max_seqlen_q=130, max_seqlen_k=700,
                                      causal=True)
         ref, _ = varlen_reference(q, k, v, cu(q_lens), cu(k_lens), causal=True)
-        owned = ~torch.isnan(ref[:, 0, 0])
-        err = rel_error(o[owned], ref[owned])
-        print(f"varlen D{D} Hq{Hq}/Hkv{Hkv}: error {err:.2e}")
-        bad += err > 2e-2
+        bad += off(f"varlen D{D} Hq{Hq}/Hkv{Hkv}", o, ref)
         kc, vc, table, sk = random_pages([300, 1, 17, 0], 16, Hkv, D, dt)
         qp = torch.randn(4, Hq, D, dtype=dt, device="cuda")
         o = attn_lt.paged_attention(qp, kc, vc, table, sk)
         ref, _ = paged_reference(qp, kc, vc, table, sk)
-        err = rel_error(o, ref)
-        print(f"paged D{D}: error {err:.2e}")
-        bad += err > 2e-2
+        bad += off(f"paged D{D}", o, ref)
         # the mass per key of both (a window of 8 rows; every row), then with the bad metadata below
         attn_lt.varlen_attention(q, k, v, cu(q_lens), cu(k_lens), max_seqlen_q=130, max_seqlen_k=700, causal=True,
                                  return_key_mass=True, key_mass_window=8)
@@ -75,10 +78,7 @@ def main() -> int:
         o = attn_lt.varlen_attention(q8, k8, v8, cu(q8_lens), cu(k_lens), max_seqlen_q=2, max_seqlen_k=700,
                                      causal=True, k_descale=kd, v_descale=vd)
         ref, _ = varlen_reference(q8, fp8_values(k8, kd), fp8_values(v8, vd), cu(q8_lens), cu(k_lens), causal=True)
-        owned = ~torch.isnan(ref[:, 0, 0])
-        err = rel_error(o[owned], ref[owned])
-        print(f"varlen FP8 D{D}: error {err:.2e}")
-        bad += err > 2e-2
+        bad += off(f"varlen FP8 D{D}", o, ref)
         kc8, kcd = fp8_kv(kc)
         attn_lt.paged_attention(qp, kc8, fp8_kv(vc)[0], table, sk, k_descale=kcd, return_key_mass=True)
         bad += reported("bad metadata (FP8 cache)")
@@ -86,10 +86,7 @@ def main() -> int:
         o = attn_lt.varlen_attention(q, k8, v8, cu(q_lens), cu(k_lens), max_seqlen_q=130, max_seqlen_k=700,
                                      causal=True, k_descale=kd, v_descale=vd)
         ref, _ = varlen_reference(q, fp8_values(k8, kd), fp8_values(v8, vd), cu(q_lens), cu(k_lens), causal=True)
-        owned = ~torch.isnan(ref[:, 0, 0])
-        err = rel_error(o[owned], ref[owned])
-        print(f"varlen FP8 prefill rows D{D}: error {err:.2e}")
-        bad += err > 2e-2
+        bad += off(f"varlen FP8 prefill rows D{D}", o, ref)
         qc_lens = [40, 1, 17, 0]
         qc = torch.randn(sum(qc_lens), Hq, D, dtype=dt, device="cuda")
         attn_lt.paged_attention(qc, kc8, fp8_kv(vc)[0], table, sk, cu_seqlens_q=cu(qc_lens), max_seqlen_q=40,
@@ -101,9 +98,7 @@ def main() -> int:
         qp = torch.randn(4, 16, 576, dtype=dt, device="cuda")
         o = attn_lt.paged_attention(qp, kc, kc[..., :512], table, sk)
         ref, _ = paged_reference(qp, kc, kc[..., :512], table, sk)
-        err = rel_error(o, ref)
-        print(f"MLA paged: error {err:.2e}")
-        bad += err > 2e-2
+        bad += off("MLA paged", o, ref)
         table[0, 3] = -1
         attn_lt.paged_attention(qp, kc, kc[..., :512], table, sk)
         bad += reported("bad MLA block")
