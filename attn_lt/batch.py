@@ -362,13 +362,11 @@ def _fp8_converted(max_q: int, Hq: int, Hkv: int, D: int, Dv: int, want_mass: bo
 
 def _fp8_buffers(k, dtype, block_table=None) -> tuple:
     """The buffers an FP8 KV cache is converted into for the 16-bit kernels (native/attn_lt.h's
-    attn_lt_batch_convert_kv, run by :func:`_launch`): k and v in ``dtype``, packed as k, or, for a paged cache,
+    attn_lt_batch_convert_kv, launched by :func:`_run`): k and v in ``dtype``, packed as k, or, for a paged cache,
     1 + B x max_blocks blocks (block 0 zeros) with the table of their places. Returns (k, v, table or None)."""
-    if block_table is None:
-        return torch.empty(k.shape, dtype=dtype, device=k.device), torch.empty(k.shape, dtype=dtype, device=k.device), None
-    shape = (1 + block_table.numel(),) + tuple(k.shape[1:])
-    return (torch.empty(shape, dtype=dtype, device=k.device), torch.empty(shape, dtype=dtype, device=k.device),
-            torch.empty(block_table.shape, dtype=torch.int32, device=k.device))
+    shape = tuple(k.shape) if block_table is None else (1 + block_table.numel(),) + tuple(k.shape[1:])
+    table = None if block_table is None else torch.empty(block_table.shape, dtype=torch.int32, device=k.device)
+    return torch.empty(shape, dtype=dtype, device=k.device), torch.empty(shape, dtype=dtype, device=k.device), table
 
 
 def _check_index(name: str, t, shape_hint: str, dims: int, length: int | None = None) -> None:
@@ -1084,8 +1082,6 @@ class BatchStep:
             q, k_cache, v_cache = checked
         p = self._plan
         want_mass = _mass_options(return_key_mass, key_mass_window, p.latent)
-        converted = (_fp8_buffers(k_cache, q.dtype, self._table if paged else None)
-                     if self.fp8 and _fp8_converted(p.max_seqlen_q, p.Hq, p.Hkv, p.D, p.Dv, want_mass) else None)
         if out is not None:
             _check_out_type(out, q.dtype)
             out = _check_out(out, (q.shape[0], p.Hq, p.Dv), q.dtype, self.device)
@@ -1098,6 +1094,8 @@ class BatchStep:
         if not paged and k_cache.shape[0] == 0:
             _no_keys(out, lse, variant[2])
             return call_results(out, lse, return_lse, mass)
+        converted = (_fp8_buffers(k_cache, q.dtype, self._table if paged else None)
+                     if self.fp8 and _fp8_converted(p.max_seqlen_q, p.Hq, p.Hkv, p.D, p.Dv, want_mass) else None)
         a = self._args
         a.f.scale = self.scale if scale is None else check_scale(scale)
         _set_tensors(a, q, k_cache, v_cache, out, lse, paged)
