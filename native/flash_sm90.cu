@@ -1102,9 +1102,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 // (8 KB), each row's rescale factor and final sum (512 B), mbarriers: 226 KB of the 227 KB a block may take.
 //
 // An FP8 latent cache (kF8: e4m3 elements, a descale factor a kv head) is read at half the bytes: TMA lands a K
-// tile's e4m3 bytes in its stage, each slab's 64 columns in the first half of 128-byte rows, where the producer
-// warpgroup's 128 threads widen them in place to the fp16 tile above (widen_e4m3_tile) before they release it to
-// the consumers. The MMAs then run in fp16 with FP32 sums: Q is rounded to fp16 in place (stage_q_mla_f16, divided
+// tile's e4m3 bytes in its stage, each slab's 64 columns dense in the second half of the slab, where the producer
+// warpgroup's 128 threads widen them to the fp16 tile above (widen_e4m3_tile) before they release it to the
+// consumers. The MMAs then run in fp16 with FP32 sums: Q is rounded to fp16 in place (stage_q_mla_f16, divided
 // by a power of two that keeps it in fp16's range), the scale takes that power of two and k's factor, O v's factor.
 constexpr int kMlaD = 576, kMlaDv = 512, kMlaRows = 64, kMlaKeys = 64, kMlaStages = 2;
 constexpr int kMlaGroups = kMlaDv / 2 / 8;  // 8-column groups of a warpgroup's 256 columns of O
@@ -1129,37 +1129,35 @@ struct MlaParams : BaseParams, PartParams {  // Sq 1
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// An e4m3 K tile as TMA lands it in a stage (make_e4m3_row_map): slab j [64 keys][128 bytes] in the 128-byte
-// swizzle, a key's e4m3 columns 64j.. in its first 64 bytes (the rest the next slab's columns, or zeros), widened in
-// place to the fp16 tile the wgmma reads (slab j [64 keys][64 columns], the same swizzle) by the 128 threads of the
-// producer warpgroup (t: 0-127), each slab once landed(j) has returned. A key row is read and rewritten by the four
-// lanes of one warp that own it (warp w: keys 16w..16w + 15), its reads ordered before its writes by __syncwarp.
-// The two rows a quarter-warp touches are four apart, so that its reads (chunks c ^ r % 8) fall in disjoint banks
-// (its stores meet two ways).
+// An e4m3 K tile as TMA lands it in a stage (make_e4m3_row_map): slab j's bytes, [64 keys][64 bytes] dense, in the
+// second half of the slab's 8 KB, widened over the whole slab to the fp16 tile the wgmma reads (slab j [64 keys][64
+// columns] in the 128-byte swizzle) by the 128 threads of the producer warpgroup (t: 0-127), each slab once
+// landed(j) has returned. A thread reads 16-byte chunks t and t + 128 (chunk e: key e / 4, columns 16 (e % 4)..;
+// a quarter-warp 128 contiguous bytes), the warpgroup syncs (keys 32-63's fp16 rows cover the e4m3 bytes), then the
+// thread writes those chunks' 32 fp16 values (a quarter-warp's first stores: two keys, even chunks of one and odd
+// of the other in the swizzle, disjoint banks).
+constexpr int kMlaWidenBar = 4;  // the producer warpgroup's named barrier (the consumers take 1 and 3)
 template <typename Landed>
 __device__ __forceinline__ void widen_e4m3_tile(uint32_t stage, int t, Landed&& landed) {
     using L = MlaLayout;
-    const int lane = t % 32, c = lane % 4;
-    const int r0 = 16 * (t / 32) + 4 * ((lane / 4) % 2) + lane / 8;  // keys r0 and r0 + 8
-    const int sw = r0 % 8;  // keys r0 and r0 + 8 share their swizzle phase
-    const uint32_t ld = (c ^ sw) << 4, st_lo = ((2 * c) ^ sw) << 4, st_hi = ((2 * c + 1) ^ sw) << 4;
 #pragma unroll 1
     for (int j = 0; j < L::kSlabs; ++j) {
         landed(j);
-        const uint32_t row = stage + j * L::kSlab + r0 * 128;  // key r0; key r0 + 8 1024 bytes on
+        const uint32_t slab = stage + j * L::kSlab;
         uint4 x[2];
 #pragma unroll
-        for (int u = 0; u < 2; ++u) x[u] = ld_shared_v4(row + 1024 * u + ld);
-        __syncwarp();
+        for (int u = 0; u < 2; ++u) x[u] = ld_shared_v4(slab + L::kSlab / 2 + 16 * (t + 128 * u));
+        bar_sync(kMlaWidenBar, 128);
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
+            const int e = t + 128 * u, key = e / 4, c = e % 4, sw = key % 8;
             uint4 lo, hi;
             f16x2x2_of_e4m3x4(x[u].x, lo.x, lo.y);
             f16x2x2_of_e4m3x4(x[u].y, lo.z, lo.w);
             f16x2x2_of_e4m3x4(x[u].z, hi.x, hi.y);
             f16x2x2_of_e4m3x4(x[u].w, hi.z, hi.w);
-            st_shared_v4(row + 1024 * u + st_lo, lo);
-            st_shared_v4(row + 1024 * u + st_hi, hi);
+            st_shared_v4(slab + key * 128 + (((2 * c) ^ sw) << 4), lo);
+            st_shared_v4(slab + key * 128 + (((2 * c + 1) ^ sw) << 4), hi);
         }
     }
 }
@@ -1285,11 +1283,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         const bool issuer = threadIdx.x == 0;
         auto load_k = [&](int s, int row, int blk) {  // K tile rows row.. of kv head hk, batch entry (block) blk
             const uint32_t dst = sK + s * L::kKBytes;
-            if constexpr (kF8) {  // a slab a box and barrier, widened as it lands
+            if constexpr (kF8) {  // a slab a box and barrier, in the slab's second half, widened as it lands
 #pragma unroll 1
                 for (int j = 0; j < L::kSlabs; ++j) {
-                    mbar_expect_tx(raw_k(s, j), L::kSlab);
-                    tma_load_4d(dst + j * L::kSlab, &tmk, raw_k(s, j), 64 * j, row, hk, blk);
+                    mbar_expect_tx(raw_k(s, j), L::kSlab / 2);
+                    tma_load_4d(dst + j * L::kSlab + L::kSlab / 2, &tmk, raw_k(s, j), 64 * j, row, hk, blk);
                 }
             } else {
                 mbar_expect_tx(full_k(s), L::kKBytes);
@@ -1898,18 +1896,17 @@ cudaError_t launch(const attn_lt_flash_args& a, cudaStream_t stream) {
 }
 
 // An e4m3 (B, H, S, D) tensor (a paged cache: B blocks of S rows) seen as 4-D (D, S, H, B) with byte strides (row,
-// head, batch): one box of (128, rows, 1, 1) at column c lands as [rows][128 bytes] in the 128-byte swizzle, columns
-// c.. of each row (zeros past D): mla_decode_sm90's FP8 slabs (widen_e4m3_tile). A dimension of size 1 gets a
-// nominal legal stride.
+// head, batch): one box of (64, rows, 1, 1) at column c lands as [rows][64 bytes] dense, columns c..c + 63 of each
+// row: mla_decode_sm90's FP8 slabs (widen_e4m3_tile). A dimension of size 1 gets a nominal legal stride.
 bool make_e4m3_row_map(CUtensorMap* map, const void* ptr, int64_t B, int64_t H, int64_t S, int64_t D, int64_t sb,
                        int64_t sh, int64_t ss, uint32_t rows) {
     const auto st = [](int64_t size, int64_t stride) { return cuuint64_t(size == 1 ? 16 : stride); };
     const cuuint64_t dims[4] = {cuuint64_t(D), cuuint64_t(S), cuuint64_t(H), cuuint64_t(B)};
     const cuuint64_t strides[3] = {st(S, ss), st(H, sh), st(B, sb)};
-    const cuuint32_t box[4] = {128, rows, 1, 1};
+    const cuuint32_t box[4] = {64, rows, 1, 1};
     const cuuint32_t elem[4] = {1, 1, 1, 1};
     return encode_tiled()(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, const_cast<void*>(ptr), dims, strides, box, elem,
-                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
