@@ -12,11 +12,11 @@ import itertools
 import logging
 import math
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from . import config, fastpath
+from . import config, fastpath, native
 from .chunks import ChunkPlan, plan_chunks, out_strides
 from .select import Decision, route_of, select
 from .validate import (FP8_KV_DTYPE, Case, address_alignment, call_results, check_descale, check_kv_descale,
@@ -24,8 +24,8 @@ from .validate import (FP8_KV_DTYPE, Case, address_alignment, call_results, chec
                        op_results, op_variants, out_shape)
 from .device import stream_queries
 from .fused import (MLA_DECODE, WMMA, FusedLaunch, Program as FusedProgram, device_facts,
-                    fp8_decode_launch, fp8_kv_why, fp8_prefill_launch, fp8_prefill_refusal, fp8_refusal, fused_launch,
-                    hopper_kernel, stores_scores)
+                    fp8_converted, fp8_decode_launch, fp8_kv_why, fp8_prefill_launch, fp8_prefill_refusal, fp8_refusal,
+                    fused_launch, hopper_kernel, stores_scores)
 
 log = logging.getLogger("attn_lt")
 
@@ -540,8 +540,11 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
             denominator (softmax over [scores, sink], the sink's column dropped); the LSE includes it.
         k_descale, v_descale: with k and v an FP8 KV cache (both torch.float8_e4m3fn; q and the output stay fp16 or
             bf16): the factors their elements are multiplied by, None (1), a number, or FP32 one value or (Hkv,)
-            on q's device. Decode only (at most 16 query rows a kv head, Sq x Hq / Hkv), D = Dv in 64/128/256, on
-            the fused decode blocks (``backend`` "auto" or "wmma"); no ``return_key_mass``.
+            on q's device. D = Dv in 64/128/256 (or MLA decode's latent cache), ``backend`` "auto" or "wmma". Up to
+            16 query rows a kv head (Sq x Hq / Hkv) the fused decode blocks read the cache's bytes; with more rows
+            (speculative decoding, prefill) or ``return_key_mass`` the cache is converted to q's dtype first (each
+            element times its factor in FP32, rounded once; a new cache of k's and v's shapes each call) and the
+            16-bit call runs.
         q_descale: the FP8 prefill: q, k and v all torch.float8_e4m3fn, q's values its elements times
             ``q_descale`` (as k_descale: None, a number, or FP32 one value or (Hkv,), a row's kv head's factor),
             FlashAttention-3's FP8 forward. Hopper, D = Dv 64, 128 or 256, no mask (causal, window, softcap and sinks
@@ -633,14 +636,13 @@ def _fp8_case(q, k, v, attn_mask, causal, scale, window, softcap, sinks, backend
     check_options(out_layout=out_layout, return_key_mass=return_key_mass, key_mass_window=key_mass_window)
     if backend not in ("auto", "wmma"):
         raise ValueError(f"FP8 K/V run on the fused kernels (backend 'auto' or 'wmma'), not {backend!r}")
-    if return_key_mass:
-        raise ValueError("return_key_mass is not available with FP8 K/V in attention() (paged_attention and "
-                         "varlen_attention give it for one-row requests)")
+    if return_key_mass and (case.dtype == "e4m3" or (case.D, case.Dv) == MLA_DECODE):
+        raise ValueError("return_key_mass is not available for the FP8 prefill or an FP8 latent cache")
     if case.dtype == "e4m3":  # (explained without a GPU: as on the Hopper GPU fused plans assume)
         hopper = hopper_kernel(q.device.index) if require_cuda else hopper_kernel() or device_facts() is None
         why = fp8_prefill_refusal(case, hopper)
     else:
-        why = fp8_refusal(case.Sq * case.group, case.D, case.Dv)
+        why = fp8_refusal(case.D, case.Dv)
         if why is None and (case.D, case.Dv) == MLA_DECODE:  # an FP8 latent cache: MLA decode's own rules
             why = "; ".join(WMMA.not_supported_reasons(case)) or None
     if why is not None:
@@ -670,6 +672,12 @@ def _attention_fp8(q, k, v, *, attn_mask, causal, scale, backend, return_lse, ou
             raise ValueError("q_descale applies to the FP8 prefill (q torch.float8_e4m3fn too) only")
         kd, vd, sh = check_kv_descale(k_descale, v_descale, True, case.Hkv, dev)
         qd = None
+        if fp8_converted(case.Sq * case.group, case.D, case.Dv, bool(return_key_mass)):
+            k, v = _converted_kv(case, k, v, kd, vd, sh, q.dtype)
+            return attention(q, k, v, attn_mask=attn_mask, causal=causal, scale=scale, backend=backend,
+                             return_lse=return_lse, out=out, return_key_mass=return_key_mass,
+                             key_mass_window=key_mass_window, out_layout=out_layout, window=window,
+                             softcap=softcap, sinks=sinks)
     else:
         qd, kd, vd, sh = check_descale({"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale},
                                        case.Hkv, dev)
@@ -690,6 +698,24 @@ def _attention_fp8(q, k, v, *, attn_mask, causal, scale, backend, return_lse, ou
                     descale=tuple(0 if x is None else x.data_ptr() for x in (kd, vd)) + (sh,)
                     + (0 if qd is None else qd.data_ptr(),))
     return (out, lse) if return_lse else out
+
+
+def _converted_kv(case: Case, k, v, kd, vd, sh: int, dtype) -> tuple:
+    """A dense FP8 KV cache (B, Hkv, Sk, D) as new contiguous ``dtype`` tensors for the 16-bit kernels
+    (:func:`attn_lt.fused.fp8_converted`; native/attn_lt.h's attn_lt_flash_convert_kv), in the current stream."""
+    a = native.FlashArgs()
+    a.k, a.v = k.data_ptr(), v.data_ptr()
+    a.B, a.Hq, a.Hkv, a.Sk, a.D, a.Dv = case.B, case.Hq, case.Hkv, case.Sk, case.D, case.Dv
+    a.k_sb, a.k_sh, a.k_ss = case.k_strides[:3]
+    a.v_sb, a.v_sh, a.v_ss = case.v_strides[:3]
+    a.dtype, a.kv_dtype = native.DTYPE_CODES[case.dtype], native.DTYPE_CODES["e4m3"]
+    a.k_descale = None if kd is None else kd.data_ptr()
+    a.v_descale = None if vd is None else vd.data_ptr()
+    a.descale_sh = sh
+    k16, v16 = (torch.empty(t.shape, dtype=dtype, device=t.device) for t in (k, v))
+    with torch.cuda.device(k.device) if _current_device() != k.device.index else contextlib.nullcontext():
+        native.flash_convert_kv(a, k16.data_ptr(), v16.data_ptr(), _raw_stream(k.device.index))
+    return k16, v16
 
 
 @functools.lru_cache(maxsize=64)
@@ -737,6 +763,15 @@ def explain(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | Non
     if getattr(k, "dtype", None) == FP8_KV_DTYPE:
         case = _fp8_case(q, k, v, attn_mask, causal, scale, window, softcap, sinks, backend, return_key_mass,
                          key_mass_window, out_layout, require_cuda=False)
+        if case.dtype != "e4m3" and fp8_converted(case.Sq * case.group, case.D, case.Dv, bool(return_key_mass)):
+            contiguous = Case.contiguous(case.B, case.Hq, case.Hkv, case.Sq, case.Sk, case.D)
+            ex = explain_case(replace(case, k_strides=contiguous.k_strides, v_strides=contiguous.v_strides), backend,
+                              workspace_bytes, threshold, algo_policy, return_key_mass, out_layout, key_mass_window)
+            why = (f"an FP8 KV cache with {case.Sq * case.group} query rows a kv head"
+                   + (" and the mass per key" if return_key_mass else "") + ": converted to q's dtype first (each "
+                   "element times its descale factor in FP32, rounded once; a new B x Hkv x Sk x (D + Dv) x 2 bytes "
+                   "each call), then")
+            return replace(ex, decision=replace(ex.decision, reasons=(why,) + ex.decision.reasons))
         fused = fp8_prefill_launch(case) if case.dtype == "e4m3" else fp8_decode_launch(case, device_facts())
         why = fused.why if case.dtype == "e4m3" else fp8_kv_why(case.D, case.Dv)
         decision = Decision("wmma", (why,), (("lt", ("the long path takes no FP8 K/V",)),))

@@ -28,7 +28,7 @@ import torch
 
 from . import native
 from .device import stream_queries
-from .fused import ASSUMED_DEVICE, MLA_DECODE, MLA_ROWS, DeviceFacts, device_facts, fp8_kv_why, fp8_refusal
+from .fused import ASSUMED_DEVICE, MLA_DECODE, MLA_ROWS, DeviceFacts, device_facts, fp8_converted, fp8_kv_why
 from .validate import (FP8_KV_DTYPE, call_results, check_causal, check_kv_descale, check_options, check_scale,
                        check_variants, descale_tensor, op_results, op_variants)
 
@@ -352,12 +352,9 @@ def _kv_fp8(k) -> bool:
 
 
 def _fp8_converted(max_q: int, Hq: int, Hkv: int, D: int, Dv: int, want_mass: bool = False) -> bool:
-    """Whether a batch call converts its FP8 KV cache to q's dtype before the 16-bit kernels run
-    (:func:`_fp8_buffers`): its requests may have more query rows a kv head than the decode blocks take (prefill
-    chunks: max_seqlen_q x Hq / Hkv above 16), or it asks for the mass of many-row requests. Never MLA's latent
-    cache (its decode takes one row a request)."""
-    return (D, Dv) != LATENT_DIMS and (fp8_refusal(max_q * (Hq // Hkv), D, Dv) is not None
-                                       or (want_mass and max_q != 1))
+    """Whether a batch of this capacity converts its FP8 KV cache first (:func:`attn_lt.fused.fp8_converted`; the
+    buffers: :func:`_fp8_buffers`): prefill rows, or the mass of requests of more than one row."""
+    return fp8_converted(max_q * (Hq // Hkv), D, Dv, want_mass and max_q != 1)
 
 
 def _fp8_buffers(k, dtype, block_table=None) -> tuple:

@@ -252,21 +252,25 @@ def split_count(blocks: int, slots: int, fill_first: bool = True) -> int:
 FP8_CTAS_PER_SM = {64: 3, 128: 3, 256: 2}
 
 
-def fp8_refusal(rows: int, D: int, Dv: int) -> str | None:
-    """Why an FP8 KV cache cannot run ``rows`` query rows a kv head (query rows x Hq / Hkv; a batch: at capacity) at
-    head dims D / Dv, or None: native/flash.cu's decode blocks read one (its decode_rows and fp8_ok hold the same
-    rule), and MLA decode's kernel an FP8 latent cache (None here: the MLA decode rules apply, as without FP8)."""
-    if (D, Dv) == MLA_DECODE:
+def fp8_refusal(D: int, Dv: int) -> str | None:
+    """Why an FP8 KV cache of head dims D / Dv cannot be read, or None: native/flash.cu's decode blocks and the
+    conversion (:func:`fp8_converted`) take D = Dv in :data:`HEAD_DIM_PAIRS` (its fp8_ok and the convert kernels
+    hold the same rule), MLA decode's kernel an FP8 latent cache (None here: the MLA decode rules apply, as without
+    FP8)."""
+    if (D, Dv) == MLA_DECODE or (D, Dv) in HEAD_DIM_PAIRS:
         return None
-    if (D, Dv) not in HEAD_DIM_PAIRS:
-        dims = ", ".join(str(d) for d, _ in HEAD_DIM_PAIRS)
-        return (f"an FP8 KV cache takes head dims D = Dv in {dims}, or MLA decode's {MLA_DECODE[0]}/{MLA_DECODE[1]}; "
-                f"got {D}/{Dv}")
-    if rows > WARP_SPLIT_ROWS:
-        return (f"an FP8 KV cache runs on the decode blocks: at most {WARP_SPLIT_ROWS} query rows a kv head (query "
-                f"rows x Hq / Hkv); got {rows}. For prefill rows quantize q to e4m3 too: attention() then runs the "
-                "FP8 prefill (q_descale=..., Hopper, D 64/128/256)")
-    return None
+    dims = ", ".join(str(d) for d, _ in HEAD_DIM_PAIRS)
+    return (f"an FP8 KV cache takes head dims D = Dv in {dims}, or MLA decode's {MLA_DECODE[0]}/{MLA_DECODE[1]}; "
+            f"got {D}/{Dv}")
+
+
+def fp8_converted(rows: int, D: int, Dv: int, mass: bool = False) -> bool:
+    """Whether a call against an FP8 KV cache converts it to q's dtype first (one kernel, native/attn_lt.h's
+    attn_lt_flash_convert_kv and attn_lt_batch_convert_kv: each element times its factor in FP32, rounded once) and
+    runs the 16-bit kernels: ``rows`` query rows a kv head (query rows x Hq / Hkv; a batch: at capacity) more than
+    native/flash.cu's decode blocks take (its decode_rows), or ``mass``: the mass per key where they do not give it
+    (a dense call; a batch's requests of more than one row). Never MLA's latent cache (its decode takes one row)."""
+    return (D, Dv) in HEAD_DIM_PAIRS and (rows > WARP_SPLIT_ROWS or mass)
 
 
 #: How MLA decode reads an FP8 latent cache (fp8_kv_why's line for it).

@@ -224,6 +224,9 @@ def load() -> ctypes.CDLL:
         lib.attn_lt_flash_sm90_supported.argtypes = []
         lib.attn_lt_scores_sm90.restype = ctypes.c_int
         lib.attn_lt_scores_sm90.argtypes = [ctypes.POINTER(ScoresArgs), ctypes.c_void_p]
+        lib.attn_lt_flash_convert_kv.restype = ctypes.c_int
+        lib.attn_lt_flash_convert_kv.argtypes = [ctypes.POINTER(FlashArgs), ctypes.c_void_p, ctypes.c_void_p,
+                                                 ctypes.c_void_p]
         for name, args in (("attn_lt_batch_fwd", BatchArgs), ("attn_lt_key_mass", MassArgs),
                            ("attn_lt_batch_key_mass", BatchMassArgs), ("attn_lt_batch_convert_kv", ConvertArgs)):
             getattr(lib, name).restype = ctypes.c_int
@@ -300,6 +303,14 @@ def batch(args: BatchArgs, stream: int) -> None:
             lambda a: f"requests={a.f.B} Hq={a.f.Hq} Hkv={a.f.Hkv} max_q={a.f.Sq} max_k={a.f.Sk} D={a.f.D} "
                       f"total_q={a.total_q} total_k={a.total_k} block_size={a.block_size} "
                       f"split_keys={a.split_keys} variant={a.f.variant}")
+
+
+def flash_convert_kv(args: FlashArgs, k_out: int, v_out: int, stream: int) -> None:
+    """Convert a dense call's FP8 KV cache for the 16-bit kernels (native/flash.cu's attn_lt_flash_convert_kv: into
+    contiguous (B, Hkv, Sk, D) at ``k_out`` / ``v_out``); raises :class:`CudaError` on failure."""
+    err = load().attn_lt_flash_convert_kv(ctypes.byref(args), k_out, v_out, stream)
+    if err:
+        _raise("attn_lt_flash_convert_kv", err, f"B={args.B} Hkv={args.Hkv} Sk={args.Sk} D={args.D}")
 
 
 def batch_convert_kv(args: ConvertArgs, stream: int) -> None:

@@ -288,6 +288,13 @@ typedef struct attn_lt_convert_args {
 } attn_lt_convert_args;
 int attn_lt_batch_convert_kv(const attn_lt_convert_args* args, void* stream);
 
+/* A dense call's FP8 KV cache converted for the 16-bit kernels (native/flash.cu), for what the decode blocks do not
+ * run (more than 16 query rows a kv head, the mass per key): a's k and v, e4m3 (B, Hkv, Sk, D) at their strides,
+ * with the descale factors as attn_lt_flash_fwd takes them (D = Dv = 64, 128 or 256; a.dtype fp16 or bf16), each
+ * element times its factor in FP32, rounded once to a.dtype, into k_out and v_out: contiguous (B, Hkv, Sk, D),
+ * 16-byte aligned. Nothing else of a is read. */
+int attn_lt_flash_convert_kv(const attn_lt_flash_args* args, void* k_out, void* v_out, void* stream);
+
 /* native/flash.cu: every request of the batch (the decode blocks, their merge, and the row blocks, the latter by
  * attn_lt_flash_sm90_batch with f.variant ATTN_LT_BATCH_SM90; MLA decode, D 576, by attn_lt_flash_sm90_batch). */
 int attn_lt_batch_fwd(const attn_lt_batch_args* args, void* stream);

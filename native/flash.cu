@@ -1535,38 +1535,68 @@ __global__ void __launch_bounds__(128) convert_paged_e4m3(attn_lt_convert_args c
     }
 }
 
-// Packed keys: every row of k and v (blockIdx.y: 0 K, 1 V), grid-stride over the 16-byte chunks.
+// Rows of 16-byte chunks of e4m3 K and V (blockIdx.y: 0 K, 1 V) converted into contiguous outputs, grid-stride:
+// chunk i of row (i0, i1, i2) of three dims (n1, n2 the sizes of the inner two), each at its byte strides, its head
+// the row's index along head_axis (1 or 2). Packed keys: (1, total_k, Hkv); a dense cache: (B, Hkv, Sk).
+struct RowsConvert {
+    const uint8_t* src[2];
+    void* dst[2];
+    const float* descale[2];
+    int64_t s0[2], s1[2], s2[2];
+    int64_t n1, n2, chunks, descale_sh;
+    int32_t D, head_axis;
+};
+
 template <typename T>
-__global__ void __launch_bounds__(256) convert_packed_e4m3(attn_lt_convert_args c) {
-    const attn_lt_flash_args& f = c.b.f;
+__global__ void __launch_bounds__(256) convert_rows_e4m3(const RowsConvert c) {
     const int kv = blockIdx.y;
-    const int64_t row_chunks = f.Hkv * f.D / 16, chunks = c.b.total_k * row_chunks;
-    const uint8_t* src = static_cast<const uint8_t*>(kv ? f.v : f.k);
-    const int64_t ss = kv ? f.v_ss : f.k_ss, sh = kv ? f.v_sh : f.k_sh;
-    const float* d = kv ? f.v_descale : f.k_descale;
-    T* out = static_cast<T*>(kv ? c.v_out : c.k_out);
-    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < chunks; i += int64_t(gridDim.x) * blockDim.x) {
-        const int64_t t = i / row_chunks, hc = i % row_chunks;
-        const int h = static_cast<int>(hc / (f.D / 16));
-        const uint4 x = __ldg(reinterpret_cast<const uint4*>(src + t * ss + h * sh + 16 * (hc % (f.D / 16))));
-        convert_chunk<T>(x, descale_of(d, f.descale_sh, h), out + i * 16);
+    const int64_t per_row = c.D / 16;
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < c.chunks; i += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t row = i / per_row, i2 = row % c.n2, i1 = (row / c.n2) % c.n1, i0 = row / c.n2 / c.n1;
+        const uint4 x = __ldg(reinterpret_cast<const uint4*>(c.src[kv] + i0 * c.s0[kv] + i1 * c.s1[kv] +
+                                                              i2 * c.s2[kv] + 16 * (i % per_row)));
+        const int h = static_cast<int>(c.head_axis == 1 ? i1 : i2);
+        convert_chunk<T>(x, descale_of(c.descale[kv], c.descale_sh, h), static_cast<T*>(c.dst[kv]) + i * 16);
     }
+}
+
+// a's k and v (e4m3, its descale factors) as rows (n0, n1, n2) at byte strides k_st / v_st into k_out, v_out.
+template <typename T>
+cudaError_t launch_rows(const attn_lt_flash_args& a, void* k_out, void* v_out, int64_t n0, int64_t n1, int64_t n2,
+                        const int64_t (&k_st)[3], const int64_t (&v_st)[3], int head_axis, cudaStream_t s) {
+    RowsConvert c{};
+    c.src[0] = static_cast<const uint8_t*>(a.k);
+    c.src[1] = static_cast<const uint8_t*>(a.v);
+    c.dst[0] = k_out;
+    c.dst[1] = v_out;
+    c.descale[0] = a.k_descale;
+    c.descale[1] = a.v_descale;
+    for (int kv = 0; kv < 2; ++kv) {
+        const int64_t(&st)[3] = kv ? v_st : k_st;
+        c.s0[kv] = st[0], c.s1[kv] = st[1], c.s2[kv] = st[2];
+    }
+    c.n1 = n1, c.n2 = n2, c.chunks = n0 * n1 * n2 * (a.D / 16), c.descale_sh = a.descale_sh;
+    c.D = static_cast<int32_t>(a.D), c.head_axis = head_axis;
+    if (c.chunks == 0) return cudaSuccess;
+    int dev = 0, sms = 0;
+    cudaError_t err = cudaGetDevice(&dev);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (err != cudaSuccess) return err;
+    convert_rows_e4m3<T><<<dim3(static_cast<unsigned>(std::min<int64_t>((c.chunks + 255) / 256, 8LL * sms)), 2), 256,
+                           0, s>>>(c);
+    return cudaGetLastError();
 }
 
 template <typename T>
 cudaError_t launch_convert(const attn_lt_convert_args& c, cudaStream_t s) {
+    const attn_lt_flash_args& f = c.b.f;
     if (c.b.block_table != nullptr) {
-        convert_paged_e4m3<T><<<dim3(static_cast<unsigned>(c.b.max_blocks + 1), static_cast<unsigned>(c.b.f.B), 2),
+        convert_paged_e4m3<T><<<dim3(static_cast<unsigned>(c.b.max_blocks + 1), static_cast<unsigned>(f.B), 2),
                                 128, 0, s>>>(c);
-    } else if (c.b.total_k > 0) {
-        int dev = 0, sms = 0;
-        cudaError_t err = cudaGetDevice(&dev);
-        if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-        if (err != cudaSuccess) return err;
-        const int64_t need = (c.b.total_k * c.b.f.Hkv * c.b.f.D / 16 + 255) / 256;
-        convert_packed_e4m3<T><<<dim3(static_cast<unsigned>(std::min<int64_t>(need, 8LL * sms)), 2), 256, 0, s>>>(c);
+        return cudaGetLastError();
     }
-    return cudaGetLastError();
+    const int64_t k_st[3] = {0, f.k_ss, f.k_sh}, v_st[3] = {0, f.v_ss, f.v_sh};
+    return launch_rows<T>(f, c.k_out, c.v_out, 1, c.b.total_k, f.Hkv, k_st, v_st, 2, s);
 }
 
 }  // namespace
@@ -1680,4 +1710,19 @@ extern "C" int attn_lt_batch_convert_kv(const attn_lt_convert_args* c, void* str
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     if (f.dtype == ATTN_LT_BF16) return static_cast<int>(launch_convert<__nv_bfloat16>(*c, s));
     return static_cast<int>(launch_convert<__half>(*c, s));
+}
+
+extern "C" int attn_lt_flash_convert_kv(const attn_lt_flash_args* a, void* k_out, void* v_out, void* stream) {
+    if (a == nullptr || a->k == nullptr || a->v == nullptr || k_out == nullptr || v_out == nullptr)
+        return ATTN_LT_ERR_ARGS;
+    if (a->kv_dtype != ATTN_LT_E4M3 || !fp8_ok(*a) || (a->D != 64 && a->D != 128 && a->D != 256) ||
+        (a->Dv != 0 && a->Dv != a->D) || (a->dtype != ATTN_LT_BF16 && a->dtype != ATTN_LT_F16))
+        return ATTN_LT_ERR_DTYPE;
+    if (a->B < 0 || a->Hkv < 0 || a->Sk < 0) return ATTN_LT_ERR_ARGS;
+    if (!aligned16(a->k) || !aligned16(a->v) || !aligned16(k_out) || !aligned16(v_out)) return ATTN_LT_ERR_ALIGNMENT;
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    const int64_t k_st[3] = {a->k_sb, a->k_sh, a->k_ss}, v_st[3] = {a->v_sb, a->v_sh, a->v_ss};
+    if (a->dtype == ATTN_LT_BF16)
+        return static_cast<int>(launch_rows<__nv_bfloat16>(*a, k_out, v_out, a->B, a->Hkv, a->Sk, k_st, v_st, 1, s));
+    return static_cast<int>(launch_rows<__half>(*a, k_out, v_out, a->B, a->Hkv, a->Sk, k_st, v_st, 1, s));
 }

@@ -488,7 +488,12 @@ def test_explain_an_fp8_cache_without_a_gpu():
     e = attn_lt.explain(q, k, k)
     assert e.decision.backend == "wmma" and "FP8 KV cache" in str(e) and e.fused.kernel == "flash"
     assert e.fused.splits > 1  # 512 blocks are 1.3 waves of three CTAs an SM: the keys split
-    with pytest.raises(ValueError, match="at most 16 query rows"):
-        attn_lt.explain(torch.empty(64, 32, 8, 128, dtype=torch.bfloat16, device="meta"), k, k)
+    # 8 rows x GQA 4 = 32 a kv head, or the mass: the cache converted first, then the 16-bit call's route
+    for rows, mass in ((8, False), (1, True)):
+        e = attn_lt.explain(torch.empty(64, 32, rows, 128, dtype=torch.bfloat16, device="meta"), k, k, causal=True,
+                            return_key_mass=mass)
+        assert "converted to q's dtype first" in str(e) and e.case.k_strides == (8 * 8192 * 128, 8192 * 128, 128, 1)
+    with pytest.raises(ValueError, match="head dims D = Dv in 64, 128, 256"):
+        attn_lt.explain(q[..., :96], k[..., :96], k[..., :96])
     with pytest.raises(ValueError, match="plan.. takes no FP8 K/V"):
         attn_lt.plan(q, k, k)

@@ -83,16 +83,35 @@ def test_fp8_dense_mask_variants_and_layout():
     assert rel_error(out, ref) < 1e-2
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fp8_dense_rows_past_the_decode_blocks(dtype):
+    """More than 16 query rows a kv head (speculative decoding's 5 rows x GQA 8; a prefill chunk) or the mass per
+    key against a dense FP8 cache (a strided view): converted to q's dtype first, then the 16-bit call, bitwise equal
+    to it on the converted values, with every option (causal, window and sinks, the LSE, the mass, bshd out)."""
+    B, Hq, Hkv, Sk, D = 2, 32, 4, 1000, 128
+    k8, v8, kd, vd, _, _ = dense_fp8(B, Hkv, Sk + 24, D, dtype)
+    k8, v8 = k8[:, :, 24:], v8[:, :, 24:]  # views: the kernel reads their strides
+    # (the values a kv head at a time: fp8_values reads heads at dim -2)
+    k16, v16 = (fp8_values(x.transpose(1, 2), d).transpose(1, 2).to(dtype).contiguous()
+                for x, d in ((k8, kd), (v8, vd)))
+    sinks = torch.randn(Hq, device="cuda")
+    for Sq, kw in ((5, dict(causal=True)), (5, dict(causal=True, window=(64, 0), sinks=sinks, return_lse=True)),
+                   (300, dict(causal=True, out_layout="bshd")), (1, dict(return_key_mass=True)),
+                   (37, dict(causal=True, return_key_mass=True, key_mass_window=8, return_lse=True))):
+        q = torch.randn(B, Hq, Sq, D, dtype=dtype, device="cuda")
+        got = attn_lt.attention(q, k8, v8, k_descale=kd, v_descale=vd, **kw)
+        want = attn_lt.attention(q, k16, v16, **kw)
+        for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+            assert torch.equal(g, w), (Sq, kw)
+    assert "converted to q's dtype first" in str(attn_lt.explain(q, k8, v8, causal=True))
+
+
 def test_fp8_dense_refusals():
     dtype, B, Hq, Hkv, Sk, D = torch.bfloat16, 1, 8, 2, 256, 128
     k8, v8, kd, vd, _, _ = dense_fp8(B, Hkv, Sk, D, dtype)
     q = torch.randn(B, Hq, 1, D, dtype=dtype, device="cuda")
-    with pytest.raises(ValueError, match="at most 16 query rows"):
-        attn_lt.attention(torch.randn(B, Hq, 5, D, dtype=dtype, device="cuda"), k8, v8, k_descale=kd)
     with pytest.raises(ValueError, match="fused kernels"):
         attn_lt.attention(q, k8, v8, backend="lt")
-    with pytest.raises(ValueError, match="return_key_mass"):
-        attn_lt.attention(q, k8, v8, return_key_mass=True)
     with pytest.raises(TypeError, match="must both be torch.float8_e4m3fn"):
         attn_lt.attention(q, k8, v8.to(dtype))
     ragged = torch.zeros(B, Hkv, Sk, 72, device="cuda").to(torch.float8_e4m3fn)[..., :64]  # rows 72 bytes apart
