@@ -541,10 +541,10 @@ def attention(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | N
         k_descale, v_descale: with k and v an FP8 KV cache (both torch.float8_e4m3fn; q and the output stay fp16 or
             bf16): the factors their elements are multiplied by, None (1), a number, or FP32 one value or (Hkv,)
             on q's device. D = Dv in 64/128/256 (or MLA decode's latent cache), ``backend`` "auto" or "wmma". Up to
-            16 query rows a kv head (Sq x Hq / Hkv) the fused decode blocks read the cache's bytes; with more rows
-            (speculative decoding, prefill) or ``return_key_mass`` the cache is converted to q's dtype first (each
-            element times its factor in FP32, rounded once; a new cache of k's and v's shapes each call) and the
-            16-bit call runs.
+            64 query rows a kv head (Sq x Hq / Hkv: decode, speculative decoding) the fused decode blocks read the
+            cache's bytes (a 16-row block for each 16 rows); with more rows (prefill) or ``return_key_mass`` the
+            cache is converted to q's dtype first (each element times its factor in FP32, rounded once; a new cache
+            of k's and v's shapes each call) and the 16-bit call runs.
         q_descale: the FP8 prefill: q, k and v all torch.float8_e4m3fn, q's values its elements times
             ``q_descale`` (as k_descale: None, a number, or FP32 one value or (Hkv,), a row's kv head's factor),
             FlashAttention-3's FP8 forward. Hopper, D = Dv 64, 128 or 256, no mask (causal, window, softcap and sinks
@@ -672,7 +672,7 @@ def _attention_fp8(q, k, v, *, attn_mask, causal, scale, backend, return_lse, ou
             raise ValueError("q_descale applies to the FP8 prefill (q torch.float8_e4m3fn too) only")
         kd, vd, sh = check_kv_descale(k_descale, v_descale, True, case.Hkv, dev)
         qd = None
-        if fp8_converted(case.Sq * case.group, case.D, case.Dv, bool(return_key_mass)):
+        if fp8_converted(case.Sq * case.group, case.D, case.Dv, bool(return_key_mass), dense=True):
             k, v = _converted_kv(case, k, v, kd, vd, sh, q.dtype)
             return attention(q, k, v, attn_mask=attn_mask, causal=causal, scale=scale, backend=backend,
                              return_lse=return_lse, out=out, return_key_mass=return_key_mass,
@@ -763,7 +763,7 @@ def explain(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | Non
     if getattr(k, "dtype", None) == FP8_KV_DTYPE:
         case = _fp8_case(q, k, v, attn_mask, causal, scale, window, softcap, sinks, backend, return_key_mass,
                          key_mass_window, out_layout, require_cuda=False)
-        if case.dtype != "e4m3" and fp8_converted(case.Sq * case.group, case.D, case.Dv, bool(return_key_mass)):
+        if case.dtype != "e4m3" and fp8_converted(case.Sq * case.group, case.D, case.Dv, bool(return_key_mass), dense=True):
             contiguous = Case.contiguous(case.B, case.Hq, case.Hkv, case.Sq, case.Sk, case.D)
             ex = explain_case(replace(case, k_strides=contiguous.k_strides, v_strides=contiguous.v_strides), backend,
                               workspace_bytes, threshold, algo_policy, return_key_mass, out_layout, key_mass_window)

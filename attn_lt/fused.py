@@ -264,13 +264,19 @@ def fp8_refusal(D: int, Dv: int) -> str | None:
             f"got {D}/{Dv}")
 
 
-def fp8_converted(rows: int, D: int, Dv: int, mass: bool = False) -> bool:
+#: The most query rows a kv head a dense call on an FP8 cache runs on native/flash.cu's decode blocks (a 16-row block
+#: for each 16, all reading the same key tiles; its kFp8DenseRows). A batch's decode blocks take WARP_SPLIT_ROWS.
+FP8_DENSE_ROWS = 64
+
+
+def fp8_converted(rows: int, D: int, Dv: int, mass: bool = False, dense: bool = False) -> bool:
     """Whether a call against an FP8 KV cache converts it to q's dtype first (one kernel, native/attn_lt.h's
     attn_lt_flash_convert_kv and attn_lt_batch_convert_kv: each element times its factor in FP32, rounded once) and
     runs the 16-bit kernels: ``rows`` query rows a kv head (query rows x Hq / Hkv; a batch: at capacity) more than
-    native/flash.cu's decode blocks take (its decode_rows), or ``mass``: the mass per key where they do not give it
-    (a dense call; a batch's requests of more than one row). Never MLA's latent cache (its decode takes one row)."""
-    return (D, Dv) in HEAD_DIM_PAIRS and (rows > WARP_SPLIT_ROWS or mass)
+    native/flash.cu's decode blocks take (:data:`FP8_DENSE_ROWS` for a ``dense`` call, else
+    :data:`WARP_SPLIT_ROWS`), or ``mass``: the mass per key where they do not give it (a dense call; a batch's
+    requests of more than one row). Never MLA's latent cache (its decode takes one row)."""
+    return (D, Dv) in HEAD_DIM_PAIRS and (rows > (FP8_DENSE_ROWS if dense else WARP_SPLIT_ROWS) or mass)
 
 
 #: How MLA decode reads an FP8 latent cache (fp8_kv_why's line for it).
@@ -327,12 +333,12 @@ def fp8_decode_launch(case: Case, facts: DeviceFacts | None = None) -> FusedLaun
     if (case.D, case.Dv) == MLA_DECODE:  # an FP8 latent cache: the MLA decode kernel, planned as in bf16
         return fused_launch(case, facts)
     per_sm = FP8_CTAS_PER_SM[case.D]
-    blocks = case.B * case.Hkv
+    blocks = -(-case.Sq * case.group // 16) * case.B * case.Hkv  # a 16-row decode block for each 16 rows
     part = case.B * case.Hq * case.Sq * (case.Dv + 1) * 4
     splits = split_count(blocks, facts.sms * per_sm, fill_first=False)
     while splits > 1 and splits * part > MAX_SPLIT_BYTES:
         splits //= 2
-    launch = fused_launch(case, facts, kernel="flash", splits=splits)
+    launch = replace(fused_launch(case, facts, kernel="flash", splits=splits), block_rows=16)
     why = f"an FP8 cache: {blocks} decode blocks for {facts.sms} SMs x {per_sm} CTAs, parts by the critical path"
     if facts is ASSUMED_DEVICE:
         why += "; no GPU here: planned for a 132-SM Hopper GPU"

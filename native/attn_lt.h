@@ -146,8 +146,8 @@ typedef struct attn_lt_flash_args {
      * attn_lt_key_mass / attn_lt_batch_key_mass turn them into the mass per key in place (from_scores). */
     float* scores;
     int64_t s_sb, s_sh;
-    /* FP8 KV caches (attn_lt_flash_fwd's and attn_lt_batch_fwd's decode blocks: at most 16 rows a kv head, D 64, 128
-     * or 256; and MLA decode's latent cache, D 576, in attn_lt_flash_sm90_fwd and attn_lt_flash_sm90_batch; every
+    /* FP8 KV caches (decode blocks: attn_lt_flash_fwd's, at most 64 rows a kv head, a 16-row block for each 16, and
+     * attn_lt_batch_fwd's, at most 16 rows a kv head; D 64, 128 or 256; and MLA decode's latent cache, D 576, in attn_lt_flash_sm90_fwd and attn_lt_flash_sm90_batch; every
      * other kernel refuses them with ATTN_LT_ERR_DTYPE): with kv_dtype ATTN_LT_E4M3, k and v hold float8 e4m3
      * elements (their strides multiples of 16 elements, 16-byte aligned) and the value of an element of kv head hk
      * is the element times k_descale[hk * descale_sh] (v_descale likewise; a null pointer: 1). q, o and the math
@@ -289,7 +289,7 @@ typedef struct attn_lt_convert_args {
 int attn_lt_batch_convert_kv(const attn_lt_convert_args* args, void* stream);
 
 /* A dense call's FP8 KV cache converted for the 16-bit kernels (native/flash.cu), for what the decode blocks do not
- * run (more than 16 query rows a kv head, the mass per key): a's k and v, e4m3 (B, Hkv, Sk, D) at their strides,
+ * run (more than 64 query rows a kv head, the mass per key): a's k and v, e4m3 (B, Hkv, Sk, D) at their strides,
  * with the descale factors as attn_lt_flash_fwd takes them (D = Dv = 64, 128 or 256; a.dtype fp16 or bf16), each
  * element times its factor in FP32, rounded once to a.dtype, into k_out and v_out: contiguous (B, Hkv, Sk, D),
  * 16-byte aligned. Nothing else of a is read. */

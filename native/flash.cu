@@ -1003,8 +1003,8 @@ cudaError_t launch(const attn_lt_flash_args& a, cudaStream_t stream) {
 // The tiling (attn_lt/fused.py's fused_launch mirrors it): at most 16 rows a kv head (decode), 16-row blocks whose
 // warps split the keys; else one m16 tile a warp (64 rows a CTA, 2 CTAs an SM) for row counts up to 64, dense
 // masks, and D = 256 (whose shared memory allows no more); else two (128 rows), each K/V fragment feeding two MMAs.
-// Masked blocks reserve mask stages where they stage the mask (mask_stage_rows). FP8 K/V: decode blocks (the caller
-// checked the rows), their masks read by strides.
+// Masked blocks reserve mask stages where they stage the mask (mask_stage_rows). FP8 K/V: decode blocks, one for
+// each 16 rows (the caller checked the rows: kFp8DenseRows), their masks read by strides.
 template <int D, typename T>
 cudaError_t launch_dim(const attn_lt_flash_args& a, cudaStream_t stream) {
     const int64_t rows = a.Sq * (a.Hq / a.Hkv);
@@ -1427,6 +1427,10 @@ bool fp8_ok(const attn_lt_flash_args& a) {
 // FP8 K/V.
 bool decode_rows(const attn_lt_flash_args& a) { return a.Sq * (a.Hq / a.Hkv) <= kBatchSmallRows; }
 
+// The most rows a kv head a dense call on an FP8 cache runs: 16-row decode blocks, one for each 16 rows, that read
+// the same key tiles (attn_lt/fused.py's FP8_DENSE_ROWS; more are converted first, attn_lt_flash_convert_kv).
+constexpr int64_t kFp8DenseRows = 64;
+
 // What the dense and batch forward and mass launchers check alike (0: it holds): the shape, q and k (addresses,
 // strides but q's batch stride, which batches do not use), scale, variant, mask and dtype.
 int qk_status(const attn_lt_flash_args& a) {
@@ -1637,7 +1641,8 @@ extern "C" int attn_lt_batch_fwd(const attn_lt_batch_args* a, void* stream) {
 extern "C" int attn_lt_flash_fwd(const attn_lt_flash_args* a, void* stream) {
     if (a == nullptr || a->o == nullptr || a->v == nullptr) return ATTN_LT_ERR_ARGS;
     if (const int status = qk_status(*a)) return status;
-    if (a->kv_dtype != ATTN_LT_NONE && !decode_rows(*a)) return ATTN_LT_ERR_DTYPE;  // FP8 K/V: decode blocks only
+    if (a->kv_dtype != ATTN_LT_NONE && a->Sq * (a->Hq / a->Hkv) > kFp8DenseRows)
+        return ATTN_LT_ERR_DTYPE;  // FP8 K/V: decode blocks, a block a 16 rows
     if (a->kv_dtype != ATTN_LT_NONE && a->scores != nullptr) return ATTN_LT_ERR_DTYPE;  // FP8: only batches store them
     if (a->B * a->Hkv > 65535) return ATTN_LT_ERR_HEADS;  // the grid's y
     if (a->Dv != 0 && a->Dv != a->D) return ATTN_LT_ERR_HEAD_DIM;

@@ -457,7 +457,8 @@ def test_check_kv_descale():
 
 @pytest.mark.native
 def test_fp8_launch_refusals_without_touching_the_gpu():
-    """The C side refuses FP8 K/V where the decode blocks do not run it (ATTN_LT_ERR_DTYPE, 10007)."""
+    """The C side refuses FP8 K/V where the decode blocks do not run it (ATTN_LT_ERR_DTYPE, 10007): 17 rows x GQA 4
+    is past the 64 rows a kv head a dense call runs."""
     import ctypes
 
     from attn_lt import native
@@ -477,7 +478,7 @@ def test_fp8_launch_refusals_without_touching_the_gpu():
 
     if not torch.cuda.is_available():
         assert flash()[0] < 10000  # every check passes: the launch then fails for want of a GPU
-    for change in (dict(Sq=5), dict(k_ss=136), dict(descale_sh=2), dict(kv_dtype=3), dict(k_descale=0x70002)):
+    for change in (dict(Sq=17), dict(k_ss=136), dict(descale_sh=2), dict(kv_dtype=3), dict(k_descale=0x70002)):
         assert flash(**change)[0] == 10007, change
     assert flash()[1] == 10007  # the Hopper prefill kernel takes no FP8 K/V
 
@@ -488,8 +489,12 @@ def test_explain_an_fp8_cache_without_a_gpu():
     e = attn_lt.explain(q, k, k)
     assert e.decision.backend == "wmma" and "FP8 KV cache" in str(e) and e.fused.kernel == "flash"
     assert e.fused.splits > 1  # 512 blocks are 1.3 waves of three CTAs an SM: the keys split
-    # 8 rows x GQA 4 = 32 a kv head, or the mass: the cache converted first, then the 16-bit call's route
-    for rows, mass in ((8, False), (1, True)):
+    # up to 64 rows a kv head (16 x GQA 4) a 16-row decode block for each 16
+    e = attn_lt.explain(torch.empty(64, 32, 16, 128, dtype=torch.bfloat16, device="meta"), k, k, causal=True)
+    assert "converted" not in str(e) and e.fused.kernel == "flash" and e.fused.block_rows == 16
+    assert "2048 decode blocks" in str(e)  # 4 row blocks x 512 (b, kv head)
+    # 17 rows x GQA 4 = 68 a kv head, or the mass: the cache converted first, then the 16-bit call's route
+    for rows, mass in ((17, False), (1, True)):
         e = attn_lt.explain(torch.empty(64, 32, rows, 128, dtype=torch.bfloat16, device="meta"), k, k, causal=True,
                             return_key_mass=mass)
         assert "converted to q's dtype first" in str(e) and e.case.k_strides == (8 * 8192 * 128, 8192 * 128, 128, 1)

@@ -85,18 +85,26 @@ def test_fp8_dense_mask_variants_and_layout():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_fp8_dense_rows_past_the_decode_blocks(dtype):
-    """More than 16 query rows a kv head (speculative decoding's 5 rows x GQA 8; a prefill chunk) or the mass per
-    key against a dense FP8 cache (a strided view): converted to q's dtype first, then the 16-bit call, bitwise equal
-    to it on the converted values, with every option (causal, window and sinks, the LSE, the mass, bshd out)."""
+    """More than 16 query rows a kv head against a dense FP8 cache (a strided view). Up to 64 (speculative decoding:
+    5 and 8 rows x GQA 8) a 16-row decode block for each 16, against FP64 on the cache's values with the variants and
+    the LSE; more (a prefill chunk) or the mass per key: converted to q's dtype first, then the 16-bit call, bitwise
+    equal to it on the converted values, with every option."""
     B, Hq, Hkv, Sk, D = 2, 32, 4, 1000, 128
-    k8, v8, kd, vd, _, _ = dense_fp8(B, Hkv, Sk + 24, D, dtype)
-    k8, v8 = k8[:, :, 24:], v8[:, :, 24:]  # views: the kernel reads their strides
-    # (the values a kv head at a time: fp8_values reads heads at dim -2)
-    k16, v16 = (fp8_values(x.transpose(1, 2), d).transpose(1, 2).to(dtype).contiguous()
-                for x, d in ((k8, kd), (v8, vd)))
+    k8, v8, kd, vd, kf, vf = dense_fp8(B, Hkv, Sk + 24, D, dtype)
+    k8, v8, kf, vf = (x[:, :, 24:] for x in (k8, v8, kf, vf))  # views: the kernels read their strides
     sinks = torch.randn(Hq, device="cuda")
-    for Sq, kw in ((5, dict(causal=True)), (5, dict(causal=True, window=(64, 0), sinks=sinks, return_lse=True)),
-                   (300, dict(causal=True, out_layout="bshd")), (1, dict(return_key_mass=True)),
+    for Sq, kw in ((5, dict(causal=True)), (8, dict(causal=True, window=(64, 0), sinks=sinks)), (3, dict())):
+        q = torch.randn(B, Hq, Sq, D, dtype=dtype, device="cuda")
+        out, lse = attn_lt.attention(q, k8, v8, k_descale=kd, v_descale=vd, return_lse=True, **kw)
+        ref, ref_lse = reference(q, kf, vf, dtype=torch.float64, **kw)
+        if "sinks" in kw:
+            assert rel_error(out, ref) < 1e-2, (Sq, kw)
+        else:  # (within PyTorch's own error on the values in q's dtype)
+            check(out, q, kf, vf, ref, causal=kw.get("causal", False))
+        assert (lse - ref_lse).abs().max() < 1e-2, (Sq, kw)
+        assert "converted" not in str(attn_lt.explain(q, k8, v8, **kw)), Sq
+    k16, v16 = (x.to(dtype).contiguous() for x in (kf, vf))
+    for Sq, kw in ((300, dict(causal=True, out_layout="bshd")), (1, dict(return_key_mass=True)),
                    (37, dict(causal=True, return_key_mass=True, key_mass_window=8, return_lse=True))):
         q = torch.randn(B, Hq, Sq, D, dtype=dtype, device="cuda")
         got = attn_lt.attention(q, k8, v8, k_descale=kd, v_descale=vd, **kw)
