@@ -16,14 +16,14 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from . import config, fastpath, native
+from . import config, fastpath
 from .chunks import ChunkPlan, plan_chunks, out_strides
 from .select import Decision, route_of, select
 from .validate import (FP8_KV_DTYPE, Case, address_alignment, call_results, check_descale, check_kv_descale,
                        check_options, check_out, check_sinks, check_tensors, descale_tensor, mask_alignment,
                        op_results, op_variants, out_shape)
 from .device import stream_queries
-from .fused import (MLA_DECODE, WMMA, FusedLaunch, Program as FusedProgram, device_facts,
+from .fused import (MLA_DECODE, WMMA, FusedLaunch, Program as FusedProgram, convert_fp8_kv, device_facts,
                     fp8_converted, fp8_decode_launch, fp8_kv_why, fp8_prefill_launch, fp8_prefill_refusal, fp8_refusal,
                     fused_launch, hopper_kernel, stores_scores)
 
@@ -672,7 +672,7 @@ def _attention_fp8(q, k, v, *, attn_mask, causal, scale, backend, return_lse, ou
             raise ValueError("q_descale applies to the FP8 prefill (q torch.float8_e4m3fn too) only")
         kd, vd, sh = check_kv_descale(k_descale, v_descale, True, case.Hkv, dev)
         qd = None
-        if fp8_converted(case.Sq * case.group, case.D, case.Dv, bool(return_key_mass), dense=True):
+        if _converted(case, return_key_mass):
             k, v = _converted_kv(case, k, v, kd, vd, sh, q.dtype)
             return attention(q, k, v, attn_mask=attn_mask, causal=causal, scale=scale, backend=backend,
                              return_lse=return_lse, out=out, return_key_mass=return_key_mass,
@@ -700,21 +700,19 @@ def _attention_fp8(q, k, v, *, attn_mask, causal, scale, backend, return_lse, ou
     return (out, lse) if return_lse else out
 
 
+def _converted(case: Case, return_key_mass) -> bool:
+    """Whether a dense call against an FP8 KV cache converts it first (:func:`attn_lt.fused.fp8_converted`)."""
+    return case.dtype != "e4m3" and fp8_converted(case.Sq * case.group, case.D, case.Dv, bool(return_key_mass),
+                                                  dense=True)
+
+
 def _converted_kv(case: Case, k, v, kd, vd, sh: int, dtype) -> tuple:
     """A dense FP8 KV cache (B, Hkv, Sk, D) as new contiguous ``dtype`` tensors for the 16-bit kernels
-    (:func:`attn_lt.fused.fp8_converted`; native/attn_lt.h's attn_lt_flash_convert_kv), in the current stream."""
-    a = native.FlashArgs()
-    a.k, a.v = k.data_ptr(), v.data_ptr()
-    a.B, a.Hq, a.Hkv, a.Sk, a.D, a.Dv = case.B, case.Hq, case.Hkv, case.Sk, case.D, case.Dv
-    a.k_sb, a.k_sh, a.k_ss = case.k_strides[:3]
-    a.v_sb, a.v_sh, a.v_ss = case.v_strides[:3]
-    a.dtype, a.kv_dtype = native.DTYPE_CODES[case.dtype], native.DTYPE_CODES["e4m3"]
-    a.k_descale = None if kd is None else kd.data_ptr()
-    a.v_descale = None if vd is None else vd.data_ptr()
-    a.descale_sh = sh
+    (:func:`attn_lt.fused.convert_fp8_kv`), in the current stream."""
     k16, v16 = (torch.empty(t.shape, dtype=dtype, device=t.device) for t in (k, v))
     with torch.cuda.device(k.device) if _current_device() != k.device.index else contextlib.nullcontext():
-        native.flash_convert_kv(a, k16.data_ptr(), v16.data_ptr(), _raw_stream(k.device.index))
+        convert_fp8_kv(case, k.data_ptr(), v.data_ptr(), k16.data_ptr(), v16.data_ptr(),
+                       tuple(0 if x is None else x.data_ptr() for x in (kd, vd)) + (sh,), _raw_stream(k.device.index))
     return k16, v16
 
 
@@ -763,7 +761,7 @@ def explain(q, k, v, *, attn_mask=None, causal: bool = False, scale: float | Non
     if getattr(k, "dtype", None) == FP8_KV_DTYPE:
         case = _fp8_case(q, k, v, attn_mask, causal, scale, window, softcap, sinks, backend, return_key_mass,
                          key_mass_window, out_layout, require_cuda=False)
-        if case.dtype != "e4m3" and fp8_converted(case.Sq * case.group, case.D, case.Dv, bool(return_key_mass), dense=True):
+        if _converted(case, return_key_mass):
             contiguous = Case.contiguous(case.B, case.Hq, case.Hkv, case.Sq, case.Sk, case.D)
             ex = explain_case(replace(case, k_strides=contiguous.k_strides, v_strides=contiguous.v_strides), backend,
                               workspace_bytes, threshold, algo_policy, return_key_mass, out_layout, key_mass_window)

@@ -279,6 +279,21 @@ def fp8_converted(rows: int, D: int, Dv: int, mass: bool = False, dense: bool = 
     return (D, Dv) in HEAD_DIM_PAIRS and (rows > (FP8_DENSE_ROWS if dense else WARP_SPLIT_ROWS) or mass)
 
 
+def convert_fp8_kv(case: Case, k: int, v: int, k_out: int, v_out: int, descale: tuple, stream: int) -> None:
+    """Convert a dense call's FP8 KV cache (``case``'s shapes and K/V strides; k and v its addresses) into contiguous
+    (B, Hkv, Sk, D) tensors of q's dtype at ``k_out`` / ``v_out`` on ``stream`` (native/flash.cu's
+    attn_lt_flash_convert_kv; :func:`fp8_converted` says when). ``descale``: (k_descale, v_descale, head stride), the
+    factors' addresses (0: 1)."""
+    a = native.FlashArgs()
+    a.k, a.v = k, v
+    a.B, a.Hq, a.Hkv, a.Sk, a.D, a.Dv = case.B, case.Hq, case.Hkv, case.Sk, case.D, case.Dv
+    a.k_sb, a.k_sh, a.k_ss = case.k_strides[:3]
+    a.v_sb, a.v_sh, a.v_ss = case.v_strides[:3]
+    a.dtype, a.kv_dtype = native.DTYPE_CODES[case.dtype], native.DTYPE_CODES["e4m3"]
+    a.k_descale, a.v_descale, a.descale_sh = descale[0] or None, descale[1] or None, descale[2]
+    native.flash_convert_kv(a, k_out, v_out, stream)
+
+
 #: How MLA decode reads an FP8 latent cache (fp8_kv_why's line for it).
 FP8_LATENT = ("an FP8 latent cache (e4m3, a descale factor a kv head or one for all): native/flash_sm90.cu's MLA "
               "decode kernel reads its bytes (half a 16-bit cache's) and widens each tile to fp16 in shared memory "

@@ -1478,7 +1478,7 @@ int batch_status(const attn_lt_batch_args& a) {
     return 0;
 }
 
-// ---- an FP8 KV cache converted for the 16-bit kernels (attn_lt_batch_convert_kv) -------------------------------
+// ---- an FP8 KV cache converted for the 16-bit kernels (attn_lt_batch_convert_kv, attn_lt_flash_convert_kv) ----
 
 // 16 e4m3 elements (one 16-byte chunk) times factor f, in FP32, rounded once to T: two 16-byte chunks at dst.
 template <typename T>

@@ -93,14 +93,16 @@ def test_fp8_dense_rows_past_the_decode_blocks(dtype):
     k8, v8, kd, vd, kf, vf = dense_fp8(B, Hkv, Sk + 24, D, dtype)
     k8, v8, kf, vf = (x[:, :, 24:] for x in (k8, v8, kf, vf))  # views: the kernels read their strides
     sinks = torch.randn(Hq, device="cuda")
-    for Sq, kw in ((5, dict(causal=True)), (8, dict(causal=True, window=(64, 0), sinks=sinks)), (3, dict())):
+    mask = torch.rand(B, 1, 5, Sk, device="cuda") > 0.3  # (the heads share it; read by strides)
+    for Sq, kw in ((5, dict(causal=True)), (8, dict(causal=True, window=(64, 0), sinks=sinks)), (3, dict()),
+                   (5, dict(attn_mask=mask))):
         q = torch.randn(B, Hq, Sq, D, dtype=dtype, device="cuda")
         out, lse = attn_lt.attention(q, k8, v8, k_descale=kd, v_descale=vd, return_lse=True, **kw)
         ref, ref_lse = reference(q, kf, vf, dtype=torch.float64, **kw)
         if "sinks" in kw:
             assert rel_error(out, ref) < 1e-2, (Sq, kw)
         else:  # (within PyTorch's own error on the values in q's dtype)
-            check(out, q, kf, vf, ref, causal=kw.get("causal", False))
+            check(out, q, kf, vf, ref, **{n: x for n, x in kw.items() if n in ("causal", "attn_mask")})
         assert (lse - ref_lse).abs().max() < 1e-2, (Sq, kw)
         assert "converted" not in str(attn_lt.explain(q, k8, v8, **kw)), Sq
     k16, v16 = (x.to(dtype).contiguous() for x in (kf, vf))
