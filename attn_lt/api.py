@@ -702,8 +702,7 @@ def _attention_fp8(q, k, v, *, attn_mask, causal, scale, backend, return_lse, ou
 
 def _converted(case: Case, return_key_mass) -> bool:
     """Whether a dense call against an FP8 KV cache converts it first (:func:`attn_lt.fused.fp8_converted`)."""
-    return case.dtype != "e4m3" and fp8_converted(case.Sq * case.group, case.D, case.Dv, bool(return_key_mass),
-                                                  dense=True)
+    return case.dtype != "e4m3" and fp8_converted(case.Sq * case.group, case.D, case.Dv, bool(return_key_mass))
 
 
 def _converted_kv(case: Case, k, v, kd, vd, sh: int, dtype) -> tuple:

@@ -8,9 +8,10 @@ FlashAttention's conventions, so that engines written for it plug in::
 The kernels read the lengths and block tables from device memory: one launch, planned for a capacity (the number
 of requests and ``max_seqlen_q`` / ``max_seqlen_k``), serves any lengths within it, so a CUDA graph captured once
 replays correctly while requests grow, join and leave. A request of at most 16 rows a kv head (decode, speculative
-decoding) runs on decode blocks whose keys are cut into parts of a fixed size (:func:`plan_batch`), merged by LSE;
-longer requests (prefill chunks) on row blocks. MLA decode (q/k head dim 576, v the first 512 columns of a paged
-latent cache) runs on the Hopper MLA kernel, its keys in parts likewise. Device metadata is never trusted: kernels
+decoding; on an FP8 cache up to 64, a 16-row block for each 16) runs on decode blocks whose keys are cut into parts
+of a fixed size (:func:`plan_batch`), merged by LSE; longer requests (prefill chunks) on row blocks. MLA decode
+(q/k head dim 576, v the first 512 columns of a paged latent cache) runs on the Hopper MLA kernel, its keys in parts
+likewise. Device metadata is never trusted: kernels
 stay inside the tensors, record what was wrong in a device flag, and ``check=True`` (or :func:`check_batch_errors`)
 raises with it. Inside ``torch.compile`` the two calls are custom ops (``attn_lt::varlen_attention``,
 ``attn_lt::paged_attention``) and take every argument but ``out``.
@@ -28,7 +29,8 @@ import torch
 
 from . import native
 from .device import stream_queries
-from .fused import ASSUMED_DEVICE, MLA_DECODE, MLA_ROWS, DeviceFacts, device_facts, fp8_converted, fp8_kv_why
+from .fused import (ASSUMED_DEVICE, FP8_DECODE_ROWS, MLA_DECODE, MLA_ROWS, DeviceFacts, device_facts,
+                    fp8_converted, fp8_kv_why)
 from .validate import (FP8_KV_DTYPE, call_results, check_causal, check_kv_descale, check_options, check_scale,
                        check_variants, descale_tensor, op_results, op_variants)
 
@@ -80,6 +82,7 @@ class BatchPlan:
     decode_blocks: bool
     facts: DeviceFacts
     assumed_device: bool
+    decode_rows: int = SMALL_ROWS  # rows a kv head on decode blocks (_decode_rows: more with an FP8 cache)
 
     @property
     def group(self) -> int:
@@ -93,7 +96,7 @@ class BatchPlan:
     @property
     def partial_rows(self) -> int:
         """Rows of FP32 partials a part (see :func:`_partial_rows`)."""
-        return _partial_rows(self.latent, self.requests, self.Hq, self.Hkv)
+        return _partial_rows(self.latent, self.requests, self.Hq, self.Hkv, self.decode_rows)
 
     @property
     def workspace_bytes(self) -> int:
@@ -104,7 +107,8 @@ class BatchPlan:
         return {"kind": self.kind, "requests": self.requests, "heads_q": self.Hq, "heads_kv": self.Hkv,
                 "head_dim": self.D, "head_dim_v": self.Dv, "max_seqlen_q": self.max_seqlen_q, "max_seqlen_k": self.max_seqlen_k,
                 "block_size": self.block_size, "decode_blocks": self.decode_blocks, "split_keys": self.split_keys,
-                "parts": self.parts, "row_kernel": self.row_kernel, "workspace_bytes": self.workspace_bytes,
+                "parts": self.parts, "row_kernel": self.row_kernel, "decode_rows": self.decode_rows,
+                "workspace_bytes": self.workspace_bytes,
                 "sms": self.facts.sms, "assumed_device": self.assumed_device}
 
     def __str__(self) -> str:
@@ -126,17 +130,20 @@ class BatchPlan:
             lines.append(f"MLA decode blocks of native/flash_sm90.cu (wgmma, TMA; {MLA_ROWS} query heads a CTA, "
                          f"{blocks} a kv head; each 64-key tile of the latent cache read once as K and V), {split}")
         elif self.decode_blocks:
-            ctas = self.requests * self.Hkv * self.parts
+            ctas = self.requests * self.Hkv * self.parts * (self.decode_rows // 16)
             split = (f"keys in parts of {self.split_keys} ({self.parts} at capacity, {ctas} CTAs for {slots} slots "
                      f"when every request is full; a request uses ceil(keys / {self.split_keys}) of them, one part "
                      f"writes its output directly), partials merged by LSE ({self.workspace_bytes / 2**20:.1f} MiB)"
                      if self.parts > 1 else "keys whole (enough CTAs without a split)")
-            lines.append(f"requests of at most {SMALL_ROWS} rows a kv head (query rows x {g}): decode blocks of "
-                         f"native/flash.cu (mma.sync, 16 rows, the four warps splitting each key tile), {split}")
+            n = self.decode_rows
+            blocks = ("16 rows" if n == SMALL_ROWS
+                      else f"{n // 16} blocks of 16 rows a kv head, reading the same key tiles")
+            lines.append(f"requests of at most {n} rows a kv head (query rows x {g}): decode blocks of "
+                         f"native/flash.cu (mma.sync, {blocks}, the four warps splitting each key tile), {split}")
         else:
             lines.append(f"no decode blocks: {g} query heads a kv head exceed {SMALL_ROWS} rows")
         if self.row_kernel is None:
-            lines.append(f"no row blocks: no request can have more than {SMALL_ROWS} rows a kv head")
+            lines.append(f"no row blocks: no request can have more than {self.decode_rows} rows a kv head")
         else:
             name = ("native/flash_sm90.cu (wgmma, TMA)" if self.row_kernel == "sm90"
                     else "native/flash.cu (mma.sync)")
@@ -148,21 +155,24 @@ class BatchPlan:
 
 
 def plan_batch(requests: int, Hq: int, Hkv: int, D: int, *, max_seqlen_q: int, max_seqlen_k: int,
-               block_size: int = 0, Dv: int | None = None, facts: DeviceFacts | None = None) -> BatchPlan:
+               block_size: int = 0, Dv: int | None = None, facts: DeviceFacts | None = None,
+               kv_fp8: bool = False) -> BatchPlan:
     """The launch plan of a batch of this capacity (no GPU work; without a GPU, for :data:`ASSUMED_DEVICE`).
-    ``block_size`` > 0: a paged cache. ``Dv``: v's head dim (default D; 512 with D 576: MLA decode)."""
+    ``block_size`` > 0: a paged cache. ``Dv``: v's head dim (default D; 512 with D 576: MLA decode). ``kv_fp8``: the
+    decode blocks read an FP8 cache (not converted: :func:`_fp8_converted`), every request on them."""
     assumed = False
     if facts is None:
         facts = device_facts()
         if facts is None:
             facts, assumed = ASSUMED_DEVICE, True
     return _plan(requests, Hq, Hkv, D, D if Dv is None else Dv, max_seqlen_q, max_seqlen_k, block_size, facts,
-                 assumed)
+                 assumed, bool(kv_fp8))
 
 
-def _partial_rows(latent: bool, requests: int, Hq: int, Hkv: int) -> int:
-    """Rows of FP32 partials a part: (request, kv head, decode-block row), or (request, query head) for MLA."""
-    return requests * (Hq if latent else Hkv * SMALL_ROWS)
+def _partial_rows(latent: bool, requests: int, Hq: int, Hkv: int, rows: int = SMALL_ROWS) -> int:
+    """Rows of FP32 partials a part: (request, kv head, decode-block row; ``rows`` of them, :func:`_decode_rows`), or
+    (request, query head) for MLA."""
+    return requests * (Hq if latent else Hkv * rows)
 
 
 def _split(max_k: int, size: int, part_bytes: int, max_parts: int) -> tuple[int, int]:
@@ -187,24 +197,27 @@ def _mla_plan(requests, Hq, Hkv, Dv, max_k, block_size, facts, assumed) -> Batch
 
 
 @functools.lru_cache(maxsize=1024)
-def _plan(requests, Hq, Hkv, D, Dv, max_q, max_k, block_size, facts, assumed) -> BatchPlan:
+def _plan(requests, Hq, Hkv, D, Dv, max_q, max_k, block_size, facts, assumed, fp8=False) -> BatchPlan:
     _check_capacity(requests, Hq, Hkv, D, max_q, max_k, block_size, Dv)
     if (D, Dv) == LATENT_DIMS:
         return _mla_plan(requests, Hq, Hkv, Dv, max_k, block_size, facts, assumed)
     g = Hq // Hkv
-    decode = g <= SMALL_ROWS
-    rows = g * max_q > SMALL_ROWS
+    fp8 = fp8 and g * max_q <= FP8_DECODE_ROWS  # (more rows: the cache is converted, the plan is 16-bit)
+    rows_kv = _decode_rows(fp8, g * max_q)
+    decode = g <= rows_kv
     row_kernel = None
-    if rows:
+    if g * max_q > rows_kv:
         row_kernel = "sm90" if facts.hopper else "flash"
     split_keys, parts = 0, 1
     if decode:
-        # parts of a fixed size, so that every request's CTAs take about the same time whatever its length
-        size = -(-max_k * requests * Hkv // (SPLIT_WAVES * 2 * facts.sms))
+        # parts of a fixed size, so that every request's CTAs take about the same time whatever its length (a CTA
+        # a 16-row block)
+        size = -(-max_k * requests * Hkv * (rows_kv // 16) // (SPLIT_WAVES * 2 * facts.sms))
         size = max(SPLIT_MIN_KEYS, -(-size // KEY_TILE) * KEY_TILE)
-        split_keys, parts = _split(max_k, size, _partial_rows(False, requests, Hq, Hkv) * (D + 1) * 4, MAX_PARTS)
+        split_keys, parts = _split(max_k, size, _partial_rows(False, requests, Hq, Hkv, rows_kv) * (D + 1) * 4,
+                                   MAX_PARTS)
     return BatchPlan("paged" if block_size else "varlen", requests, Hq, Hkv, D, D, max_q, max_k, block_size,
-                     split_keys, parts, row_kernel, decode, facts, assumed)
+                     split_keys, parts, row_kernel, decode, facts, assumed, rows_kv)
 
 
 def explain_batch(requests: int, heads_q: int, heads_kv: int, head_dim: int, *, max_seqlen_q: int,
@@ -214,21 +227,35 @@ def explain_batch(requests: int, heads_q: int, heads_kv: int, head_dim: int, *, 
     H100): the kernels, the split of the keys and why; with ``kv_dtype`` torch.float8_e4m3fn, how an FP8 cache is
     read; with ``return_key_mass``, how the mass per key is made. ``head_dim_v`` 512 with ``head_dim`` 576: MLA
     decode on a paged latent cache. No GPU work."""
-    plan = plan_batch(requests, heads_q, heads_kv, head_dim, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-                      block_size=block_size, Dv=head_dim_v)
+    plan = explained_plan(requests, heads_q, heads_kv, head_dim, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                          block_size=block_size, head_dim_v=head_dim_v, return_key_mass=return_key_mass,
+                          kv_dtype=kv_dtype)
+    return (str(plan) + ("\n" + fp8_line(plan, return_key_mass) if kv_dtype == FP8_KV_DTYPE else "")
+            + ("\n" + mass_line(plan) if return_key_mass else ""))
+
+
+def explained_plan(requests: int, heads_q: int, heads_kv: int, head_dim: int, *, max_seqlen_q: int,
+                   max_seqlen_k: int, block_size: int = 0, head_dim_v: int | None = None,
+                   return_key_mass: bool = False, kv_dtype: torch.dtype | None = None) -> BatchPlan:
+    """The plan a batch call of this capacity and cache dtype runs (:func:`explain_batch`'s): with an FP8 cache, the
+    decode blocks' on its bytes, or the 16-bit kernels' where it is converted first (:func:`_fp8_converted`)."""
     fp8 = kv_dtype is not None and kv_dtype == FP8_KV_DTYPE
     if kv_dtype is not None and not fp8 and kv_dtype not in _DTYPES:
         raise TypeError(f"kv_dtype must be torch.float16, torch.bfloat16 or {FP8_KV_DTYPE}, got {kv_dtype}")
-    return (str(plan) + ("\n" + fp8_line(plan, return_key_mass) if fp8 else "")
-            + ("\n" + mass_line(plan) if return_key_mass else ""))
+    Dv = head_dim if head_dim_v is None else head_dim_v
+    return plan_batch(requests, heads_q, heads_kv, head_dim, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                      block_size=block_size, Dv=head_dim_v,
+                      kv_fp8=fp8 and not _fp8_converted(max_seqlen_q, heads_q, heads_kv, head_dim, Dv,
+                                                        return_key_mass))
 
 
 def fp8_line(plan: BatchPlan, want_mass: bool = False) -> str:
     """How a batch of ``plan``'s capacity reads an FP8 cache (:func:`explain_batch`'s line for it)."""
     if _fp8_converted(plan.max_seqlen_q, plan.Hq, plan.Hkv, plan.D, plan.Dv, want_mass):
-        return ("K/V: an FP8 KV cache with prefill rows (more than 16 query rows a kv head at capacity) or the mass "
-                "of many-row requests: converted to q's dtype first (each element times its descale factor, in FP32, "
-                "rounded once, one kernel reading the FP8 bytes once), then the 16-bit kernels run; "
+        return (f"K/V: an FP8 KV cache with prefill rows (more than {FP8_DECODE_ROWS} query rows a kv head at "
+                "capacity) or the mass of many-row requests: converted to q's dtype first (each element times its "
+                "descale factor, in FP32, rounded once, one kernel reading the FP8 bytes once), then the 16-bit "
+                "kernels run; "
                 + ("the blocks each request's keys use, in a new buffer of 1 + B x max_blocks blocks each call "
                    f"(x {plan.block_size} x Hkv x (D + Dv) x 2 bytes)" if plan.kind == "paged" else
                    "all of k and v (a new buffer of total_k x Hkv x (D + Dv) x 2 bytes each call)")
@@ -353,8 +380,18 @@ def _kv_fp8(k) -> bool:
 
 def _fp8_converted(max_q: int, Hq: int, Hkv: int, D: int, Dv: int, want_mass: bool = False) -> bool:
     """Whether a batch of this capacity converts its FP8 KV cache first (:func:`attn_lt.fused.fp8_converted`; the
-    buffers: :func:`_fp8_buffers`): prefill rows, or the mass of requests of more than one row."""
-    return fp8_converted(max_q * (Hq // Hkv), D, Dv, want_mass and max_q != 1)
+    buffers: :func:`_fp8_buffers`): prefill rows, or the mass of requests that the stored scores do not give (more
+    than one row, or a group past one 16-row decode block)."""
+    g = Hq // Hkv
+    return fp8_converted(max_q * g, D, Dv, want_mass and (max_q != 1 or g > SMALL_ROWS))
+
+
+def _decode_rows(fp8: bool, rows: int) -> int:
+    """Rows a kv head a batch's decode blocks take, and the rows a (request, kv head) of their partials, for
+    ``rows`` rows a kv head at capacity (native/batch.cuh's batch_decode_rows): :data:`SMALL_ROWS`, or with an FP8
+    cache read by them (every request on decode blocks) ``rows`` rounded up to 16, at most
+    :data:`attn_lt.fused.FP8_DECODE_ROWS`."""
+    return min(FP8_DECODE_ROWS, max(SMALL_ROWS, -(-rows // 16) * 16)) if fp8 else SMALL_ROWS
 
 
 def _fp8_buffers(k, dtype, block_table=None) -> tuple:
@@ -674,7 +711,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
     q: (total_q, Hq, D); k: (total_k, Hkv, D); v: (total_k, Hkv, D); fp16 or bf16, D 64, 128 or 256, Hq a
     multiple of Hkv (GQA read in place). k and v may be an FP8 KV cache (torch.float8_e4m3fn, both) with
     ``k_descale`` / ``v_descale`` (None, a number, or FP32 one value or (Hkv,) on the device: k's values are its
-    elements times k_descale): the decode blocks read its bytes for up to 16 query rows a kv head (max_seqlen_q x
+    elements times k_descale): the decode blocks read its bytes for up to 64 query rows a kv head (max_seqlen_q x
     Hq / Hkv); with more (prefill chunks) k and v are converted to q's dtype first (each call: a new buffer of
     total_k x Hkv x 2D x 2 bytes), see :func:`explain_batch`.
     ``cu_seqlens_q`` / ``cu_seqlens_k``: int32 (B + 1,) on q's device, request b owning rows [cu[b], cu[b + 1]).
@@ -705,7 +742,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
     q, k, v = _readable("q", q, True), _readable("k", k, True), _readable("v", v, True)
     out, lse = _outputs(q, c.Hq, c.D, c.out, return_lse or c.want_mass)
     plan = plan_batch(c.B, c.Hq, c.Hkv, c.D, max_seqlen_q=c.max_q, max_seqlen_k=c.max_k,
-                      facts=device_facts(c.device.index))
+                      facts=device_facts(c.device.index), kv_fp8=c.kv is not None and not c.convert)
     mass = _mass_tensor(plan, k.shape[0], c.device, False) if c.want_mass else None
     if k.shape[0] == 0:  # no keys at all: every request's rows are zeros (only the lengths are not checked)
         _no_keys(out, lse, c.variant[2])
@@ -784,7 +821,7 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
     FP8 KV cache: k_cache and v_cache torch.float8_e4m3fn (e4m3, q and out stay fp16/bf16) with ``k_descale`` /
     ``v_descale`` (None, a number, or FP32 one value or (Hkv,) on the device: a key's values are its elements times
     k_descale), as vLLM and FlashInfer store it: the decode blocks read its bytes, half those of a bf16 cache, for
-    up to 16 query rows a kv head (max_seqlen_q x Hq / Hkv); with more (prefill chunks, mixed batches) the blocks
+    up to 64 query rows a kv head (max_seqlen_q x Hq / Hkv); with more (prefill chunks, mixed batches) the blocks
     each request's keys use are converted to q's dtype first (each call: a new buffer of 1 + B x max_blocks blocks
     in 16 bits; engines that split decode and prefill calls keep decode on the FP8 bytes). MLA decode reads its latent
     cache in FP8 too (below, Hopper: pass the latent's factor as both).
@@ -816,7 +853,7 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
         block_table = block_table.contiguous()
     out, lse = _outputs(q, c.Hq, c.Dv, c.out, return_lse or c.want_mass)
     plan = plan_batch(c.B, c.Hq, c.Hkv, c.D, max_seqlen_q=c.max_q, max_seqlen_k=c.max_k, block_size=k_cache.shape[1],
-                      Dv=c.Dv, facts=device_facts(c.device.index))
+                      Dv=c.Dv, facts=device_facts(c.device.index), kv_fp8=c.kv is not None and not c.convert)
     # every row of the mass is written, but that of a request without query rows (possible with cu_seqlens_q)
     mass = _mass_tensor(plan, 0, c.device, cu_seqlens_q is None) if c.want_mass else None
     _launch(plan, q, k_cache, v_cache, out, lse, None if cu_seqlens_q is None else cu_seqlens_q.contiguous(), None,
@@ -964,7 +1001,8 @@ class BatchStep:
         self.causal = check_causal(causal)
         self.scale = head_dim ** -0.5 if scale is None else check_scale(scale)
         self._plan = plan_batch(max_requests, heads_q, heads_kv, head_dim, max_seqlen_q=max_seqlen_q,
-                                max_seqlen_k=max_seqlen_k, block_size=block_size, Dv=Dv, facts=facts)
+                                max_seqlen_k=max_seqlen_k, block_size=block_size, Dv=Dv, facts=facts,
+                                kv_fp8=self.fp8 and not _fp8_converted(max_seqlen_q, heads_q, heads_kv, head_dim, Dv))
         B, i32 = max_requests, dict(dtype=torch.int32, device=device)
         self.max_blocks = -(-max_seqlen_k // block_size) if block_size else 0
         current_device, self._raw_stream, is_capturing = stream_queries()
@@ -1091,8 +1129,13 @@ class BatchStep:
         if not paged and k_cache.shape[0] == 0:
             _no_keys(out, lse, variant[2])
             return call_results(out, lse, return_lse, mass)
-        converted = (_fp8_buffers(k_cache, q.dtype, self._table if paged else None)
-                     if self.fp8 and _fp8_converted(p.max_seqlen_q, p.Hq, p.Hkv, p.D, p.Dv, want_mass) else None)
+        converted = None
+        if self.fp8 and _fp8_converted(p.max_seqlen_q, p.Hq, p.Hkv, p.D, p.Dv, want_mass):
+            if p.decode_rows > SMALL_ROWS:  # (the step's plan is the FP8 decode blocks', not the 16-bit kernels')
+                raise ValueError("return_key_mass of requests of more than one row needs the cache converted, which "
+                                 f"a step planned for {p.decode_rows} rows a kv head on the FP8 decode blocks does "
+                                 "not do: call paged_attention / varlen_attention for it")
+            converted = _fp8_buffers(k_cache, q.dtype, self._table if paged else None)
         a = self._args
         a.f.scale = self.scale if scale is None else check_scale(scale)
         _set_tensors(a, q, k_cache, v_cache, out, lse, paged)

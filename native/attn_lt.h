@@ -146,9 +146,9 @@ typedef struct attn_lt_flash_args {
      * attn_lt_key_mass / attn_lt_batch_key_mass turn them into the mass per key in place (from_scores). */
     float* scores;
     int64_t s_sb, s_sh;
-    /* FP8 KV caches (decode blocks: attn_lt_flash_fwd's, at most 64 rows a kv head, a 16-row block for each 16, and
-     * attn_lt_batch_fwd's, at most 16 rows a kv head; D 64, 128 or 256; and MLA decode's latent cache, D 576, in attn_lt_flash_sm90_fwd and attn_lt_flash_sm90_batch; every
-     * other kernel refuses them with ATTN_LT_ERR_DTYPE): with kv_dtype ATTN_LT_E4M3, k and v hold float8 e4m3
+    /* FP8 KV caches (attn_lt_flash_fwd's and attn_lt_batch_fwd's decode blocks: at most 64 rows a kv head, a
+     * batch's at capacity, a 16-row block for each 16; D 64, 128 or 256; and MLA decode's latent cache, D 576, in
+     * attn_lt_flash_sm90_fwd and attn_lt_flash_sm90_batch; every other kernel refuses them with ATTN_LT_ERR_DTYPE): with kv_dtype ATTN_LT_E4M3, k and v hold float8 e4m3
      * elements (their strides multiples of 16 elements, 16-byte aligned) and the value of an element of kv head hk
      * is the element times k_descale[hk * descale_sh] (v_descale likewise; a null pointer: 1). q, o and the math
      * stay in `dtype` (q rounded to fp16 under a power-of-two scale, the MMAs in fp16, FP32 sums). */
@@ -200,9 +200,11 @@ enum attn_lt_flash_sm90_variant {
  * (MLA decode reads block 0 in its place).
  * Query rows no request owns are left as they were.
  *
- * Requests whose rows a kv head (query rows x Hq / Hkv) are at most 16 run on decode blocks whose keys are cut in
- * parts of split_keys keys (a multiple of 64; 0: one part), the parts' partials o_part [parts][B][Hkv][16][Dv] FP32
- * and lse_part [parts][B][Hkv][16] joined by LSE (parts = ceil(f.Sk / split_keys)); with more than one part, o_part
+ * Requests whose rows a kv head (query rows x Hq / Hkv) are at most R run on decode blocks whose keys are cut in
+ * parts of split_keys keys (a multiple of 64; 0: one part), the parts' partials o_part [parts][B][Hkv][R][Dv] FP32
+ * and lse_part [parts][B][Hkv][R] joined by LSE (parts = ceil(f.Sk / split_keys)); R is 16, or with an FP8 cache
+ * (every request on decode blocks) the capacity's rows a kv head rounded up to 16 (at most 64: a 16-row block for
+ * each 16, native/batch.cuh's batch_decode_rows); with more than one part, o_part
  * is a workspace of workspace_bytes and lse_part must follow the outputs in it (checked); the other requests on row
  * blocks (64 or 128 rows), whole, by native/flash.cu's kernel or, with f.variant ATTN_LT_BATCH_SM90 (Hopper),
  * by native/flash_sm90.cu's. Decode blocks zero-fill key rows past a request's length; the Hopper row blocks read

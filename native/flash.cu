@@ -447,7 +447,11 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
     // The request of a serving batch (its lengths from device memory), or the dense call's shape.
     const BatchRequest req = request_of(args, static_cast<int>(b), blockIdx.x == 0 && hk == 0 && blockIdx.z == 0 &&
                                                                        threadIdx.x == 0);
-    if (BT && (req.nq * g <= kBatchSmallRows) != W) return;  // the other kernel's request
+    // a batch's rows a kv head on decode blocks: 16 (a compile-time constant but with an FP8 cache, so that the
+    // 16-bit kernels keep their registers), or batch_decode_rows
+    if constexpr (BT) {
+        if ((req.nq * g <= (F8 ? batch_decode_rows(args) : kBatchSmallRows)) != W) return;  // the other kernel's
+    }
     const int Sq = req.nq, Sk = req.nk;
     const int64_t q_row0 = req.q0;  // serving batches: the request's first packed query row
     // (paged caches: rows addressed by paged_copy)
@@ -862,7 +866,7 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
     // more than one part (batch_parts(Sk, split_keys) > 1, without its division); a serving batch's request of one
     // part writes its rows itself
     const bool split = fixed_parts ? Sk > split_tiles(args) * kBlockN : gridDim.z > 1;
-    const int64_t rows_out = merge_rows(args);
+    const int64_t rows_out = BT && !F8 ? a.B * a.Hkv * kBatchSmallRows : merge_rows(args);
     if constexpr (W) {
         // Join the four warps' online softmaxes of the same 16 rows: every warp puts its row max, row sum and
         // unnormalised O in shared memory (over the K/V ring, now idle); then thread t finishes row t / 8, columns
@@ -914,8 +918,8 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
         const float2 fin = finish_row(mx, lsum, split ? -INFINITY : sink_of(a, head) * kLog2e);
         const float inv = fin.x * v_desc, lse = fin.y;
         // the partials' row, and the LSE's: (b, h, position) of (B, Hq, Sq), or for a serving batch
-        // (b, kv head, block row) of (B, Hkv, 16) and (h, packed row) of (Hq, total_q)
-        const int64_t orow = BT ? bk * kBatchSmallRows + rr : (b * a.Hq + head) * a.Sq + p;
+        // (b, kv head, block row) of (B, Hkv, batch_decode_rows) and (h, packed row) of (Hq, total_q)
+        const int64_t orow = BT ? bk * (F8 ? decode_rows_of(args) : kBatchSmallRows) + rr : (b * a.Hq + head) * a.Sq + p;
         const int64_t lrow = BT ? head * batch_total_q(args) + q_row0 + p : orow;
         float* op = split ? a.o_part + (part * rows_out + orow) * D + c0 : nullptr;
         T* out = static_cast<T*>(a.o) + (BT ? (q_row0 + p) * a.o_ss : b * a.o_sb + p * a.o_ss) + head * a.o_sh + c0;
@@ -1004,7 +1008,7 @@ cudaError_t launch(const attn_lt_flash_args& a, cudaStream_t stream) {
 // warps split the keys; else one m16 tile a warp (64 rows a CTA, 2 CTAs an SM) for row counts up to 64, dense
 // masks, and D = 256 (whose shared memory allows no more); else two (128 rows), each K/V fragment feeding two MMAs.
 // Masked blocks reserve mask stages where they stage the mask (mask_stage_rows). FP8 K/V: decode blocks, one for
-// each 16 rows (the caller checked the rows: kFp8DenseRows), their masks read by strides.
+// each 16 rows (the caller checked the rows: kFp8DecodeRows), their masks read by strides.
 template <int D, typename T>
 cudaError_t launch_dim(const attn_lt_flash_args& a, cudaStream_t stream) {
     const int64_t rows = a.Sq * (a.Hq / a.Hkv);
@@ -1040,7 +1044,8 @@ template <int D, typename T>
 int launch_batch(const attn_lt_batch_args& a, cudaStream_t stream) {
     const int64_t g = a.f.Hq / a.f.Hkv, rows = g * a.f.Sq;
     const unsigned bk = static_cast<unsigned>(a.f.B * a.f.Hkv);
-    if (rows > kBatchSmallRows) {
+    const bool f8 = a.f.kv_dtype == ATTN_LT_E4M3;  // (decode blocks only: the caller checked the rows)
+    if (rows > kBatchSmallRows && !f8) {
         if (a.f.variant == ATTN_LT_BATCH_SM90) {
             const int err = attn_lt_flash_sm90_batch(&a, stream);
             if (err != 0) return err;
@@ -1053,11 +1058,11 @@ int launch_batch(const attn_lt_batch_args& a, cudaStream_t stream) {
             if (err != cudaSuccess) return err;
         }
     }
-    if (g > kBatchSmallRows) return 0;
+    if (g > batch_decode_rows(a)) return 0;
     const int64_t parts = batch_parts<int64_t>(a.f.Sk, a.split_keys);
-    const dim3 grid(1, bk, unsigned(parts));
-    cudaError_t err = a.f.kv_dtype == ATTN_LT_E4M3 ? launch_kernel<D, T, 1, true, false, true, true>(a, grid, stream)
-                                                   : launch_kernel<D, T, 1, true, false, true>(a, grid, stream);
+    const dim3 grid(unsigned(batch_decode_rows(a) / 16), bk, unsigned(parts));
+    cudaError_t err = f8 ? launch_kernel<D, T, 1, true, false, true, true>(a, grid, stream)
+                         : launch_kernel<D, T, 1, true, false, true>(a, grid, stream);
     if (err == cudaSuccess && parts > 1) err = merge<D, T>(a, stream);
     return static_cast<int>(err);
 }
@@ -1423,14 +1428,6 @@ bool fp8_ok(const attn_lt_flash_args& a) {
            (reinterpret_cast<uintptr_t>(a.k_descale) | reinterpret_cast<uintptr_t>(a.v_descale)) % 4 == 0;
 }
 
-// Whether the rows a kv head (query rows x Hq / Hkv; a batch: at capacity) run on decode blocks, which alone take
-// FP8 K/V.
-bool decode_rows(const attn_lt_flash_args& a) { return a.Sq * (a.Hq / a.Hkv) <= kBatchSmallRows; }
-
-// The most rows a kv head a dense call on an FP8 cache runs: 16-row decode blocks, one for each 16 rows, that read
-// the same key tiles (attn_lt/fused.py's FP8_DENSE_ROWS; more are converted first, attn_lt_flash_convert_kv).
-constexpr int64_t kFp8DenseRows = 64;
-
 // What the dense and batch forward and mass launchers check alike (0: it holds): the shape, q and k (addresses,
 // strides but q's batch stride, which batches do not use), scale, variant, mask and dtype.
 int qk_status(const attn_lt_flash_args& a) {
@@ -1611,7 +1608,8 @@ extern "C" int attn_lt_batch_fwd(const attn_lt_batch_args* a, void* stream) {
     if (a->f.D == 576) return attn_lt_flash_sm90_batch(a, stream);  // MLA decode: the Hopper kernel only
     if (const int status = batch_status(*a)) return status;
     const attn_lt_flash_args& f = a->f;
-    if (f.kv_dtype != ATTN_LT_NONE && !decode_rows(f)) return ATTN_LT_ERR_DTYPE;  // FP8 K/V: decode blocks only
+    if (f.kv_dtype != ATTN_LT_NONE && f.Sq * (f.Hq / f.Hkv) > kFp8DecodeRows)
+        return ATTN_LT_ERR_DTYPE;  // FP8 K/V: decode blocks only
     if (f.v == nullptr || f.o == nullptr) return ATTN_LT_ERR_ARGS;
     if (!aligned16(f.v) || !aligned16(f.o)) return ATTN_LT_ERR_ALIGNMENT;
     if ((f.v_ss | f.v_sh | f.v_sb) % 8 != 0 || (f.o_ss | f.o_sh) % 2 != 0) return ATTN_LT_ERR_STRIDES;
@@ -1620,7 +1618,7 @@ extern "C" int attn_lt_batch_fwd(const attn_lt_batch_args* a, void* stream) {
     if (parts > 65535) return ATTN_LT_ERR_BATCH;
     if (parts > 1 && (f.o_part == nullptr || f.lse_part == nullptr)) return ATTN_LT_ERR_ARGS;
     if (parts > 1) {  // the partials inside the workspace: outputs, then their LSEs
-        const int64_t rows = parts * f.B * f.Hkv * kBatchSmallRows;
+        const int64_t rows = parts * f.B * f.Hkv * batch_decode_rows(*a);
         if (static_cast<const char*>(static_cast<void*>(f.lse_part)) !=
                 static_cast<const char*>(static_cast<void*>(f.o_part)) + rows * f.D * 4 ||
             a->workspace_bytes < rows * (f.D + 1) * 4)
@@ -1641,7 +1639,7 @@ extern "C" int attn_lt_batch_fwd(const attn_lt_batch_args* a, void* stream) {
 extern "C" int attn_lt_flash_fwd(const attn_lt_flash_args* a, void* stream) {
     if (a == nullptr || a->o == nullptr || a->v == nullptr) return ATTN_LT_ERR_ARGS;
     if (const int status = qk_status(*a)) return status;
-    if (a->kv_dtype != ATTN_LT_NONE && a->Sq * (a->Hq / a->Hkv) > kFp8DenseRows)
+    if (a->kv_dtype != ATTN_LT_NONE && a->Sq * (a->Hq / a->Hkv) > kFp8DecodeRows)
         return ATTN_LT_ERR_DTYPE;  // FP8 K/V: decode blocks, a block a 16 rows
     if (a->kv_dtype != ATTN_LT_NONE && a->scores != nullptr) return ATTN_LT_ERR_DTYPE;  // FP8: only batches store them
     if (a->B * a->Hkv > 65535) return ATTN_LT_ERR_HEADS;  // the grid's y

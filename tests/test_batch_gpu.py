@@ -631,6 +631,49 @@ def test_fp8_cache_with_prefill_rows(dtype, block_size):
         attn_lt.check_batch_errors()
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("Hkv,max_q", [(8, 5), (4, 8)])
+def test_fp8_speculative_rows_on_decode_blocks(dtype, Hkv, max_q):
+    """Up to 64 query rows a kv head at capacity (speculative decoding: 5 rows a request x GQA 4, 8 x GQA 8) on the
+    FP8 decode blocks, a 16-row block for each 16 reading the same key tiles: requests of 0 to max_q rows against 0,
+    1, 15, 17, 700 and 3000 keys (the long ones in parts, merged), permuted tables, paged and packed keys, against
+    FP64 on the cache's values; explain says so; a bad block in a long request reported."""
+    Hq, D, bs = 32, 128, 16
+    seqlens, q_lens = [0, 1, 15, 17, 700, 3000], [0, 1, max_q, 2, max_q, max_q - 1]
+    assert "blocks of 16 rows a kv head" in attn_lt.explain_batch(
+        len(seqlens), Hq, Hkv, D, max_seqlen_q=max_q, max_seqlen_k=3008, block_size=bs, kv_dtype=torch.float8_e4m3fn)
+    k8, v8, table, seqlens_k, kd, vd, kf, vf = fp8_pages(seqlens, bs, Hkv, D, dtype)
+    cq = cu(q_lens)
+    q = torch.randn(sum(q_lens), Hq, D, dtype=dtype, device="cuda")
+    out = torch.full_like(q, math.nan)
+    out, lse = attn_lt.paged_attention(q, k8, v8, table, seqlens_k, cu_seqlens_q=cq, max_seqlen_q=max_q,
+                                       k_descale=kd, v_descale=vd, return_lse=True, out=out, check=True)
+    ref, ref_lse = paged_reference(q, kf, vf, table, seqlens_k, cu_seqlens_q=cq)
+    k, v, ck = paged_gather(kf, vf, table, seqlens_k)
+    check_fp8_against(out, lse, q, k, v, cq, ck, True, ref, ref_lse)
+    kp, kdp = fp8_kv(torch.randn(int(ck[-1]), Hkv, D, dtype=dtype, device="cuda"))
+    vp, vdp = fp8_kv(torch.randn(int(ck[-1]), Hkv, D, dtype=dtype, device="cuda"))
+    out, lse = attn_lt.varlen_attention(q, kp, vp, cq, ck, max_seqlen_q=max_q, max_seqlen_k=3000, causal=True,
+                                        k_descale=kdp, v_descale=vdp, return_lse=True, check=True)
+    kpf, vpf = fp8_values(kp, kdp), fp8_values(vp, vdp)
+    ref, ref_lse = varlen_reference(q, kpf, vpf, cq, ck, causal=True)
+    check_fp8_against(out, lse, q, kpf, vpf, cq, ck, True, ref, ref_lse)
+    # a BatchStep of the same capacity: the same plan, the same bits
+    step = attn_lt.BatchStep(len(seqlens), Hq, Hkv, D, max_seqlen_k=table.shape[1] * bs, max_seqlen_q=max_q,
+                             block_size=bs, dtype=dtype, kv_dtype=torch.float8_e4m3fn)
+    step.plan(cq, seqlens_k, table)
+    one_call = attn_lt.paged_attention(q, k8, v8, table, seqlens_k, cu_seqlens_q=cq, max_seqlen_q=max_q,
+                                       k_descale=kd, v_descale=vd)
+    assert torch.equal(step.run(q, k8, v8, k_descale=kd, v_descale=vd), one_call)
+    bad = table.clone()
+    bad[5, 100] = k8.shape[0] + 5
+    out = attn_lt.paged_attention(q, k8, v8, bad, seqlens_k, cu_seqlens_q=cq, max_seqlen_q=max_q, k_descale=kd,
+                                  v_descale=vd)
+    assert not torch.isnan(out).any()
+    with pytest.raises(ValueError, match="block id outside"):
+        attn_lt.check_batch_errors()
+
+
 def test_fp8_step_graph_replay():
     """BatchStep with an FP8 cache: one capture, replays after new plans and new descale values equal eager calls."""
     rng = random.Random(3)

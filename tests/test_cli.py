@@ -321,8 +321,12 @@ def test_explain_batch(capsys):
                      "576", "--head-dim-v", "512", "--max-seqlen-k", "8192", "--block-size", "64", "--fp8-kv", "--json")
     assert rc == 0 and json.loads(out)["kv"].startswith("K/V: an FP8 latent cache")
     rc, out, _ = run(capsys, "explain-batch", "--requests", "64", "--max-seqlen-k", "8192", "--fp8-kv",
-                     "--max-seqlen-q", "8")
-    assert rc == 0 and "converted to q's dtype first" in out
+                     "--max-seqlen-q", "8")  # 32 rows a kv head: two 16-row decode blocks on the FP8 bytes
+    assert rc == 0 and "2 blocks of 16 rows a kv head" in out and "converted" not in out
+    rc, out, _ = run(capsys, "explain-batch", "--requests", "64", "--max-seqlen-k", "8192", "--fp8-kv",
+                     "--max-seqlen-q", "17", "--json")  # 68 rows a kv head: converted, then the 16-bit kernels
+    assert rc == 0 and "converted to q's dtype first" in json.loads(out)["kv"]
+    assert json.loads(out)["decode_rows"] == 16 and json.loads(out)["row_kernel"] == "sm90"
 
 
 def test_explain_the_attention_variants(capsys):
