@@ -259,7 +259,8 @@ def fp8_line(plan: BatchPlan, want_mass: bool = False) -> str:
                 + ("the blocks each request's keys use, in a new buffer of 1 + B x max_blocks blocks each call "
                    f"(x {plan.block_size} x Hkv x (D + Dv) x 2 bytes)" if plan.kind == "paged" else
                    "all of k and v (a new buffer of total_k x Hkv x (D + Dv) x 2 bytes each call)")
-                + ". Decode-only calls read the FP8 bytes: " + fp8_kv_why(plan.D, plan.Dv))
+                + f". Calls of up to {FP8_DECODE_ROWS} rows a kv head read the FP8 bytes: "
+                + fp8_kv_why(plan.D, plan.Dv))
     return "K/V: " + fp8_kv_why(plan.D, plan.Dv)
 
 
@@ -742,7 +743,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
     q, k, v = _readable("q", q, True), _readable("k", k, True), _readable("v", v, True)
     out, lse = _outputs(q, c.Hq, c.D, c.out, return_lse or c.want_mass)
     plan = plan_batch(c.B, c.Hq, c.Hkv, c.D, max_seqlen_q=c.max_q, max_seqlen_k=c.max_k,
-                      facts=device_facts(c.device.index), kv_fp8=c.kv is not None and not c.convert)
+                      facts=device_facts(c.device.index), kv_fp8=c.reads_fp8)
     mass = _mass_tensor(plan, k.shape[0], c.device, False) if c.want_mass else None
     if k.shape[0] == 0:  # no keys at all: every request's rows are zeros (only the lengths are not checked)
         _no_keys(out, lse, c.variant[2])
@@ -773,6 +774,11 @@ class _Checked:
     variant: tuple
     kv: tuple | None
     convert: bool  # an FP8 cache converted to q's dtype first (_fp8_converted)
+
+    @property
+    def reads_fp8(self) -> bool:
+        """Whether the kernels read an FP8 cache's bytes (not converted first): :func:`plan_batch`'s ``kv_fp8``."""
+        return self.kv is not None and not self.convert
 
 
 def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, out, window,
@@ -853,7 +859,7 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
         block_table = block_table.contiguous()
     out, lse = _outputs(q, c.Hq, c.Dv, c.out, return_lse or c.want_mass)
     plan = plan_batch(c.B, c.Hq, c.Hkv, c.D, max_seqlen_q=c.max_q, max_seqlen_k=c.max_k, block_size=k_cache.shape[1],
-                      Dv=c.Dv, facts=device_facts(c.device.index), kv_fp8=c.kv is not None and not c.convert)
+                      Dv=c.Dv, facts=device_facts(c.device.index), kv_fp8=c.reads_fp8)
     # every row of the mass is written, but that of a request without query rows (possible with cu_seqlens_q)
     mass = _mass_tensor(plan, 0, c.device, cu_seqlens_q is None) if c.want_mass else None
     _launch(plan, q, k_cache, v_cache, out, lse, None if cu_seqlens_q is None else cu_seqlens_q.contiguous(), None,
@@ -989,6 +995,9 @@ class BatchStep:
         if kv_dtype not in (dtype, FP8_KV_DTYPE):
             raise TypeError(f"kv_dtype must be dtype ({dtype}) or {FP8_KV_DTYPE} (an FP8 KV cache), got {kv_dtype}")
         self.fp8 = kv_dtype == FP8_KV_DTYPE
+        # whether a run converts the FP8 cache first (_fp8_converted), without and with the mass
+        self._converts = tuple(self.fp8 and _fp8_converted(max_seqlen_q, heads_q, heads_kv, head_dim, Dv, mass)
+                               for mass in (False, True))
         device = torch.device("cuda" if device is None else device)
         if device.type != "cuda":
             raise ValueError(f"a BatchStep runs on a CUDA device, got {device}")
@@ -1002,7 +1011,7 @@ class BatchStep:
         self.scale = head_dim ** -0.5 if scale is None else check_scale(scale)
         self._plan = plan_batch(max_requests, heads_q, heads_kv, head_dim, max_seqlen_q=max_seqlen_q,
                                 max_seqlen_k=max_seqlen_k, block_size=block_size, Dv=Dv, facts=facts,
-                                kv_fp8=self.fp8 and not _fp8_converted(max_seqlen_q, heads_q, heads_kv, head_dim, Dv))
+                                kv_fp8=self.fp8 and not self._converts[False])
         B, i32 = max_requests, dict(dtype=torch.int32, device=device)
         self.max_blocks = -(-max_seqlen_k // block_size) if block_size else 0
         current_device, self._raw_stream, is_capturing = stream_queries()
@@ -1130,7 +1139,7 @@ class BatchStep:
             _no_keys(out, lse, variant[2])
             return call_results(out, lse, return_lse, mass)
         converted = None
-        if self.fp8 and _fp8_converted(p.max_seqlen_q, p.Hq, p.Hkv, p.D, p.Dv, want_mass):
+        if self._converts[want_mass]:
             if p.decode_rows > SMALL_ROWS:  # (the step's plan is the FP8 decode blocks', not the 16-bit kernels')
                 raise ValueError("return_key_mass of requests of more than one row needs the cache converted, which "
                                  f"a step planned for {p.decode_rows} rows a kv head on the FP8 decode blocks does "

@@ -690,7 +690,8 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument(f"--{name}", type=int, default=default, required=default is None and name != "head-dim-v",
                        help=what)
     s.add_argument("--key-mass", action="store_true", help="say how return_key_mass=True runs for this batch")
-    s.add_argument("--fp8-kv", action="store_true", help="the cache in FP8 (e4m3): how the decode blocks read it, or that prefill rows convert it")
+    s.add_argument("--fp8-kv", action="store_true",
+                   help="the cache in FP8 (e4m3): how the decode blocks read it, or that prefill rows convert it")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_explain_batch)
     s = sub.add_parser("demo", help="run one attention call, check it against PyTorch and time both",

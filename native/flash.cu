@@ -919,7 +919,8 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
         const float inv = fin.x * v_desc, lse = fin.y;
         // the partials' row, and the LSE's: (b, h, position) of (B, Hq, Sq), or for a serving batch
         // (b, kv head, block row) of (B, Hkv, batch_decode_rows) and (h, packed row) of (Hq, total_q)
-        const int64_t orow = BT ? bk * (F8 ? decode_rows_of(args) : kBatchSmallRows) + rr : (b * a.Hq + head) * a.Sq + p;
+        const int64_t orow =
+            BT ? bk * (F8 ? decode_rows_of(args) : kBatchSmallRows) + rr : (b * a.Hq + head) * a.Sq + p;
         const int64_t lrow = BT ? head * batch_total_q(args) + q_row0 + p : orow;
         float* op = split ? a.o_part + (part * rows_out + orow) * D + c0 : nullptr;
         T* out = static_cast<T*>(a.o) + (BT ? (q_row0 + p) * a.o_ss : b * a.o_sb + p * a.o_ss) + head * a.o_sh + c0;
@@ -1428,6 +1429,12 @@ bool fp8_ok(const attn_lt_flash_args& a) {
            (reinterpret_cast<uintptr_t>(a.k_descale) | reinterpret_cast<uintptr_t>(a.v_descale)) % 4 == 0;
 }
 
+// Whether an FP8 cache's rows a kv head (query rows x Hq / Hkv; a batch: at capacity) are ones the decode blocks run
+// (at most kFp8DecodeRows, a 16-row block for each 16); a 16-bit cache: always.
+bool fp8_rows_ok(const attn_lt_flash_args& a) {
+    return a.kv_dtype == ATTN_LT_NONE || a.Sq * (a.Hq / a.Hkv) <= kFp8DecodeRows;
+}
+
 // What the dense and batch forward and mass launchers check alike (0: it holds): the shape, q and k (addresses,
 // strides but q's batch stride, which batches do not use), scale, variant, mask and dtype.
 int qk_status(const attn_lt_flash_args& a) {
@@ -1608,8 +1615,7 @@ extern "C" int attn_lt_batch_fwd(const attn_lt_batch_args* a, void* stream) {
     if (a->f.D == 576) return attn_lt_flash_sm90_batch(a, stream);  // MLA decode: the Hopper kernel only
     if (const int status = batch_status(*a)) return status;
     const attn_lt_flash_args& f = a->f;
-    if (f.kv_dtype != ATTN_LT_NONE && f.Sq * (f.Hq / f.Hkv) > kFp8DecodeRows)
-        return ATTN_LT_ERR_DTYPE;  // FP8 K/V: decode blocks only
+    if (!fp8_rows_ok(f)) return ATTN_LT_ERR_DTYPE;
     if (f.v == nullptr || f.o == nullptr) return ATTN_LT_ERR_ARGS;
     if (!aligned16(f.v) || !aligned16(f.o)) return ATTN_LT_ERR_ALIGNMENT;
     if ((f.v_ss | f.v_sh | f.v_sb) % 8 != 0 || (f.o_ss | f.o_sh) % 2 != 0) return ATTN_LT_ERR_STRIDES;
@@ -1639,8 +1645,7 @@ extern "C" int attn_lt_batch_fwd(const attn_lt_batch_args* a, void* stream) {
 extern "C" int attn_lt_flash_fwd(const attn_lt_flash_args* a, void* stream) {
     if (a == nullptr || a->o == nullptr || a->v == nullptr) return ATTN_LT_ERR_ARGS;
     if (const int status = qk_status(*a)) return status;
-    if (a->kv_dtype != ATTN_LT_NONE && a->Sq * (a->Hq / a->Hkv) > kFp8DecodeRows)
-        return ATTN_LT_ERR_DTYPE;  // FP8 K/V: decode blocks, a block a 16 rows
+    if (!fp8_rows_ok(*a)) return ATTN_LT_ERR_DTYPE;
     if (a->kv_dtype != ATTN_LT_NONE && a->scores != nullptr) return ATTN_LT_ERR_DTYPE;  // FP8: only batches store them
     if (a->B * a->Hkv > 65535) return ATTN_LT_ERR_HEADS;  // the grid's y
     if (a->Dv != 0 && a->Dv != a->D) return ATTN_LT_ERR_HEAD_DIM;
