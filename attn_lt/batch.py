@@ -29,7 +29,7 @@ import torch
 
 from . import native
 from .device import stream_queries
-from .fused import (ASSUMED_DEVICE, FP8_DECODE_ROWS, MLA_DECODE, MLA_ROWS, DeviceFacts, device_facts,
+from .fused import (ASSUMED_DEVICE, MAX_DECODE_ROWS, MLA_DECODE, MLA_ROWS, DeviceFacts, device_facts,
                     fp8_converted, fp8_kv_why)
 from .validate import (FP8_KV_DTYPE, call_results, check_causal, check_kv_descale, check_options, check_scale,
                        check_variants, descale_tensor, op_results, op_variants)
@@ -53,6 +53,9 @@ KEY_TILE, SPLIT_MIN_KEYS = 64, 256
 #: The decode blocks' parts are sized so that a batch at capacity gives about this many CTAs a CTA slot (two CTAs
 #: an SM): enough short CTAs that requests of different lengths even out over the SMs.
 SPLIT_WAVES = 8
+#: The largest head dim whose requests past 16 rows a kv head run on one 64-row block of the decode grid (a 16-bit
+#: cache; native/flash.cu's kGroupBlocks): D 256, and an FP8 cache, run a 16-row decode block for each 16.
+GROUP_BLOCK_MAX_D = 128
 MAX_PARTS = 1024
 #: Most bytes the decode blocks' FP32 partials may take.
 MAX_PARTIAL_BYTES = 256 << 20
@@ -64,8 +67,8 @@ _DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 @dataclass(frozen=True)
 class BatchPlan:
     """How a serving batch runs, fixed by its capacity: the decode blocks' part size (``split_keys``, 0: whole),
-    the row blocks' kernel (None when no request can have more than :data:`SMALL_ROWS` rows a kv head), and the
-    workspace the partials take."""
+    the rows a kv head they take, the row blocks' kernel (None when no request can have more), and the workspace
+    the partials take."""
 
     kind: str  # "varlen" | "paged"
     requests: int
@@ -82,7 +85,7 @@ class BatchPlan:
     decode_blocks: bool
     facts: DeviceFacts
     assumed_device: bool
-    decode_rows: int = SMALL_ROWS  # rows a kv head on decode blocks (_decode_rows: more with an FP8 cache)
+    decode_rows: int = SMALL_ROWS  # rows a kv head on decode blocks (_decode_rows)
 
     @property
     def group(self) -> int:
@@ -130,18 +133,22 @@ class BatchPlan:
             lines.append(f"MLA decode blocks of native/flash_sm90.cu (wgmma, TMA; {MLA_ROWS} query heads a CTA, "
                          f"{blocks} a kv head; each 64-key tile of the latent cache read once as K and V), {split}")
         elif self.decode_blocks:
-            ctas = self.requests * self.Hkv * self.parts * (self.decode_rows // 16)
+            ctas = self.requests * self.Hkv * self.parts
             split = (f"keys in parts of {self.split_keys} ({self.parts} at capacity, {ctas} CTAs for {slots} slots "
                      f"when every request is full; a request uses ceil(keys / {self.split_keys}) of them, one part "
                      f"writes its output directly), partials merged by LSE ({self.workspace_bytes / 2**20:.1f} MiB)"
                      if self.parts > 1 else "keys whole (enough CTAs without a split)")
             n = self.decode_rows
-            blocks = ("16 rows" if n == SMALL_ROWS
-                      else f"{n // 16} blocks of 16 rows a kv head, reading the same key tiles")
-            lines.append(f"requests of at most {n} rows a kv head (query rows x {g}): decode blocks of "
-                         f"native/flash.cu (mma.sync, {blocks}, the four warps splitting each key tile), {split}")
+            blocks = "16-row decode blocks of native/flash.cu (mma.sync, the four warps splitting each key tile)"
+            sixteen = f"{n // 16} blocks of 16 rows a kv head, reading the same key tiles"
+            if n > SMALL_ROWS and self.D <= GROUP_BLOCK_MAX_D:
+                blocks = (f"up to 16 rows on {blocks}, more on one 64-row block a kv head that reads each key tile "
+                          f"once (an FP8 cache: {sixteen})")
+            elif n > SMALL_ROWS:
+                blocks = f"{blocks}, {sixteen}"
+            lines.append(f"requests of at most {n} rows a kv head (query rows x {g}): {blocks}, {split}")
         else:
-            lines.append(f"no decode blocks: {g} query heads a kv head exceed {SMALL_ROWS} rows")
+            lines.append(f"no decode blocks: {g} query heads a kv head exceed {MAX_DECODE_ROWS} rows")
         if self.row_kernel is None:
             lines.append(f"no row blocks: no request can have more than {self.decode_rows} rows a kv head")
         else:
@@ -155,18 +162,17 @@ class BatchPlan:
 
 
 def plan_batch(requests: int, Hq: int, Hkv: int, D: int, *, max_seqlen_q: int, max_seqlen_k: int,
-               block_size: int = 0, Dv: int | None = None, facts: DeviceFacts | None = None,
-               kv_fp8: bool = False) -> BatchPlan:
+               block_size: int = 0, Dv: int | None = None, facts: DeviceFacts | None = None) -> BatchPlan:
     """The launch plan of a batch of this capacity (no GPU work; without a GPU, for :data:`ASSUMED_DEVICE`).
-    ``block_size`` > 0: a paged cache. ``Dv``: v's head dim (default D; 512 with D 576: MLA decode). ``kv_fp8``: the
-    decode blocks read an FP8 cache (not converted: :func:`_fp8_converted`), every request on them."""
+    ``block_size`` > 0: a paged cache. ``Dv``: v's head dim (default D; 512 with D 576: MLA decode). The same for a
+    16-bit and an FP8 cache (whose decode blocks take every request, or which is converted first)."""
     assumed = False
     if facts is None:
         facts = device_facts()
         if facts is None:
             facts, assumed = ASSUMED_DEVICE, True
     return _plan(requests, Hq, Hkv, D, D if Dv is None else Dv, max_seqlen_q, max_seqlen_k, block_size, facts,
-                 assumed, bool(kv_fp8))
+                 assumed)
 
 
 def _partial_rows(latent: bool, requests: int, Hq: int, Hkv: int, rows: int = SMALL_ROWS) -> int:
@@ -197,13 +203,12 @@ def _mla_plan(requests, Hq, Hkv, Dv, max_k, block_size, facts, assumed) -> Batch
 
 
 @functools.lru_cache(maxsize=1024)
-def _plan(requests, Hq, Hkv, D, Dv, max_q, max_k, block_size, facts, assumed, fp8=False) -> BatchPlan:
+def _plan(requests, Hq, Hkv, D, Dv, max_q, max_k, block_size, facts, assumed) -> BatchPlan:
     _check_capacity(requests, Hq, Hkv, D, max_q, max_k, block_size, Dv)
     if (D, Dv) == LATENT_DIMS:
         return _mla_plan(requests, Hq, Hkv, Dv, max_k, block_size, facts, assumed)
     g = Hq // Hkv
-    fp8 = fp8 and g * max_q <= FP8_DECODE_ROWS  # (more rows: the cache is converted, the plan is 16-bit)
-    rows_kv = _decode_rows(fp8, g * max_q)
+    rows_kv = _decode_rows(g, max_q)
     decode = g <= rows_kv
     row_kernel = None
     if g * max_q > rows_kv:
@@ -211,8 +216,8 @@ def _plan(requests, Hq, Hkv, D, Dv, max_q, max_k, block_size, facts, assumed, fp
     split_keys, parts = 0, 1
     if decode:
         # parts of a fixed size, so that every request's CTAs take about the same time whatever its length (a CTA
-        # a 16-row block)
-        size = -(-max_k * requests * Hkv * (rows_kv // 16) // (SPLIT_WAVES * 2 * facts.sms))
+        # a request, kv head and part; an FP8 cache's many-row requests run one for each 16 rows)
+        size = -(-max_k * requests * Hkv // (SPLIT_WAVES * 2 * facts.sms))
         size = max(SPLIT_MIN_KEYS, -(-size // KEY_TILE) * KEY_TILE)
         split_keys, parts = _split(max_k, size, _partial_rows(False, requests, Hq, Hkv, rows_kv) * (D + 1) * 4,
                                    MAX_PARTS)
@@ -227,39 +232,25 @@ def explain_batch(requests: int, heads_q: int, heads_kv: int, head_dim: int, *, 
     H100): the kernels, the split of the keys and why; with ``kv_dtype`` torch.float8_e4m3fn, how an FP8 cache is
     read; with ``return_key_mass``, how the mass per key is made. ``head_dim_v`` 512 with ``head_dim`` 576: MLA
     decode on a paged latent cache. No GPU work."""
-    plan = explained_plan(requests, heads_q, heads_kv, head_dim, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-                          block_size=block_size, head_dim_v=head_dim_v, return_key_mass=return_key_mass,
-                          kv_dtype=kv_dtype)
+    if kv_dtype is not None and kv_dtype != FP8_KV_DTYPE and kv_dtype not in _DTYPES:
+        raise TypeError(f"kv_dtype must be torch.float16, torch.bfloat16 or {FP8_KV_DTYPE}, got {kv_dtype}")
+    plan = plan_batch(requests, heads_q, heads_kv, head_dim, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                      block_size=block_size, Dv=head_dim_v)
     return (str(plan) + ("\n" + fp8_line(plan, return_key_mass) if kv_dtype == FP8_KV_DTYPE else "")
             + ("\n" + mass_line(plan) if return_key_mass else ""))
-
-
-def explained_plan(requests: int, heads_q: int, heads_kv: int, head_dim: int, *, max_seqlen_q: int,
-                   max_seqlen_k: int, block_size: int = 0, head_dim_v: int | None = None,
-                   return_key_mass: bool = False, kv_dtype: torch.dtype | None = None) -> BatchPlan:
-    """The plan a batch call of this capacity and cache dtype runs (:func:`explain_batch`'s): with an FP8 cache, the
-    decode blocks' on its bytes, or the 16-bit kernels' where it is converted first (:func:`_fp8_converted`)."""
-    fp8 = kv_dtype is not None and kv_dtype == FP8_KV_DTYPE
-    if kv_dtype is not None and not fp8 and kv_dtype not in _DTYPES:
-        raise TypeError(f"kv_dtype must be torch.float16, torch.bfloat16 or {FP8_KV_DTYPE}, got {kv_dtype}")
-    Dv = head_dim if head_dim_v is None else head_dim_v
-    return plan_batch(requests, heads_q, heads_kv, head_dim, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-                      block_size=block_size, Dv=head_dim_v,
-                      kv_fp8=fp8 and not _fp8_converted(max_seqlen_q, heads_q, heads_kv, head_dim, Dv,
-                                                        return_key_mass))
 
 
 def fp8_line(plan: BatchPlan, want_mass: bool = False) -> str:
     """How a batch of ``plan``'s capacity reads an FP8 cache (:func:`explain_batch`'s line for it)."""
     if _fp8_converted(plan.max_seqlen_q, plan.Hq, plan.Hkv, plan.D, plan.Dv, want_mass):
-        return (f"K/V: an FP8 KV cache with prefill rows (more than {FP8_DECODE_ROWS} query rows a kv head at "
+        return (f"K/V: an FP8 KV cache with prefill rows (more than {MAX_DECODE_ROWS} query rows a kv head at "
                 "capacity) or the mass of many-row requests: converted to q's dtype first (each element times its "
                 "descale factor, in FP32, rounded once, one kernel reading the FP8 bytes once), then the 16-bit "
                 "kernels run; "
                 + ("the blocks each request's keys use, in a new buffer of 1 + B x max_blocks blocks each call "
                    f"(x {plan.block_size} x Hkv x (D + Dv) x 2 bytes)" if plan.kind == "paged" else
                    "all of k and v (a new buffer of total_k x Hkv x (D + Dv) x 2 bytes each call)")
-                + f". Calls of up to {FP8_DECODE_ROWS} rows a kv head read the FP8 bytes: "
+                + f". Calls of up to {MAX_DECODE_ROWS} rows a kv head read the FP8 bytes: "
                 + fp8_kv_why(plan.D, plan.Dv))
     return "K/V: " + fp8_kv_why(plan.D, plan.Dv)
 
@@ -387,12 +378,15 @@ def _fp8_converted(max_q: int, Hq: int, Hkv: int, D: int, Dv: int, want_mass: bo
     return fp8_converted(max_q * g, D, Dv, want_mass and (max_q != 1 or g > SMALL_ROWS))
 
 
-def _decode_rows(fp8: bool, rows: int) -> int:
-    """Rows a kv head a batch's decode blocks take, and the rows a (request, kv head) of their partials, for
-    ``rows`` rows a kv head at capacity (native/batch.cuh's batch_decode_rows): :data:`SMALL_ROWS`, or with an FP8
-    cache read by them (every request on decode blocks) ``rows`` rounded up to 16, at most
-    :data:`attn_lt.fused.FP8_DECODE_ROWS`."""
-    return min(FP8_DECODE_ROWS, max(SMALL_ROWS, -(-rows // 16) * 16)) if fp8 else SMALL_ROWS
+def _decode_rows(g: int, max_q: int) -> int:
+    """Rows a kv head a batch's decode blocks take, and the rows a (request, kv head) of their partials
+    (native/attn_lt.h's attn_lt_batch_args::decode_rows), for groups of ``g`` query heads and up to ``max_q`` query
+    rows a request: the rows a kv head at capacity (speculative decoding) where they are at most
+    :data:`attn_lt.fused.MAX_DECODE_ROWS`, every request on decode blocks; else (prefill rows, which run on row
+    blocks) one row's ``g``; rounded up to 16 (16 when more than MAX_DECODE_ROWS: no decode blocks). Only the rows a
+    request has run, so more decode rows than it needs cost the grid's empty blocks and the parts' size, not work."""
+    rows = g * max_q if g * max_q <= MAX_DECODE_ROWS else g
+    return -(-max(rows, SMALL_ROWS) // 16) * 16 if rows <= MAX_DECODE_ROWS else SMALL_ROWS
 
 
 def _fp8_buffers(k, dtype, block_table=None) -> tuple:
@@ -518,7 +512,7 @@ def _plan_args(plan: BatchPlan, dtype: str, scale: float, causal: bool, flag, wo
         f.lse_part = f.o_part + plan.parts * plan.partial_rows * plan.Dv * 4
         a.workspace_bytes = plan.workspace_bytes
     a.error = flag.data_ptr()
-    a.split_keys = plan.split_keys
+    a.split_keys, a.decode_rows = plan.split_keys, plan.decode_rows
     return a
 
 
@@ -743,7 +737,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, 
     q, k, v = _readable("q", q, True), _readable("k", k, True), _readable("v", v, True)
     out, lse = _outputs(q, c.Hq, c.D, c.out, return_lse or c.want_mass)
     plan = plan_batch(c.B, c.Hq, c.Hkv, c.D, max_seqlen_q=c.max_q, max_seqlen_k=c.max_k,
-                      facts=device_facts(c.device.index), kv_fp8=c.reads_fp8)
+                      facts=device_facts(c.device.index))
     mass = _mass_tensor(plan, k.shape[0], c.device, False) if c.want_mass else None
     if k.shape[0] == 0:  # no keys at all: every request's rows are zeros (only the lengths are not checked)
         _no_keys(out, lse, c.variant[2])
@@ -774,11 +768,6 @@ class _Checked:
     variant: tuple
     kv: tuple | None
     convert: bool  # an FP8 cache converted to q's dtype first (_fp8_converted)
-
-    @property
-    def reads_fp8(self) -> bool:
-        """Whether the kernels read an FP8 cache's bytes (not converted first): :func:`plan_batch`'s ``kv_fp8``."""
-        return self.kv is not None and not self.convert
 
 
 def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, out, window,
@@ -859,7 +848,7 @@ def paged_attention(q, k_cache, v_cache, block_table, seqlens_k, *, cu_seqlens_q
         block_table = block_table.contiguous()
     out, lse = _outputs(q, c.Hq, c.Dv, c.out, return_lse or c.want_mass)
     plan = plan_batch(c.B, c.Hq, c.Hkv, c.D, max_seqlen_q=c.max_q, max_seqlen_k=c.max_k, block_size=k_cache.shape[1],
-                      Dv=c.Dv, facts=device_facts(c.device.index), kv_fp8=c.reads_fp8)
+                      Dv=c.Dv, facts=device_facts(c.device.index))
     # every row of the mass is written, but that of a request without query rows (possible with cu_seqlens_q)
     mass = _mass_tensor(plan, 0, c.device, cu_seqlens_q is None) if c.want_mass else None
     _launch(plan, q, k_cache, v_cache, out, lse, None if cu_seqlens_q is None else cu_seqlens_q.contiguous(), None,
@@ -1010,8 +999,7 @@ class BatchStep:
         self.causal = check_causal(causal)
         self.scale = head_dim ** -0.5 if scale is None else check_scale(scale)
         self._plan = plan_batch(max_requests, heads_q, heads_kv, head_dim, max_seqlen_q=max_seqlen_q,
-                                max_seqlen_k=max_seqlen_k, block_size=block_size, Dv=Dv, facts=facts,
-                                kv_fp8=self.fp8 and not self._converts[False])
+                                max_seqlen_k=max_seqlen_k, block_size=block_size, Dv=Dv, facts=facts)
         B, i32 = max_requests, dict(dtype=torch.int32, device=device)
         self.max_blocks = -(-max_seqlen_k // block_size) if block_size else 0
         current_device, self._raw_stream, is_capturing = stream_queries()
@@ -1140,10 +1128,6 @@ class BatchStep:
             return call_results(out, lse, return_lse, mass)
         converted = None
         if self._converts[want_mass]:
-            if p.decode_rows > SMALL_ROWS:  # (the step's plan is the FP8 decode blocks', not the 16-bit kernels')
-                raise ValueError("return_key_mass of requests of more than one row needs the cache converted, which "
-                                 f"a step planned for {p.decode_rows} rows a kv head on the FP8 decode blocks does "
-                                 "not do: call paged_attention / varlen_attention for it")
             converted = _fp8_buffers(k_cache, q.dtype, self._table if paged else None)
         a = self._args
         a.f.scale = self.scale if scale is None else check_scale(scale)

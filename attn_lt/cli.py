@@ -633,14 +633,15 @@ class _Parser(argparse.ArgumentParser):
 def cmd_explain_batch(a) -> int:
     import torch
 
-    from .batch import explain_batch, explained_plan, fp8_line, mass_line
+    from .batch import explain_batch, fp8_line, mass_line, plan_batch
 
     shape = dict(max_seqlen_q=a.max_seqlen_q, max_seqlen_k=a.max_seqlen_k, block_size=a.block_size,
                  head_dim_v=a.head_dim_v, return_key_mass=a.key_mass,
                  kv_dtype=torch.float8_e4m3fn if a.fp8_kv else None)
     text = explain_batch(a.requests, a.heads_q, a.heads_kv, a.head_dim, **shape)
     if a.json:
-        plan = explained_plan(a.requests, a.heads_q, a.heads_kv, a.head_dim, **shape)
+        plan = plan_batch(a.requests, a.heads_q, a.heads_kv, a.head_dim, max_seqlen_q=a.max_seqlen_q,
+                          max_seqlen_k=a.max_seqlen_k, block_size=a.block_size, Dv=a.head_dim_v)
         d = plan.to_dict()
         if a.fp8_kv:
             d["kv"] = fp8_line(plan, a.key_mass)

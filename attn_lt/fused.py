@@ -264,19 +264,20 @@ def fp8_refusal(D: int, Dv: int) -> str | None:
             f"got {D}/{Dv}")
 
 
-#: The most query rows a kv head (a batch's at capacity) native/flash.cu's decode blocks run on an FP8 cache: a 16-row
-#: block for each 16, all reading the same key tiles (native/batch.cuh's kFp8DecodeRows).
-FP8_DECODE_ROWS = 64
+#: The most query rows a kv head native/flash.cu's decode blocks run: a 16-row block for each 16, all reading the
+#: same key tiles (native/batch.cuh's kMaxDecodeRows). A dense call on an FP8 cache with more converts it first; a
+#: batch's at capacity sets its plan's decode rows (attn_lt/batch.py's _decode_rows).
+MAX_DECODE_ROWS = 64
 
 
 def fp8_converted(rows: int, D: int, Dv: int, mass: bool = False) -> bool:
     """Whether a call against an FP8 KV cache converts it to q's dtype first (one kernel, native/attn_lt.h's
     attn_lt_flash_convert_kv and attn_lt_batch_convert_kv: each element times its factor in FP32, rounded once) and
     runs the 16-bit kernels: ``rows`` query rows a kv head (query rows x Hq / Hkv; a batch: at capacity) more than
-    native/flash.cu's decode blocks take (:data:`FP8_DECODE_ROWS`), or ``mass``: the mass per key where they do not
+    native/flash.cu's decode blocks take (:data:`MAX_DECODE_ROWS`), or ``mass``: the mass per key where they do not
     give it (a dense call; a batch's requests past one row or one 16-row block). Never MLA's latent cache (its
     decode takes one row)."""
-    return (D, Dv) in HEAD_DIM_PAIRS and (rows > FP8_DECODE_ROWS or mass)
+    return (D, Dv) in HEAD_DIM_PAIRS and (rows > MAX_DECODE_ROWS or mass)
 
 
 def convert_fp8_kv(case: Case, k: int, v: int, k_out: int, v_out: int, descale: tuple, stream: int) -> None:
@@ -340,7 +341,7 @@ def fp8_prefill_launch(case: Case) -> FusedLaunch:
 
 
 def fp8_decode_launch(case: Case, facts: DeviceFacts | None = None) -> FusedLaunch:
-    """The launch of a dense call against an FP8 KV cache (at most :data:`FP8_DECODE_ROWS` rows a kv head:
+    """The launch of a dense call against an FP8 KV cache (at most :data:`MAX_DECODE_ROWS` rows a kv head:
     native/flash.cu's decode blocks, a 16-row block for each 16): its keys split by :func:`split_count`'s critical
     path for the CTAs those blocks run an SM, even where the blocks fill the SMs, since a partial last wave of
     whole-key blocks costs as much as a full one (B64 H32/8 with one part each: 512 blocks are 1.3 waves of 396

@@ -18,7 +18,7 @@ from . import config
 
 log = logging.getLogger("attn_lt")
 
-ABI_VERSION = 22
+ABI_VERSION = 23
 _PKG = Path(__file__).resolve().parent
 _LIB_PATH = _PKG / "_native" / "libattn_lt.so"
 SOURCE_DIR = _PKG.parent / "native"
@@ -94,7 +94,7 @@ class BatchArgs(ctypes.Structure):
     _fields_ = [("f", FlashArgs)] + [
         (n, ctypes.c_void_p) for n in ("cu_q", "cu_k", "seqlens_k", "block_table", "error")] + [
         (n, ctypes.c_int64) for n in ("total_q", "total_k", "bt_stride", "max_blocks", "num_blocks", "block_size")] + [
-        ("split_keys", ctypes.c_int32), ("pad_", ctypes.c_int32), ("workspace_bytes", ctypes.c_int64)]
+        ("split_keys", ctypes.c_int32), ("decode_rows", ctypes.c_int32), ("workspace_bytes", ctypes.c_int64)]
 
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)

@@ -8,7 +8,7 @@
 #define ATTN_LT_H
 #include <stdint.h>
 
-#define ATTN_LT_ABI_VERSION 22
+#define ATTN_LT_ABI_VERSION 23
 
 #ifdef __cplusplus
 extern "C" {
@@ -200,14 +200,13 @@ enum attn_lt_flash_sm90_variant {
  * (MLA decode reads block 0 in its place).
  * Query rows no request owns are left as they were.
  *
- * Requests whose rows a kv head (query rows x Hq / Hkv) are at most R run on decode blocks whose keys are cut in
- * parts of split_keys keys (a multiple of 64; 0: one part), the parts' partials o_part [parts][B][Hkv][R][Dv] FP32
- * and lse_part [parts][B][Hkv][R] joined by LSE (parts = ceil(f.Sk / split_keys)); R is 16, or with an FP8 cache
- * (every request on decode blocks) the capacity's rows a kv head rounded up to 16 (at most 64: a 16-row block for
- * each 16, native/batch.cuh's batch_decode_rows); with more than one part, o_part
- * is a workspace of workspace_bytes and lse_part must follow the outputs in it (checked); the other requests on row
- * blocks (64 or 128 rows), whole, by native/flash.cu's kernel or, with f.variant ATTN_LT_BATCH_SM90 (Hopper),
- * by native/flash_sm90.cu's. Decode blocks zero-fill key rows past a request's length; the Hopper row blocks read
+ * Requests whose rows a kv head (query rows x Hq / Hkv) are at most R = decode_rows (16, 32, 48 or 64: a 16-row
+ * block for each 16, all reading the same key tiles) run on decode blocks whose keys are cut in parts of split_keys
+ * keys (a multiple of 64; 0: one part), the parts' partials o_part [parts][B][Hkv][R][Dv] FP32 and lse_part
+ * [parts][B][Hkv][R] joined by LSE (parts = ceil(f.Sk / split_keys)); an FP8 cache runs on decode blocks only, so
+ * its f.Sq x Hq / Hkv must be at most R. With more than one part, o_part is a workspace of workspace_bytes and
+ * lse_part must follow the outputs in it (checked). The other requests run on row blocks (64 or 128 rows), whole,
+ * by native/flash.cu's kernel or, with f.variant ATTN_LT_BATCH_SM90 (Hopper), by native/flash_sm90.cu's. Decode blocks zero-fill key rows past a request's length; the Hopper row blocks read
  * them by TMA (the rest of the request's last block, or the next request's packed rows) and mask their scores, so
  * those rows must hold finite values (a cache allocated with zeros). */
 enum attn_lt_batch_error {
@@ -229,7 +228,7 @@ typedef struct attn_lt_batch_args {
     int64_t total_q, total_k;   /* rows of q and o; of k and v (varlen) */
     int64_t bt_stride, max_blocks, num_blocks, block_size; /* block_size a power of two */
     int32_t split_keys;
-    int32_t pad_;
+    int32_t decode_rows;        /* rows a kv head the decode blocks take (above); MLA decode: not read */
     int64_t workspace_bytes;    /* bytes at o_part (with more than one part) */
 } attn_lt_batch_args;
 

@@ -3,11 +3,13 @@
 #ifndef ATTN_LT_BATCH_CUH
 #define ATTN_LT_BATCH_CUH
 
-// Rows a kv head up to which a request runs on decode blocks (16 rows: query rows x Hq / Hkv).
+// Rows a kv head (query rows x Hq / Hkv) of one decode block, and of a batch whose requests' one row each needs
+// no more (the scores the decode blocks store).
 constexpr int kBatchSmallRows = 16;
-// The most rows a kv head an FP8 KV cache runs on decode blocks, a 16-row block for each 16 that read the same key
-// tiles (dense calls and batches; attn_lt/fused.py's FP8_DECODE_ROWS; more are converted first).
-constexpr int kFp8DecodeRows = 64;
+// The most rows a kv head decode blocks run, a 16-row block for each 16, all reading the same key tiles: an FP8 KV
+// cache's dense calls (attn_lt/fused.py's MAX_DECODE_ROWS; more are converted first) and any batch's
+// attn_lt_batch_args::decode_rows.
+constexpr int kMaxDecodeRows = 64;
 
 // A request as the kernels run it: query rows [q0, q0 + nq) of the packed q and o (nq 0: nothing to write), and
 // its visible keys (nk; varlen: rows [k0, k0 + nk) of k and v).
@@ -42,14 +44,9 @@ __device__ __forceinline__ BatchRequest batch_request(const attn_lt_batch_args& 
     return r;
 }
 
-// Rows a kv head a batch's decode blocks take, and the rows a (request, kv head) of their partials: 16; with an FP8
-// cache (which only they read) the capacity's rows a kv head rounded up to 16, at most kFp8DecodeRows, in a 16-row
-// block for each 16 (attn_lt/batch.py's _decode_rows).
-__host__ __device__ __forceinline__ int batch_decode_rows(const attn_lt_batch_args& a) {
-    if (a.f.kv_dtype == ATTN_LT_NONE) return kBatchSmallRows;
-    const int64_t rows = (a.f.Sq * (a.f.Hq / a.f.Hkv) + 15) / 16 * 16;
-    return static_cast<int>(rows < kBatchSmallRows ? kBatchSmallRows : rows > kFp8DecodeRows ? kFp8DecodeRows : rows);
-}
+// Rows a kv head a batch's decode blocks take, and the rows a (request, kv head) of their partials, as the plan
+// set them (attn_lt_batch_args::decode_rows; batch_status checks them).
+__host__ __device__ __forceinline__ int batch_decode_rows(const attn_lt_batch_args& a) { return a.decode_rows; }
 
 // The parts a request of `keys` keys runs in when the keys are cut in parts of split_keys (0: one part): ceil(keys /
 // split_keys), none without keys; with keys = f.Sk, the capacity's parts that size the grid and the partials. Exact

@@ -404,9 +404,15 @@ constexpr int stages() {
 // 16-key slices, each warp with its own online softmax; the warps' (max, sum, O) are joined through shared memory at
 // the end. Without W a warp owns MT m16 row tiles and every key of a tile.
 // SM: shared memory holds mask stages (the launcher reserves them where mask_stage_rows says so).
-// BT: a serving batch (attn_lt_batch_args): the block's request and its lengths come from device memory; W blocks
-// run the requests of at most kBatchSmallRows rows a kv head (their keys in parts of split_keys), the others the rest.
+// BT: a serving batch (attn_lt_batch_args): the block's request and its lengths come from device memory. Its
+// requests of at most batch_decode_rows rows a kv head run on the decode grid, their keys in parts of split_keys
+// (merged by LSE): W blocks those of at most 16 rows, G blocks (group blocks: one 64-row block, MT 1, without W)
+// the others, which one CTA runs reading each key tile once (without kGroupBlocks, W blocks all of them, a 16-row
+// block for each 16); the row blocks (neither) the longer requests, keys whole.
 // F8 (W blocks only): k and v hold e4m3 (attn_lt_flash_args::kv_dtype), the MMAs run in fp16.
+// Group blocks run at D <= 128 on a 16-bit cache; D 256 (whose 64-row block spills) and FP8 use 16-row W blocks.
+template <int D, bool F8>
+constexpr bool kGroupBlocks = D <= 128 && !F8;
 template <bool BT>
 using KernelArgs = std::conditional_t<BT, attn_lt_batch_args, attn_lt_flash_args>;
 // Decode blocks that can store a step's scores (attn_lt_flash_args::scores): a dense call on an FP8 cache stores
@@ -420,9 +426,10 @@ constexpr bool kStoresScores = W && (BT || !F8);
 template <int D, int MT, bool F8>
 constexpr int flash_min_ctas() { return F8 && D <= 128 ? 3 : (D == 64 || MT == 1) ? 2 : 1; }
 
-template <int D, typename T, int MT, bool W, bool SM, bool BT = false, bool F8 = false>
+template <int D, typename T, int MT, bool W, bool SM, bool BT = false, bool F8 = false, bool G = false>
 __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_fwd(const KernelArgs<BT> args) {
     static_assert(!BT || !SM, "serving batches take no dense mask");
+    static_assert(!G || (BT && !W && MT == 1 && kGroupBlocks<D, F8>), "group blocks: 64-row blocks, decode grid");
     static_assert(!F8 || (W && !SM), "FP8 K/V: decode blocks, masks read by strides");
     using KV = std::conditional_t<F8, uint8_t, T>;  // K/V elements in memory
     using C = std::conditional_t<F8, __half, T>;    // the MMAs' operands
@@ -447,10 +454,11 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
     // The request of a serving batch (its lengths from device memory), or the dense call's shape.
     const BatchRequest req = request_of(args, static_cast<int>(b), blockIdx.x == 0 && hk == 0 && blockIdx.z == 0 &&
                                                                        threadIdx.x == 0);
-    // a batch's rows a kv head on decode blocks: 16 (a compile-time constant but with an FP8 cache, so that the
-    // 16-bit kernels keep their registers), or batch_decode_rows
-    if constexpr (BT) {
-        if ((req.nq * g <= (F8 ? batch_decode_rows(args) : kBatchSmallRows)) != W) return;  // the other kernel's
+    if constexpr (BT) {  // the request's blocks (see G above), or another kernel's request
+        const int rows = req.nq * g;
+        if (W ? rows > (kGroupBlocks<D, F8> ? kBatchSmallRows : batch_decode_rows(args))
+              : G ? rows <= kBatchSmallRows || rows > batch_decode_rows(args) : rows <= batch_decode_rows(args))
+            return;
     }
     const int Sq = req.nq, Sk = req.nk;
     const int64_t q_row0 = req.q0;  // serving batches: the request's first packed query row
@@ -866,7 +874,7 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
     // more than one part (batch_parts(Sk, split_keys) > 1, without its division); a serving batch's request of one
     // part writes its rows itself
     const bool split = fixed_parts ? Sk > split_tiles(args) * kBlockN : gridDim.z > 1;
-    const int64_t rows_out = BT && !F8 ? a.B * a.Hkv * kBatchSmallRows : merge_rows(args);
+    const int64_t rows_out = merge_rows(args);
     if constexpr (W) {
         // Join the four warps' online softmaxes of the same 16 rows: every warp puts its row max, row sum and
         // unnormalised O in shared memory (over the K/V ring, now idle); then thread t finishes row t / 8, columns
@@ -919,8 +927,7 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
         const float inv = fin.x * v_desc, lse = fin.y;
         // the partials' row, and the LSE's: (b, h, position) of (B, Hq, Sq), or for a serving batch
         // (b, kv head, block row) of (B, Hkv, batch_decode_rows) and (h, packed row) of (Hq, total_q)
-        const int64_t orow =
-            BT ? bk * (F8 ? decode_rows_of(args) : kBatchSmallRows) + rr : (b * a.Hq + head) * a.Sq + p;
+        const int64_t orow = BT ? bk * decode_rows_of(args) + rr : (b * a.Hq + head) * a.Sq + p;
         const int64_t lrow = BT ? head * batch_total_q(args) + q_row0 + p : orow;
         float* op = split ? a.o_part + (part * rows_out + orow) * D + c0 : nullptr;
         T* out = static_cast<T*>(a.o) + (BT ? (q_row0 + p) * a.o_ss : b * a.o_sb + p * a.o_ss) + head * a.o_sh + c0;
@@ -961,12 +968,13 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
             // (b, h, position) in (B, Hq, Sq); a serving batch's LSE: (h, packed row) in (Hq, total_q)
             const int64_t row =
                 BT ? head * batch_total_q(args) + q_row0 + pos[t][r] : (b * a.Hq + head) * a.Sq + pos[t][r];
-            if (split) {
-                float* op = a.o_part + (part * rows_out + row) * D + col;
+            if (split) {  // (a serving batch's group blocks: the partials' row as the decode blocks')
+                const int64_t orow = G ? bk * decode_rows_of(args) + rr : row;
+                float* op = a.o_part + (part * rows_out + orow) * D + col;
 #pragma unroll
                 for (int d = 0; d < D / 8; ++d)
                     *reinterpret_cast<float2*>(op + d * 8) = make_float2(o[t][d][2 * r] * inv, o[t][d][2 * r + 1] * inv);
-                if (lane % 4 == 0) a.lse_part[part * rows_out + row] = lse;
+                if (lane % 4 == 0) a.lse_part[part * rows_out + orow] = lse;
             } else {
                 T* out = static_cast<T*>(a.o) + (BT ? q_row0 * a.o_ss : b * a.o_sb) + head * a.o_sh +
                          int64_t(pos[t][r]) * a.o_ss;
@@ -980,14 +988,14 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
 }
 
 // Launch flash_fwd on `grid`: shared memory for Q, the K/V ring and the mask stages (mask_stage_rows), opted in.
-template <int D, typename T, int MT, bool W, bool SM, bool BT, bool F8 = false>
+template <int D, typename T, int MT, bool W, bool SM, bool BT, bool F8 = false, bool G = false>
 cudaError_t launch_kernel(const KernelArgs<BT>& args, dim3 grid, cudaStream_t stream) {
     constexpr int kBlockM = W ? 16 : kWarps * 16 * MT;
     constexpr int kStages = stages<D, MT, W, SM, F8>();
     const attn_lt_flash_args& a = flash_of(args);
     const size_t mask = SM ? size_t(kStages) * mask_stage_rows(a, W, D) * mask_pitch(mask_elem_bytes(a.mask_dtype)) : 0;
     const size_t smem = size_t(kBlockM) * D * sizeof(T) + size_t(2 * kStages * kBlockN) * D * (F8 ? 1 : sizeof(T)) + mask;
-    const auto kernel = flash_fwd<D, T, MT, W, SM, BT, F8>;
+    const auto kernel = flash_fwd<D, T, MT, W, SM, BT, F8, G>;
     const cudaError_t err = opt_in_smem(reinterpret_cast<const void*>(kernel), smem);
     if (err != cudaSuccess) return err;
     kernel<<<grid, kThreads, smem, stream>>>(args);
@@ -1009,7 +1017,7 @@ cudaError_t launch(const attn_lt_flash_args& a, cudaStream_t stream) {
 // warps split the keys; else one m16 tile a warp (64 rows a CTA, 2 CTAs an SM) for row counts up to 64, dense
 // masks, and D = 256 (whose shared memory allows no more); else two (128 rows), each K/V fragment feeding two MMAs.
 // Masked blocks reserve mask stages where they stage the mask (mask_stage_rows). FP8 K/V: decode blocks, one for
-// each 16 rows (the caller checked the rows: kFp8DecodeRows), their masks read by strides.
+// each 16 rows (the caller checked the rows: kMaxDecodeRows), their masks read by strides.
 template <int D, typename T>
 cudaError_t launch_dim(const attn_lt_flash_args& a, cudaStream_t stream) {
     const int64_t rows = a.Sq * (a.Hq / a.Hkv);
@@ -1039,14 +1047,15 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 // ---- serving batches ---------------------------------------------------------------------------------------------
 
-// The row blocks (requests of more than 16 rows a kv head; the tiling of launch_dim), then the decode blocks and
-// their merge. Each grid is sized for the capacity; blocks of requests that do not need them return at once.
+// The row blocks (requests of more than batch_decode_rows rows a kv head; the tiling of launch_dim), then the
+// decode grid's blocks (flash_fwd's BT: W, and G for requests past 16 rows) and their merge. Each grid is sized for
+// the capacity; blocks of requests that do not need them return at once.
 template <int D, typename T>
 int launch_batch(const attn_lt_batch_args& a, cudaStream_t stream) {
     const int64_t g = a.f.Hq / a.f.Hkv, rows = g * a.f.Sq;
     const unsigned bk = static_cast<unsigned>(a.f.B * a.f.Hkv);
     const bool f8 = a.f.kv_dtype == ATTN_LT_E4M3;  // (decode blocks only: the caller checked the rows)
-    if (rows > kBatchSmallRows && !f8) {
+    if (rows > batch_decode_rows(a)) {
         if (a.f.variant == ATTN_LT_BATCH_SM90) {
             const int err = attn_lt_flash_sm90_batch(&a, stream);
             if (err != 0) return err;
@@ -1060,10 +1069,18 @@ int launch_batch(const attn_lt_batch_args& a, cudaStream_t stream) {
         }
     }
     if (g > batch_decode_rows(a)) return 0;
-    const int64_t parts = batch_parts<int64_t>(a.f.Sk, a.split_keys);
-    const dim3 grid(unsigned(batch_decode_rows(a) / 16), bk, unsigned(parts));
-    cudaError_t err = f8 ? launch_kernel<D, T, 1, true, false, true, true>(a, grid, stream)
-                         : launch_kernel<D, T, 1, true, false, true>(a, grid, stream);
+    const unsigned parts = static_cast<unsigned>(batch_parts<int64_t>(a.f.Sk, a.split_keys));
+    const dim3 blocks16(unsigned(batch_decode_rows(a) / 16), bk, parts);
+    cudaError_t err = cudaSuccess;
+    if (f8) {
+        err = launch_kernel<D, T, 1, true, false, true, true>(a, blocks16, stream);
+    } else if constexpr (!kGroupBlocks<D, false>) {
+        err = launch_kernel<D, T, 1, true, false, true>(a, blocks16, stream);
+    } else {
+        if (g <= kBatchSmallRows) err = launch_kernel<D, T, 1, true, false, true>(a, dim3(1, bk, parts), stream);
+        if (err == cudaSuccess && batch_decode_rows(a) > kBatchSmallRows)
+            err = launch_kernel<D, T, 1, false, false, true, false, true>(a, dim3(1, bk, parts), stream);
+    }
     if (err == cudaSuccess && parts > 1) err = merge<D, T>(a, stream);
     return static_cast<int>(err);
 }
@@ -1430,9 +1447,9 @@ bool fp8_ok(const attn_lt_flash_args& a) {
 }
 
 // Whether an FP8 cache's rows a kv head (query rows x Hq / Hkv; a batch: at capacity) are ones the decode blocks run
-// (at most kFp8DecodeRows, a 16-row block for each 16); a 16-bit cache: always.
-bool fp8_rows_ok(const attn_lt_flash_args& a) {
-    return a.kv_dtype == ATTN_LT_NONE || a.Sq * (a.Hq / a.Hkv) <= kFp8DecodeRows;
+// (at most `rows`: a dense call's kMaxDecodeRows, a batch's decode_rows); a 16-bit cache: always.
+bool fp8_rows_ok(const attn_lt_flash_args& a, int64_t rows) {
+    return a.kv_dtype == ATTN_LT_NONE || a.Sq * (a.Hq / a.Hkv) <= rows;
 }
 
 // What the dense and batch forward and mass launchers check alike (0: it holds): the shape, q and k (addresses,
@@ -1479,6 +1496,9 @@ int batch_status(const attn_lt_batch_args& a) {
     // paged_at: a block's stride and its rows below 2^31 elements
     if (paged && (f.k_sb >= (1LL << 31) || f.v_sb >= (1LL << 31) || a.block_size * (f.k_ss + f.v_ss) >= (1LL << 31)))
         return ATTN_LT_ERR_STRIDES;
+    // MLA decode (D 576) has no decode rows; the others 16 to kMaxDecodeRows, a multiple of 16
+    if (f.D != 576 && (a.decode_rows < kBatchSmallRows || a.decode_rows > kMaxDecodeRows || a.decode_rows % 16))
+        return ATTN_LT_ERR_BATCH;
     return 0;
 }
 
@@ -1615,7 +1635,7 @@ extern "C" int attn_lt_batch_fwd(const attn_lt_batch_args* a, void* stream) {
     if (a->f.D == 576) return attn_lt_flash_sm90_batch(a, stream);  // MLA decode: the Hopper kernel only
     if (const int status = batch_status(*a)) return status;
     const attn_lt_flash_args& f = a->f;
-    if (!fp8_rows_ok(f)) return ATTN_LT_ERR_DTYPE;
+    if (!fp8_rows_ok(f, batch_decode_rows(*a))) return ATTN_LT_ERR_DTYPE;
     if (f.v == nullptr || f.o == nullptr) return ATTN_LT_ERR_ARGS;
     if (!aligned16(f.v) || !aligned16(f.o)) return ATTN_LT_ERR_ALIGNMENT;
     if ((f.v_ss | f.v_sh | f.v_sb) % 8 != 0 || (f.o_ss | f.o_sh) % 2 != 0) return ATTN_LT_ERR_STRIDES;
@@ -1645,7 +1665,7 @@ extern "C" int attn_lt_batch_fwd(const attn_lt_batch_args* a, void* stream) {
 extern "C" int attn_lt_flash_fwd(const attn_lt_flash_args* a, void* stream) {
     if (a == nullptr || a->o == nullptr || a->v == nullptr) return ATTN_LT_ERR_ARGS;
     if (const int status = qk_status(*a)) return status;
-    if (!fp8_rows_ok(*a)) return ATTN_LT_ERR_DTYPE;
+    if (!fp8_rows_ok(*a, kMaxDecodeRows)) return ATTN_LT_ERR_DTYPE;
     if (a->kv_dtype != ATTN_LT_NONE && a->scores != nullptr) return ATTN_LT_ERR_DTYPE;  // FP8: only batches store them
     if (a->B * a->Hkv > 65535) return ATTN_LT_ERR_HEADS;  // the grid's y
     if (a->Dv != 0 && a->Dv != a->D) return ATTN_LT_ERR_HEAD_DIM;

@@ -180,9 +180,33 @@ def test_plan_row_kernel():
     assert batch.plan_batch(16, 32, 8, 128, facts=H100, **prefill).row_kernel == "sm90"
     assert batch.plan_batch(16, 32, 8, 128, facts=A100, **prefill).row_kernel == "flash"
     assert batch.plan_batch(16, 32, 8, 128, facts=H100, block_size=64, **prefill).row_kernel == "sm90"
-    # more than 16 query heads a kv head: no decode blocks, every request on row blocks
-    mqa = batch.plan_batch(8, 32, 1, 128, max_seqlen_q=1, max_seqlen_k=4096, facts=H100)
+    # more than 64 query heads a kv head: no decode blocks, every request on row blocks
+    mqa = batch.plan_batch(8, 128, 1, 128, max_seqlen_q=1, max_seqlen_k=4096, facts=H100)
     assert not mqa.decode_blocks and mqa.row_kernel == "sm90"
+
+
+@pytest.mark.parametrize("Hq,Hkv,max_q,rows,row_kernel", [
+    (32, 8, 1, 16, False), (32, 8, 4, 16, False), (32, 8, 5, 32, False),  # speculative decoding: 20 rows a kv head
+    (32, 8, 16, 64, False), (32, 8, 17, 16, True),  # 68 rows: prefill rows, the row blocks take them
+    (32, 1, 1, 32, False), (48, 1, 1, 48, False),  # one row of a group of 32 / 48 heads: two / three 16-row blocks
+    (32, 1, 4096, 32, True), (128, 1, 1, 16, True), (64, 1, 1, 64, False)])
+def test_plan_decode_rows(Hq, Hkv, max_q, rows, row_kernel):
+    """The decode blocks take the capacity's rows a kv head up to MAX_DECODE_ROWS (a 16-row block for each 16); past
+    that one row's group, the longer requests on row blocks. The same plan for a 16-bit and an FP8 cache."""
+    p = batch.plan_batch(64, Hq, Hkv, 128, max_seqlen_q=max_q, max_seqlen_k=8192, block_size=16, facts=H100)
+    g = Hq // Hkv
+    assert p.decode_rows == rows and p.decode_blocks == (g <= rows) and (p.row_kernel is not None) == row_kernel
+    assert p.workspace_bytes == (p.parts * 64 * Hkv * rows * 129 * 4 if p.parts > 1 else 0)
+    a = batch._plan_args(p, "bf16", 1.0, True, torch.zeros(1, dtype=torch.int32), None)
+    assert a.decode_rows == rows and a.split_keys == p.split_keys
+    if p.decode_blocks and rows > 16:  # (a 16-bit cache: one 64-row block; an FP8 one: a 16-row block for each 16)
+        assert "one 64-row block a kv head" in str(p) and f"{rows // 16} blocks of 16 rows" in str(p)
+
+
+def test_plan_decode_rows_at_d256():
+    """D 256 runs a 16-row decode block for each 16 rows on a 16-bit cache too (its 64-row block spills)."""
+    p = batch.plan_batch(64, 32, 8, 256, max_seqlen_q=5, max_seqlen_k=8192, facts=H100)
+    assert p.decode_rows == 32 and "one 64-row block" not in str(p) and "2 blocks of 16 rows" in str(p)
 
 
 def test_plan_partials_bounded():
@@ -314,7 +338,7 @@ def test_batch_launcher_refuses_bad_arguments_without_touching_the_gpu():
         f.scale, f.dtype = 0.1, native.DTYPE_CODES["bf16"]
         a.cu_q, a.cu_k, a.error = 0x50000, 0x50100, 0x50200
         a.total_q, a.total_k = 2, 100
-        a.split_keys = 1024
+        a.split_keys, a.decode_rows = 1024, 16
         parts_rows = 4 * 2 * 2 * batch.SMALL_ROWS
         f.o_part, f.lse_part = 0x100000, 0x100000 + parts_rows * 128 * 4
         a.workspace_bytes = parts_rows * 129 * 4
@@ -328,8 +352,16 @@ def test_batch_launcher_refuses_bad_arguments_without_touching_the_gpu():
     for change, status in ((dict(error=None), 10001), (dict(cu_q=None, total_q=1), 10013),
                            (dict(cu_k=0x50101), 10005), (dict(workspace_bytes=100), 10013),
                            (dict(lse_part=0x100010), 10013), (dict(split_keys=100), 10013), (dict(D=96), 10003),
-                           (dict(block_table=0x60000), 10013)):
+                           (dict(block_table=0x60000), 10013), (dict(decode_rows=0), 10013),
+                           (dict(decode_rows=24), 10013), (dict(decode_rows=80), 10013),
+                           # an FP8 cache runs every request on decode blocks: 4 x 4 rows a kv head > 16
+                           (dict(kv_dtype=native.DTYPE_CODES["e4m3"], Sq=5), 10007)):
         assert args(**change) == status, change
+    if not torch.cuda.is_available():
+        assert args(kv_dtype=native.DTYPE_CODES["e4m3"], Sq=4) < 10000  # 16 rows a kv head: the decode blocks'
+        rows32 = 4 * 2 * 2 * 32  # (the partials of 32 decode rows)
+        assert args(kv_dtype=native.DTYPE_CODES["e4m3"], Sq=5, decode_rows=32, lse_part=0x100000 + rows32 * 128 * 4,
+                    workspace_bytes=rows32 * 129 * 4) < 10000
 
 
 @pytest.mark.native
@@ -349,7 +381,7 @@ def test_batch_mass_launcher_refuses_bad_arguments_without_touching_the_gpu():
         f.q_ss, f.q_sh, f.k_ss, f.k_sh = 1024, 128, 256, 128
         f.scale, f.dtype = 0.1, native.DTYPE_CODES["bf16"]
         a.cu_q, a.cu_k, a.error = 0x50000, 0x50100, 0x50200
-        a.total_q, a.total_k = 2, 100
+        a.total_q, a.total_k, a.decode_rows = 2, 100, 16
         m.mass, m.window = 0x70000, 1
         for name, value in change.items():
             obj = m if hasattr(native.BatchMassArgs, name) else f if not hasattr(native.BatchArgs, name) else a

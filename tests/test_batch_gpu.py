@@ -46,6 +46,16 @@ def check_against(out, lse, ref, ref_lse, torch_out):
         assert (l[fin].double() - r[fin]).abs().max().item() <= 1e-3 * (1 + r[fin].abs().max().item())
 
 
+def check_bad_block_reported(call, table, row, col, num_blocks):
+    """``call(table)`` with entry (row, col) of a copy of the block table past the cache's ``num_blocks``: its output
+    has no NaN and :func:`attn_lt.check_batch_errors` names the bad block."""
+    bad = table.clone()
+    bad[row, col] = num_blocks + 5
+    assert not torch.isnan(call(bad)).any()
+    with pytest.raises(ValueError, match="block id outside"):
+        attn_lt.check_batch_errors()
+
+
 def run_varlen(q_lens, k_lens, Hq, Hkv, D, dtype, causal, facts=None, monkeypatch=None):
     if facts is not None:
         monkeypatch.setattr(batch, "device_facts", lambda *a: facts)
@@ -565,12 +575,8 @@ def test_fp8_bad_block_reported_and_refusals():
     dtype, Hq, Hkv, D, bs = torch.float16, 16, 4, 128, 16
     k8, v8, table, seqlens_k, kd, vd, kf, vf = fp8_pages([100, 200], bs, Hkv, D, dtype)
     q = torch.randn(2, Hq, D, dtype=dtype, device="cuda")
-    bad = table.clone()
-    bad[1, 3] = k8.shape[0] + 5
-    out = attn_lt.paged_attention(q, k8, v8, bad, seqlens_k, k_descale=kd, v_descale=vd)
-    assert not torch.isnan(out).any()
-    with pytest.raises(ValueError, match="block id outside"):
-        attn_lt.check_batch_errors()
+    check_bad_block_reported(lambda t: attn_lt.paged_attention(q, k8, v8, t, seqlens_k, k_descale=kd, v_descale=vd),
+                             table, 1, 3, k8.shape[0])
     with pytest.raises(ValueError, match="FP8 KV cache"):  # factors for a 16-bit cache
         attn_lt.paged_attention(q, kf.to(dtype), vf.to(dtype), table, seqlens_k, k_descale=kd)
     with pytest.raises(ValueError, match=r"\(4,\)"):
@@ -622,13 +628,9 @@ def test_fp8_cache_with_prefill_rows(dtype, block_size):
     ref, ref_lse = varlen_reference(q, kpf, vpf, cq, ck, causal=True)
     check_fp8_against(out, lse, q, kpf, vpf, cq, ck, True, ref, ref_lse)
     # a block id outside the cache in the chunk's row: skipped and reported
-    bad = table.clone()
-    bad[4, 2] = k8.shape[0] + 5
-    out = attn_lt.paged_attention(q, k8, v8, bad, seqlens_k, cu_seqlens_q=cq, max_seqlen_q=512, k_descale=kd,
-                                  v_descale=vd)
-    assert not torch.isnan(out).any()
-    with pytest.raises(ValueError, match="block id outside"):
-        attn_lt.check_batch_errors()
+    check_bad_block_reported(lambda t: attn_lt.paged_attention(q, k8, v8, t, seqlens_k, cu_seqlens_q=cq,
+                                                               max_seqlen_q=512, k_descale=kd, v_descale=vd),
+                             table, 4, 2, k8.shape[0])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -665,13 +667,83 @@ def test_fp8_speculative_rows_on_decode_blocks(dtype, Hkv, max_q):
     one_call = attn_lt.paged_attention(q, k8, v8, table, seqlens_k, cu_seqlens_q=cq, max_seqlen_q=max_q,
                                        k_descale=kd, v_descale=vd)
     assert torch.equal(step.run(q, k8, v8, k_descale=kd, v_descale=vd), one_call)
-    bad = table.clone()
-    bad[5, 100] = k8.shape[0] + 5
-    out = attn_lt.paged_attention(q, k8, v8, bad, seqlens_k, cu_seqlens_q=cq, max_seqlen_q=max_q, k_descale=kd,
-                                  v_descale=vd)
-    assert not torch.isnan(out).any()
-    with pytest.raises(ValueError, match="block id outside"):
-        attn_lt.check_batch_errors()
+    check_bad_block_reported(lambda t: attn_lt.paged_attention(q, k8, v8, t, seqlens_k, cu_seqlens_q=cq,
+                                                               max_seqlen_q=max_q, k_descale=kd, v_descale=vd),
+                             table, 5, 100, k8.shape[0])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("Hq,Hkv,max_q,D", [(32, 8, 5, 128), (32, 4, 8, 128), (32, 1, 1, 128), (48, 1, 1, 64),
+                                             (64, 8, 8, 128), (16, 2, 5, 256), (32, 8, 3, 64)])
+def test_speculative_rows_on_decode_blocks(dtype, Hq, Hkv, max_q, D):
+    """A 16-bit cache's capacity of up to 64 query rows a kv head (speculative decoding: 5 rows x GQA 4, 8 x GQA 8;
+    one row of a group of 32 or 48 heads) on the decode blocks, a 16-row block for each 16 reading the same key
+    tiles: requests of 0 to max_q rows against 0, 1, 15, 17, 700 and 3000 keys (the long ones in parts, merged),
+    permuted tables, paged and packed keys; a BatchStep's bits equal the call's; the mass of many-row requests."""
+    bs = 16
+    seqlens, q_lens = [0, 1, 15, 17, 700, 3000], [0, 1, max_q, min(2, max_q), max_q, max(max_q - 1, 1)]
+    plan = batch.plan_batch(len(seqlens), Hq, Hkv, D, max_seqlen_q=max_q, max_seqlen_k=3008, block_size=bs)
+    rows = Hq // Hkv * max_q
+    assert plan.decode_rows == -(-rows // 16) * 16 and plan.row_kernel is None
+    k_cache, v_cache, table, seqlens_k = random_pages(seqlens, bs, Hkv, D, dtype)
+    cq = cu(q_lens)
+    q = torch.randn(sum(q_lens), Hq, D, dtype=dtype, device="cuda")
+    out = torch.full_like(q, math.nan)
+    out, lse = attn_lt.paged_attention(q, k_cache, v_cache, table, seqlens_k, cu_seqlens_q=cq, max_seqlen_q=max_q,
+                                       return_lse=True, out=out, check=True)
+    ref, ref_lse = paged_reference(q, k_cache, v_cache, table, seqlens_k, cu_seqlens_q=cq)
+    k, v, ck = paged_gather(k_cache, v_cache, table, seqlens_k)
+    check_against(out, lse, ref, ref_lse, torch_varlen(q, k, v, cq, ck, True))
+    out, lse = attn_lt.varlen_attention(q, k, v, cq, ck, max_seqlen_q=max_q, max_seqlen_k=3000, causal=True,
+                                        return_lse=True, check=True)
+    ref, ref_lse = varlen_reference(q, k, v, cq, ck, causal=True)
+    check_against(out, lse, ref, ref_lse, torch_varlen(q, k, v, cq, ck, True))
+    step = attn_lt.BatchStep(len(seqlens), Hq, Hkv, D, max_seqlen_k=table.shape[1] * bs, max_seqlen_q=max_q,
+                             block_size=bs, dtype=dtype)
+    step.plan(cq, seqlens_k, table)
+    one_call, one_mass = attn_lt.paged_attention(q, k_cache, v_cache, table, seqlens_k, cu_seqlens_q=cq,
+                                                 max_seqlen_q=max_q, return_key_mass=True)
+    got, mass = step.run(q, k_cache, v_cache, return_key_mass=True)
+    assert torch.equal(got, one_call) and torch.equal(mass, one_mass)
+    want = varlen_key_mass_reference(q, k, cq, ck, causal=True)
+    for b, n in enumerate(seqlens):
+        assert torch.allclose(mass[b, :, :n].double(), want[:, ck[b]:ck[b] + n], rtol=1e-3, atol=1e-6), b
+    check_bad_block_reported(lambda t: attn_lt.paged_attention(q, k_cache, v_cache, t, seqlens_k, cu_seqlens_q=cq,
+                                                               max_seqlen_q=max_q), table, 5, 100, k_cache.shape[0])
+
+
+@pytest.mark.parametrize("hopper", [True, False])
+def test_group_rows_beside_prefill_rows(hopper, monkeypatch):
+    """A capacity with prefill rows and a group of 32 heads a kv head: the one-row requests on two 16-row decode
+    blocks a kv head, the longer ones on row blocks, in one call."""
+    facts_with(monkeypatch, hopper)
+    dtype, Hq, Hkv, D = torch.bfloat16, 32, 1, 64
+    q_lens, k_lens = [1, 300, 1, 0, 2, 1], [5000, 700, 0, 9, 3000, 64]
+    plan = batch.plan_batch(len(q_lens), Hq, Hkv, D, max_seqlen_q=300, max_seqlen_k=5000)
+    assert plan.decode_rows == 32 and plan.row_kernel == ("sm90" if hopper else "flash")
+    run_varlen(q_lens, k_lens, Hq, Hkv, D, dtype, True)
+
+
+def test_fp8_step_mass_of_speculative_rows():
+    """A BatchStep on an FP8 cache with speculative rows returns the mass (its cache converted for it, the plan the
+    same as the decode blocks')."""
+    dtype, Hq, Hkv, D, bs, max_q = torch.bfloat16, 32, 8, 128, 16, 5
+    seqlens, q_lens = [700, 0, 3000, 17], [5, 1, 4, 2]
+    k8, v8, table, seqlens_k, kd, vd, kf, vf = fp8_pages(seqlens, bs, Hkv, D, dtype)
+    cq = cu(q_lens)
+    q = torch.randn(sum(q_lens), Hq, D, dtype=dtype, device="cuda")
+    step = attn_lt.BatchStep(len(seqlens), Hq, Hkv, D, max_seqlen_k=table.shape[1] * bs, max_seqlen_q=max_q,
+                             block_size=bs, dtype=dtype, kv_dtype=torch.float8_e4m3fn)
+    step.plan(cq, seqlens_k, table)
+    out, mass = step.run(q, k8, v8, k_descale=kd, v_descale=vd, return_key_mass=True)
+    want_out, want_mass = attn_lt.paged_attention(q, k8, v8, table, seqlens_k, cu_seqlens_q=cq, max_seqlen_q=max_q,
+                                                  k_descale=kd, v_descale=vd, return_key_mass=True)
+    assert torch.equal(out, want_out) and torch.equal(mass, want_mass)
+    k, _, ck = paged_gather(kf, vf, table, seqlens_k)
+    ref = varlen_key_mass_reference(q, k.to(dtype), cq, ck, causal=True)
+    for b, n in enumerate(seqlens):
+        assert torch.allclose(mass[b, :, :n].double(), ref[:, ck[b]:ck[b] + n], rtol=2e-2, atol=1e-4), b
+    attn_lt.check_batch_errors()
 
 
 def test_fp8_step_graph_replay():

@@ -327,6 +327,9 @@ def test_explain_batch(capsys):
                      "--max-seqlen-q", "17", "--json")  # 68 rows a kv head: converted, then the 16-bit kernels
     assert rc == 0 and "converted to q's dtype first" in json.loads(out)["kv"]
     assert json.loads(out)["decode_rows"] == 16 and json.loads(out)["row_kernel"] == "sm90"
+    rc, out, _ = run(capsys, "explain-batch", "--requests", "64", "--max-seqlen-k", "8192", "--max-seqlen-q", "5",
+                     "--json")  # a 16-bit cache's speculative decoding: 20 rows a kv head, two decode blocks
+    assert rc == 0 and json.loads(out)["decode_rows"] == 32 and json.loads(out)["row_kernel"] is None
 
 
 def test_explain_the_attention_variants(capsys):

@@ -11,12 +11,16 @@
 3. **mixed batch**: 4 prefill chunks of 2048 tokens against prefixes of 8k-32k plus 60 decode rows of 1k-32k from a
    paged cache (block size 16), one call, against the prefill-only and decode-only calls.
 4. **graph replay**: the ragged decode call captured once and replayed with new lengths.
-5. **MLA decode** (Hopper): q (B, Hq, 576) against a paged latent cache (block size 64, v its first 512 columns):
+5. **speculative decoding**: B 64 requests of 5 query rows (20 rows a kv head) against 8k keys each, paged (block
+   sizes 16 and 64): the same step with one row a request, the roofline of the cache's bytes, attn_lt's dense call
+   on the contiguous cache and SDPA's cuDNN backend with the bottom-right causal mask; the paged call on the same
+   cache in FP8.
+6. **MLA decode** (Hopper): q (B, Hq, 576) against a paged latent cache (block size 64, v its first 512 columns):
    ragged lengths against the roofline of the latent bytes the requests own; equal lengths against attn_lt's dense
    MLA decode on a contiguous cache and SDPA on the padded cache (where a backend takes D 576); the key-split
    sizes around the planned one.
 
-    python tools/bench_batch.py [--out DIR] [--quick]
+    python tools/bench_batch.py [--out DIR] [--quick | --only PART[,PART]]
 
 Prints a short table last; writes DIR/batch.json. Medians of CUDA-event timings (triton's do_bench).
 """
@@ -35,10 +39,13 @@ import torch  # noqa: E402
 
 import attn_lt  # noqa: E402
 from attn_lt.fused import device_facts  # noqa: E402
-from attn_lt.testing import cu_seqlens, random_pages, time_ms  # noqa: E402
+from attn_lt.testing import cu_seqlens, fp8_kv, random_pages, time_ms  # noqa: E402
 
 DT = torch.bfloat16
 HQ, HKV, D = 32, 8, 128
+
+
+PARTS = ("decode", "mixed", "spec", "mla", "host", "prefill", "graph")
 
 
 def copy_rate_tbs() -> float:
@@ -198,6 +205,37 @@ def mixed_batch(rng: random.Random) -> dict:
     return res
 
 
+def speculative_decode(rate: float, B: int = 64, rows: int = 5, keys: int = 8192) -> dict:
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q = torch.randn(B * rows, HQ, D, dtype=DT, device="cuda")
+    cq = cu([rows] * B)
+    owned = B * keys * HKV * D * 2 * 2
+    res = {"B": B, "rows": rows, "keys": keys, "roofline_ms": owned / rate * 1e3}
+    for bs in (16, 64):
+        kc, vc, table, sk = random_pages([keys] * B, bs, HKV, D, DT)
+        res[f"paged{bs}_ms"] = time_ms(lambda: attn_lt.paged_attention(q, kc, vc, table, sk, cu_seqlens_q=cq,
+                                                                        max_seqlen_q=rows))
+        res[f"one_row{bs}_ms"] = time_ms(lambda: attn_lt.paged_attention(q[:B], kc, vc, table, sk))
+        res[f"paged{bs}_roofline"] = res["roofline_ms"] / res[f"paged{bs}_ms"]
+        if bs == 16:  # the same cache in FP8 (e4m3, a factor a kv head)
+            (k8, kd), (v8, vd) = fp8_kv(kc), fp8_kv(vc)
+            res["fp8_paged16_ms"] = time_ms(lambda: attn_lt.paged_attention(
+                q, k8, v8, table, sk, cu_seqlens_q=cq, max_seqlen_q=rows, k_descale=kd, v_descale=vd))
+            res["fp8_one_row16_ms"] = time_ms(lambda: attn_lt.paged_attention(q[:B], k8, v8, table, sk, k_descale=kd,
+                                                                                v_descale=vd))
+    kd = torch.randn(B, HKV, keys, D, dtype=DT, device="cuda")
+    vd = torch.randn_like(kd)
+    qd = q.view(B, rows, HQ, D).transpose(1, 2)
+    res["dense_attn_lt_ms"] = time_ms(lambda: attn_lt.attention(qd, kd, vd, causal=True))
+    # bottom-right causal: row i sees keys j <= keys - rows + i
+    mask = torch.ones(rows, keys, dtype=torch.bool, device="cuda").tril(keys - rows)
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        peer(res, "sdpa_cudnn", lambda: F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, enable_gqa=True))
+    return res
+
+
 def graph_replay(lengths: list[int]) -> dict:
     B, cap = len(lengths), max(lengths)
     kc, vc, table, sk = random_pages([cap] * B, 16, HKV, D, DT)
@@ -290,26 +328,43 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench-results")
     ap.add_argument("--quick", action="store_true", help="ragged decode and mixed batch only")
+    ap.add_argument("--only", default=None, help=f"comma-separated parts of {', '.join(PARTS)}")
     a = ap.parse_args()
-    rng = random.Random(0)
+    parts = set(PARTS) if a.only is None else set(a.only.split(","))
+    if a.quick:
+        parts &= {"decode", "mixed"}
+    if parts - set(PARTS):
+        ap.error(f"unknown parts {sorted(parts - set(PARTS))}; choose from {', '.join(PARTS)}")
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
     rate = res["copy_TBs"] = copy_rate_tbs()
-    res["decode64"] = ragged_decode([rng.randrange(256, 8193) for _ in range(64)], rate * 1e12)
-    res["decode16"] = ragged_decode([65536] + [rng.randrange(4096, 65537) for _ in range(15)], rate * 1e12)
-    res["mixed"] = mixed_batch(rng)
-    if device_facts().hopper:
+    if "decode" in parts:
+        rng = random.Random(0)
+        res["decode64"] = ragged_decode([rng.randrange(256, 8193) for _ in range(64)], rate * 1e12)
+        res["decode16"] = ragged_decode([65536] + [rng.randrange(4096, 65537) for _ in range(15)], rate * 1e12)
+    # (each part's lengths from its own generator: the same whichever parts run)
+    if "mixed" in parts:
+        res["mixed"] = mixed_batch(random.Random(1))
+    if "spec" in parts:
+        res["spec"] = speculative_decode(rate * 1e12)
+    rng = random.Random(2)
+    if "mla" in parts and device_facts().hopper:
         res["mla64"] = mla_decode([rng.randrange(256, 8193) for _ in range(64)], 128, rate * 1e12, sweep=True)
         res["mla_equal"] = mla_decode([4096] * 64, 128, rate * 1e12)
         res["mla32_tp8"] = mla_decode([rng.randrange(4096, 32769) for _ in range(32)], 16, rate * 1e12, sweep=True)
-    res["host"] = host_costs()
-    if not a.quick:
-        res["prefill"] = packed_prefill(rng)
+    if "host" in parts:
+        res["host"] = host_costs()
+    if "prefill" in parts:
+        res["prefill"] = packed_prefill(random.Random(3))
+    if "graph" in parts:
+        rng = random.Random(4)
         res["graph"] = graph_replay([rng.randrange(256, 8193) for _ in range(64)])
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "batch.json"), "w") as f:
         json.dump(res, f, indent=1)
     print(f"{res['gpu']}: copy rate {rate:.2f} TB/s")
     for name in ("decode64", "decode16"):
+        if name not in res:
+            continue
         r = res[name]
         cud = r.get("padded_cudnn_ms")
         print(f"ragged decode B{r['B']} lengths {r['lengths']}: roofline {r['roofline_ms']:.3f} ms | varlen "
@@ -327,19 +382,30 @@ def main() -> int:
             print(f"MLA decode {name} B{r['B']} Hq{r['Hq']} lengths {r['lengths']}: roofline {r['roofline_ms']:.3f} ms"
                   f" | paged64 {r['paged_ms']:.3f} ({r['paged_roofline']:.0%}; parts of {r['split_keys']}, "
                   f"{r['parts']}){dense} {sweep}")
-    h = res["host"]
-    print(f"host us/call (B{h['B']} Sk{h['Sk']}): step.plan {h['step_plan_us']:.1f} | step.run {h['step_run_us']:.1f} | "
-          f"paged_attention {h['paged_attention_us']:.1f} | dense attention() {h['dense_attn_lt_us']:.1f} | SDPA "
-          f"{h['sdpa_us']:.1f}")
-    m = res["mixed"]
-    print(f"mixed batch: {m['mixed_ms']:.3f} ms vs prefill {m['prefill_ms']:.3f} + decode {m['decode_ms']:.3f} "
-          f"({m['mixed_vs_sum']:.2f}x the sum)")
+    if "spec" in res:
+        r = res["spec"]
+        cud = r.get("sdpa_cudnn_ms")
+        print(f"speculative decoding B{r['B']} x {r['rows']} rows, {r['keys']} keys: roofline {r['roofline_ms']:.3f} ms"
+              f" | paged16 {r['paged16_ms']:.3f} ({r['paged16_roofline']:.0%}; one row {r['one_row16_ms']:.3f}) | "
+              f"paged64 {r['paged64_ms']:.3f} ({r['paged64_roofline']:.0%}; one row {r['one_row64_ms']:.3f}) | dense "
+              f"attn_lt {r['dense_attn_lt_ms']:.3f} | SDPA cuDNN (mask) {cud if cud is None else round(cud, 3)} | "
+              f"FP8 paged16 {r['fp8_paged16_ms']:.3f} (one row {r['fp8_one_row16_ms']:.3f})")
+    h = res.get("host")
+    if h:
+        print(f"host us/call (B{h['B']} Sk{h['Sk']}): step.plan {h['step_plan_us']:.1f} | step.run "
+              f"{h['step_run_us']:.1f} | paged_attention {h['paged_attention_us']:.1f} | dense attention() "
+              f"{h['dense_attn_lt_us']:.1f} | SDPA {h['sdpa_us']:.1f}")
+    m = res.get("mixed")
+    if m:
+        print(f"mixed batch: {m['mixed_ms']:.3f} ms vs prefill {m['prefill_ms']:.3f} + decode {m['decode_ms']:.3f} "
+              f"({m['mixed_vs_sum']:.2f}x the sum)")
     if "prefill" in res:
         p = res["prefill"]
         tv = p.get("torch_varlen_tflops")
         print(f"packed prefill ({p['docs']} docs, {p['tokens']} tokens): varlen {p['varlen_tflops']:.0f} TFLOP/s | "
               f"dense S{p['dense_S']} {p['dense_tflops']:.0f} ({p['varlen_vs_dense']:.2f}x) | SDPA per doc "
               f"{p['sdpa_per_doc_tflops']:.0f} | torch varlen {tv if tv is None else round(tv)}")
+    if "graph" in res:
         g = res["graph"]
         print(f"graph: eager {g['eager_ms']:.3f} ms, replay {g['replay_ms']:.3f} ms")
     return 0
