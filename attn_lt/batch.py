@@ -53,7 +53,7 @@ KEY_TILE, SPLIT_MIN_KEYS = 64, 256
 #: The decode blocks' parts are sized so that a batch at capacity gives about this many CTAs a CTA slot (two CTAs
 #: an SM): enough short CTAs that requests of different lengths even out over the SMs.
 SPLIT_WAVES = 8
-#: The largest head dim whose requests past 16 rows a kv head run on one 64-row block of the decode grid (a 16-bit
+#: The largest head dim whose requests past 16 rows a kv head run on one group block of the decode grid (a 16-bit
 #: cache; native/flash.cu's kGroupBlocks): D 256, and an FP8 cache, run a 16-row decode block for each 16.
 GROUP_BLOCK_MAX_D = 128
 MAX_PARTS = 1024
@@ -142,8 +142,9 @@ class BatchPlan:
             blocks = "16-row decode blocks of native/flash.cu (mma.sync, the four warps splitting each key tile)"
             sixteen = f"{n // 16} blocks of 16 rows a kv head, reading the same key tiles"
             if n > SMALL_ROWS and self.D <= GROUP_BLOCK_MAX_D:
-                blocks = (f"up to 16 rows on {blocks}, more on one 64-row block a kv head that reads each key tile "
-                          f"once (an FP8 cache: {sixteen})")
+                blocks = (f"up to 16 rows on {blocks}, more on one group block a kv head that reads each key tile "
+                          "once (up to 32 rows: two warps on each 16, splitting the tile; up to 64: a warp an m16 "
+                          f"tile) (an FP8 cache: {sixteen})")
             elif n > SMALL_ROWS:
                 blocks = f"{blocks}, {sixteen}"
             lines.append(f"requests of at most {n} rows a kv head (query rows x {g}): {blocks}, {split}")

@@ -406,13 +406,21 @@ constexpr int stages() {
 // SM: shared memory holds mask stages (the launcher reserves them where mask_stage_rows says so).
 // BT: a serving batch (attn_lt_batch_args): the block's request and its lengths come from device memory. Its
 // requests of at most batch_decode_rows rows a kv head run on the decode grid, their keys in parts of split_keys
-// (merged by LSE): W blocks those of at most 16 rows, G blocks (group blocks: one 64-row block, MT 1, without W)
-// the others, which one CTA runs reading each key tile once (without kGroupBlocks, W blocks all of them, a 16-row
-// block for each 16); the row blocks (neither) the longer requests, keys whole.
+// (merged by LSE): W blocks those of at most 16 rows, group blocks (G, MT 1, without W; one CTA a request, kv head
+// and part, reading each key tile once) the others: G 2 up to 32 rows, two warps on each 16 rows splitting every
+// key tile as W's four do; G 1 up to 64, a warp an m16 tile. The row blocks (neither) run the longer requests, keys
+// whole.
 // F8 (W blocks only): k and v hold e4m3 (attn_lt_flash_args::kv_dtype), the MMAs run in fp16.
-// Group blocks run at D <= 128 on a 16-bit cache; D 256 (whose 64-row block spills) and FP8 use 16-row W blocks.
+// Group blocks run at D <= 128 on a 16-bit cache; at D 256 (whose 64-row block spills) and on an FP8 cache W blocks
+// take every request of the decode grid, a 16-row block for each 16.
 template <int D, bool F8>
 constexpr bool kGroupBlocks = D <= 128 && !F8;
+// Rows of a block (W 16, G 2 32, else a warp's MT m16 tiles each), and the warps that share each m16 row tile,
+// splitting each key tile between them.
+template <int MT, bool W, int G>
+constexpr int block_rows() { return W ? 16 : G == 2 ? 32 : kWarps * 16 * MT; }
+template <bool W, int G>
+constexpr int key_splits() { return W ? kWarps : G == 2 ? 2 : 1; }
 template <bool BT>
 using KernelArgs = std::conditional_t<BT, attn_lt_batch_args, attn_lt_flash_args>;
 // Decode blocks that can store a step's scores (attn_lt_flash_args::scores): a dense call on an FP8 cache stores
@@ -426,18 +434,19 @@ constexpr bool kStoresScores = W && (BT || !F8);
 template <int D, int MT, bool F8>
 constexpr int flash_min_ctas() { return F8 && D <= 128 ? 3 : (D == 64 || MT == 1) ? 2 : 1; }
 
-template <int D, typename T, int MT, bool W, bool SM, bool BT = false, bool F8 = false, bool G = false>
+template <int D, typename T, int MT, bool W, bool SM, bool BT = false, bool F8 = false, int G = 0>
 __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_fwd(const KernelArgs<BT> args) {
     static_assert(!BT || !SM, "serving batches take no dense mask");
-    static_assert(!G || (BT && !W && MT == 1 && kGroupBlocks<D, F8>), "group blocks: 64-row blocks, decode grid");
+    static_assert(G == 0 || (BT && !W && MT == 1 && kGroupBlocks<D, F8>), "group blocks: a batch's decode grid");
     static_assert(!F8 || (W && !SM), "FP8 K/V: decode blocks, masks read by strides");
     using KV = std::conditional_t<F8, uint8_t, T>;  // K/V elements in memory
     using C = std::conditional_t<F8, __half, T>;    // the MMAs' operands
     const attn_lt_flash_args& a = flash_of(args);
     static_assert(!W || MT == 1, "the warp-split mode has one m16 tile");
     static_assert(!SM || MT == 1, "masks run with one m16 tile a warp");
-    constexpr int kBlockM = W ? 16 : kWarps * 16 * MT;
-    constexpr int kNW = W ? kBlockN / kWarps : kBlockN;  // keys of a tile a warp takes
+    constexpr int kBlockM = block_rows<MT, W, G>();
+    constexpr int kKS = key_splits<W, G>();  // warps on each m16 row tile
+    constexpr int kNW = kBlockN / kKS;       // keys of a tile a warp takes
     constexpr int kStages = stages<D, MT, W, SM, F8>();
     extern __shared__ __align__(128) unsigned char smem[];
     T* sQ = reinterpret_cast<T*>(smem);
@@ -454,10 +463,11 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
     // The request of a serving batch (its lengths from device memory), or the dense call's shape.
     const BatchRequest req = request_of(args, static_cast<int>(b), blockIdx.x == 0 && hk == 0 && blockIdx.z == 0 &&
                                                                        threadIdx.x == 0);
-    if constexpr (BT) {  // the request's blocks (see G above), or another kernel's request
-        const int rows = req.nq * g;
+    if constexpr (BT) {  // the request's blocks (see BT above), or another kernel's request
+        const int rows = req.nq * g, lo = G == 1 ? 32 : G == 2 ? kBatchSmallRows : 0;
         if (W ? rows > (kGroupBlocks<D, F8> ? kBatchSmallRows : batch_decode_rows(args))
-              : G ? rows <= kBatchSmallRows || rows > batch_decode_rows(args) : rows <= batch_decode_rows(args))
+              : G ? rows <= lo || rows > (G == 2 ? min(32, batch_decode_rows(args)) : batch_decode_rows(args))
+                  : rows <= batch_decode_rows(args))
             return;
     }
     const int Sq = req.nq, Sk = req.nk;
@@ -556,7 +566,8 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
     for (int t = 0; t < MT; ++t)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-            const int r = min(m0 + (W ? 0 : (warp * MT + t) * 16) + lane / 4 + e * 8, rows_all - 1);  // rows past the end:
+            const int r = min(m0 + (W ? 0 : ((G == 2 ? warp % 2 : warp) * MT + t) * 16) + lane / 4 + e * 8,
+                              rows_all - 1);  // rows past the end:
             pos[t][e] = r / g;                                                                  // results unused
             if (kMaskable) moff[t][e] = mask_row(r);
         }
@@ -634,9 +645,10 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
     // softcap: the scaled score s becomes cap * tanh(s / cap), here straight into the exp2 domain
     const bool capped = a.softcap > 0.f;
     const float cap_in = capped ? qk_scale / a.softcap : 0.f, cap_out = a.softcap * kLog2e;
-    const bool warp_active = W || warp * MT * 16 < m_valid;
-    const int wrow = W ? 0 : warp * MT * 16;  // this warp's first row in the block
-    const int wkey = W ? warp * kNW : 0;      // and first key in a tile
+    // this warp's first row in the block and first key in a tile (G 2: warps w and w + 2 share rows)
+    const int wrow = W ? 0 : (G == 2 ? warp % 2 : warp) * MT * 16;
+    const int wkey = W ? warp * kNW : G == 2 ? warp / 2 * kNW : 0;
+    const bool warp_active = W || wrow < m_valid;
 
     // Decode blocks (W, D <= 128) keep their 16 rows of Q as A fragments in registers (read from shared memory
     // once, with the first tile), not again every tile.
@@ -875,10 +887,10 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
     // part writes its rows itself
     const bool split = fixed_parts ? Sk > split_tiles(args) * kBlockN : gridDim.z > 1;
     const int64_t rows_out = merge_rows(args);
-    if constexpr (W) {
-        // Join the four warps' online softmaxes of the same 16 rows: every warp puts its row max, row sum and
-        // unnormalised O in shared memory (over the K/V ring, now idle); then thread t finishes row t / 8, columns
-        // (t % 8) * D / 8 onwards.
+    if constexpr (kKS > 1) {
+        // Join the online softmaxes of the kKS warps on each 16 rows (W: the four warps, one row tile): every warp
+        // puts its row max, row sum and unnormalised O in shared memory (over the K/V ring, now idle); then kTpr
+        // threads finish each row of the block, thread t row t / kTpr from column (t % kTpr) * D / kTpr on.
         cp_async_wait<0>();
         __syncthreads();
         float* red_o = reinterpret_cast<float*>(sK);  // [4 warps][16 rows][D]
@@ -907,19 +919,21 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
             }
         }
         __syncthreads();
-        constexpr int kCols = D / 8;
-        const int row = threadIdx.x / 8, c0 = (threadIdx.x % 8) * kCols;
+        constexpr int kTpr = kThreads / kBlockM, kCols = D / kTpr;
+        const int row = threadIdx.x / kTpr, c0 = (threadIdx.x % kTpr) * kCols;
         const int rr = m0 + row;
         if (rr >= rows_all) return;
+        // the row's slot in the warps that hold it: warp (row / 16) + i * (kWarps / kKS), row row % 16
+        const int wr0 = W ? 0 : row / 16, rt = W ? row : row % 16;
         float mx = -INFINITY;
 #pragma unroll
-        for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, red_m[w * 16 + row]);
-        float wt[kWarps], lsum = 0.f;
+        for (int i = 0; i < kKS; ++i) mx = fmaxf(mx, red_m[(wr0 + i * (kWarps / kKS)) * 16 + rt]);
+        float wt[kKS], lsum = 0.f;
 #pragma unroll
-        for (int w = 0; w < kWarps; ++w) {
-            const float mw = red_m[w * 16 + row];
-            wt[w] = mw == -INFINITY ? 0.f : ex2(mw - mx);
-            lsum += wt[w] * red_l[w * 16 + row];
+        for (int i = 0; i < kKS; ++i) {
+            const float mw = red_m[(wr0 + i * (kWarps / kKS)) * 16 + rt];
+            wt[i] = mw == -INFINITY ? 0.f : ex2(mw - mx);
+            lsum += wt[i] * red_l[(wr0 + i * (kWarps / kKS)) * 16 + rt];
         }
         const int64_t head = hk * g + rr % g, p = rr / g;
         // the attention sink joins the denominator here, or (split) in the merge
@@ -935,15 +949,16 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
         for (int c = 0; c < kCols; c += 2) {
             float x0 = 0.f, x1 = 0.f;
 #pragma unroll
-            for (int w = 0; w < kWarps; ++w) {
-                const float2 ow = *reinterpret_cast<const float2*>(red_o + (w * 16 + row) * D + c0 + c);
-                x0 += wt[w] * ow.x;
-                x1 += wt[w] * ow.y;
+            for (int i = 0; i < kKS; ++i) {
+                const float2 ow =
+                    *reinterpret_cast<const float2*>(red_o + ((wr0 + i * (kWarps / kKS)) * 16 + rt) * D + c0 + c);
+                x0 += wt[i] * ow.x;
+                x1 += wt[i] * ow.y;
             }
             if (split) *reinterpret_cast<float2*>(op + c) = make_float2(x0 * inv, x1 * inv);
             else *reinterpret_cast<unsigned*>(out + c) = pack2<T>(x0 * inv, x1 * inv);
         }
-        if (threadIdx.x % 8 == 0) {
+        if (threadIdx.x % kTpr == 0) {
             if (split) a.lse_part[part * rows_out + orow] = lse;
             else if (a.lse != nullptr) a.lse[lrow] = lse;
         }
@@ -969,7 +984,7 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
             const int64_t row =
                 BT ? head * batch_total_q(args) + q_row0 + pos[t][r] : (b * a.Hq + head) * a.Sq + pos[t][r];
             if (split) {  // (a serving batch's group blocks: the partials' row as the decode blocks')
-                const int64_t orow = G ? bk * decode_rows_of(args) + rr : row;
+                const int64_t orow = G == 1 ? bk * decode_rows_of(args) + rr : row;
                 float* op = a.o_part + (part * rows_out + orow) * D + col;
 #pragma unroll
                 for (int d = 0; d < D / 8; ++d)
@@ -988,9 +1003,9 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
 }
 
 // Launch flash_fwd on `grid`: shared memory for Q, the K/V ring and the mask stages (mask_stage_rows), opted in.
-template <int D, typename T, int MT, bool W, bool SM, bool BT, bool F8 = false, bool G = false>
+template <int D, typename T, int MT, bool W, bool SM, bool BT, bool F8 = false, int G = 0>
 cudaError_t launch_kernel(const KernelArgs<BT>& args, dim3 grid, cudaStream_t stream) {
-    constexpr int kBlockM = W ? 16 : kWarps * 16 * MT;
+    constexpr int kBlockM = block_rows<MT, W, G>();
     constexpr int kStages = stages<D, MT, W, SM, F8>();
     const attn_lt_flash_args& a = flash_of(args);
     const size_t mask = SM ? size_t(kStages) * mask_stage_rows(a, W, D) * mask_pitch(mask_elem_bytes(a.mask_dtype)) : 0;
@@ -1004,7 +1019,7 @@ cudaError_t launch_kernel(const KernelArgs<BT>& args, dim3 grid, cudaStream_t st
 
 template <int D, typename T, int MT, bool W = false, bool SM = false, bool F8 = false>
 cudaError_t launch(const attn_lt_flash_args& a, cudaStream_t stream) {
-    constexpr int kBlockM = W ? 16 : kWarps * 16 * MT;
+    constexpr int kBlockM = block_rows<MT, W, 0>();
     const int64_t rows = a.Sq * (a.Hq / a.Hkv);
     const dim3 grid(static_cast<unsigned>((rows + kBlockM - 1) / kBlockM), static_cast<unsigned>(a.B * a.Hkv),
                     static_cast<unsigned>(a.splits));
@@ -1048,7 +1063,7 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 // ---- serving batches ---------------------------------------------------------------------------------------------
 
 // The row blocks (requests of more than batch_decode_rows rows a kv head; the tiling of launch_dim), then the
-// decode grid's blocks (flash_fwd's BT: W, and G for requests past 16 rows) and their merge. Each grid is sized for
+// decode grid's blocks (flash_fwd's BT: W, and G 2 and G 1 for requests past 16 and 32 rows) and their merge. Each grid is sized for
 // the capacity; blocks of requests that do not need them return at once.
 template <int D, typename T>
 int launch_batch(const attn_lt_batch_args& a, cudaStream_t stream) {
@@ -1077,9 +1092,12 @@ int launch_batch(const attn_lt_batch_args& a, cudaStream_t stream) {
     } else if constexpr (!kGroupBlocks<D, false>) {
         err = launch_kernel<D, T, 1, true, false, true>(a, blocks16, stream);
     } else {
-        if (g <= kBatchSmallRows) err = launch_kernel<D, T, 1, true, false, true>(a, dim3(1, bk, parts), stream);
-        if (err == cudaSuccess && batch_decode_rows(a) > kBatchSmallRows)
-            err = launch_kernel<D, T, 1, false, false, true, false, true>(a, dim3(1, bk, parts), stream);
+        const dim3 one(1, bk, parts);
+        if (g <= kBatchSmallRows) err = launch_kernel<D, T, 1, true, false, true>(a, one, stream);
+        if (err == cudaSuccess && batch_decode_rows(a) > kBatchSmallRows && g <= 32)
+            err = launch_kernel<D, T, 1, false, false, true, false, 2>(a, one, stream);
+        if (err == cudaSuccess && batch_decode_rows(a) > 32)
+            err = launch_kernel<D, T, 1, false, false, true, false, 1>(a, one, stream);
     }
     if (err == cudaSuccess && parts > 1) err = merge<D, T>(a, stream);
     return static_cast<int>(err);

@@ -200,13 +200,13 @@ def test_plan_decode_rows(Hq, Hkv, max_q, rows, row_kernel):
     a = batch._plan_args(p, "bf16", 1.0, True, torch.zeros(1, dtype=torch.int32), None)
     assert a.decode_rows == rows and a.split_keys == p.split_keys
     if p.decode_blocks and rows > 16:  # (a 16-bit cache: one 64-row block; an FP8 one: a 16-row block for each 16)
-        assert "one 64-row block a kv head" in str(p) and f"{rows // 16} blocks of 16 rows" in str(p)
+        assert "one group block a kv head" in str(p) and f"{rows // 16} blocks of 16 rows" in str(p)
 
 
 def test_plan_decode_rows_at_d256():
     """D 256 runs a 16-row decode block for each 16 rows on a 16-bit cache too (its 64-row block spills)."""
     p = batch.plan_batch(64, 32, 8, 256, max_seqlen_q=5, max_seqlen_k=8192, facts=H100)
-    assert p.decode_rows == 32 and "one 64-row block" not in str(p) and "2 blocks of 16 rows" in str(p)
+    assert p.decode_rows == 32 and "group block" not in str(p) and "2 blocks of 16 rows" in str(p)
 
 
 def test_plan_partials_bounded():

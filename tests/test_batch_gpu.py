@@ -674,7 +674,7 @@ def test_fp8_speculative_rows_on_decode_blocks(dtype, Hkv, max_q):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("Hq,Hkv,max_q,D", [(32, 8, 5, 128), (32, 4, 8, 128), (32, 1, 1, 128), (48, 1, 1, 64),
-                                             (64, 8, 8, 128), (16, 2, 5, 256), (32, 8, 3, 64)])
+                                             (64, 8, 8, 128), (16, 2, 5, 256), (32, 8, 6, 64)])
 def test_speculative_rows_on_decode_blocks(dtype, Hq, Hkv, max_q, D):
     """A 16-bit cache's capacity of up to 64 query rows a kv head (speculative decoding: 5 rows x GQA 4, 8 x GQA 8;
     one row of a group of 32 or 48 heads) on the decode blocks, a 16-row block for each 16 reading the same key
