@@ -184,11 +184,13 @@ def packed_prefill(rng: random.Random) -> dict:
     return res
 
 
-def mixed_batch(rng: random.Random) -> dict:
+def mixed_lengths(rng: random.Random, chunk: int = 2048) -> list[int]:
+    """Keys of the mixed batch's requests: 4 prefill chunks' (their prefix and the chunk), then 60 decode rows'."""
+    return [rng.randrange(8192, 32769) + chunk for _ in range(4)] + [rng.randrange(1024, 32769) for _ in range(60)]
+
+
+def mixed_batch(seqlens: list[int]) -> dict:
     chunk = 2048
-    pre_k = [rng.randrange(8192, 32769) + chunk for _ in range(4)]
-    dec_k = [rng.randrange(1024, 32769) for _ in range(60)]
-    seqlens = pre_k + dec_k
     q_lens = [chunk] * 4 + [1] * 60
     kc, vc, table, sk = random_pages(seqlens, 16, HKV, D, DT)
     q = torch.randn(sum(q_lens), HQ, D, dtype=DT, device="cuda")
@@ -337,26 +339,30 @@ def main() -> int:
         ap.error(f"unknown parts {sorted(parts - set(PARTS))}; choose from {', '.join(PARTS)}")
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
     rate = res["copy_TBs"] = copy_rate_tbs()
+    # Lengths are drawn from one generator in the full run's order whichever parts run, so that each part measures
+    # the lengths of the published runs (the graph part's: when the prefill part runs before it).
+    rng = random.Random(0)
+    dec64 = [rng.randrange(256, 8193) for _ in range(64)]
+    dec16 = [65536] + [rng.randrange(4096, 65537) for _ in range(15)]
+    mixed = mixed_lengths(rng)
+    mla64 = [rng.randrange(256, 8193) for _ in range(64)]
+    mla32 = [rng.randrange(4096, 32769) for _ in range(32)]
     if "decode" in parts:
-        rng = random.Random(0)
-        res["decode64"] = ragged_decode([rng.randrange(256, 8193) for _ in range(64)], rate * 1e12)
-        res["decode16"] = ragged_decode([65536] + [rng.randrange(4096, 65537) for _ in range(15)], rate * 1e12)
-    # (each part's lengths from its own generator: the same whichever parts run)
+        res["decode64"] = ragged_decode(dec64, rate * 1e12)
+        res["decode16"] = ragged_decode(dec16, rate * 1e12)
     if "mixed" in parts:
-        res["mixed"] = mixed_batch(random.Random(1))
+        res["mixed"] = mixed_batch(mixed)
     if "spec" in parts:
         res["spec"] = speculative_decode(rate * 1e12)
-    rng = random.Random(2)
     if "mla" in parts and device_facts().hopper:
-        res["mla64"] = mla_decode([rng.randrange(256, 8193) for _ in range(64)], 128, rate * 1e12, sweep=True)
+        res["mla64"] = mla_decode(mla64, 128, rate * 1e12, sweep=True)
         res["mla_equal"] = mla_decode([4096] * 64, 128, rate * 1e12)
-        res["mla32_tp8"] = mla_decode([rng.randrange(4096, 32769) for _ in range(32)], 16, rate * 1e12, sweep=True)
+        res["mla32_tp8"] = mla_decode(mla32, 16, rate * 1e12, sweep=True)
     if "host" in parts:
         res["host"] = host_costs()
     if "prefill" in parts:
-        res["prefill"] = packed_prefill(random.Random(3))
+        res["prefill"] = packed_prefill(rng)
     if "graph" in parts:
-        rng = random.Random(4)
         res["graph"] = graph_replay([rng.randrange(256, 8193) for _ in range(64)])
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "batch.json"), "w") as f:
