@@ -302,7 +302,7 @@ def batch(args: BatchArgs, stream: int) -> None:
     _launch("attn_lt_batch_fwd", args, stream,
             lambda a: f"requests={a.f.B} Hq={a.f.Hq} Hkv={a.f.Hkv} max_q={a.f.Sq} max_k={a.f.Sk} D={a.f.D} "
                       f"total_q={a.total_q} total_k={a.total_k} block_size={a.block_size} "
-                      f"split_keys={a.split_keys} variant={a.f.variant}")
+                      f"split_keys={a.split_keys} decode_rows={a.decode_rows} variant={a.f.variant}")
 
 
 def flash_convert_kv(args: FlashArgs, k_out: int, v_out: int, stream: int) -> None:

@@ -148,7 +148,8 @@ typedef struct attn_lt_flash_args {
     int64_t s_sb, s_sh;
     /* FP8 KV caches (attn_lt_flash_fwd's and attn_lt_batch_fwd's decode blocks: at most 64 rows a kv head, a
      * batch's at capacity, a 16-row block for each 16; D 64, 128 or 256; and MLA decode's latent cache, D 576, in
-     * attn_lt_flash_sm90_fwd and attn_lt_flash_sm90_batch; every other kernel refuses them with ATTN_LT_ERR_DTYPE): with kv_dtype ATTN_LT_E4M3, k and v hold float8 e4m3
+     * attn_lt_flash_sm90_fwd and attn_lt_flash_sm90_batch; every other kernel refuses them with
+     * ATTN_LT_ERR_DTYPE): with kv_dtype ATTN_LT_E4M3, k and v hold float8 e4m3
      * elements (their strides multiples of 16 elements, 16-byte aligned) and the value of an element of kv head hk
      * is the element times k_descale[hk * descale_sh] (v_descale likewise; a null pointer: 1). q, o and the math
      * stay in `dtype` (q rounded to fp16 under a power-of-two scale, the MMAs in fp16, FP32 sums). */
@@ -200,15 +201,17 @@ enum attn_lt_flash_sm90_variant {
  * (MLA decode reads block 0 in its place).
  * Query rows no request owns are left as they were.
  *
- * Requests whose rows a kv head (query rows x Hq / Hkv) are at most R = decode_rows (16, 32, 48 or 64: a 16-row
- * block for each 16, all reading the same key tiles) run on decode blocks whose keys are cut in parts of split_keys
- * keys (a multiple of 64; 0: one part), the parts' partials o_part [parts][B][Hkv][R][Dv] FP32 and lse_part
- * [parts][B][Hkv][R] joined by LSE (parts = ceil(f.Sk / split_keys)); an FP8 cache runs on decode blocks only, so
- * its f.Sq x Hq / Hkv must be at most R. With more than one part, o_part is a workspace of workspace_bytes and
- * lse_part must follow the outputs in it (checked). The other requests run on row blocks (64 or 128 rows), whole,
- * by native/flash.cu's kernel or, with f.variant ATTN_LT_BATCH_SM90 (Hopper), by native/flash_sm90.cu's. Decode blocks zero-fill key rows past a request's length; the Hopper row blocks read
- * them by TMA (the rest of the request's last block, or the next request's packed rows) and mask their scores, so
- * those rows must hold finite values (a cache allocated with zeros). */
+ * Requests whose rows a kv head (query rows x Hq / Hkv) are at most R = decode_rows (16, 32, 48 or 64) run on
+ * native/flash.cu's decode grid (16-row decode blocks; past 16 rows a group block a kv head, or at D 256 and on an
+ * FP8 cache a 16-row block for each 16), their keys cut in parts of split_keys keys (a multiple of 64; 0: one
+ * part), the parts' partials o_part [parts][B][Hkv][R][Dv] FP32 and lse_part [parts][B][Hkv][R] joined by LSE
+ * (parts = ceil(f.Sk / split_keys)); an FP8 cache runs on that grid only, so its f.Sq x Hq / Hkv must be at most
+ * R. With more than one part, o_part is a workspace of workspace_bytes and lse_part must follow the outputs in it
+ * (checked). The other requests run on row blocks (64 or 128 rows), whole, by native/flash.cu's kernel or, with
+ * f.variant ATTN_LT_BATCH_SM90 (Hopper), by native/flash_sm90.cu's. Decode blocks zero-fill key rows past a
+ * request's length; the Hopper row blocks read them by TMA (the rest of the request's last block, or the next
+ * request's packed rows) and mask their scores, so those rows must hold finite values (a cache allocated with
+ * zeros). */
 enum attn_lt_batch_error {
     ATTN_LT_BATCH_BAD_Q = 1,          /* cu_seqlens_q decreasing, negative or past total_q */
     ATTN_LT_BATCH_Q_CAPACITY = 2,     /* a request's query rows more than max_seqlen_q */

@@ -23,6 +23,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <mutex>
@@ -463,12 +464,11 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
     // The request of a serving batch (its lengths from device memory), or the dense call's shape.
     const BatchRequest req = request_of(args, static_cast<int>(b), blockIdx.x == 0 && hk == 0 && blockIdx.z == 0 &&
                                                                        threadIdx.x == 0);
-    if constexpr (BT) {  // the request's blocks (see BT above), or another kernel's request
-        const int rows = req.nq * g, lo = G == 1 ? 32 : G == 2 ? kBatchSmallRows : 0;
-        if (W ? rows > (kGroupBlocks<D, F8> ? kBatchSmallRows : batch_decode_rows(args))
-              : G ? rows <= lo || rows > (G == 2 ? min(32, batch_decode_rows(args)) : batch_decode_rows(args))
-                  : rows <= batch_decode_rows(args))
-            return;
+    if constexpr (BT) {  // this kernel's requests (see BT above): rows a kv head in (lo, hi]; another's return
+        const int rows = req.nq * g, dr = batch_decode_rows(args);
+        const int lo = G == 2 ? kBatchSmallRows : G == 1 ? 32 : dr;  // (W: none)
+        const int hi = W ? (kGroupBlocks<D, F8> ? kBatchSmallRows : dr) : G == 2 ? min(32, dr) : G == 1 ? dr : INT_MAX;
+        if ((!W && rows <= lo) || rows > hi) return;
     }
     const int Sq = req.nq, Sk = req.nk;
     const int64_t q_row0 = req.q0;  // serving batches: the request's first packed query row
@@ -479,6 +479,7 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
     const int m0 = m_block * kBlockM;
     if (BT && m0 >= rows_all) return;  // past the request's rows (a request without rows writes nothing)
     const int m_valid = min(kBlockM, rows_all - m0);
+    const int wr = G == 2 ? warp % 2 : warp;  // (without W) this warp's rows: m16 tiles wr * MT, ...; G 2: w, w + 2
     const int shift = Sk - Sq;  // causal: key j visible to query position i iff j <= i + shift
     const T* qb = static_cast<const T*>(a.q) + (BT ? q_row0 * a.q_ss : b * a.q_sb) + hk * g * a.q_sh;
     // Decode blocks of a one-row sequence store their rows' scores (attn_lt_flash_args::scores) here: head hk g + r
@@ -566,9 +567,8 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
     for (int t = 0; t < MT; ++t)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-            const int r = min(m0 + (W ? 0 : ((G == 2 ? warp % 2 : warp) * MT + t) * 16) + lane / 4 + e * 8,
-                              rows_all - 1);  // rows past the end:
-            pos[t][e] = r / g;                                                                  // results unused
+            const int r = min(m0 + (W ? 0 : (wr * MT + t) * 16) + lane / 4 + e * 8, rows_all - 1);  // rows past the end:
+            pos[t][e] = r / g;                                                                // results unused
             if (kMaskable) moff[t][e] = mask_row(r);
         }
 
@@ -645,9 +645,8 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
     // softcap: the scaled score s becomes cap * tanh(s / cap), here straight into the exp2 domain
     const bool capped = a.softcap > 0.f;
     const float cap_in = capped ? qk_scale / a.softcap : 0.f, cap_out = a.softcap * kLog2e;
-    // this warp's first row in the block and first key in a tile (G 2: warps w and w + 2 share rows)
-    const int wrow = W ? 0 : (G == 2 ? warp % 2 : warp) * MT * 16;
-    const int wkey = W ? warp * kNW : G == 2 ? warp / 2 * kNW : 0;
+    const int wrow = W ? 0 : wr * MT * 16;                  // this warp's first row in the block
+    const int wkey = W ? warp * kNW : G == 2 ? warp / 2 * kNW : 0;  // and first key in a tile
     const bool warp_active = W || wrow < m_valid;
 
     // Decode blocks (W, D <= 128) keep their 16 rows of Q as A fragments in registers (read from shared memory
@@ -923,17 +922,19 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
         const int row = threadIdx.x / kTpr, c0 = (threadIdx.x % kTpr) * kCols;
         const int rr = m0 + row;
         if (rr >= rows_all) return;
-        // the row's slot in the warps that hold it: warp (row / 16) + i * (kWarps / kKS), row row % 16
-        const int wr0 = W ? 0 : row / 16, rt = W ? row : row % 16;
+        // the row's slots in the warps that hold it: warp row / 16 + i * (kWarps / kKS), its row row % 16
+        int slot[kKS];
+#pragma unroll
+        for (int i = 0; i < kKS; ++i) slot[i] = W ? i * 16 + row : (row / 16 + i * (kWarps / kKS)) * 16 + row % 16;
         float mx = -INFINITY;
 #pragma unroll
-        for (int i = 0; i < kKS; ++i) mx = fmaxf(mx, red_m[(wr0 + i * (kWarps / kKS)) * 16 + rt]);
+        for (int i = 0; i < kKS; ++i) mx = fmaxf(mx, red_m[slot[i]]);
         float wt[kKS], lsum = 0.f;
 #pragma unroll
         for (int i = 0; i < kKS; ++i) {
-            const float mw = red_m[(wr0 + i * (kWarps / kKS)) * 16 + rt];
+            const float mw = red_m[slot[i]];
             wt[i] = mw == -INFINITY ? 0.f : ex2(mw - mx);
-            lsum += wt[i] * red_l[(wr0 + i * (kWarps / kKS)) * 16 + rt];
+            lsum += wt[i] * red_l[slot[i]];
         }
         const int64_t head = hk * g + rr % g, p = rr / g;
         // the attention sink joins the denominator here, or (split) in the merge
@@ -950,8 +951,7 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
             float x0 = 0.f, x1 = 0.f;
 #pragma unroll
             for (int i = 0; i < kKS; ++i) {
-                const float2 ow =
-                    *reinterpret_cast<const float2*>(red_o + ((wr0 + i * (kWarps / kKS)) * 16 + rt) * D + c0 + c);
+                const float2 ow = *reinterpret_cast<const float2*>(red_o + slot[i] * D + c0 + c);
                 x0 += wt[i] * ow.x;
                 x1 += wt[i] * ow.y;
             }

@@ -46,6 +46,16 @@ def check_against(out, lse, ref, ref_lse, torch_out):
         assert (l[fin].double() - r[fin]).abs().max().item() <= 1e-3 * (1 + r[fin].abs().max().item())
 
 
+def captured(call):
+    """A CUDA graph of ``call()``, run once first outside the capture (the error flag, the kernels' attributes)."""
+    call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    return graph
+
+
 def check_bad_block_reported(call, table, row, col, num_blocks):
     """``call(table)`` with entry (row, col) of a copy of the block table past the cache's ``num_blocks``: its output
     has no NaN and :func:`attn_lt.check_batch_errors` names the bad block."""
@@ -310,11 +320,7 @@ def test_mla_graph_replay():
     def call():
         attn_lt.paged_attention(q, k_cache, v_cache, table, seqlens, out=out)
 
-    call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
+    graph = captured(call)
     for step in range(30):
         lengths = [min(max_blocks * bs, n + rng.randrange(0, 200)) if rng.random() > 0.1 else 0 for n in lengths]
         seqlens.copy_(torch.tensor(lengths, dtype=torch.int32))
@@ -347,11 +353,7 @@ def test_graph_replay_with_changing_lengths_and_tables():
     perm = torch.randperm(num_blocks).to(torch.int32).view(B, max_blocks)
     table.copy_(perm)
     seqlens.copy_(torch.tensor(lengths, dtype=torch.int32))
-    call()  # warm up outside capture (the error flag, the kernels' attributes)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
+    graph = captured(call)
     for step in range(200):
         for b in range(B):
             r = rng.random()
@@ -387,11 +389,7 @@ def test_step_replays_one_capture_over_many_plans():
     table = torch.randperm(num_blocks).to(torch.int32).view(cap, max_blocks).cuda()
     seqlens = torch.tensor([rng.randrange(0, 600) for _ in range(cap)], dtype=torch.int32, device="cuda")
     step.plan(None, seqlens, table)
-    step.run(q, k_cache, v_cache, out=out)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step.run(q, k_cache, v_cache, out=out)
+    graph = captured(lambda: step.run(q, k_cache, v_cache, out=out))
     twin = attn_lt.BatchStep(cap, Hq, Hkv, D, max_seqlen_k=max_blocks * bs, block_size=bs, dtype=dtype)
     for it in range(40):
         B = rng.randrange(1, cap + 1)
@@ -759,11 +757,7 @@ def test_fp8_step_graph_replay():
     out = torch.empty_like(q)
     table = torch.randperm(num_blocks).to(torch.int32).view(cap, max_blocks).cuda()
     step.plan(None, torch.full((cap,), 100, dtype=torch.int32, device="cuda"), table)
-    step.run(q, k8, v8, out=out, k_descale=kd, v_descale=vd)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step.run(q, k8, v8, out=out, k_descale=kd, v_descale=vd)
+    graph = captured(lambda: step.run(q, k8, v8, out=out, k_descale=kd, v_descale=vd))
     for it in range(20):
         lens = torch.tensor([rng.randrange(0, max_blocks * bs + 1) for _ in range(cap)], dtype=torch.int32).cuda()
         tab = torch.randperm(num_blocks).to(torch.int32).view(cap, max_blocks).cuda()
@@ -811,11 +805,7 @@ def test_fp8_step_with_prefill_rows(paged):
 
     rows = new_plan()
     out = torch.empty_like(q)
-    step.run(q, k8, v8, out=out, k_descale=kd, v_descale=vd)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step.run(q, k8, v8, out=out, k_descale=kd, v_descale=vd)
+    graph = captured(lambda: step.run(q, k8, v8, out=out, k_descale=kd, v_descale=vd))
     for it in range(12):
         rows = new_plan()
         kd.mul_(1.01)
@@ -902,11 +892,7 @@ def test_fp8_mla_graph_replay_and_step():
     def call():
         step.run(q, lat8, lat8[..., :512], out=out, k_descale=kd, v_descale=kd)
 
-    call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
+    graph = captured(call)
     kf = fp8_values(lat8, kd)
     for lengths in ([1, 0, 64, 65, 700, 2559], [2000, 1, 129, 1500, 63, 2560]):
         seqlens.copy_(torch.tensor(lengths, dtype=torch.int32))
