@@ -50,9 +50,12 @@ MLA_MIN_BLOCK_SIZE, MLA_SPLIT_WAVES, MLA_SPLIT_MIN_KEYS = 64, 2, 1024
 SMALL_ROWS = 16
 #: Keys a tile of native/flash.cu; a part of a split request has at least SPLIT_MIN_KEYS of them.
 KEY_TILE, SPLIT_MIN_KEYS = 64, 256
-#: The decode blocks' parts are sized so that a batch at capacity gives about this many CTAs a CTA slot (two CTAs
-#: an SM): enough short CTAs that requests of different lengths even out over the SMs.
-SPLIT_WAVES = 8
+#: The decode blocks' parts are sized so that a batch at capacity gives about SPLIT_WAVES CTAs a CTA slot (two CTAs
+#: an SM): enough short CTAs that requests of different lengths even out over the SMs. A batch of at most half as
+#: many (request, kv head) pairs as slots has parts of at least PART_KEYS keys where that still fills every slot once:
+#: there the waves rule gives parts of a few tiles, whose fixed costs (the first tiles' latency, the partial rows and
+#: their merge) outweigh their keys (docs/performance.md, "Small batches").
+SPLIT_WAVES, PART_KEYS = 8, 2048
 #: The largest head dim whose requests past 16 rows a kv head run on one group block of the decode grid (a 16-bit
 #: cache; native/flash.cu's kGroupBlocks): D 256, and an FP8 cache, run a 16-row decode block for each 16.
 GROUP_BLOCK_MAX_D = 128
@@ -218,7 +221,11 @@ def _plan(requests, Hq, Hkv, D, Dv, max_q, max_k, block_size, facts, assumed) ->
     if decode:
         # parts of a fixed size, so that every request's CTAs take about the same time whatever its length (a CTA
         # a request, kv head and part; an FP8 cache's many-row requests run one for each 16 rows)
-        size = -(-max_k * requests * Hkv // (SPLIT_WAVES * 2 * facts.sms))
+        slots, pairs = 2 * facts.sms, requests * Hkv
+        size = -(-max_k * pairs // (SPLIT_WAVES * slots))
+        fill = slots // pairs  # parts whose CTAs fill the slots once at capacity
+        if fill >= 2:
+            size = max(size, min(PART_KEYS, -(-max_k // fill)))
         size = max(SPLIT_MIN_KEYS, -(-size // KEY_TILE) * KEY_TILE)
         split_keys, parts = _split(max_k, size, _partial_rows(False, requests, Hq, Hkv, rows_kv) * (D + 1) * 4,
                                    MAX_PARTS)

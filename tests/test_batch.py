@@ -175,6 +175,22 @@ def test_plan_decode_parts_follow_the_capacity():
     assert one.parts == 1 and one.split_keys == 0 and one.workspace_bytes == 0
 
 
+def test_plan_small_batches_take_long_parts():
+    """Few (request, kv head) pairs: parts of PART_KEYS keys where one wave of CTAs still fills the slots at
+    capacity, else as many as fill them once; from half as many pairs as slots, the waves rule alone."""
+    def plan(B, Hkv, keys):
+        return batch.plan_batch(B, 32, Hkv, 128, max_seqlen_q=1, max_seqlen_k=keys, block_size=16, facts=H100)
+
+    slots = 2 * H100.sms
+    mqa = plan(64, 1, 8192)
+    assert mqa.split_keys == batch.PART_KEYS and 64 * mqa.parts <= slots
+    assert plan(1, 8, 131072).split_keys == batch.PART_KEYS
+    one = plan(1, 8, 8192)  # PART_KEYS would leave slots empty: as many parts as fill them once
+    assert one.split_keys == 256 and one.parts == 32 and 8 * one.parts <= slots
+    wide = plan(32, 8, 4096)  # 256 pairs for 264 slots: about SPLIT_WAVES CTAs a slot
+    assert wide.split_keys == 512 and 256 * wide.parts >= batch.SPLIT_WAVES * slots * 0.5
+
+
 def test_plan_row_kernel():
     prefill = dict(max_seqlen_q=4096, max_seqlen_k=4096)
     assert batch.plan_batch(16, 32, 8, 128, facts=H100, **prefill).row_kernel == "sm90"

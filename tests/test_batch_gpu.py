@@ -473,7 +473,7 @@ def check_fp8_against(out, lse, q, kf, vf, cq, ck, causal, ref, ref_lse):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("block_size", [16, 64])
-@pytest.mark.parametrize("Hq,Hkv,D", [(32, 8, 128), (8, 8, 64), (16, 2, 256), (4, 1, 128)])
+@pytest.mark.parametrize("Hq,Hkv,D", [(32, 8, 128), (8, 8, 64), (16, 2, 256), (4, 1, 128), (32, 2, 128), (24, 2, 64)])
 def test_fp8_paged_decode(dtype, block_size, Hq, Hkv, D):
     bs = block_size
     seqlens = [0, 1, bs - 1, bs, bs + 1, 5000, 3 * bs + 7, 777, 20000]

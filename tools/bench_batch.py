@@ -15,7 +15,11 @@
    sizes 16 and 64): the same step with one row a request, the roofline of the cache's bytes, attn_lt's dense call
    on the contiguous cache and SDPA's cuDNN backend with the bottom-right causal mask; the paged call on the same
    cache in FP8.
-6. **MLA decode** (Hopper): q (B, Hq, 576) against a paged latent cache (block size 64, v its first 512 columns):
+6. **small batches**: decode batches with few (request, kv head) pairs (B 1-16, GQA 4-32, one or 5 query rows, 8k-128k
+   keys, equal and ragged), paged (blocks of 16) from bf16 and FP8 caches: with the planner's parts and with the parts
+   of its waves rule alone (attn_lt.batch.PART_KEYS 0: many short parts); SDPA's cuDNN backend on the dense cache
+   beside the equal lengths.
+7. **MLA decode** (Hopper): q (B, Hq, 576) against a paged latent cache (block size 64, v its first 512 columns):
    ragged lengths against the roofline of the latent bytes the requests own; equal lengths against attn_lt's dense
    MLA decode on a contiguous cache and SDPA on the padded cache (where a backend takes D 576); the key-split
    sizes around the planned one.
@@ -28,6 +32,7 @@ Prints a short table last; writes DIR/batch.json. Medians of CUDA-event timings 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -45,7 +50,7 @@ DT = torch.bfloat16
 HQ, HKV, D = 32, 8, 128
 
 
-PARTS = ("decode", "mixed", "spec", "mla", "host", "prefill", "graph")
+PARTS = ("decode", "mixed", "spec", "small", "mla", "host", "prefill", "graph")
 
 
 def copy_rate_tbs() -> float:
@@ -238,6 +243,65 @@ def speculative_decode(rate: float, B: int = 64, rows: int = 5, keys: int = 8192
     return res
 
 
+@contextlib.contextmanager
+def planner_setting(name: str, value):
+    """attn_lt.batch's planner constant ``name`` set to ``value`` inside the block (plans made again)."""
+    from attn_lt import batch
+
+    saved = getattr(batch, name)
+    setattr(batch, name, value)
+    batch._plan.cache_clear()
+    try:
+        yield
+    finally:
+        setattr(batch, name, saved)
+        batch._plan.cache_clear()
+
+
+def small_batches(rate: float, rng: random.Random) -> dict:
+    """Decode batches of few (request, kv head) pairs, paged 16, bf16 and FP8, with the planner's parts and with
+    the parts of its waves rule alone; SDPA cuDNN on the dense cache for equal lengths."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from attn_lt import batch
+
+    cases = (("B1 32k", 32, 8, 1, [32768]), ("B1 128k", 32, 8, 1, [131072]), ("B8 32k", 32, 8, 1, [32768] * 8),
+             ("B8 32k GQA 16", 32, 2, 1, [32768] * 8), ("B64 8k MQA", 32, 1, 1, [8192] * 64),
+             ("B8 8k 5 rows", 32, 8, 5, [8192] * 8),
+             ("B4 U[1k, 32k]", 32, 8, 1, [rng.randrange(1024, 32769) for _ in range(4)]),
+             ("B16 U[256, 8192]", 32, 8, 1, [rng.randrange(256, 8193) for _ in range(16)]))
+    out = {}
+    for name, Hq, Hkv, rows, lengths in cases:
+        B, total = len(lengths), sum(lengths)
+        q = torch.randn(B * rows, Hq, D, dtype=DT, device="cuda")
+        kw = dict(cu_seqlens_q=cu([rows] * B), max_seqlen_q=rows) if rows > 1 else {}
+        kc, vc, table, sk = random_pages(lengths, 16, Hkv, D, DT)
+        (k8, kd), (v8, vd) = fp8_kv(kc), fp8_kv(vc)
+        calls = {"bf16": lambda: attn_lt.paged_attention(q, kc, vc, table, sk, **kw),
+                 "fp8": lambda: attn_lt.paged_attention(q, k8, v8, table, sk, k_descale=kd, v_descale=vd, **kw)}
+        r = {"B": B, "Hq": Hq, "Hkv": Hkv, "rows": rows, "lengths": [min(lengths), max(lengths)],
+             "roofline_ms": total * Hkv * D * 2 * 2 / rate * 1e3}
+        plan = batch.plan_batch(B, Hq, Hkv, D, max_seqlen_q=rows, max_seqlen_k=max(lengths), block_size=16)
+        r["split_keys"] = plan.split_keys
+        for c, f in calls.items():
+            r[f"{c}_ms"] = time_ms(f)
+        with planner_setting("PART_KEYS", 0):
+            r["waves_split_keys"] = batch.plan_batch(B, Hq, Hkv, D, max_seqlen_q=rows, max_seqlen_k=max(lengths),
+                                                     block_size=16).split_keys
+            for c, f in calls.items():
+                r[f"waves_{c}_ms"] = time_ms(f)
+        del kc, vc, k8, v8
+        if rows == 1 and len(set(lengths)) == 1:
+            kdn = torch.randn(B, Hkv, lengths[0], D, dtype=DT, device="cuda")
+            vdn = torch.randn_like(kdn)
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                peer(r, "sdpa_cudnn", lambda: F.scaled_dot_product_attention(q[:, :, None], kdn, vdn, enable_gqa=True))
+            del kdn, vdn
+        out[name] = r
+    return out
+
+
 def graph_replay(lengths: list[int]) -> dict:
     B, cap = len(lengths), max(lengths)
     kc, vc, table, sk = random_pages([cap] * B, 16, HKV, D, DT)
@@ -272,15 +336,9 @@ def mla_decode(lengths: list[int], Hq: int, rate: float, sweep: bool = False) ->
     plan = batch.plan_batch(B, Hq, 1, 576, Dv=512, max_seqlen_q=1, max_seqlen_k=table.shape[1] * 64, block_size=64)
     res["split_keys"], res["parts"] = plan.split_keys, plan.parts
     if sweep:  # the part sizes around the planned one
-        saved = batch.MLA_SPLIT_WAVES
-        try:
-            for waves in (1, 4, 8):
-                batch.MLA_SPLIT_WAVES = waves
-                batch._plan.cache_clear()
+        for waves in (1, 4, 8):
+            with planner_setting("MLA_SPLIT_WAVES", waves):
                 res[f"waves{waves}_ms"] = time_ms(call)
-        finally:
-            batch.MLA_SPLIT_WAVES = saved
-            batch._plan.cache_clear()
     if len(set(lengths)) == 1:  # equal lengths: the dense cache
         kd = torch.randn(B, 1, smax, 576, dtype=DT, device="cuda")
         qd = q[:, :, None]
@@ -354,6 +412,8 @@ def main() -> int:
         res["mixed"] = mixed_batch(mixed)
     if "spec" in parts:
         res["spec"] = speculative_decode(rate * 1e12)
+    if "small" in parts:  # (lengths of its own, so that the other parts' stay those of the published runs)
+        res["small"] = small_batches(rate * 1e12, random.Random(1))
     if "mla" in parts and device_facts().hopper:
         res["mla64"] = mla_decode(mla64, 128, rate * 1e12, sweep=True)
         res["mla_equal"] = mla_decode([4096] * 64, 128, rate * 1e12)
@@ -396,6 +456,12 @@ def main() -> int:
               f"paged64 {r['paged64_ms']:.3f} ({r['paged64_roofline']:.0%}; one row {r['one_row64_ms']:.3f}) | dense "
               f"attn_lt {r['dense_attn_lt_ms']:.3f} | SDPA cuDNN (mask) {cud if cud is None else round(cud, 3)} | "
               f"FP8 paged16 {r['fp8_paged16_ms']:.3f} (one row {r['fp8_one_row16_ms']:.3f})")
+    for name, r in res.get("small", {}).items():
+        cud = r.get("sdpa_cudnn_ms")
+        print(f"small batch {name} (Hq {r['Hq']} / Hkv {r['Hkv']}, {r['rows']} row(s)): roofline {r['roofline_ms']:.3f} ms"
+              f" | paged16 bf16 {r['bf16_ms']:.3f} ({r['roofline_ms'] / r['bf16_ms']:.0%}; parts of {r['split_keys']}) "
+              f"vs waves rule {r['waves_bf16_ms']:.3f} (parts of {r['waves_split_keys']}) | FP8 {r['fp8_ms']:.3f} vs "
+              f"{r['waves_fp8_ms']:.3f} | SDPA cuDNN dense {cud if cud is None else round(cud, 3)}")
     h = res.get("host")
     if h:
         print(f"host us/call (B{h['B']} Sk{h['Sk']}): step.plan {h['step_plan_us']:.1f} | step.run "
