@@ -89,6 +89,7 @@ class BatchPlan:
     facts: DeviceFacts
     assumed_device: bool
     decode_rows: int = SMALL_ROWS  # rows a kv head on decode blocks (_decode_rows)
+    split_rule: str = ""  # what set split_keys (explain's words)
 
     @property
     def group(self) -> int:
@@ -113,7 +114,8 @@ class BatchPlan:
         return {"kind": self.kind, "requests": self.requests, "heads_q": self.Hq, "heads_kv": self.Hkv,
                 "head_dim": self.D, "head_dim_v": self.Dv, "max_seqlen_q": self.max_seqlen_q, "max_seqlen_k": self.max_seqlen_k,
                 "block_size": self.block_size, "decode_blocks": self.decode_blocks, "split_keys": self.split_keys,
-                "parts": self.parts, "row_kernel": self.row_kernel, "decode_rows": self.decode_rows,
+                "parts": self.parts, "split_rule": self.split_rule, "row_kernel": self.row_kernel,
+                "decode_rows": self.decode_rows,
                 "workspace_bytes": self.workspace_bytes,
                 "sms": self.facts.sms, "assumed_device": self.assumed_device}
 
@@ -137,10 +139,11 @@ class BatchPlan:
                          f"{blocks} a kv head; each 64-key tile of the latent cache read once as K and V), {split}")
         elif self.decode_blocks:
             ctas = self.requests * self.Hkv * self.parts
-            split = (f"keys in parts of {self.split_keys} ({self.parts} at capacity, {ctas} CTAs for {slots} slots "
-                     f"when every request is full; a request uses ceil(keys / {self.split_keys}) of them, one part "
-                     f"writes its output directly), partials merged by LSE ({self.workspace_bytes / 2**20:.1f} MiB)"
-                     if self.parts > 1 else "keys whole (enough CTAs without a split)")
+            split = (f"keys in parts of {self.split_keys} ({self.split_rule}: {self.parts} at capacity, {ctas} CTAs "
+                     f"for {slots} slots when every request is full; a request uses ceil(keys / {self.split_keys}) of "
+                     f"them, one part writes its output directly), partials merged by LSE "
+                     f"({self.workspace_bytes / 2**20:.1f} MiB)" if self.parts > 1
+                     else "keys whole (enough CTAs without a split)")
             n = self.decode_rows
             blocks = "16-row decode blocks of native/flash.cu (mma.sync, the four warps splitting each key tile)"
             sixteen = f"{n // 16} blocks of 16 rows a kv head, reading the same key tiles"
@@ -223,14 +226,17 @@ def _plan(requests, Hq, Hkv, D, Dv, max_q, max_k, block_size, facts, assumed) ->
         # a request, kv head and part; an FP8 cache's many-row requests run one for each 16 rows)
         slots, pairs = 2 * facts.sms, requests * Hkv
         size = -(-max_k * pairs // (SPLIT_WAVES * slots))
+        rule = f"about {SPLIT_WAVES} CTAs a slot"
         fill = slots // pairs  # parts whose CTAs fill the slots once at capacity
-        if fill >= 2:
-            size = max(size, min(PART_KEYS, -(-max_k // fill)))
+        if fill >= 2 and min(PART_KEYS, -(-max_k // fill)) > size:
+            size = min(PART_KEYS, -(-max_k // fill))
+            rule = (f"{pairs} (request, kv head) pairs for {slots} slots: parts of {PART_KEYS} keys, shorter where "
+                    "one wave of those would leave slots empty")
         size = max(SPLIT_MIN_KEYS, -(-size // KEY_TILE) * KEY_TILE)
         split_keys, parts = _split(max_k, size, _partial_rows(False, requests, Hq, Hkv, rows_kv) * (D + 1) * 4,
                                    MAX_PARTS)
     return BatchPlan("paged" if block_size else "varlen", requests, Hq, Hkv, D, D, max_q, max_k, block_size,
-                     split_keys, parts, row_kernel, decode, facts, assumed, rows_kv)
+                     split_keys, parts, row_kernel, decode, facts, assumed, rows_kv, rule if parts > 1 else "")
 
 
 def explain_batch(requests: int, heads_q: int, heads_kv: int, head_dim: int, *, max_seqlen_q: int,

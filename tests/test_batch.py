@@ -189,6 +189,9 @@ def test_plan_small_batches_take_long_parts():
     assert one.split_keys == 256 and one.parts == 32 and 8 * one.parts <= slots
     wide = plan(32, 8, 4096)  # 256 pairs for 264 slots: about SPLIT_WAVES CTAs a slot
     assert wide.split_keys == 512 and 256 * wide.parts >= batch.SPLIT_WAVES * slots * 0.5
+    # explain names the rule that set the parts
+    assert "64 (request, kv head) pairs for 264 slots" in str(mqa) and mqa.to_dict()["split_rule"] == mqa.split_rule
+    assert f"about {batch.SPLIT_WAVES} CTAs a slot" in str(wide)
 
 
 def test_plan_row_kernel():
