@@ -239,6 +239,12 @@ def _plan(requests, Hq, Hkv, D, Dv, max_q, max_k, block_size, facts, assumed) ->
                      split_keys, parts, row_kernel, decode, facts, assumed, rows_kv, rule if parts > 1 else "")
 
 
+def clear_plan_cache() -> None:
+    """Forget the plans made so far, so that the next ones follow this module's planner constants as they are now
+    (benchmarks that vary SPLIT_WAVES, PART_KEYS or MLA_SPLIT_WAVES)."""
+    _plan.cache_clear()
+
+
 def explain_batch(requests: int, heads_q: int, heads_kv: int, head_dim: int, *, max_seqlen_q: int,
                   max_seqlen_k: int, block_size: int = 0, head_dim_v: int | None = None,
                   return_key_mass: bool = False, kv_dtype: torch.dtype | None = None) -> str:

@@ -175,7 +175,7 @@ def test_plan_decode_parts_follow_the_capacity():
     assert one.parts == 1 and one.split_keys == 0 and one.workspace_bytes == 0
 
 
-def test_plan_small_batches_take_long_parts():
+def test_plan_small_batches_take_long_parts(monkeypatch):
     """Few (request, kv head) pairs: parts of PART_KEYS keys where one wave of CTAs still fills the slots at
     capacity, else as many as fill them once; from half as many pairs as slots, the waves rule alone."""
     def plan(B, Hkv, keys):
@@ -192,6 +192,15 @@ def test_plan_small_batches_take_long_parts():
     # explain names the rule that set the parts
     assert "64 (request, kv head) pairs for 264 slots" in str(mqa) and mqa.to_dict()["split_rule"] == mqa.split_rule
     assert f"about {batch.SPLIT_WAVES} CTAs a slot" in str(wide)
+    # the planner's constants as the benchmarks vary them: plans made again after clear_plan_cache
+    monkeypatch.setattr(batch, "PART_KEYS", 0)
+    batch.clear_plan_cache()
+    try:
+        assert plan(64, 1, 8192).split_keys == 256
+    finally:
+        monkeypatch.undo()
+        batch.clear_plan_cache()
+    assert plan(64, 1, 8192).split_keys == batch.PART_KEYS
 
 
 def test_plan_row_kernel():

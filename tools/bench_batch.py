@@ -250,12 +250,12 @@ def planner_setting(name: str, value):
 
     saved = getattr(batch, name)
     setattr(batch, name, value)
-    batch._plan.cache_clear()
+    batch.clear_plan_cache()
     try:
         yield
     finally:
         setattr(batch, name, saved)
-        batch._plan.cache_clear()
+        batch.clear_plan_cache()
 
 
 def small_batches(rate: float, rng: random.Random) -> dict:
