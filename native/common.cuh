@@ -352,6 +352,20 @@ __device__ __forceinline__ void add_parts(float (&acc)[D / 32], float& wsum, con
     }
 }
 
+// A merged row, by a warp: its output acc / wsum (the sink's column, which has no value, joining the sum; 0 for a row
+// without a visible key), lane l writing columns l * D / 32 on, and lane 0 its LSE.
+template <int D, typename T>
+__device__ __forceinline__ void write_merged_row(const MergeTarget<T>& target, const float (&acc)[D / 32], float wsum,
+                                                 float mx, int lane) {
+    constexpr int kPer = D / 32;
+    if (target.sink != -INFINITY) wsum += ex2((target.sink - mx) * kLog2e);
+    const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+    T* out = target.out + lane * kPer;
+#pragma unroll
+    for (int c = 0; c < kPer; c += 2) *reinterpret_cast<unsigned*>(out + c) = pack2<T>(acc[c] * inv, acc[c + 1] * inv);
+    if (lane == 0 && target.lse != nullptr) *target.lse = merged_lse(mx, wsum);
+}
+
 // Join a row's partials by their LSE: one CTA a row, its four warps taking every fourth split, D / 32 columns a
 // lane. A partial with LSE -inf (no visible key in its range) weighs nothing; a row with no visible key at all gives
 // 0 and LSE -inf. Latency, not bytes, bounds it (a decode step at batch 1 has a few dozen rows and up to 128
@@ -401,12 +415,7 @@ __global__ void __launch_bounds__(128) merge_partials(const A args) {
 #pragma unroll
         for (int c = 0; c < kPer; ++c) acc[c] += s_acc[w][lane * kPer + c];
     wsum += s_part[1] + s_part[2] + s_part[3];
-    if (target.sink != -INFINITY) wsum += ex2((target.sink - mx) * kLog2e);  // the sink's column (no value)
-    const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
-    T* out = target.out + lane * kPer;
-#pragma unroll
-    for (int c = 0; c < kPer; c += 2) *reinterpret_cast<unsigned*>(out + c) = pack2<T>(acc[c] * inv, acc[c + 1] * inv);
-    if (lane == 0 && target.lse != nullptr) *target.lse = merged_lse(mx, wsum);
+    write_merged_row<D>(target, acc, wsum, mx, lane);
 }
 
 // A serving batch's decode rows (native/flash.cu's decode blocks, at most batch_decode_rows a kv head) from up to
@@ -442,12 +451,7 @@ __global__ void __launch_bounds__(128) merge_batch_rows(const attn_lt_batch_args
 #pragma unroll
             for (int o = 16; o > 0; o /= 2) wsum += __shfl_xor_sync(0xffffffffu, wsum, o);
         }
-        if (target.sink != -INFINITY) wsum += ex2((target.sink - mx) * kLog2e);  // the sink's column (no value)
-        const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
-        T* out = target.out + lane * kPer;
-#pragma unroll
-        for (int c = 0; c < kPer; c += 2) *reinterpret_cast<unsigned*>(out + c) = pack2<T>(acc[c] * inv, acc[c + 1] * inv);
-        if (lane == 0 && target.lse != nullptr) *target.lse = merged_lse(mx, wsum);
+        write_merged_row<D>(target, acc, wsum, mx, lane);
     }
 }
 
