@@ -228,8 +228,9 @@ def _plan(requests, Hq, Hkv, D, Dv, max_q, max_k, block_size, facts, assumed) ->
         size = -(-max_k * pairs // (SPLIT_WAVES * slots))
         rule = f"about {SPLIT_WAVES} CTAs a slot"
         fill = slots // pairs  # parts whose CTAs fill the slots once at capacity
-        if fill >= 2 and min(PART_KEYS, -(-max_k // fill)) > size:
-            size = min(PART_KEYS, -(-max_k // fill))
+        long_parts = min(PART_KEYS, -(-max_k // fill)) if fill >= 2 else 0
+        if long_parts > size:
+            size = long_parts
             rule = (f"{pairs} (request, kv head) pairs for {slots} slots: parts of {PART_KEYS} keys, shorter where "
                     "one wave of those would leave slots empty")
         size = max(SPLIT_MIN_KEYS, -(-size // KEY_TILE) * KEY_TILE)
