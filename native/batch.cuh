@@ -44,10 +44,6 @@ __device__ __forceinline__ BatchRequest batch_request(const attn_lt_batch_args& 
     return r;
 }
 
-// Rows a kv head a batch's decode blocks take, and the rows a (request, kv head) of their partials, as the plan
-// set them (attn_lt_batch_args::decode_rows; batch_status checks them).
-__host__ __device__ __forceinline__ int batch_decode_rows(const attn_lt_batch_args& a) { return a.decode_rows; }
-
 // The parts a request of `keys` keys runs in when the keys are cut in parts of split_keys (0: one part): ceil(keys /
 // split_keys), none without keys; with keys = f.Sk, the capacity's parts that size the grid and the partials. Exact
 // without overflow for any non-negative keys and split_keys of I (the kernels' int, the host's int64_t).

@@ -262,11 +262,12 @@ __host__ __device__ __forceinline__ int32_t dense_parts(int64_t Sk, int64_t spli
 
 __host__ __device__ __forceinline__ int64_t merge_rows(const attn_lt_flash_args& a) { return a.B * a.Hq * a.Sq; }
 __host__ __device__ __forceinline__ int64_t merge_rows(const attn_lt_batch_args& a) {
-    return a.f.B * a.f.Hkv * batch_decode_rows(a);
+    return a.f.B * a.f.Hkv * a.decode_rows;
 }
-// The decode blocks' rows a (request, kv head) of a batch's partials (batch_decode_rows); a dense call has none.
+// The decode blocks' rows a (request, kv head) of a batch's partials (attn_lt_batch_args::decode_rows, as the plan
+// set them; batch_status checks them); a dense call has none.
 __host__ __device__ __forceinline__ int decode_rows_of(const attn_lt_flash_args&) { return 0; }
-__host__ __device__ __forceinline__ int decode_rows_of(const attn_lt_batch_args& a) { return batch_decode_rows(a); }
+__host__ __device__ __forceinline__ int decode_rows_of(const attn_lt_batch_args& a) { return a.decode_rows; }
 
 template <typename T>
 __device__ __forceinline__ MergeTarget<T> merge_target(const attn_lt_flash_args& a, int64_t row) {
@@ -275,23 +276,23 @@ __device__ __forceinline__ MergeTarget<T> merge_target(const attn_lt_flash_args&
             sink_of(a, h)};
 }
 // A batch row: decode-block row rr of kv head hk of request r (query row rr / g of head hk * g + rr % g), merged
-// only for requests the decode blocks ran (at most batch_decode_rows rows a kv head) in more than one part of
+// only for requests the decode blocks ran (at most decode_rows rows a kv head) in more than one part of
 // split_keys keys (a request of one part wrote its rows itself).
 template <typename T>
 __device__ __forceinline__ MergeTarget<T> batch_row_target(const attn_lt_batch_args& a, const BatchRequest& r,
                                                            int64_t hk, int rr) {
     const int g = static_cast<int>(a.f.Hq / a.f.Hkv);
     const int parts = batch_parts(r.nk, a.split_keys);
-    if (r.nq * g > batch_decode_rows(a) || rr >= r.nq * g || parts == 1) return {nullptr, nullptr, 0, -INFINITY};
+    if (r.nq * g > a.decode_rows || rr >= r.nq * g || parts == 1) return {nullptr, nullptr, 0, -INFINITY};
     const int64_t head = hk * g + rr % g, q = r.q0 + rr / g;
     return {static_cast<T*>(a.f.o) + q * a.f.o_ss + head * a.f.o_sh,
             a.f.lse ? a.f.lse + head * a.total_q + q : nullptr, parts, sink_of(a.f, head)};
 }
 template <typename T>
 __device__ __forceinline__ MergeTarget<T> merge_target(const attn_lt_batch_args& a, int64_t row) {
-    const int64_t bk = row / batch_decode_rows(a);
+    const int64_t bk = row / a.decode_rows;
     const BatchRequest r = batch_request(a, static_cast<int>(bk / a.f.Hkv), false);
-    return batch_row_target<T>(a, r, bk % a.f.Hkv, static_cast<int>(row % batch_decode_rows(a)));
+    return batch_row_target<T>(a, r, bk % a.f.Hkv, static_cast<int>(row % a.decode_rows));
 }
 // The MLA decode of a paged batch (native/flash_sm90.cu, at most one query row a request): rows are (b, query head)
 // of (B, Hq); a request of one part wrote its output itself, one without a row has none (no row to merge).
@@ -418,7 +419,7 @@ __global__ void __launch_bounds__(128) merge_partials(const A args) {
     write_merged_row<D>(target, acc, wsum, mx, lane);
 }
 
-// A serving batch's decode rows (native/flash.cu's decode blocks, at most batch_decode_rows a kv head) from up to
+// A serving batch's decode rows (native/flash.cu's decode blocks, at most decode_rows a kv head) from up to
 // kRowMergeMaxParts parts (merge_partials takes more): a CTA a (request, kv head), a warp a row (rows warp, warp + 4,
 // ... of the request's g * nq), so that the grid is one wave and the rows a request lacks cost nothing (a CTA a row
 // would run 16 a kv head, most of them empty, in several waves of latency-bound CTAs). A request of one part wrote
@@ -438,7 +439,7 @@ __global__ void __launch_bounds__(128) merge_batch_rows(const attn_lt_batch_args
     for (int rr = warp; rr < n_rows; rr += kWarps) {
         const MergeTarget<T> target = batch_row_target<T>(a, r, bk % a.f.Hkv, rr);
         if (target.out == nullptr) return;  // the request's rows are merged by none or all of them
-        const int64_t row = bk * batch_decode_rows(a) + rr;
+        const int64_t row = bk * a.decode_rows + rr;
         const int n = target.parts;
         float mx = target.sink;
         for (int i = lane; i < n; i += 32) mx = fmaxf(mx, a.f.lse_part[i * rows + row]);

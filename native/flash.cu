@@ -406,7 +406,7 @@ constexpr int stages() {
 // the end. Without W a warp owns MT m16 row tiles and every key of a tile.
 // SM: shared memory holds mask stages (the launcher reserves them where mask_stage_rows says so).
 // BT: a serving batch (attn_lt_batch_args): the block's request and its lengths come from device memory. Its
-// requests of at most batch_decode_rows rows a kv head run on the decode grid, their keys in parts of split_keys
+// requests of at most decode_rows rows a kv head run on the decode grid, their keys in parts of split_keys
 // (merged by LSE): W blocks those of at most 16 rows, group blocks (G, MT 1, without W; one CTA a request, kv head
 // and part, reading each key tile once) the others: G 2 up to 32 rows, two warps on each 16 rows splitting every
 // key tile as W's four do; G 1 up to 64, a warp an m16 tile. The row blocks (neither) run the longer requests, keys
@@ -465,7 +465,7 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
     const BatchRequest req = request_of(args, static_cast<int>(b), blockIdx.x == 0 && hk == 0 && blockIdx.z == 0 &&
                                                                        threadIdx.x == 0);
     if constexpr (BT) {  // this kernel's requests (see BT above): rows a kv head in (lo, hi]; another's return
-        const int rows = req.nq * g, dr = batch_decode_rows(args);
+        const int rows = req.nq * g, dr = args.decode_rows;
         const int lo = G == 2 ? kBatchSmallRows : G == 1 ? 32 : dr;  // (W: none)
         const int hi = W ? (kGroupBlocks<D, F8> ? kBatchSmallRows : dr) : G == 2 ? min(32, dr) : G == 1 ? dr : INT_MAX;
         if ((!W && rows <= lo) || rows > hi) return;
@@ -941,7 +941,7 @@ __global__ void __launch_bounds__(kThreads, flash_min_ctas<D, MT, F8>()) flash_f
         const float2 fin = finish_row(mx, lsum, split ? -INFINITY : sink_of(a, head) * kLog2e);
         const float inv = fin.x * v_desc, lse = fin.y;
         // the partials' row, and the LSE's: (b, h, position) of (B, Hq, Sq), or for a serving batch
-        // (b, kv head, block row) of (B, Hkv, batch_decode_rows) and (h, packed row) of (Hq, total_q)
+        // (b, kv head, block row) of (B, Hkv, decode_rows) and (h, packed row) of (Hq, total_q)
         const int64_t orow = BT ? bk * decode_rows_of(args) + rr : (b * a.Hq + head) * a.Sq + p;
         const int64_t lrow = BT ? head * batch_total_q(args) + q_row0 + p : orow;
         float* op = split ? a.o_part + (part * rows_out + orow) * D + c0 : nullptr;
@@ -1062,7 +1062,7 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 // ---- serving batches ---------------------------------------------------------------------------------------------
 
-// The row blocks (requests of more than batch_decode_rows rows a kv head; the tiling of launch_dim), then the
+// The row blocks (requests of more than decode_rows rows a kv head; the tiling of launch_dim), then the
 // decode grid's blocks (flash_fwd's BT: W, and G 2 and G 1 for requests past 16 and 32 rows) and their merge. Each grid is sized for
 // the capacity; blocks of requests that do not need them return at once.
 template <int D, typename T>
@@ -1070,7 +1070,7 @@ int launch_batch(const attn_lt_batch_args& a, cudaStream_t stream) {
     const int64_t g = a.f.Hq / a.f.Hkv, rows = g * a.f.Sq;
     const unsigned bk = static_cast<unsigned>(a.f.B * a.f.Hkv);
     const bool f8 = a.f.kv_dtype == ATTN_LT_E4M3;  // (decode blocks only: the caller checked the rows)
-    if (rows > batch_decode_rows(a)) {
+    if (rows > a.decode_rows) {
         if (a.f.variant == ATTN_LT_BATCH_SM90) {
             const int err = attn_lt_flash_sm90_batch(&a, stream);
             if (err != 0) return err;
@@ -1083,9 +1083,9 @@ int launch_batch(const attn_lt_batch_args& a, cudaStream_t stream) {
             if (err != cudaSuccess) return err;
         }
     }
-    if (g > batch_decode_rows(a)) return 0;
+    if (g > a.decode_rows) return 0;
     const unsigned parts = static_cast<unsigned>(batch_parts<int64_t>(a.f.Sk, a.split_keys));
-    const dim3 blocks16(unsigned(batch_decode_rows(a) / 16), bk, parts);
+    const dim3 blocks16(unsigned(a.decode_rows / 16), bk, parts);
     cudaError_t err = cudaSuccess;
     if (f8) {
         err = launch_kernel<D, T, 1, true, false, true, true>(a, blocks16, stream);
@@ -1094,9 +1094,9 @@ int launch_batch(const attn_lt_batch_args& a, cudaStream_t stream) {
     } else {
         const dim3 one(1, bk, parts);
         if (g <= kBatchSmallRows) err = launch_kernel<D, T, 1, true, false, true>(a, one, stream);
-        if (err == cudaSuccess && batch_decode_rows(a) > kBatchSmallRows && g <= 32)
+        if (err == cudaSuccess && a.decode_rows > kBatchSmallRows && g <= 32)
             err = launch_kernel<D, T, 1, false, false, true, false, 2>(a, one, stream);
-        if (err == cudaSuccess && batch_decode_rows(a) > 32)
+        if (err == cudaSuccess && a.decode_rows > 32)
             err = launch_kernel<D, T, 1, false, false, true, false, 1>(a, one, stream);
     }
     if (err == cudaSuccess && parts > 1) err = merge<D, T>(a, stream);
@@ -1653,7 +1653,7 @@ extern "C" int attn_lt_batch_fwd(const attn_lt_batch_args* a, void* stream) {
     if (a->f.D == 576) return attn_lt_flash_sm90_batch(a, stream);  // MLA decode: the Hopper kernel only
     if (const int status = batch_status(*a)) return status;
     const attn_lt_flash_args& f = a->f;
-    if (!fp8_rows_ok(f, batch_decode_rows(*a))) return ATTN_LT_ERR_DTYPE;
+    if (!fp8_rows_ok(f, a->decode_rows)) return ATTN_LT_ERR_DTYPE;
     if (f.v == nullptr || f.o == nullptr) return ATTN_LT_ERR_ARGS;
     if (!aligned16(f.v) || !aligned16(f.o)) return ATTN_LT_ERR_ALIGNMENT;
     if ((f.v_ss | f.v_sh | f.v_sb) % 8 != 0 || (f.o_ss | f.o_sh) % 2 != 0) return ATTN_LT_ERR_STRIDES;
@@ -1662,7 +1662,7 @@ extern "C" int attn_lt_batch_fwd(const attn_lt_batch_args* a, void* stream) {
     if (parts > 65535) return ATTN_LT_ERR_BATCH;
     if (parts > 1 && (f.o_part == nullptr || f.lse_part == nullptr)) return ATTN_LT_ERR_ARGS;
     if (parts > 1) {  // the partials inside the workspace: outputs, then their LSEs
-        const int64_t rows = parts * f.B * f.Hkv * batch_decode_rows(*a);
+        const int64_t rows = parts * f.B * f.Hkv * a->decode_rows;
         if (static_cast<const char*>(static_cast<void*>(f.lse_part)) !=
                 static_cast<const char*>(static_cast<void*>(f.o_part)) + rows * f.D * 4 ||
             a->workspace_bytes < rows * (f.D + 1) * 4)

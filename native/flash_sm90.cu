@@ -498,7 +498,7 @@ __device__ __forceinline__ void paged_producer(const CUtensorMap* tmq, const CUt
 // kVarlen (no mask, head_group 0): block z is request b of a serving batch, Sq and Sk its lengths (batch_request;
 // p.Sq the capacity that sized the grid), its query rows [q0, q0 + Sq) of the packed q and o and its key rows
 // [k0, k0 + Sk) of the packed k and v, whose maps have batch extent 1 (coordinates offset by q0 and k0); lse is
-// (Hq, total_q). A block past the request's rows, or of a request of at most batch_decode_rows rows a kv head (those
+// (Hq, total_q). A block past the request's rows, or of a request of at most decode_rows rows a kv head (those
 // run on native/flash.cu's decode blocks), returns before any barrier. Rows of the tiles past the request's ends
 // (other requests' rows) are masked (keys) or not written (queries).
 // kPaged (with kVarlen): the keys are request b's in a paged cache (paged_producer), k0 = 0; the launch adds
@@ -550,7 +550,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         k0 = r.k0;
         m_blocks = (Sq + kBlockM - 1) / kBlockM;
         // (before any barrier)
-        if (int(blockIdx.x) >= m_blocks || int64_t(Sq) * p.group <= batch_decode_rows(p.batch)) return;
+        if (int(blockIdx.x) >= m_blocks || int64_t(Sq) * p.group <= p.batch.decode_rows) return;
     }
     const int shift = Sk - Sq;  // causal: key j visible to query i iff j <= i + shift
     const Window win = p.win;

@@ -6,7 +6,8 @@ builds' paged FP8 call has about the same error against FP64.
 
     python3 tools/experiments/ab_decode.py --other OLD/libattn_lt.so --out DIR
 
-Batches: B64 every request 8k keys; B64 lengths uniform in [256, 8192]; B16 in [4k, 64k]; Hq 32 / Hkv 8, D 128.
+Batches: B64 every request 8k keys; B64 lengths uniform in [256, 8192]; B16 in [4k, 64k]; B16 in [256, 8192]; B4 in
+[1k, 32k]; Hq 32 / Hkv 8, D 128.
 Prints a line a call (microseconds and the ratio this / other); writes DIR/ab_decode.json.
 """
 
@@ -96,7 +97,9 @@ def main(argv=None) -> int:
 
     random.seed(0)
     batches = {"B64_8k": ([8192] * 64, True), "B64_ragged": ([random.randint(256, 8192) for _ in range(64)], False),
-               "B16_64k": ([random.randint(4096, 65536) for _ in range(16)], False)}
+               "B16_64k": ([random.randint(4096, 65536) for _ in range(16)], False),
+               "B16_ragged": ([random.randint(256, 8192) for _ in range(16)], False),
+               "B4_32k": ([random.randint(1024, 32768) for _ in range(4)], False)}
     res = {"gpu": torch.cuda.get_device_name(), "other": a.other, "rows": []}
     ok = True
     try:
