@@ -1,0 +1,96 @@
+"""What the batch tools' timer charges a ragged decode call for its L2 flush: B64 requests of U[256, 8192] keys
+(Hq 32 / Hkv 8, D 128, bf16), attn_lt's varlen call on a bf16 and an FP8 cache and SDPA cuDNN on the padded cache
+with its key-padding mask, each timed by ``attn_lt.testing.time_ms`` (triton's do_bench: a 256 MB zero-fill before
+each call, which leaves L2 dirty) and by CUDA events after the same zero-fill and then a read of another 512 MB
+(L2 left clean, as the suite's flush leaves it); the better of two turns.
+
+    python3 tools/experiments/probe_batch_flush.py
+
+Prints a line a call: microseconds by each timer.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+
+import attn_lt  # noqa: E402
+from attn_lt.testing import cu_seqlens, fp8_kv, time_ms  # noqa: E402
+
+HQ, HKV, D, DT = 32, 8, 128, torch.bfloat16
+
+
+def calls() -> dict:
+    """name -> call of the ragged batch."""
+    random.seed(0)
+    lengths = [random.randint(256, 8192) for _ in range(64)]
+    B, smax = len(lengths), max(lengths)
+    q = torch.randn(B, HQ, D, dtype=DT, device="cuda")
+    k = torch.randn(sum(lengths), HKV, D, dtype=DT, device="cuda")
+    v = torch.randn_like(k)
+    k8, kd = fp8_kv(k)
+    v8, vd = fp8_kv(v)
+    cu_q, cu_k = torch.arange(B + 1, dtype=torch.int32, device="cuda"), cu_seqlens(lengths)
+    kw = dict(max_seqlen_q=1, max_seqlen_k=smax)
+    k_pad = torch.zeros(B, HKV, smax, D, dtype=DT, device="cuda")
+    v_pad = torch.zeros_like(k_pad)
+    mask = torch.full((B, 1, 1, smax), float("-inf"), dtype=DT, device="cuda")
+    at = 0
+    for b, n in enumerate(lengths):
+        k_pad[b, :, :n] = k[at:at + n].transpose(0, 1)
+        v_pad[b, :, :n] = v[at:at + n].transpose(0, 1)
+        mask[b, ..., :n] = 0
+        at += n
+    q4 = q.view(B, HQ, 1, D)
+
+    def cudnn():
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return torch.nn.functional.scaled_dot_product_attention(q4, k_pad, v_pad, attn_mask=mask, enable_gqa=True)
+
+    return {"attn_lt varlen bf16": lambda: attn_lt.varlen_attention(q, k, v, cu_q, cu_k, **kw),
+            "attn_lt varlen FP8": lambda: attn_lt.varlen_attention(q, k8, v8, cu_q, cu_k, k_descale=kd, v_descale=vd,
+                                                                   **kw),
+            "SDPA cuDNN, padded": cudnn}
+
+
+def clean_l2_us(fn, dirty: torch.Tensor, other: torch.Tensor, reps: int = 200) -> float:
+    """Median µs of ``fn`` by events, each call after the zero-fill and a read of ``other`` (L2 clean)."""
+    times = []
+    for _ in range(reps):
+        dirty.zero_()
+        other.sum(dtype=torch.int32)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("no GPU")
+        return 2
+    dirty = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    other = torch.ones(512 << 20, dtype=torch.int8, device="cuda")
+    print(torch.cuda.get_device_name())
+    for name, fn in calls().items():
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+        by_do_bench = min(time_ms(fn, rep_ms=150) * 1e3 for _ in range(2))
+        clean = min(clean_l2_us(fn, dirty, other) for _ in range(2))
+        print(f"{name:20s} time_ms (zero-fill) {by_do_bench:7.1f} us   L2 clean {clean:7.1f} us", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
