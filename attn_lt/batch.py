@@ -50,12 +50,14 @@ MLA_MIN_BLOCK_SIZE, MLA_SPLIT_WAVES, MLA_SPLIT_MIN_KEYS = 64, 2, 1024
 SMALL_ROWS = 16
 #: Keys a tile of native/flash.cu; a part of a split request has at least SPLIT_MIN_KEYS of them.
 KEY_TILE, SPLIT_MIN_KEYS = 64, 256
-#: The decode blocks' parts are sized so that a batch at capacity gives about SPLIT_WAVES CTAs a CTA slot (two CTAs
-#: an SM): enough short CTAs that requests of different lengths even out over the SMs. A batch of at most half as
-#: many (request, kv head) pairs as slots has parts of at least PART_KEYS keys where that still fills every slot once:
-#: there the waves rule gives parts of a few tiles, whose fixed costs (the first tiles' latency, the partial rows and
-#: their merge) outweigh their keys (docs/performance.md, "Small batches").
+#: The decode blocks' parts are sized so that a batch at capacity gives about SPLIT_WAVES CTAs a CTA slot
+#: (DECODE_CTAS_PER_SM an SM): enough short CTAs that requests of different lengths even out over the SMs. A batch of
+#: at most half as many (request, kv head) pairs as slots has parts of at least PART_KEYS keys where that still fills
+#: every slot once: there the waves rule gives parts of a few tiles, whose fixed costs (the first tiles' latency, the
+#: partial rows and their merge) outweigh their keys (docs/performance.md, "Small batches").
 SPLIT_WAVES, PART_KEYS = 8, 2048
+#: CTA slots an SM that the decode blocks' parts are planned for (two 16-bit decode blocks fit an SM).
+DECODE_CTAS_PER_SM = 2
 #: The largest head dim whose requests past 16 rows a kv head run on one group block of the decode grid (a 16-bit
 #: cache; native/flash.cu's kGroupBlocks): D 256, and an FP8 cache, run a 16-row decode block for each 16.
 GROUP_BLOCK_MAX_D = 128
@@ -126,7 +128,7 @@ class BatchPlan:
         lines = [f"{self.kind} batch: up to {self.requests} requests of up to {self.max_seqlen_q} query rows and "
                  f"{self.max_seqlen_k} keys, Hq {self.Hq} / Hkv {self.Hkv}, {dims}, {cache}; lengths and "
                  "block tables read on the device (one launch serves every step within this capacity)"]
-        slots = 2 * self.facts.sms
+        slots = DECODE_CTAS_PER_SM * self.facts.sms
         if self.latent:
             blocks = -(-g // MLA_ROWS)
             ctas = self.requests * self.Hkv * blocks * self.parts
@@ -224,7 +226,7 @@ def _plan(requests, Hq, Hkv, D, Dv, max_q, max_k, block_size, facts, assumed) ->
     if decode:
         # parts of a fixed size, so that every request's CTAs take about the same time whatever its length (a CTA
         # a request, kv head and part; an FP8 cache's many-row requests run one for each 16 rows)
-        slots, pairs = 2 * facts.sms, requests * Hkv
+        slots, pairs = DECODE_CTAS_PER_SM * facts.sms, requests * Hkv
         size = -(-max_k * pairs // (SPLIT_WAVES * slots))
         rule = f"about {SPLIT_WAVES} CTAs a slot"
         fill = slots // pairs  # parts whose CTAs fill the slots once at capacity

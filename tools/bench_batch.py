@@ -90,6 +90,22 @@ def peer(res: dict, name: str, fn) -> None:
         res[name] = f"unavailable: {type(e).__name__}: {str(e)[:160]}"
 
 
+def padded_cache(k: torch.Tensor, v: torch.Tensor, lengths: list[int]) -> tuple:
+    """The packed keys and values (total, Hkv, D) of requests of ``lengths`` as a padded cache (B, Hkv, max, D) and
+    its (B, 1, 1, max) key-padding mask: what a server without varlen calls."""
+    B, smax = len(lengths), max(lengths)
+    kp = torch.zeros(B, k.shape[1], smax, k.shape[2], dtype=k.dtype, device=k.device)
+    vp = torch.zeros_like(kp)
+    mask = torch.zeros(B, 1, 1, smax, dtype=torch.bool, device=k.device)
+    at = 0
+    for b, n in enumerate(lengths):
+        kp[b, :, :n] = k[at:at + n].transpose(0, 1)
+        vp[b, :, :n] = v[at:at + n].transpose(0, 1)
+        mask[b, :, :, :n] = True
+        at += n
+    return kp, vp, mask
+
+
 def ragged_decode(lengths: list[int], rate: float) -> dict:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -114,14 +130,7 @@ def ragged_decode(lengths: list[int], rate: float) -> dict:
             kc, vc, table, seqlens = pages
             peer(res, f"torch_paged{bs}", lambda: tv[0](q, kc, vc, cu_q, None, 1, smax, enable_gqa=True,
                                                          seqused_k=seqlens, block_table=table))
-    # the padded cache and its key-padding mask (what a server without varlen calls)
-    kp = torch.zeros(B, HKV, smax, D, dtype=DT, device="cuda")
-    vp = torch.zeros_like(kp)
-    mask = torch.zeros(B, 1, 1, smax, dtype=torch.bool, device="cuda")
-    for b, n in enumerate(lengths):
-        kp[b, :, :n] = k[cu_k[b]:cu_k[b] + n].transpose(0, 1)
-        vp[b, :, :n] = v[cu_k[b]:cu_k[b] + n].transpose(0, 1)
-        mask[b, :, :, :n] = True
+    kp, vp, mask = padded_cache(k, v, lengths)
     qd = q[:, :, None]
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         try:

@@ -1,8 +1,8 @@
-"""What the batch tools' timer charges a ragged decode call for its L2 flush: B64 requests of U[256, 8192] keys
-(Hq 32 / Hkv 8, D 128, bf16), attn_lt's varlen call on a bf16 and an FP8 cache and SDPA cuDNN on the padded cache
-with its key-padding mask, each timed by ``attn_lt.testing.time_ms`` (triton's do_bench: a 256 MB zero-fill before
-each call, which leaves L2 dirty) and by CUDA events after the same zero-fill and then a read of another 512 MB
-(L2 left clean, as the suite's flush leaves it); the better of two turns.
+"""What the batch tools' timer charges a ragged decode call for its L2 flush: B64 requests of U[256, 8192] keys (Hq 32 /
+Hkv 8, D 128, bf16), attn_lt's varlen call on a bf16 and an FP8 cache and SDPA cuDNN on the padded cache with its
+key-padding mask (tools/bench_batch.py's), each timed by ``attn_lt.testing.time_ms`` (triton's do_bench: a 256 MB
+zero-fill before each call, which leaves L2 dirty) and by CUDA events after the same zero-fill and then a read of
+another 512 MB (L2 left clean, as the suite's flush leaves it); the better of two turns.
 
     python3 tools/experiments/probe_batch_flush.py
 
@@ -19,11 +19,13 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import attn_lt  # noqa: E402
+import bench_batch  # noqa: E402
 from attn_lt.testing import cu_seqlens, fp8_kv, time_ms  # noqa: E402
 
-HQ, HKV, D, DT = 32, 8, 128, torch.bfloat16
+HQ, HKV, D, DT = bench_batch.HQ, bench_batch.HKV, bench_batch.D, bench_batch.DT
 
 
 def calls() -> dict:
@@ -38,15 +40,7 @@ def calls() -> dict:
     v8, vd = fp8_kv(v)
     cu_q, cu_k = torch.arange(B + 1, dtype=torch.int32, device="cuda"), cu_seqlens(lengths)
     kw = dict(max_seqlen_q=1, max_seqlen_k=smax)
-    k_pad = torch.zeros(B, HKV, smax, D, dtype=DT, device="cuda")
-    v_pad = torch.zeros_like(k_pad)
-    mask = torch.full((B, 1, 1, smax), float("-inf"), dtype=DT, device="cuda")
-    at = 0
-    for b, n in enumerate(lengths):
-        k_pad[b, :, :n] = k[at:at + n].transpose(0, 1)
-        v_pad[b, :, :n] = v[at:at + n].transpose(0, 1)
-        mask[b, ..., :n] = 0
-        at += n
+    k_pad, v_pad, mask = bench_batch.padded_cache(k, v, lengths)
     q4 = q.view(B, HQ, 1, D)
 
     def cudnn():
