@@ -212,29 +212,46 @@ def host_us_each(fns: dict, calls: int | dict = 100, rounds: int = 5) -> dict:
     return {name: round(statistics.median(v), 2) for name, v in host_us_rounds(fns, calls, rounds).items()}
 
 
-def time_ms(fn, warmup_ms: float = 25, rep_ms: float = 200) -> float:
-    """Median milliseconds of ``fn()`` by CUDA events, after ``warmup_ms`` of calls (triton's do_bench when
-    installed, which also flushes L2 before each call)."""
-    try:
-        import triton.testing
+#: How the timers here and in tools/ empty the L2 before a timed call. "read": a buffer larger than the L2 is read,
+#: which leaves it full of clean lines that the call evicts at no cost. "write": the buffer is zeroed (triton's
+#: do_bench), which leaves up to the L2's size of dirty lines whose write-back the timed call pays (about 9 us of a
+#: ragged decode call on an H200: docs/performance.md): the flush's cost, not the call's.
+L2_FLUSHES = ("read", "write")
 
-        return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
-    except ImportError:
-        pass
-    import time
 
+def l2_flusher(mode: str = "read", mib: int = 256):
+    """A function that empties the L2 as ``mode`` (one of :data:`L2_FLUSHES`) says, through a ``mib`` MiB buffer
+    taken now on the current device."""
+    if mode not in L2_FLUSHES:
+        raise ValueError(f"the L2 flush must be one of {', '.join(L2_FLUSHES)}, got {mode!r}")
+    buf = torch.zeros(mib << 20, dtype=torch.uint8, device="cuda")
+    if mode == "write":
+        return buf.zero_
+    words, total = buf.view(torch.int64), torch.empty((), dtype=torch.int64, device="cuda")
+    return lambda: torch.sum(words, dim=0, out=total)
+
+
+def time_ms(fn, warmup_ms: float = 25, rep_ms: float = 200, flush: str = "read") -> float:
+    """Median milliseconds of ``fn()`` between CUDA events, each call after an L2 flush (:func:`l2_flusher`), after
+    ``warmup_ms`` of flushed calls; as many timed calls as fit ``rep_ms`` by five calls' estimate (5 to 1000), queued
+    by the host ahead of the GPU."""
+    flusher = l2_flusher(flush)
     fn()
     torch.cuda.synchronize()
-    end = time.perf_counter() + warmup_ms / 1e3
-    while time.perf_counter() < end:
+    est = sum(event_ms(lambda: (flusher(), fn())) for _ in range(5)) / 5  # flush included: what a round takes
+    for _ in range(max(1, int(warmup_ms / max(est, 1e-3)))):
+        flusher()
         fn()
-        torch.cuda.synchronize()
-    times = []
-    for _ in range(max(3, int(rep_ms // 10))):
-        times.append(event_ms(fn))
-        if sum(times) > rep_ms and len(times) >= 3:
-            break
-    return sorted(times)[len(times) // 2]
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(max(5, min(1000, int(rep_ms / max(est, 1e-3)))))]
+    for s, e in events:
+        flusher()
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    times = sorted(s.elapsed_time(e) for s, e in events)
+    return times[len(times) // 2]
 
 
 def time_turns(calls: dict, warmup_ms: float = 25, rep_ms: float = 200, turns: int = 2) -> dict:
@@ -273,7 +290,7 @@ def time_interleaved(calls: dict, warmup_ms: float = 25, rep_ms: float = 200, fl
             live[name] = fn
         except torch.OutOfMemoryError:
             torch.cuda.empty_cache()
-    flush = torch.empty(flush_mib << 20, dtype=torch.int8, device="cuda")
+    flush = l2_flusher("read", flush_mib)
     end = time.perf_counter() + warmup_ms / 1e3
     while live and time.perf_counter() < end:
         for fn in live.values():
@@ -288,7 +305,7 @@ def time_interleaved(calls: dict, warmup_ms: float = 25, rep_ms: float = 200, fl
         for name in names:
             if gap:
                 torch.cuda._sleep(gap)
-            flush.zero_()
+            flush()
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             s.record()
             live[name]()

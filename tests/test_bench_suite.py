@@ -317,6 +317,52 @@ def test_timer_refuses_an_unknown_flush_before_touching_the_gpu():
         bench.Timer(10.0, 7, settle_ms=-1)
 
 
+def test_l2_flusher_refuses_an_unknown_mode_before_touching_the_gpu():
+    from attn_lt import testing
+
+    with pytest.raises(ValueError, match="must be one of read, write, got 'none'"):
+        testing.l2_flusher("none")
+
+
+def test_time_ms_flushes_before_every_call_and_takes_the_median(monkeypatch):
+    """attn_lt.testing.time_ms: a first call, five flushed calls for the estimate, warm-up calls for warmup_ms,
+    then as many flushed calls between events as fit rep_ms (at least 5); the median (on a simulated GPU clock)."""
+    import torch
+
+    from attn_lt import testing
+
+    clock, log, flushes = [0.0], [], []
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.t = None
+
+        def record(self):
+            self.t = clock[0]
+
+        def elapsed_time(self, end):
+            return end.t - self.t
+
+        def synchronize(self):
+            pass
+
+    costs = iter([1.0] * 11 + [4.0, 1.0, 1.0, 9.0, 2.0, 2.0, 3.0, 2.0] + [1.0] * 100)
+
+    def fn():
+        log.append("call")
+        clock[0] += next(costs)
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(testing, "l2_flusher", lambda mode: lambda: (flushes.append(mode), log.append("flush")))
+    assert testing.time_ms(fn, warmup_ms=5, rep_ms=8) == 2.0  # 8 timed calls (8 ms / 1 ms): median of the 8 above
+    assert log[0] == "call" and log[1:] == ["flush", "call"] * (5 + 5 + 8)
+    assert set(flushes) == {"read"}
+    log.clear()
+    testing.time_ms(fn, warmup_ms=0, rep_ms=1, flush="write")
+    assert log == ["call"] + ["flush", "call"] * (5 + 1 + 5) and flushes[-1] == "write"
+
+
 def test_timed_rounds_times_settles_and_drops_failures():
     """bench.timed_rounds, shared by both benchmarks: each provider settled then timed once a round; one that runs
     out of memory is skipped, one that raises is an error, neither timed further; the round rules."""
@@ -531,10 +577,6 @@ def test_time_interleaved_shuffles_the_calls_and_takes_medians(monkeypatch):
         def synchronize(self):
             pass
 
-    class Flush:
-        def zero_(self):
-            before.append("flush")
-
     costs = {"a": iter([5.0, 2.0] + [1.0, 2.0, 9.0, 3.0, 2.0] + [2.0] * 100), "b": iter([7.0] * 200)}
 
     def call(name):
@@ -550,14 +592,14 @@ def test_time_interleaved_shuffles_the_calls_and_takes_medians(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: before.append("pause"))
-    monkeypatch.setattr(torch, "empty", lambda *a, **k: Flush())
+    monkeypatch.setattr(testing, "l2_flusher", lambda mode, mib: lambda: before.append(f"flush {mode} {mib}"))
     got = testing.time_interleaved({n: call(n) for n in "abc"}, warmup_ms=0, rep_ms=40)
     assert got["c"] is None and got["b"] == 7.0
     assert got["a"] == 2.0  # the median of 1, 2, 9, 3, 2: 5 rounds (40 ms over the warm-up's 2 + 7)
     timed = order[4:]  # after the first call of each and the warm-up's timed one
     assert sorted(timed) == ["a"] * 5 + ["b"] * 5
     assert any(timed[i] == "b" for i in range(0, 10, 2))  # not always the same order
-    assert before[4:7] == ["pause", "flush", timed[0]]  # a pause and a flush before each timed call
+    assert before[4:7] == ["pause", "flush read 256", timed[0]]  # a pause and a flush before each timed call
 
 
 def test_protocol_command_line_and_cases(tmp_path, monkeypatch):

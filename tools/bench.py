@@ -38,6 +38,7 @@ import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_suite as suite  # noqa: E402
+from attn_lt.testing import L2_FLUSHES, l2_flusher  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: Relative L2 error on the sampled rows above which a provider's output counts as wrong (bf16 is ~4e-3).
@@ -114,22 +115,14 @@ def make_call(provider, c, q, k, v, mask):
 
 # ---- measuring -------------------------------------------------------------------------------------------------
 
-FLUSHES = ("read", "write")
-
-
 #: Untimed calls of a provider before each of its timed rounds (``Timer.settle``), ms: about what the GPU's clock
 #: controller takes to follow a change of load (docs/performance-log.md).
 SETTLE_MS = 100.0
 
 
 class Timer:
-    """CUDA-event timings with the L2 flushed before each call, taken in rounds.
-
-    The flush reads a 256 MiB buffer (``flush="read"``), so that the L2 holds clean lines of it when the call starts.
-    ``"write"`` zeroes the buffer instead, as triton's do_bench does: the L2 then holds up to its size of dirty lines,
-    and the call being timed pays for writing them back to HBM (about 12 us at 4 TB/s for a 50 MiB L2), which is
-    the flush's cost, not the call's.
-    """
+    """CUDA-event timings with the L2 flushed before each call (``attn_lt.testing.l2_flusher``: ``flush`` one of
+    ``L2_FLUSHES``), taken in rounds."""
 
     def __init__(self, rep_ms: float, rounds: int, slow_rounds: int = 3, flush: str = "read",
                  settle_ms: float = 0.0):
@@ -138,11 +131,10 @@ class Timer:
         if rounds < 1 or rep_ms <= 0 or slow_rounds < 1 or settle_ms < 0:
             raise ValueError(f"--rounds and --slow-rounds must be >= 1, --rep-ms > 0 and --settle-ms >= 0, got "
                              f"{rounds}, {slow_rounds}, {rep_ms} and {settle_ms}")
-        if flush not in FLUSHES:
-            raise ValueError(f"--flush must be one of {', '.join(FLUSHES)}, got {flush!r}")
+        if flush not in L2_FLUSHES:
+            raise ValueError(f"--flush must be one of {', '.join(L2_FLUSHES)}, got {flush!r}")
         self.rep_ms, self.rounds, self.slow_rounds, self.settle_ms = rep_ms, rounds, slow_rounds, settle_ms
-        buf = torch.zeros(256 << 20, dtype=torch.uint8, device="cuda")
-        self.flush = (lambda: buf.view(torch.int64).sum()) if flush == "read" else buf.zero_
+        self.flush = l2_flusher(flush)
 
     def once(self, fn) -> float:
         from attn_lt.testing import event_ms
@@ -790,7 +782,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "for the clocks to settle")
             p.add_argument("--lt-details", action="store_true", help="per-kernel GPU time and chosen GEMM "
                            "algorithms of each lt row, and the host cost of a cached GEMM, in results.json")
-            p.add_argument("--flush", choices=FLUSHES, default="read", help="how the L2 is emptied before each "
+            p.add_argument("--flush", choices=L2_FLUSHES, default="read", help="how the L2 is emptied before each "
                            "timed call: by reading a 256 MiB buffer (default), or by zeroing it as triton's "
                            "do_bench does, which leaves the L2 full of dirty lines for the call to write back")
             p.add_argument("--time-limit-s", type=float, default=0, help="stop measuring after this long; the "

@@ -1,19 +1,17 @@
-"""What the batch tools' timer charges a ragged decode call for its L2 flush: B64 requests of U[256, 8192] keys (Hq 32 /
-Hkv 8, D 128, bf16), attn_lt's varlen call on a bf16 and an FP8 cache and SDPA cuDNN on the padded cache with its
-key-padding mask (tools/bench_batch.py's), each timed by ``attn_lt.testing.time_ms`` (triton's do_bench: a 256 MB
-zero-fill before each call, which leaves L2 dirty) and by CUDA events after the same zero-fill and then a read of
-another 512 MB (L2 left clean, as the suite's flush leaves it); the better of two turns.
+"""What a zeroing L2 flush charges a ragged decode call: B64 requests of U[256, 8192] keys (Hq 32 / Hkv 8, D 128,
+bf16), attn_lt's varlen call on a bf16 and an FP8 cache and SDPA cuDNN on the padded cache with its key-padding mask
+(tools/bench_batch.py's), each timed by ``attn_lt.testing.time_ms`` with its L2 flushed by a zero-fill (triton's
+do_bench: L2 left dirty) and by a read (L2 left clean, the timers' default); the better of two turns.
 
     python3 tools/experiments/probe_batch_flush.py
 
-Prints a line a call: microseconds by each timer.
+Prints a line a call: microseconds by each flush.
 """
 
 from __future__ import annotations
 
 import os
 import random
-import statistics
 import sys
 
 import torch
@@ -23,7 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import attn_lt  # noqa: E402
 import bench_batch  # noqa: E402
-from attn_lt.testing import cu_seqlens, fp8_kv, time_ms  # noqa: E402
+from attn_lt.testing import L2_FLUSHES, cu_seqlens, fp8_kv, time_ms  # noqa: E402
 
 HQ, HKV, D, DT = bench_batch.HQ, bench_batch.HKV, bench_batch.D, bench_batch.DT
 
@@ -54,35 +52,17 @@ def calls() -> dict:
             "SDPA cuDNN, padded": cudnn}
 
 
-def clean_l2_us(fn, dirty: torch.Tensor, other: torch.Tensor, reps: int = 200) -> float:
-    """Median µs of ``fn`` by events, each call after the zero-fill and a read of ``other`` (L2 clean)."""
-    times = []
-    for _ in range(reps):
-        dirty.zero_()
-        other.sum(dtype=torch.int32)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
-
-
 def main() -> int:
     if not torch.cuda.is_available():
         print("no GPU")
         return 2
-    dirty = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
-    other = torch.ones(512 << 20, dtype=torch.int8, device="cuda")
     print(torch.cuda.get_device_name())
     for name, fn in calls().items():
         for _ in range(20):
             fn()
         torch.cuda.synchronize()
-        by_do_bench = min(time_ms(fn, rep_ms=150) * 1e3 for _ in range(2))
-        clean = min(clean_l2_us(fn, dirty, other) for _ in range(2))
-        print(f"{name:20s} time_ms (zero-fill) {by_do_bench:7.1f} us   L2 clean {clean:7.1f} us", flush=True)
+        us = {mode: min(time_ms(fn, rep_ms=150, flush=mode) * 1e3 for _ in range(2)) for mode in L2_FLUSHES}
+        print(f"{name:20s} " + "   ".join(f"{mode} flush {t:7.1f} us" for mode, t in us.items()), flush=True)
     return 0
 
 
