@@ -24,6 +24,23 @@ __device__ __forceinline__ float ex2(float x) {
     return y;
 }
 
+// Division by a divisor fixed for a kernel's run (numerators in [0, 2^31)): a multiply-high, an add and a shift
+// (Granlund and Montgomery's round-up method) in place of an integer division's ~20 instructions. The magic number
+// is computed on the host, and the kernel reads it from its parameters (the constant bank: no registers held).
+// A divisor of 0 (an empty launch's) divides by 1.
+struct FastDiv {
+    uint32_t mul = 1, shift = 0;  // the default divides by 1
+    FastDiv() = default;
+    explicit FastDiv(uint32_t d) {
+        if (d == 0) d = 1;
+        while ((uint64_t(1) << shift) < d) ++shift;  // ceil(log2 d)
+        mul = static_cast<uint32_t>(((uint64_t(1) << 32) * ((uint64_t(1) << shift) - d)) / d + 1);
+    }
+    __device__ __forceinline__ int div(int n) const {
+        return static_cast<int>((__umulhi(static_cast<uint32_t>(n), mul) + static_cast<uint32_t>(n)) >> shift);
+    }
+};
+
 // Four e4m3 values (the low byte first) as two fp16 pairs: lo from bytes 0 and 1, hi from bytes 2 and 3 (the low
 // byte in the low half). sm_89 and later convert in hardware, reading each half of x in place.
 __device__ __forceinline__ void f16x2x2_of_e4m3x4(uint32_t x, uint32_t& lo, uint32_t& hi) {

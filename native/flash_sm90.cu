@@ -207,6 +207,7 @@ struct Params : BaseParams {
     const float *q_descale, *k_descale, *v_descale;
     int64_t descale_sh;
     int items;  // a persistent kernel's work items: query blocks x Hq x B (0: a CTA an item)
+    FastDiv by_units, by_heads;  // a persistent kernel's: by its units a (batch entry, head) (units_of), by Hq
 };
 
 // The prefill kernel's varlen mode (a serving batch, attn_lt_flash_sm90_batch): Params with Sq, Sk the capacities
@@ -216,6 +217,11 @@ struct BatchParams : Params {
 };
 template <bool kVarlen>
 using FwdParams = std::conditional_t<kVarlen, BatchParams, Params>;
+
+// A persistent prefill kernel's work unit: one query block, or with causal rows two (query blocks i and
+// m_blocks - 1 - i, whose key tiles sum alike); units_of: a (batch entry, head)'s units.
+__host__ __device__ constexpr int blocks_per_unit(bool causal) { return causal ? 2 : 1; }
+__host__ __device__ constexpr int units_of(int m_blocks, int per_unit) { return (m_blocks + per_unit - 1) / per_unit; }
 
 // The prefill kernels built persistent (flash_sm90_fwd; the launcher then sizes the grid by persistent_grid): dense,
 // without a mask; not the FP8 kernel at D 256, whose consumers need 240 registers (and a persistent producer 40).
@@ -562,21 +568,33 @@ __global__ void __launch_bounds__(kThreads, 1)
     // together.
     // Without it (p.items 0: the grid variant, masks, varlen) a CTA runs its block's item.
     const bool persistent = kPersistent && p.items > 0;
-    const int per_unit = persistent && p.causal ? 2 : 1;
-    const int unit_blocks = (m_blocks + per_unit - 1) / per_unit;  // units a (batch entry, head)
+    const int per_unit = persistent ? blocks_per_unit(p.causal) : 1;
+    const int unit_blocks = units_of(m_blocks, per_unit);
     const int n_units = persistent ? p.items / m_blocks * unit_blocks : 1;
     struct Item {
         int h, b, m0, m_valid, lo, top;
+    };
+    // A persistent CTA decodes an item a round, by the host's FastDivs where a key tile's GEMMs are shortest (a Q row
+    // of at most 128 bytes: D 64 in 16 bits, FP8; H200, FA3 protocol, S 512-1k: 1.00-1.05x), else by divisions (D 256,
+    // and D 128 in 16 bits, whose rows not causal from S 1k ran 0.93-1.00x in builds that changed its code).
+    auto divmod = [](int n, int d, const FastDiv& fd, int& q, int& r) {
+        if constexpr (D * sizeof(T) <= 128) {
+            q = fd.div(n);
+            r = n - q * d;
+        } else {
+            r = n % d;
+            q = n / d;
+        }
     };
     // item m (< per_unit) of unit u, false if it has none (the middle block of an odd count)
     auto item_at = [&](int u, int m, Item& it) {
         int qb;
         if (persistent) {
-            const int i = u % unit_blocks, hb = u / unit_blocks;
+            int hb, i;
+            divmod(u, unit_blocks, p.by_units, hb, i);
             qb = m == 0 ? i : m_blocks - 1 - i;
             if (m == 1 && qb <= i) return false;
-            it.h = hb % p.Hq;
-            it.b = hb / p.Hq;
+            divmod(hb, p.Hq, p.by_heads, it.b, it.h);
         } else {
             qb = blockIdx.x;
             it.h = blockIdx.y;
@@ -1843,6 +1861,8 @@ cudaError_t persistent_grid(Params& p, const attn_lt_flash_args& a, dim3& grid) 
     const cudaError_t err = current_device_info(&dev);
     if (err != cudaSuccess) return err;
     p.items = static_cast<int>(items);
+    p.by_units = FastDiv(static_cast<uint32_t>(units_of(p.m_blocks, blocks_per_unit(a.causal))));
+    p.by_heads = FastDiv(static_cast<uint32_t>(a.Hq));
     grid = dim3(static_cast<unsigned>(std::min<int64_t>(items, dev->sms)), 1u, 1u);
     return cudaSuccess;
 }
