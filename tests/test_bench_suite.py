@@ -311,7 +311,7 @@ def test_bench_list_and_compare_commands(tmp_path, capsys):
 
 
 def test_timer_refuses_an_unknown_flush_before_touching_the_gpu():
-    with pytest.raises(ValueError, match="--flush must be one of read, write"):
+    with pytest.raises(ValueError, match="flush must be one of read, write"):
         bench.Timer(10.0, 7, flush="none")
     with pytest.raises(ValueError, match="--settle-ms >= 0"):
         bench.Timer(10.0, 7, settle_ms=-1)
