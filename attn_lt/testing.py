@@ -214,16 +214,23 @@ def host_us_each(fns: dict, calls: int | dict = 100, rounds: int = 5) -> dict:
 
 #: How the timers here and in tools/ empty the L2 before a timed call. "read": a buffer larger than the L2 is read,
 #: which leaves it full of clean lines that the call evicts at no cost. "write": the buffer is zeroed (triton's
-#: do_bench), which leaves up to the L2's size of dirty lines whose write-back the timed call pays (about 9 us of a
-#: ragged decode call on an H200: docs/performance.md): the flush's cost, not the call's.
+#: do_bench), which leaves up to the L2's size of dirty lines whose write-back the timed call pays (docs/performance.md,
+#: "The timer's L2 flush"): the flush's cost, not the call's.
 L2_FLUSHES = ("read", "write")
+#: The flush's buffer, MiB: several times the L2 of the GPUs attn_lt runs on (50-60 MiB).
+L2_FLUSH_MIB = 256
 
 
-def l2_flusher(mode: str = "read", mib: int = 256):
-    """A function that empties the L2 as ``mode`` (one of :data:`L2_FLUSHES`) says, through a ``mib`` MiB buffer
-    taken now on the current device."""
+def _checked_flush(mode: str) -> str:
     if mode not in L2_FLUSHES:
         raise ValueError(f"the L2 flush must be one of {', '.join(L2_FLUSHES)}, got {mode!r}")
+    return mode
+
+
+def l2_flusher(mode: str = "read", mib: int = L2_FLUSH_MIB):
+    """A function that empties the L2 as ``mode`` (one of :data:`L2_FLUSHES`) says, through a ``mib`` MiB buffer
+    taken now on the current device."""
+    _checked_flush(mode)
     buf = torch.zeros(mib << 20, dtype=torch.uint8, device="cuda")
     if mode == "write":
         return buf.zero_
@@ -232,12 +239,14 @@ def l2_flusher(mode: str = "read", mib: int = 256):
 
 
 def time_ms(fn, warmup_ms: float = 25, rep_ms: float = 200, flush: str = "read") -> float:
-    """Median milliseconds of ``fn()`` between CUDA events, each call after an L2 flush (:func:`l2_flusher`), after
-    ``warmup_ms`` of flushed calls; as many timed calls as fit ``rep_ms`` by five calls' estimate (5 to 1000), queued
-    by the host ahead of the GPU."""
-    flusher = l2_flusher(flush)
+    """Median milliseconds of ``fn()`` between CUDA events, each call after an L2 flush (:func:`l2_flusher`): a first
+    call, then the flush buffer is taken (a call that fits without it runs), five flushed calls give an estimate of a
+    round, then ``warmup_ms`` of flushed calls (at least one) and as many timed ones as fit ``rep_ms`` (5 to 1000).
+    The host queues them ahead of the GPU where its time a call is below the flush's and the call's."""
+    _checked_flush(flush)  # (before the first call)
     fn()
     torch.cuda.synchronize()
+    flusher = l2_flusher(flush)
     est = sum(event_ms(lambda: (flusher(), fn())) for _ in range(5)) / 5  # flush included: what a round takes
     for _ in range(max(1, int(warmup_ms / max(est, 1e-3)))):
         flusher()
@@ -270,7 +279,7 @@ def time_turns(calls: dict, warmup_ms: float = 25, rep_ms: float = 200, turns: i
     return best
 
 
-def time_interleaved(calls: dict, warmup_ms: float = 25, rep_ms: float = 200, flush_mib: int = 256,
+def time_interleaved(calls: dict, warmup_ms: float = 25, rep_ms: float = 200, flush_mib: int = L2_FLUSH_MIB,
                      gap_us: float = 500.0, seed: int = 0) -> dict:
     """Median milliseconds of each of ``calls`` (name -> callable), timed call by call in rounds (every call once a
     round, in an order shuffled each round), each between CUDA events after a ``gap_us`` pause of the GPU and then an

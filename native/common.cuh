@@ -24,10 +24,10 @@ __device__ __forceinline__ float ex2(float x) {
     return y;
 }
 
-// Division by a divisor fixed for a kernel's run (numerators in [0, 2^31)): a multiply-high, an add and a shift
-// (Granlund and Montgomery's round-up method) in place of an integer division's ~20 instructions. The magic number
-// is computed on the host, and the kernel reads it from its parameters (the constant bank: no registers held).
-// A divisor of 0 (an empty launch's) divides by 1.
+// Division by a divisor fixed for a kernel's run (divisors in [1, 2^31], numerators in [0, 2^31)): a multiply-high,
+// an add and a shift (Granlund and Montgomery's round-up method) in place of an integer division's ~20 instructions.
+// The magic number is computed on the host, and the kernel reads it from its parameters (the constant bank: no
+// registers held). A divisor of 0 (an empty launch's) divides by 1.
 struct FastDiv {
     uint32_t mul = 1, shift = 0;  // the default divides by 1
     FastDiv() = default;

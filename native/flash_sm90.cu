@@ -575,8 +575,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         int h, b, m0, m_valid, lo, top;
     };
     // A persistent CTA decodes an item a round, by the host's FastDivs where a key tile's GEMMs are shortest (a Q row
-    // of at most 128 bytes: D 64 in 16 bits, FP8; H200, FA3 protocol, S 512-1k: 1.00-1.05x), else by divisions (D 256,
-    // and D 128 in 16 bits, whose rows not causal from S 1k ran 0.93-1.00x in builds that changed its code).
+    // of at most 128 bytes: D 64 in 16 bits, FP8; H200, FA3 protocol, S 512-1k: 1.00-1.05x), else by divisions (D 256;
+    // D 128 in 16 bits, whose rows not causal from S 1k ran 0.93-1.00x with FastDivs).
     auto divmod = [](int n, int d, const FastDiv& fd, int& q, int& r) {
         if constexpr (D * sizeof(T) <= 128) {
             q = fd.div(n);

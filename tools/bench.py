@@ -36,11 +36,12 @@ import time
 import warnings
 import zlib
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_suite as suite  # noqa: E402
-from attn_lt.testing import L2_FLUSHES, event_ms, l2_flusher  # noqa: E402
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)  # attn_lt from this checkout
+import bench_suite as suite  # noqa: E402
+from attn_lt.testing import L2_FLUSH_MIB, L2_FLUSHES, event_ms, l2_flusher  # noqa: E402
+
 #: Relative L2 error on the sampled rows above which a provider's output counts as wrong (bf16 is ~4e-3).
 CHECK_TOL = 2e-2
 #: A case whose first timed round (every provider once) takes longer than this gets three rounds, not --rounds.
@@ -777,8 +778,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--lt-details", action="store_true", help="per-kernel GPU time and chosen GEMM "
                            "algorithms of each lt row, and the host cost of a cached GEMM, in results.json")
             p.add_argument("--flush", choices=L2_FLUSHES, default="read", help="how the L2 is emptied before each "
-                           "timed call: by reading a 256 MiB buffer (default), or by zeroing it as triton's "
-                           "do_bench does, which leaves the L2 full of dirty lines for the call to write back")
+                           f"timed call: by reading a {L2_FLUSH_MIB} MiB buffer (default), or by zeroing it as "
+                           "triton's do_bench does, which leaves the L2 full of dirty lines for the call to write back")
             p.add_argument("--time-limit-s", type=float, default=0, help="stop measuring after this long; the "
                            "cases left are recorded as skipped (0: no limit)")
             p.add_argument("--no-clock", action="store_true", help="leave out the SM clock's samples (nvidia-smi "
@@ -804,7 +805,6 @@ def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
     try:
         if a.cmd == "run":
-            sys.path.insert(0, REPO)
             return cmd_run(a, argv)
         return {"list": cmd_list, "report": cmd_report, "compare": cmd_compare}[a.cmd](a)
     except (ValueError, OSError) as e:

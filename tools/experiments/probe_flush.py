@@ -21,6 +21,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import bench  # noqa: E402
 import bench_suite as suite  # noqa: E402
+from attn_lt.testing import L2_FLUSHES  # noqa: E402
 
 DEFAULT_CASES = ("decode-sq1-sk8k-gqa,decode-sq1-sk8k-gqa-mask,decode-sq16-sk8k-gqa,decode-sq16-sk32k-gqa,"
                  "decode-sq1-sk8k-mha,decode-sq1-sk128k-gqa")
@@ -45,7 +46,7 @@ def main(argv=None) -> int:
         print(f"probe_flush: unknown cases {', '.join(unknown)}", file=sys.stderr)
         return 2
     bench.warm_up(3.0)
-    timers = {f: bench.Timer(a.rep_ms, 1, flush=f) for f in bench.FLUSHES}
+    timers = {f: bench.Timer(a.rep_ms, 1, flush=f) for f in L2_FLUSHES}
     print(f"{torch.cuda.get_device_name()}, {a.rounds} interleaved rounds; median us after a read / write flush")
     out = []
     for name in a.cases.split(","):
@@ -56,7 +57,7 @@ def main(argv=None) -> int:
             fn()
         times = {(p, f): [] for p in calls for f in timers}
         for i in range(a.rounds):
-            for f in (bench.FLUSHES if i % 2 == 0 else bench.FLUSHES[::-1]):
+            for f in (L2_FLUSHES if i % 2 == 0 else L2_FLUSHES[::-1]):
                 for p, fn in calls.items():
                     times[p, f] += timers[f].samples(fn)
         cells = []
