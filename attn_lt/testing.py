@@ -221,16 +221,15 @@ L2_FLUSHES = ("read", "write")
 L2_FLUSH_MIB = 256
 
 
-def _checked_flush(mode: str) -> str:
+def _check_flush(mode: str) -> None:
     if mode not in L2_FLUSHES:
         raise ValueError(f"the L2 flush must be one of {', '.join(L2_FLUSHES)}, got {mode!r}")
-    return mode
 
 
 def l2_flusher(mode: str = "read", mib: int = L2_FLUSH_MIB):
     """A function that empties the L2 as ``mode`` (one of :data:`L2_FLUSHES`) says, through a ``mib`` MiB buffer
     taken now on the current device."""
-    _checked_flush(mode)
+    _check_flush(mode)
     buf = torch.zeros(mib << 20, dtype=torch.uint8, device="cuda")
     if mode == "write":
         return buf.zero_
@@ -243,7 +242,7 @@ def time_ms(fn, warmup_ms: float = 25, rep_ms: float = 200, flush: str = "read")
     call, then the flush buffer is taken (a call that fits without it runs), five flushed calls give an estimate of a
     round, then ``warmup_ms`` of flushed calls (at least one) and as many timed ones as fit ``rep_ms`` (5 to 1000).
     The host queues them ahead of the GPU where its time a call is below the flush's and the call's."""
-    _checked_flush(flush)  # (before the first call)
+    _check_flush(flush)  # (before the first call)
     fn()
     torch.cuda.synchronize()
     flusher = l2_flusher(flush)

@@ -317,6 +317,24 @@ def test_timer_refuses_an_unknown_flush_before_touching_the_gpu():
         bench.Timer(10.0, 7, settle_ms=-1)
 
 
+def simulated_event(clock: list):
+    """A stand-in for torch.cuda.Event on a simulated GPU clock (``clock[0]``, ms)."""
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.t = None
+
+        def record(self):
+            self.t = clock[0]
+
+        def elapsed_time(self, end):
+            return end.t - self.t
+
+        def synchronize(self):
+            pass
+
+    return Event
+
+
 def test_l2_flusher_refuses_an_unknown_mode_before_touching_the_gpu():
     from attn_lt import testing
 
@@ -333,26 +351,13 @@ def test_time_ms_flushes_before_every_call_and_takes_the_median(monkeypatch):
 
     clock, log, flushes = [0.0], [], []
 
-    class Event:
-        def __init__(self, enable_timing=False):
-            self.t = None
-
-        def record(self):
-            self.t = clock[0]
-
-        def elapsed_time(self, end):
-            return end.t - self.t
-
-        def synchronize(self):
-            pass
-
     costs = iter([1.0] * 11 + [4.0, 1.0, 1.0, 9.0, 2.0, 2.0, 3.0, 2.0] + [1.0] * 100)
 
     def fn():
         log.append("call")
         clock[0] += next(costs)
 
-    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "Event", simulated_event(clock))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(testing, "l2_flusher", lambda mode: lambda: (flushes.append(mode), log.append("flush")))
     assert testing.time_ms(fn, warmup_ms=5, rep_ms=8) == 2.0  # 8 timed calls (8 ms / 1 ms): median of the 8 above
@@ -564,19 +569,6 @@ def test_time_interleaved_shuffles_the_calls_and_takes_medians(monkeypatch):
 
     clock, order, before = [0.0], [], []
 
-    class Event:
-        def __init__(self, enable_timing=False):
-            self.t = None
-
-        def record(self):
-            self.t = clock[0]
-
-        def elapsed_time(self, end):
-            return end.t - self.t
-
-        def synchronize(self):
-            pass
-
     costs = {"a": iter([5.0, 2.0] + [1.0, 2.0, 9.0, 3.0, 2.0] + [2.0] * 100), "b": iter([7.0] * 200)}
 
     def call(name):
@@ -588,7 +580,7 @@ def test_time_interleaved_shuffles_the_calls_and_takes_medians(monkeypatch):
             clock[0] += next(costs[name])
         return fn
 
-    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "Event", simulated_event(clock))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: before.append("pause"))

@@ -26,7 +26,8 @@
 
     python tools/bench_batch.py [--out DIR] [--quick | --only PART[,PART]]
 
-Prints a short table last; writes DIR/batch.json. Medians of CUDA-event timings (``attn_lt.testing.time_ms``, L2 flushed by a read).
+Prints a short table last; writes DIR/batch.json. Medians of CUDA-event timings (``attn_lt.testing.time_ms``, L2
+flushed by a read).
 """
 
 from __future__ import annotations

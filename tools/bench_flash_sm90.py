@@ -6,8 +6,9 @@ PyTorch SDPA's FLASH and cuDNN backends and attn_lt's `wmma` kernel (native/flas
 
 bf16, B * S = 16384 tokens, H * D = 2048, D in {64, 128, 256}, S = 512 ... 16384, causal and not. Every output is
 checked against an FP32 reference (sampled rows of two heads) before it is timed. Median milliseconds by CUDA
-events (``attn_lt.testing.time_ms``, L2 flushed by a read), TFLOP/s = 4 * B * H * S^2 * D / time (halved when causal), ratios to
-each other provider, and the fraction of a bf16 GEMM ceiling (8192^3 torch.matmul) measured in the same run.
+events (``attn_lt.testing.time_ms``, L2 flushed by a read), TFLOP/s = 4 * B * H * S^2 * D / time (halved when
+causal), ratios to each other provider, and the fraction of a bf16 GEMM ceiling (8192^3 torch.matmul) measured in
+the same run.
 A short table is printed last; the full results go to DIR/bench_flash_sm90.json.
 
     python tools/bench_flash_sm90.py --out DIR [--dims 64,128,256] [--lengths 512,...,16384] [--rep-ms 100]

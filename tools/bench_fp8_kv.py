@@ -21,7 +21,8 @@ in the same run, and the FP8 call's error.
 
     python tools/bench_fp8_kv.py [--out DIR] [--only dense,batches,prefill,mla]
 
-Prints a short table last; writes DIR/fp8_kv.json. Medians of CUDA-event timings (``attn_lt.testing.time_ms``, L2 flushed by a read).
+Prints a short table last; writes DIR/fp8_kv.json. Medians of CUDA-event timings (``attn_lt.testing.time_ms``, L2
+flushed by a read).
 """
 
 from __future__ import annotations

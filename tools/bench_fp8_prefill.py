@@ -8,7 +8,8 @@ transpose and the attention kernel comes from the profiler, on one case a head d
 checked against an FP64 reference of the FP8 inputs' values (sampled rows of two heads) before it is timed; the
 FP8 errors are reported beside the bf16 calls' and beside PyTorch's at the FP8 path's precision (P rounded to
 e4m3). Median milliseconds by CUDA events (``attn_lt.testing.time_ms``, L2 flushed by a read), TFLOP/s =
-4 B H S^2 D / time (halved when causal). A short table is printed last; the full results go to DIR/bench_fp8_prefill.json.
+4 B H S^2 D / time (halved when causal). A short table is printed last; the full results go to
+DIR/bench_fp8_prefill.json.
 
     python tools/bench_fp8_prefill.py --out DIR [--dims 128,256] [--lengths 4096,8192,16384] [--rep-ms 100]
 """
