@@ -624,6 +624,25 @@ def test_library_ab_wants_the_other_build_and_says_when_no_gpu(tmp_path, monkeyp
     assert not (tmp_path / "o").exists()
 
 
+def test_decode_blocks_probe_says_when_no_gpu_and_leaves_the_planner(tmp_path, monkeypatch, capsys):
+    """tools/experiments/probe_decode_blocks.py: without a GPU it says so and returns 2, writing nothing and leaving
+    the planner's least part size as it was."""
+    import importlib.util
+
+    from attn_lt import batch
+
+    path = os.path.join(TOOLS, "experiments", "probe_decode_blocks.py")
+    spec = importlib.util.spec_from_file_location("probe_decode_blocks", path)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    least = batch.SPLIT_MIN_KEYS
+    monkeypatch.setattr(probe.torch.cuda, "is_available", lambda: False)
+    assert probe.main(["--out", str(tmp_path / "o")]) == 2
+    assert "no CUDA GPU" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+    assert batch.SPLIT_MIN_KEYS == least
+
+
 def test_protocol_rates_and_line(monkeypatch):
     """A protocol case's TFLOP/s from the timed milliseconds (FA3's count, halved when causal) and its printed line."""
     import bench_flash_sm90 as fa3
