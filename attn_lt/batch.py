@@ -244,7 +244,7 @@ def _plan(requests, Hq, Hkv, D, Dv, max_q, max_k, block_size, facts, assumed) ->
 
 def clear_plan_cache() -> None:
     """Forget the plans made so far, so that the next ones follow this module's planner constants as they are now
-    (benchmarks that vary SPLIT_WAVES, PART_KEYS or MLA_SPLIT_WAVES)."""
+    (benchmarks that vary SPLIT_WAVES, PART_KEYS, SPLIT_MIN_KEYS or MLA_SPLIT_WAVES)."""
     _plan.cache_clear()
 
 

@@ -608,14 +608,20 @@ def test_protocol_command_line_and_cases(tmp_path, monkeypatch):
     assert not (tmp_path / "o").exists()
 
 
+def experiment(name: str):
+    """tools/experiments/<name>.py, imported as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, os.path.join(TOOLS, "experiments", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_library_ab_wants_the_other_build_and_says_when_no_gpu(tmp_path, monkeypatch, capsys):
     """tools/experiments/ab_library.py: --other is required; without a GPU it says so and returns 2, making no
     directory."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("ab_library", os.path.join(TOOLS, "experiments", "ab_library.py"))
-    ab = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ab)
+    ab = experiment("ab_library")
     with pytest.raises(SystemExit):
         ab.main(["--out", str(tmp_path / "o")])
     monkeypatch.setattr(ab.torch.cuda, "is_available", lambda: False)
@@ -627,20 +633,23 @@ def test_library_ab_wants_the_other_build_and_says_when_no_gpu(tmp_path, monkeyp
 def test_decode_blocks_probe_says_when_no_gpu_and_leaves_the_planner(tmp_path, monkeypatch, capsys):
     """tools/experiments/probe_decode_blocks.py: without a GPU it says so and returns 2, writing nothing and leaving
     the planner's least part size as it was."""
-    import importlib.util
-
     from attn_lt import batch
 
-    path = os.path.join(TOOLS, "experiments", "probe_decode_blocks.py")
-    spec = importlib.util.spec_from_file_location("probe_decode_blocks", path)
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
+    probe = experiment("probe_decode_blocks")
     least = batch.SPLIT_MIN_KEYS
     monkeypatch.setattr(probe.torch.cuda, "is_available", lambda: False)
     assert probe.main(["--out", str(tmp_path / "o")]) == 2
     assert "no CUDA GPU" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
     assert batch.SPLIT_MIN_KEYS == least
+
+
+def test_batch_flush_probe_says_when_no_gpu(monkeypatch, capsys):
+    """tools/experiments/probe_batch_flush.py: without a GPU it says so on stderr and returns 2."""
+    probe = experiment("probe_batch_flush")
+    monkeypatch.setattr(probe.torch.cuda, "is_available", lambda: False)
+    assert probe.main() == 2
+    assert "no CUDA GPU" in capsys.readouterr().err
 
 
 def test_protocol_rates_and_line(monkeypatch):

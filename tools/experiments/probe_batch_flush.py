@@ -54,13 +54,10 @@ def calls() -> dict:
 
 def main() -> int:
     if not torch.cuda.is_available():
-        print("no GPU")
+        print("probe_batch_flush: no CUDA GPU visible", file=sys.stderr)
         return 2
     print(torch.cuda.get_device_name())
     for name, fn in calls().items():
-        for _ in range(20):
-            fn()
-        torch.cuda.synchronize()
         us = {mode: min(time_ms(fn, rep_ms=150, flush=mode) * 1e3 for _ in range(2)) for mode in L2_FLUSHES}
         print(f"{name:20s} " + "   ".join(f"{mode} flush {t:7.1f} us" for mode, t in us.items()), flush=True)
     return 0
